@@ -1,0 +1,22 @@
+"""ComfyUI-Steadfast: fast diffusion inference that stays reproducible.
+
+ComfyUI entry point (V3 ``comfy_entrypoint``) plus ``WEB_DIRECTORY``. Importing this package outside
+ComfyUI works too: the ComfyUI adapters are only loaded when ``comfy_api`` is importable.
+"""
+from __future__ import annotations
+
+from .core import determinism as _determinism
+
+# CUBLAS_WORKSPACE_CONFIG only takes effect if it is set before cuBLAS starts, so set it as early as
+# ComfyUI lets a pack run code: at import. It is recorded, and reported by Determinism Setup.
+_determinism.ensure_cublas_workspace_config()
+
+WEB_DIRECTORY = "./js"
+__version__ = "0.1.0"
+
+try:  # feature detection, not a version check: the V3 API is what we build on
+    import comfy_api.latest  # noqa: F401
+except ImportError:  # plain Python / library use
+    pass
+else:
+    from .nodes import comfy_entrypoint  # noqa: F401

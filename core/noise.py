@@ -1,0 +1,171 @@
+"""Seeded, device-independent noise that never touches the global RNG.
+
+All noise is drawn on the CPU from private ``torch.Generator`` objects, so it is the same on every
+machine and leaves ``torch.get_rng_state()`` untouched (ComfyUI's ``comfy.sample.prepare_noise``
+reseeds the *global* generator via ``torch.manual_seed``; see ``research/comfyui_internals.md`` §5).
+
+A private CPU generator seeded with ``torch.Generator().manual_seed(seed)`` produces the same stream
+as the default CPU generator after ``torch.manual_seed(seed)`` (``torch.manual_seed`` seeds the
+default CPU generator with exactly that call, plus the accelerators), which is what makes the
+``"comfy"`` mode bit-identical to ComfyUI.
+"""
+from __future__ import annotations
+
+from typing import Literal, Sequence
+
+import torch
+
+__all__ = ["NOISE_MODES", "CPUNoiseSampler", "seeded_noise"]
+
+NOISE_MODES = ("incremental", "comfy")
+_MAX_SEED = 0xFFFF_FFFF_FFFF_FFFF
+
+
+def _check_seed(seed: object) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    if not 0 <= seed <= _MAX_SEED:
+        raise ValueError(f"seed must be in [0, 2**64 - 1], got {seed}")
+    return seed
+
+
+def _generator(seed: int) -> torch.Generator:
+    return torch.Generator(device="cpu").manual_seed(seed)
+
+
+def _check_shape(shape: Sequence[int]) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(s) for s in shape)
+    except TypeError as exc:
+        raise ValueError(f"shape must be a sequence of ints, got {shape!r}") from exc
+    if len(dims) not in (4, 5):
+        raise ValueError(f"noise shape must be 4-D [B,C,H,W] or 5-D [B,C,T,H,W], got {dims}")
+    if dims[0] < 1:
+        raise ValueError(f"noise shape has an empty batch: {dims}")
+    if any(d < 1 for d in dims[1:]):
+        raise ValueError(f"noise shape has an empty dimension: {dims}")
+    return dims
+
+
+def _check_batch_index(batch_index: Sequence[int] | None, batch: int) -> list[int] | None:
+    if batch_index is None:
+        return None
+    inds = [int(i) for i in batch_index]
+    if len(inds) != batch:
+        raise ValueError(f"batch_index has {len(inds)} entries for a batch of {batch}")
+    if any(i < 0 for i in inds):
+        raise ValueError(f"batch_index entries must be >= 0, got {inds}")
+    return inds
+
+
+def seeded_noise(
+    shape: Sequence[int],
+    seed: int,
+    *,
+    mode: Literal["incremental", "comfy"] = "incremental",
+    dtype: torch.dtype = torch.float32,
+    batch_index: Sequence[int] | None = None,
+) -> torch.Tensor:
+    """Standard-normal noise of ``shape`` on the CPU, from private generators only.
+
+    Args:
+        shape: 4-D ``[B,C,H,W]`` or 5-D ``[B,C,T,H,W]`` latent shape, every dimension >= 1.
+        seed: integer in ``[0, 2**64 - 1]`` (ComfyUI's seed range).
+        mode:
+            ``"incremental"``: item ``j`` is drawn from its own generator seeded ``seed + k`` with
+            ``k = batch_index[j]`` (default ``k = j``), so item ``j`` equals a batch-1 call at
+            ``seed + k``: changing the batch size never changes the other items.
+            ``"comfy"``: bit-identical to ``comfy.sample.prepare_noise(latent, seed, batch_index)``
+            for a plain tensor latent of this shape/dtype (one stream for the whole batch; with
+            ``batch_index``, item ``j`` is the ``batch_index[j]``-th batch-1 draw of that stream),
+            but without reseeding the global RNG.
+        dtype: dtype the noise is drawn in (ComfyUI draws in the latent's dtype; drawing in fp16 is
+            not the same as drawing fp32 and casting).
+        batch_index: optional per-item indices (``latent["batch_index"]``), one per batch item, >= 0.
+    Returns:
+        ``torch.Tensor`` of ``shape`` and ``dtype`` on the CPU, contiguous.
+    Raises:
+        ValueError: bad shape (not 4-/5-D, empty batch or dimension), seed out of range (negative,
+            or ``seed + index`` above ``2**64 - 1`` in incremental mode), unknown mode, or a
+            ``batch_index`` of the wrong length / with negative entries.
+        TypeError: ``seed`` is not an int.
+    """
+    dims = _check_shape(shape)
+    seed = _check_seed(seed)
+    if mode not in NOISE_MODES:
+        raise ValueError(f"mode must be one of {NOISE_MODES}, got {mode!r}")
+    inds = _check_batch_index(batch_index, dims[0])
+    item_shape = (1, *dims[1:])
+
+    if mode == "incremental":
+        offsets = inds if inds is not None else range(dims[0])
+        if seed + max(offsets) > _MAX_SEED:
+            raise ValueError(f"seed + batch index exceeds 2**64 - 1 (seed={seed})")
+        items = [torch.randn(item_shape, dtype=dtype, generator=_generator(seed + k)) for k in offsets]
+        return torch.cat(items, dim=0)
+
+    generator = _generator(seed)
+    if inds is None:
+        return torch.randn(dims, dtype=dtype, generator=generator)
+    # The stream is consumed one batch-1 draw at a time up to the largest index requested. A single
+    # [max+1, ...] draw is not the same in general (measured on torch 2.14 CPU: equal for 16 and
+    # 256 elements per item, different for 6 and 105).
+    wanted = set(inds)
+    kept: dict[int, torch.Tensor] = {}
+    for k in range(max(inds) + 1):
+        draw = torch.randn(item_shape, dtype=dtype, generator=generator)
+        if k in wanted:
+            kept[k] = draw
+    return torch.cat([kept[k] for k in inds], dim=0)
+
+
+class CPUNoiseSampler:
+    """Per-step noise for ancestral/SDE samplers, drawn on the CPU from a private generator.
+
+    ``sampler(sigma, sigma_next)`` returns standard-normal noise shaped like ``x_like``, drawn in
+    ``x_like.dtype`` on the CPU and then moved to ``x_like.device``. The sequence of calls is fully
+    determined by ``seed`` and is the same on every device; the global RNG is never used.
+
+    Compatibility: ComfyUI's ``k_diffusion.sampling.default_noise_sampler`` draws on the latent's
+    device and, on the CPU, seeds its generator with ``seed + 1``; so for a CPU latent
+    ``CPUNoiseSampler(x, seed + 1)`` reproduces ComfyUI's CPU ancestral noise.
+
+    Args:
+        x_like: tensor whose shape, dtype and device the noise takes (any number of dimensions;
+            at least 1-D with ``per_item``).
+        seed: integer in ``[0, 2**64 - 1]``.
+        per_item: one generator per batch item, item ``i`` seeded ``seed + i`` (pairs with
+            ``seeded_noise(mode="incremental")``: item ``i``'s per-step noise then equals a batch-1
+            run at ``seed + i``). Default False: one stream for the whole batch, like ComfyUI.
+    Raises:
+        TypeError / ValueError: bad ``x_like`` or ``seed`` (or ``seed + i`` above ``2**64 - 1``).
+    """
+
+    def __init__(self, x_like: torch.Tensor, seed: int, *, per_item: bool = False) -> None:
+        if not isinstance(x_like, torch.Tensor):
+            raise TypeError(f"x_like must be a torch.Tensor, got {type(x_like).__name__}")
+        self.seed = _check_seed(seed)
+        self.shape = tuple(x_like.shape)
+        self.dtype = x_like.dtype
+        self.device = x_like.device
+        self.per_item = bool(per_item)
+        if self.per_item:
+            if len(self.shape) == 0 or self.shape[0] < 1:
+                raise ValueError(f"per_item needs a non-empty batch dimension, got shape {self.shape}")
+            if self.seed + self.shape[0] - 1 > _MAX_SEED:
+                raise ValueError(f"seed + batch index exceeds 2**64 - 1 (seed={self.seed})")
+            self.generators = [_generator(self.seed + i) for i in range(self.shape[0])]
+        else:
+            self.generators = [_generator(self.seed)]
+        self.calls = 0
+
+    def __call__(self, sigma: object = None, sigma_next: object = None) -> torch.Tensor:
+        """Next noise tensor (``sigma``/``sigma_next`` are accepted for the sampler API and unused)."""
+        self.calls += 1
+        if self.per_item:
+            item_shape = (1, *self.shape[1:])
+            noise = torch.cat([torch.randn(item_shape, dtype=self.dtype, generator=g)
+                               for g in self.generators], dim=0)
+        else:
+            noise = torch.randn(self.shape, dtype=self.dtype, generator=self.generators[0])
+        return noise.to(self.device)

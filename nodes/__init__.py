@@ -1,0 +1,34 @@
+"""ComfyUI V3 adapters for Steadfast (thin: ComfyUI types -> core calls -> outputs and UI)."""
+from __future__ import annotations
+
+from typing_extensions import override
+
+from comfy_api.latest import ComfyExtension, io
+
+from .compare_node import SteadfastCompare
+from .determinism_node import SteadfastDeterminismSetup
+from .hash_node import SteadfastHash
+from .optimize_node import SteadfastOptimizeModel
+from .routes import register_routes
+from .sampler_node import SteadfastSeededSampler
+from .warmup_node import SteadfastWarmup
+
+NODES: list[type[io.ComfyNode]] = [
+    SteadfastDeterminismSetup,
+    SteadfastOptimizeModel,
+    SteadfastSeededSampler,
+    SteadfastWarmup,
+    SteadfastHash,
+    SteadfastCompare,
+]
+
+
+class SteadfastExtension(ComfyExtension):
+    @override
+    async def get_node_list(self) -> list[type[io.ComfyNode]]:
+        return NODES
+
+
+async def comfy_entrypoint() -> SteadfastExtension:
+    register_routes()
+    return SteadfastExtension()

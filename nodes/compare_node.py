@@ -1,0 +1,47 @@
+"""Steadfast Compare: are two IMAGEs (or LATENTs) bit-identical, and if not, by how much do they differ."""
+from __future__ import annotations
+
+from comfy_api.latest import io, ui
+
+from ..core import compare
+
+
+class SteadfastCompare(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="SteadfastCompare",
+            display_name="Compare (Steadfast)",
+            category="Steadfast",
+            description="Bitwise equality, max and mean |difference|, % of differing values and pixels, PSNR, and a "
+                        "heatmap of where the two inputs differ. Connect two IMAGEs or two LATENTs.",
+            is_output_node=True,
+            inputs=[
+                io.Image.Input("image_a", optional=True, tooltip="First IMAGE."),
+                io.Image.Input("image_b", optional=True, tooltip="Second IMAGE (same shape as image_a)."),
+                io.Latent.Input("latent_a", optional=True, tooltip="First LATENT (instead of images)."),
+                io.Latent.Input("latent_b", optional=True, tooltip="Second LATENT (same shape as latent_a)."),
+            ],
+            outputs=[io.Boolean.Output(display_name="identical", tooltip="True when the bytes are identical."),
+                     io.String.Output(display_name="report", tooltip="The comparison as text."),
+                     io.Image.Output(display_name="diff_heatmap",
+                                     tooltip="Black where equal, red to yellow where different (normalised).")],
+        )
+
+    @classmethod
+    def execute(cls, image_a=None, image_b=None, latent_a=None, latent_b=None) -> io.NodeOutput:
+        if image_a is not None or image_b is not None:
+            if image_a is None or image_b is None:
+                raise ValueError("Compare: connect both image_a and image_b (or both latents)")
+            a, b, kind = image_a, image_b, "image"
+        elif latent_a is not None or latent_b is not None:
+            if latent_a is None or latent_b is None:
+                raise ValueError("Compare: connect both latent_a and latent_b (or both images)")
+            a, b, kind = latent_a["samples"], latent_b["samples"], "latent"
+        else:
+            raise ValueError("Compare: nothing to compare - connect two IMAGEs or two LATENTs")
+        report = compare.compare(a, b, kind=kind)
+        heat = compare.diff_heatmap(a, b, kind=kind)
+        text = report.as_text()
+        ui_out = {"text": [text], "steadfast_compare": [report.as_dict()]}
+        return io.NodeOutput(report.identical, text, heat, ui=ui_out)

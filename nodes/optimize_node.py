@@ -1,0 +1,112 @@
+"""Steadfast Optimize Model: QKV fusion, channels-last, SDPA backend and (regional) torch.compile."""
+from __future__ import annotations
+
+from comfy_api.latest import io, ui
+
+import comfy.model_management
+
+from ..core import blocks, registry
+from ..core.compile import find_repeated_blocks, skip_guards_on
+from ..core.optimize import attention as sdpa
+from . import model_patches as mp
+
+ATTENTION_CHOICES = ["auto", "math", "efficient", "flash", "cudnn", "comfy"]
+COMPILE_CHOICES = ["off", "regional", "full"]
+BACKENDS = ["inductor", "eager", "aot_eager", "cudagraphs"]
+MODES = ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+
+
+class SteadfastOptimizeModel(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="SteadfastOptimizeModel",
+            display_name="Optimize Model (Steadfast)",
+            category="Steadfast",
+            description="Returns a copy of the model with speed optimizations. Each may change output bits: use "
+                        "Compare against the unoptimized model to measure by how much. Compilation happens on the "
+                        "first run (or in Warmup); the compile state is shown on Warmup and at /steadfast/compile_state.",
+            inputs=[
+                io.Model.Input("model", tooltip="The model to optimize. It is cloned; the input is not modified."),
+                io.Boolean.Input("qkv_fusion", default=False,
+                                 tooltip="Fuse the q/k/v projections of attention into one matmul (k/v for "
+                                         "cross-attention). Adds no memory. Bit-equal in fp32 on CPU; bf16 can differ by 1 ulp."),
+                io.Boolean.Input("channels_last", default=False,
+                                 tooltip="Run convolutions in channels-last memory layout (during sampling only). "
+                                         "Usually faster; NOT bit-equal to the default layout."),
+                io.Combo.Input("attention", options=ATTENTION_CHOICES, default="auto",
+                               tooltip="PyTorch SDPA backend for attention. auto = torch picks; math/efficient/flash/cudnn "
+                                       "pin one kernel (an error if this device lacks it); comfy = keep ComfyUI's own "
+                                       "attention (on CPU that is sub_quad, which breaks torch.compile graphs)."),
+                io.Combo.Input("compile", options=COMPILE_CHOICES, default="off",
+                               tooltip="off; regional = compile each repeated transformer block once and reuse the graph "
+                                       "(much shorter compile, same speed); full = compile the whole diffusion model. "
+                                       "Compiled output is run-to-run deterministic but not bit-equal to eager."),
+                io.Combo.Input("backend", options=BACKENDS, default="inductor",
+                               tooltip="torch.compile backend. inductor generates kernels; eager only traces (for testing)."),
+                io.Combo.Input("mode", options=MODES, default="default", tooltip="torch.compile mode preset."),
+                io.Combo.Input("dynamic", options=["auto", "true", "false"], default="auto",
+                               tooltip="Dynamic shapes. true avoids recompiles when resolution or batch changes; "
+                                       "auto lets torch mark shapes dynamic after the first change (one recompile)."),
+                io.Boolean.Input("fullgraph", default=False,
+                                 tooltip="Require each compiled region to be one graph (an error on any graph break)."),
+            ],
+            outputs=[io.Model.Output(display_name="MODEL", tooltip="The optimized clone."),
+                     io.String.Output(display_name="report", tooltip="What was applied, and to which blocks.")],
+        )
+
+    @classmethod
+    def validate_inputs(cls, attention: str = "auto", compile: str = "off", backend: str = "inductor", **_) -> bool | str:
+        if attention not in ATTENTION_CHOICES:
+            return f"unknown attention backend {attention!r}; choose one of {ATTENTION_CHOICES}"
+        if compile not in COMPILE_CHOICES:
+            return f"unknown compile choice {compile!r}; choose one of {COMPILE_CHOICES}"
+        return True
+
+    @classmethod
+    def execute(cls, model, qkv_fusion: bool, channels_last: bool, attention: str, compile: str,
+                backend: str, mode: str, dynamic: str, fullgraph: bool) -> io.NodeOutput:
+        m = model.clone()
+        lines: list[str] = []
+        device = comfy.model_management.get_torch_device()
+        dtype = m.model.get_dtype()
+
+        if attention != "comfy":
+            sdpa.check_sdpa_backend(attention, device=device, dtype=dtype)  # clear error if unusable here
+            mp.set_attention(m, attention)
+            lines.append(f"attention: PyTorch SDPA, backend {attention} on {device}")
+        else:
+            lines.append("attention: ComfyUI default (not pinned)")
+
+        if qkv_fusion:
+            n = mp.add_qkv_fusion(m)
+            lines.append(f"qkv_fusion: {n} attention modules fused" if n else
+                         "qkv_fusion: nothing to fuse (this architecture has no separate q/k/v projections)")
+        if channels_last:
+            mp.add_channels_last(m)
+            lines.append("channels_last: conv weights converted during sampling, restored after")
+
+        if compile != "off":
+            options = mp.compile_options(backend, mode, dynamic, fullgraph)
+            diffusion_model = m.get_model_object("diffusion_model")
+            if compile == "regional":
+                declared = blocks.declared_blocks_for(type(diffusion_model))
+                paths = find_repeated_blocks(diffusion_model, declared)
+                how = "declared" if declared else "auto-discovered"
+                if not paths:
+                    raise ValueError(f"regional compile: no repeated blocks found in {type(diffusion_model).__name__}; "
+                                     "use compile=full for this model")
+                keys = [f"diffusion_model.{p}" for p in paths]
+                lines.append(f"compile: regional, {len(keys)} blocks ({how}: {sorted({type(m.get_model_object(k)).__name__ for k in keys})})")
+            else:
+                keys = ["diffusion_model"]
+                lines.append("compile: full diffusion_model")
+            record, created = registry.REGISTRY.get_or_create(
+                m.model, options, keys, label=f"{type(diffusion_model).__name__} ({compile})",
+                guard_filter_fn=skip_guards_on("transformer_options"))
+            mp.add_compile(m, record, compile)
+            lines.append(f"  {record.options}; {'new' if created else 'reused'} compile record "
+                         f"({record.status}); compiles lazily on the first run or in Warmup")
+        report = "\n".join(lines)
+        mp.steadfast_options(m)["optimize_report"] = report
+        return io.NodeOutput(m, report, ui=ui.PreviewText(report))

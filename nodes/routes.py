@@ -1,0 +1,31 @@
+"""HTTP route ``GET /steadfast/compile_state`` (also under ``/api/``): the compile registry as JSON."""
+from __future__ import annotations
+
+import logging
+
+from ..core.registry import REGISTRY
+
+log = logging.getLogger("steadfast")
+_registered = False
+
+
+def register_routes() -> bool:
+    """Add our routes to the running ComfyUI server; returns False when there is none (e.g. in-process use)."""
+    global _registered
+    if _registered:
+        return True
+    try:
+        from aiohttp import web
+        from server import PromptServer  # ComfyUI's server module (top-level in ComfyUI)
+    except ImportError:
+        return False
+    instance = getattr(PromptServer, "instance", None)
+    if instance is None:
+        return False
+
+    @instance.routes.get("/steadfast/compile_state")
+    async def compile_state(request):
+        return web.json_response(REGISTRY.as_json())
+
+    _registered = True
+    return True

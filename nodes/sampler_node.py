@@ -1,0 +1,117 @@
+"""Steadfast Seeded Sampler: KSampler with device-independent seeded noise and a run record."""
+from __future__ import annotations
+
+import json
+
+import torch
+from comfy_api.latest import io, ui
+
+import comfy.model_management
+import comfy.sample
+import comfy.samplers
+import comfy.utils
+import latent_preview
+
+from ..core import fingerprint, hashing, noise
+from .model_patches import compile_state, steadfast_options
+
+BATCH_SEED_MODES = ["incremental", "comfy"]
+
+
+def _accepts_cpu_noise_sampler(sampler) -> bool:
+    """True when the k-diffusion sampler draws per-step noise from ``default_noise_sampler``.
+
+    Those samplers build the noise generator on the *sampling device*, so their output depends on the
+    device; we hand them a CPU noise sampler instead. BrownianTree SDE samplers (``dpmpp_sde``,
+    ``dpmpp_2m_sde``, ...) already draw on the CPU and are left alone, as are samplers without noise.
+    """
+    import inspect
+    fn = getattr(sampler, "sampler_function", None)
+    if fn is None or "noise_sampler" not in inspect.signature(fn).parameters:
+        return False
+    src_name = getattr(fn, "__name__", "")
+    return "sde" not in src_name or "er_sde" in src_name
+
+
+class SteadfastSeededSampler(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="SteadfastSeededSampler",
+            display_name="Seeded Sampler (Steadfast)",
+            category="Steadfast",
+            description="KSampler whose noise never depends on the device: initial noise and the per-step noise of "
+                        "ancestral samplers are drawn on the CPU from per-item seeded generators. Also returns a run "
+                        "record with everything that decides the output bits.",
+            inputs=[
+                io.Model.Input("model", tooltip="The model used for denoising the input latent."),
+                io.Int.Input("seed", default=0, min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True,
+                             tooltip="The random seed used for creating the noise."),
+                io.Int.Input("steps", default=20, min=1, max=10000, tooltip="The number of denoising steps."),
+                io.Float.Input("cfg", default=8.0, min=0.0, max=100.0, step=0.1, round=0.01,
+                               tooltip="Classifier-free guidance scale."),
+                io.Combo.Input("sampler_name", options=comfy.samplers.KSampler.SAMPLERS,
+                               tooltip="The sampling algorithm."),
+                io.Combo.Input("scheduler", options=comfy.samplers.KSampler.SCHEDULERS,
+                               tooltip="How the noise levels are spaced over the steps."),
+                io.Conditioning.Input("positive", tooltip="What to include in the image."),
+                io.Conditioning.Input("negative", tooltip="What to exclude from the image."),
+                io.Latent.Input("latent_image", tooltip="The latent to denoise."),
+                io.Float.Input("denoise", default=1.0, min=0.0, max=1.0, step=0.01,
+                               tooltip="How much of the latent is replaced by noise (1.0 = all)."),
+                io.Combo.Input("batch_seed_mode", options=BATCH_SEED_MODES, default="incremental",
+                               tooltip="incremental: item i uses seed + i, so item i of a batch equals a single run at "
+                                       "seed + i. comfy: ComfyUI's own batch noise stream, bit-identical to KSampler's."),
+            ],
+            not_idempotent=True,  # two identical sampler nodes in one workflow must both run (determinism check)
+            outputs=[io.Latent.Output(display_name="LATENT", tooltip="The denoised latent."),
+                     io.String.Output(display_name="run_record",
+                                      tooltip="JSON: seeds, sampler settings, environment fingerprint, output hash.")],
+        )
+
+    @classmethod
+    def execute(cls, model, seed: int, steps: int, cfg: float, sampler_name: str, scheduler: str,
+                positive, negative, latent_image: dict, denoise: float, batch_seed_mode: str) -> io.NodeOutput:
+        latent = latent_image["samples"]
+        latent = comfy.sample.fix_empty_latent_channels(model, latent)
+        batch_index = latent_image.get("batch_index")
+        x0 = noise.seeded_noise(tuple(latent.shape), seed, mode=batch_seed_mode, dtype=latent.dtype,
+                                batch_index=batch_index)
+
+        sampler = comfy.samplers.sampler_object(sampler_name)
+        cpu_noise = _accepts_cpu_noise_sampler(sampler)
+        if cpu_noise:
+            # ComfyUI's CPU default stream is seed + 1; matching it keeps CPU runs equal to KSampler's
+            ns = noise.CPUNoiseSampler(latent, seed + 1, per_item=(batch_seed_mode == "incremental"))
+            sampler.extra_options = {**sampler.extra_options, "noise_sampler": ns}
+        ks = comfy.samplers.KSampler(model, steps=steps, device=model.load_device, sampler=sampler_name,
+                                     scheduler=scheduler, denoise=denoise, model_options=model.model_options)
+        callback = latent_preview.prepare_callback(model, steps)
+        samples = comfy.sample.sample_custom(model, x0, cfg, sampler, ks.sigmas, positive, negative, latent,
+                                             noise_mask=latent_image.get("noise_mask"), callback=callback,
+                                             disable_pbar=not comfy.utils.PROGRESS_BAR_ENABLED, seed=seed)
+        out = dict(latent_image)
+        out["samples"] = samples
+
+        opts = steadfast_options(model)
+        batch = latent.shape[0]
+        record = {
+            "seeds": [seed + i for i in range(batch)] if batch_seed_mode == "incremental" else [seed] * batch,
+            "batch_seed_mode": batch_seed_mode,
+            "sampler": sampler_name, "scheduler": scheduler, "steps": steps, "cfg": cfg, "denoise": denoise,
+            "per_step_noise": "cpu" if cpu_noise else "sampler default",
+            "latent_shape": list(latent.shape),
+            "latent_sha256": hashing.tensor_digest(samples),
+            "fingerprint": fingerprint.environment_fingerprint(
+                device=str(model.load_device),
+                dtype=str(model.model.get_dtype()),
+                attention=opts.get("attention", "comfy default"),
+                qkv_fusion=opts.get("qkv_fusion", 0),
+                channels_last=opts.get("channels_last", False),
+                compile=compile_state(model),
+                determinism=opts.get("last_determinism") or opts.get("determinism") or "not set (Determinism Setup not used)",
+            ),
+        }
+        text = json.dumps(record, indent=1, default=str)
+        return io.NodeOutput(out, text, ui=ui.PreviewText(f"latent sha256 {record['latent_sha256'][:16]}…  "
+                                                           f"seeds {record['seeds'][:4]}"))

@@ -1,0 +1,91 @@
+"""Steadfast Warmup: run the model once at the target size so compilation happens here, not in the timed run."""
+from __future__ import annotations
+
+import time
+
+import torch
+from comfy_api.latest import io, ui
+
+import comfy.model_management
+import comfy.sample
+import comfy.samplers
+import comfy.utils
+
+from ..core.registry import REGISTRY
+
+
+def _zero_conditioning(model, batch: int) -> list:
+    """Neutral CONDITIONING for a warmup step, built from the model's config (zeros, shapes only).
+
+    Raises ValueError for architectures whose conditioning shape is not known from the config; wire
+    real ``positive``/``negative`` conditioning into the node for those.
+    """
+    cfg = getattr(model.model.model_config, "unet_config", {}) or {}
+    context_dim = cfg.get("context_dim")
+    if not context_dim:
+        raise ValueError("Warmup: cannot build conditioning for this model type from its config; "
+                         "connect the 'positive' and 'negative' inputs.")
+    extra = {}
+    adm = cfg.get("adm_in_channels")
+    if adm:  # SDXL-style pooled output; the rest of the ADM vector is derived from width/height
+        extra["pooled_output"] = torch.zeros(1, 1280)
+    return [[torch.zeros(1, 77, int(context_dim)), extra]]
+
+
+class SteadfastWarmup(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="SteadfastWarmup",
+            display_name="Warmup (Steadfast)",
+            category="Steadfast",
+            description="Runs one sampling step at the target size so torch.compile compiles here. A model already "
+                        "warm at this size is not run again. Shows compile seconds, graphs, recompiles and cache state.",
+            inputs=[
+                io.Model.Input("model", tooltip="The (optimized) model to warm up."),
+                io.Int.Input("width", default=512, min=16, max=16384, step=8, tooltip="Target image width in pixels."),
+                io.Int.Input("height", default=512, min=16, max=16384, step=8, tooltip="Target image height in pixels."),
+                io.Int.Input("batch_size", default=1, min=1, max=4096, tooltip="Target batch size."),
+                io.Float.Input("cfg", default=8.0, min=0.0, max=100.0, step=0.1,
+                               tooltip="Use the cfg of the real run: cfg 1.0 skips the negative pass, which changes "
+                                       "the batch the model sees."),
+                io.Conditioning.Input("positive", optional=True,
+                                      tooltip="Optional conditioning; zeros of the model's context shape when absent."),
+                io.Conditioning.Input("negative", optional=True, tooltip="Optional negative conditioning."),
+            ],
+            outputs=[io.Model.Output(display_name="MODEL", tooltip="The same model, now warm."),
+                     io.String.Output(display_name="report", tooltip="Compile seconds, graphs, recompiles, cache state.")],
+        )
+
+    @classmethod
+    def execute(cls, model, width: int, height: int, batch_size: int, cfg: float,
+                positive=None, negative=None) -> io.NodeOutput:
+        latent_format = model.get_model_object("latent_format")
+        channels = latent_format.latent_channels
+        down = getattr(latent_format, "spacial_downscale_ratio", 8)
+        shape = (batch_size, channels, height // down, width // down)
+        record = REGISTRY.get(model.model)
+        if record is not None and record.is_warm_for(shape):
+            report = f"already warm for latent {list(shape)}: nothing to do\n{record.as_text()}"
+            return io.NodeOutput(model, report, ui=ui.PreviewText(report))
+
+        if positive is None:
+            positive = _zero_conditioning(model, 1)
+        if negative is None:
+            negative = positive
+        pbar = comfy.utils.ProgressBar(2)
+        pbar.update_absolute(0, 2)
+        latent = torch.zeros(shape)
+        noise = torch.zeros(shape)
+        t0 = time.perf_counter()
+        comfy.sample.sample(model, noise, 1, cfg, "euler", "normal", positive, negative, latent,
+                            denoise=1.0, disable_pbar=True, seed=0)
+        seconds = time.perf_counter() - t0
+        pbar.update_absolute(2, 2)
+        record = REGISTRY.get(model.model)
+        if record is None:
+            report = f"warmup step at latent {list(shape)}: {seconds:.2f} s (model is not compiled by Steadfast)"
+        else:
+            record.mark_warm(shape)
+            report = f"warmup step at latent {list(shape)}: {seconds:.2f} s\n{record.as_text()}"
+        return io.NodeOutput(model, report, ui=ui.PreviewText(report))

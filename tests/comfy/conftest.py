@@ -1,0 +1,73 @@
+"""Fixtures for tests that drive a real ComfyUI (server subprocess) with the tiny SD1.5 checkpoint.
+
+Without a ComfyUI checkout these tests are skipped, loudly (skip reason + warning naming COMFYUI_PATH).
+``scripts/`` is not a package: it is put on ``sys.path`` here, so tests can ``import comfy_server`` and
+``import tiny_sd15``.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+if str(SCRIPTS) not in sys.path:
+    sys.path.insert(0, str(SCRIPTS))
+
+from comfy_server import ComfyServer, find_comfyui  # noqa: E402
+import tiny_sd15  # noqa: E402
+
+TINY_CKPT_NAME = tiny_sd15.CHECKPOINT_NAME  # "steadfast_tiny_sd15.safetensors"
+
+COMFYUI_MISSING = (
+    "ComfyUI NOT FOUND - ComfyUI integration tests SKIPPED. Set COMFYUI_PATH to a ComfyUI checkout "
+    "(default ~/comfy/ComfyUI; it must contain main.py) or run `bash scripts/setup_env.sh` (see README)."
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Also declared in pyproject.toml; repeated here so this folder works on its own.
+    config.addinivalue_line("markers", "comfyui: needs a real ComfyUI at $COMFYUI_PATH (default ~/comfy/ComfyUI)")
+    config.addinivalue_line("markers", "slow: compiles with inductor (gcc) or runs a ComfyUI server")
+
+
+@pytest.fixture(scope="session")
+def comfyui_path() -> Path:
+    """The ComfyUI checkout (``comfy_server.find_comfyui()``); skips with a loud reason when absent."""
+    path = find_comfyui()
+    if path is None:
+        warnings.warn(COMFYUI_MISSING, stacklevel=1)
+        pytest.skip(COMFYUI_MISSING)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(comfyui_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny SD1.5-architecture checkpoint (seed 0), from the user cache (built there once per
+    ``BUILDER_VERSION``; a pytest temp dir if the cache is not writable). Built in a child process so this
+    test process never imports ``comfy``."""
+    cache = tiny_sd15.default_cache_dir()
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        writable = os.access(cache, os.W_OK)
+    except OSError:
+        writable = False
+    if not writable:
+        cache = tmp_path_factory.mktemp("tiny_sd15")
+    try:
+        return tiny_sd15.cached_tiny_sd15(cache, in_subprocess=True)
+    except subprocess.CalledProcessError as exc:
+        raise RuntimeError(f"building the tiny checkpoint failed:\n{exc.stdout[-4000:]}\n{exc.stderr[-4000:]}") from exc
+
+
+@pytest.fixture(scope="session")
+def comfy_server(comfyui_path: Path, tiny_ckpt: Path) -> Iterator[ComfyServer]:
+    """One ComfyUI server for the session, with this pack loaded and the tiny checkpoint available as
+    ``steadfast_tiny_sd15.safetensors``. Stopped (process group killed) at session end."""
+    with ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path) as server:
+        yield server

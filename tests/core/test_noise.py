@@ -1,0 +1,254 @@
+"""Seeded noise: ComfyUI bit-compatibility, per-item incremental seeds, and no global-RNG use."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from steadfast.core.hashing import tensor_digest
+from steadfast.core.noise import CPUNoiseSampler, seeded_noise
+
+COMFY = Path(os.environ.get("COMFYUI_PATH", Path.home() / "comfy" / "ComfyUI")).expanduser()
+
+
+def _global_draw_after(fn, seed=123):
+    """What the global RNG yields after ``fn()`` when it was seeded with ``seed`` before."""
+    torch.manual_seed(seed)
+    fn()
+    return torch.rand(8)
+
+
+@pytest.fixture(autouse=True)
+def _keep_global_rng():
+    with torch.random.fork_rng(devices=[]):
+        yield
+
+
+# ----------------------------------------------------------------------------- comfy mode
+
+
+@pytest.mark.parametrize("shape", [(1, 4, 8, 8), (3, 4, 16, 16), (2, 16, 3, 8, 8)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_comfy_mode_matches_torch_manual_seed_semantics(shape, dtype):
+    seed = 1234567
+    ours = seeded_noise(shape, seed, mode="comfy", dtype=dtype)
+    torch.manual_seed(seed)
+    reference = torch.randn(shape, dtype=dtype, device="cpu")
+    assert ours.dtype == dtype and tuple(ours.shape) == shape and ours.device.type == "cpu"
+    assert tensor_digest(ours) == tensor_digest(reference)
+
+
+def test_comfy_mode_batch_index_picks_items_of_the_stream():
+    seed, item = 77, (1, 4, 8, 8)
+    torch.manual_seed(seed)
+    stream = [torch.randn(item) for _ in range(4)]  # the seed's successive batch-1 draws
+    ours = seeded_noise((3, 4, 8, 8), seed, mode="comfy", batch_index=[3, 0, 3])
+    assert torch.equal(ours[0:1], stream[3])
+    assert torch.equal(ours[1:2], stream[0])
+    assert torch.equal(ours[2:3], stream[3])
+
+
+def test_comfy_mode_does_not_touch_global_rng():
+    untouched = _global_draw_after(lambda: None)
+    after = _global_draw_after(lambda: seeded_noise((2, 4, 8, 8), 5, mode="comfy", batch_index=[1, 0]))
+    assert torch.equal(after, untouched)
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    seeded_noise((1, 4, 8, 8), 5, mode="comfy")
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+# (name, shape, dtype, seed, batch_index). Odd item sizes matter: for them one [N,...] draw is NOT
+# the same as N successive [1,...] draws, so the batch_index path must consume the stream item by item.
+COMFY_CASES = [
+    ("b1", (1, 4, 8, 8), torch.float32, 0, None),
+    ("b3", (3, 4, 16, 16), torch.float32, 123456789, None),
+    ("odd", (3, 3, 5, 7), torch.float32, 5, None),
+    ("video", (2, 16, 3, 8, 8), torch.float32, 42, None),
+    ("fp16", (2, 4, 8, 8), torch.float16, 7, None),
+    ("bf16", (2, 4, 8, 8), torch.bfloat16, 7, None),
+    ("inds", (3, 4, 8, 8), torch.float32, 99, [2, 0, 2]),
+    ("inds_odd", (3, 3, 5, 7), torch.float32, 99, [2, 0, 2]),
+    ("inds_video", (2, 16, 2, 8, 8), torch.float32, 99, [5, 1]),
+    ("big_seed", (1, 4, 8, 8), torch.float32, 2**64 - 1, None),
+]
+
+COMFY_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import torch
+    sys.path.insert(0, sys.argv[1])
+    import comfy.cli_args
+    comfy.cli_args.args.cpu = True  # no GPU needed to import comfy.sample
+    import comfy.sample
+    import comfy.k_diffusion.sampling as kds
+
+    cases = {}
+    for name, shape, dtype, seed, inds in CASES:
+        latent = torch.zeros(shape, dtype=dtype)
+        cases[name] = comfy.sample.prepare_noise(latent, seed, inds)
+    x = torch.zeros(2, 4, 8, 8)
+    ns = kds.default_noise_sampler(x, seed=10)
+    cases["sampler"] = torch.stack([ns(1.0, 0.5) for _ in range(3)])
+    torch.save(cases, sys.argv[2])
+    """
+).replace("CASES", repr(COMFY_CASES))
+
+
+@pytest.fixture(scope="module")
+def comfy_reference(tmp_path_factory):
+    if not (COMFY / "comfy" / "sample.py").is_file():
+        pytest.skip(f"ComfyUI NOT FOUND at {COMFY}: bit-compatibility with comfy.sample.prepare_noise "
+                    "is NOT verified in this run")
+    out = tmp_path_factory.mktemp("comfy") / "noise.pt"
+    script = out.parent / "ref.py"
+    script.write_text(COMFY_SCRIPT)
+    proc = subprocess.run([sys.executable, str(script), str(COMFY), str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=str(out.parent))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return torch.load(out)
+
+
+@pytest.mark.comfyui
+@pytest.mark.parametrize("name, shape, dtype, seed, inds", COMFY_CASES, ids=[c[0] for c in COMFY_CASES])
+def test_comfy_mode_bit_identical_to_comfyui(comfy_reference, name, shape, dtype, seed, inds):
+    """Runs ComfyUI's own prepare_noise in a subprocess (so its imports stay out of this process)."""
+    ours = seeded_noise(shape, seed, mode="comfy", dtype=dtype, batch_index=inds)
+    assert tensor_digest(ours) == tensor_digest(comfy_reference[name])
+
+
+@pytest.mark.comfyui
+def test_cpu_noise_sampler_matches_comfyui_cpu_default_noise_sampler(comfy_reference):
+    x = torch.zeros(2, 4, 8, 8)
+    sampler = CPUNoiseSampler(x, 10 + 1)  # ComfyUI adds 1 to the seed on the CPU
+    ours = torch.stack([sampler(1.0, 0.5) for _ in range(3)])
+    assert tensor_digest(ours) == tensor_digest(comfy_reference["sampler"])
+
+
+# ----------------------------------------------------------------------------- incremental mode
+
+
+@pytest.mark.parametrize("shape", [(4, 4, 8, 8), (3, 16, 2, 8, 8)])
+def test_incremental_item_equals_batch1_call_at_seed_plus_i(shape):
+    seed = 1000
+    batch = seeded_noise(shape, seed)
+    assert tuple(batch.shape) == shape
+    for i in range(shape[0]):
+        single = seeded_noise((1, *shape[1:]), seed + i)
+        assert torch.equal(batch[i:i + 1], single)
+        assert torch.equal(single, torch.randn((1, *shape[1:]), generator=torch.Generator().manual_seed(seed + i)))
+
+
+def test_incremental_prefix_stable_when_batch_grows():
+    small = seeded_noise((2, 4, 8, 8), 5)
+    big = seeded_noise((5, 4, 8, 8), 5)
+    assert torch.equal(big[:2], small)
+    assert not torch.equal(big[0], big[1])  # items are not copies of each other
+
+
+def test_incremental_batch_index_uses_seed_plus_index():
+    out = seeded_noise((2, 4, 8, 8), 50, batch_index=[3, 1])
+    assert torch.equal(out[0:1], seeded_noise((1, 4, 8, 8), 53))
+    assert torch.equal(out[1:2], seeded_noise((1, 4, 8, 8), 51))
+
+
+def test_incremental_does_not_touch_global_rng():
+    untouched = _global_draw_after(lambda: None)
+    assert torch.equal(_global_draw_after(lambda: seeded_noise((3, 4, 8, 8), 9)), untouched)
+
+
+def test_seed_changes_noise_and_same_seed_repeats():
+    for mode in ("incremental", "comfy"):
+        a = seeded_noise((2, 4, 8, 8), 1, mode=mode)
+        assert torch.equal(a, seeded_noise((2, 4, 8, 8), 1, mode=mode))
+        assert not torch.equal(a, seeded_noise((2, 4, 8, 8), 2, mode=mode))
+        assert 0.5 < float(a.std()) < 1.5  # standard normal, roughly
+
+
+@pytest.mark.parametrize("shape, seed, kwargs", [
+    ((0, 4, 8, 8), 0, {}),            # empty batch
+    ((4, 8, 8), 0, {}),               # 3-D
+    ((1, 1, 1, 4, 8, 8), 0, {}),      # 6-D
+    ((1, 4, 0, 8), 0, {}),            # empty dimension
+    ((1, 4, 8, 8), -1, {}),           # negative seed
+    ((1, 4, 8, 8), 2**64, {}),        # above ComfyUI's range
+    ((2, 4, 8, 8), 2**64 - 1, {}),    # incremental seed + 1 overflows
+    ((1, 4, 8, 8), 0, {"mode": "gpu"}),
+    ((2, 4, 8, 8), 0, {"batch_index": [0]}),
+    ((1, 4, 8, 8), 0, {"batch_index": [-1]}),
+    ((1, 4, 8, 8), 0, {"batch_index": [-1], "mode": "comfy"}),
+])
+def test_seeded_noise_rejects_bad_input(shape, seed, kwargs):
+    with pytest.raises(ValueError):
+        seeded_noise(shape, seed, **kwargs)
+
+
+def test_seeded_noise_rejects_non_int_seed():
+    with pytest.raises(TypeError):
+        seeded_noise((1, 4, 8, 8), 1.0)
+
+
+# ----------------------------------------------------------------------------- CPUNoiseSampler
+
+
+def test_cpu_noise_sampler_deterministic_and_like_x():
+    x = torch.zeros(2, 4, 8, 8, dtype=torch.float16)
+    s1, s2 = CPUNoiseSampler(x, 3), CPUNoiseSampler(x, 3)
+    first = [s1(1.0, 0.5) for _ in range(3)]
+    second = [s2(1.0, 0.5) for _ in range(3)]
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+        assert a.shape == x.shape and a.dtype == x.dtype and a.device == x.device
+    assert not torch.equal(first[0], first[1])  # successive steps draw fresh noise
+    gen = torch.Generator().manual_seed(3)
+    assert torch.equal(first[0], torch.randn(x.shape, dtype=x.dtype, generator=gen))
+    assert not torch.equal(first[0], CPUNoiseSampler(x, 4)(1.0, 0.5))
+
+
+def test_cpu_noise_sampler_independent_of_global_rng():
+    x = torch.zeros(1, 4, 8, 8)
+    reference = [CPUNoiseSampler(x, 11)(None, None)]
+    sampler = CPUNoiseSampler(x, 11)
+    torch.manual_seed(0)
+    a = sampler(1.0, 0.5)
+    torch.manual_seed(999)  # reseeding / consuming the global RNG between steps changes nothing
+    torch.rand(100)
+    b = sampler(0.5, 0.1)
+    fresh = CPUNoiseSampler(x, 11)
+    assert torch.equal(a, reference[0]) and torch.equal(a, fresh())
+    assert torch.equal(b, fresh())
+    untouched = _global_draw_after(lambda: None)
+    assert torch.equal(_global_draw_after(lambda: CPUNoiseSampler(x, 11)(1.0, 0.5)), untouched)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cpu_noise_sampler_same_noise_on_cuda():
+    cpu = CPUNoiseSampler(torch.zeros(1, 4, 8, 8), 5)()
+    gpu = CPUNoiseSampler(torch.zeros(1, 4, 8, 8, device="cuda"), 5)()
+    assert gpu.device.type == "cuda" and torch.equal(gpu.cpu(), cpu)
+
+
+def test_cpu_noise_sampler_rejects_bad_input():
+    with pytest.raises(TypeError):
+        CPUNoiseSampler([1, 2], 0)
+    with pytest.raises(ValueError):
+        CPUNoiseSampler(torch.zeros(1), -5)
+
+
+def test_cpu_noise_sampler_per_item_matches_batch1_runs():
+    x = torch.zeros(3, 4, 8, 8)
+    batched = CPUNoiseSampler(x, 20, per_item=True)
+    singles = [CPUNoiseSampler(x[i:i + 1], 20 + i) for i in range(3)]
+    for _ in range(2):  # two steps: every item keeps its own stream
+        step = batched(1.0, 0.5)
+        assert step.shape == x.shape
+        for i, single in enumerate(singles):
+            assert torch.equal(step[i:i + 1], single(1.0, 0.5))
+    assert not torch.equal(CPUNoiseSampler(x, 20)(), CPUNoiseSampler(x, 20, per_item=True)())
+    with pytest.raises(ValueError):
+        CPUNoiseSampler(torch.zeros(2, 4), 2**64 - 1, per_item=True)
