@@ -5,12 +5,14 @@ ComfyUI's server never converts UI to API (the frontend does), so the templates 
 widget order from ``/object_info``::
 
     python scripts/api_to_ui.py http://127.0.0.1:8188 example_workflows/api/X.json example_workflows/X.json
+    python scripts/api_to_ui.py --all     # start a server, regenerate every template from its API twin
 """
 from __future__ import annotations
 
 import json
 import sys
 import urllib.request
+from pathlib import Path
 
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 
@@ -79,7 +81,27 @@ def convert(api: dict, object_info: dict) -> dict:
             "groups": [], "config": {}, "extra": {}, "version": 0.4}
 
 
+def regenerate_all() -> list[Path]:
+    """Start a headless server with this pack and rewrite every ``example_workflows/*.json``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from comfy_server import ComfyServer
+
+    root = Path(__file__).resolve().parents[1] / "example_workflows"
+    written = []
+    with ComfyServer() as server:
+        info = server.get("/object_info")
+        for src in sorted((root / "api").glob("*.json")):
+            dst = root / src.name
+            dst.write_text(json.dumps(convert(json.loads(src.read_text()), info), indent=1) + "\n")
+            written.append(dst)
+    return written
+
+
 def main(argv: list[str]) -> int:
+    if argv == ["--all"]:
+        for p in regenerate_all():
+            print(p)
+        return 0
     url, src, dst = argv
     info = json.load(urllib.request.urlopen(url.rstrip("/") + "/object_info"))
     with open(src) as f:

@@ -1,0 +1,63 @@
+"""The pack imports outside ComfyUI (library/CLI use), and core/ never imports ComfyUI."""
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+COMFY_MODULES = {"comfy", "comfy_api", "comfy_extras", "comfy_execution", "folder_paths", "nodes", "server",
+                 "execution", "latent_preview", "node_helpers"}
+
+
+def _imported_top_levels(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_core_imports_nothing_from_comfyui():
+    files = sorted((ROOT / "core").rglob("*.py"))
+    assert len(files) >= 10
+    offenders = {str(f.relative_to(ROOT)): sorted(_imported_top_levels(f) & COMFY_MODULES) for f in files}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_pack_imports_without_comfyui_and_sets_cublas_config():
+    code = (
+        "import importlib.util, os, sys\n"
+        f"root = {str(ROOT)!r}\n"
+        "spec = importlib.util.spec_from_file_location('steadfast', root + '/__init__.py', submodule_search_locations=[root])\n"
+        "m = importlib.util.module_from_spec(spec); sys.modules['steadfast'] = m; spec.loader.exec_module(m)\n"
+        "import steadfast.core.hashing, steadfast.core.registry, steadfast.core.determinism\n"
+        "assert not hasattr(m, 'comfy_entrypoint'), 'node adapters loaded without ComfyUI'\n"
+        "assert m.WEB_DIRECTORY == './js'\n"
+        "bad = sorted(n for n in sys.modules if n.split('.')[0] in ('comfy', 'comfy_api', 'folder_paths'))\n"
+        "assert not bad, bad\n"
+        "print(os.environ.get('CUBLAS_WORKSPACE_CONFIG'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("CUBLAS_WORKSPACE_CONFIG", "PYTHONPATH")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/", timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == ":4096:8"
+
+
+def test_existing_cublas_config_is_kept():
+    code = (
+        "import importlib.util, os, sys\n"
+        f"root = {str(ROOT)!r}\n"
+        "spec = importlib.util.spec_from_file_location('steadfast', root + '/__init__.py', submodule_search_locations=[root])\n"
+        "m = importlib.util.module_from_spec(spec); sys.modules['steadfast'] = m; spec.loader.exec_module(m)\n"
+        "print(os.environ['CUBLAS_WORKSPACE_CONFIG'])\n"
+    )
+    env = {**os.environ, "CUBLAS_WORKSPACE_CONFIG": ":16:8"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/", timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == ":16:8"
