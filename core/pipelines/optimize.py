@@ -1,0 +1,223 @@
+"""Apply :class:`PipelineOptions` to a diffusers pipeline in a safe order, and report what happened.
+
+Order (structural changes first, compilation last, because Dynamo guards on module structure, processor
+objects and weight strides): QKV fusion -> channels_last -> attention backend -> VAE slicing/tiling ->
+``torch.compile``. Sources: diffusers ``fuse_qkv_projections`` / ``compile_repeated_blocks`` /
+``set_attention_backend`` (0.42) and the CPU measurements in ``research/torch_probe.md`` sections 2, 3, 7, 8.
+
+Everything here changes the pipeline in place and is not undone: load a fresh pipeline for a baseline.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from ..optimize.layout import to_channels_last_
+from ..registry import REGISTRY
+from .attention import resolve_attention, set_model_attention_backend
+from .load import count_params, denoiser_of, module_components
+from .options import OptimizeReport, PipelineOptions, StepReport
+from .state import get_state
+
+__all__ = ["PipelineStateError", "optimize_pipeline", "repeated_block_paths"]
+
+
+class PipelineStateError(RuntimeError):
+    """The pipeline is in a state where the operation cannot be done (e.g. optimized twice)."""
+
+
+def repeated_block_paths(model: torch.nn.Module) -> list[str]:
+    """Dotted paths of the modules diffusers' ``compile_repeated_blocks`` compiles: every submodule whose
+    class name is in ``model._repeated_blocks`` (nested matches included, exactly as diffusers does).
+    ``[]`` when the attribute is missing or empty (SD3, VAEs)."""
+    names = getattr(model, "_repeated_blocks", None) or ()
+    if isinstance(names, str):
+        names = (names,)
+    wanted = set(names)
+    return [p for p, m in model.named_modules() if p and type(m).__name__ in wanted]
+
+
+def _param_dtype(module: torch.nn.Module) -> torch.dtype:
+    p = next(module.parameters(), None)
+    return p.dtype if p is not None else torch.float32
+
+
+def _param_device(module: torch.nn.Module) -> torch.device:
+    p = next(module.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def _has_adapters(module: torch.nn.Module) -> bool:
+    return bool(getattr(module, "peft_config", None))
+
+
+def _qkv_step(pipe: Any, comps: dict[str, torch.nn.Module], den_name: str, opts: PipelineOptions) -> StepReport:
+    step = StepReport("qkv_fusion", False)
+    targets = [den_name] + (["vae"] if opts.qkv_fusion_vae and "vae" in comps else [])
+    notes = []
+    details: dict[str, Any] = {"components": {}}
+    for name in targets:
+        mod = comps[name]
+        if not hasattr(mod, "fuse_qkv_projections"):
+            notes.append(f"{name} ({type(mod).__name__}) has no fuse_qkv_projections")
+            continue
+        before = count_params(mod)
+        try:
+            mod.fuse_qkv_projections()
+        except ValueError as e:  # e.g. models with added KV projections
+            notes.append(f"{name}: {e}")
+            continue
+        after = count_params(mod)
+        details["components"][name] = {
+            "params_before": before, "params_after": after,
+            "growth_pct": 100.0 * (after - before) / before if before else 0.0,
+            "note": "diffusers keeps the original to_q/to_k/to_v layers next to the fused ones",
+        }
+        step.modules.append(name)
+        get_state(pipe).qkv_fused.append(name)
+    step.applied = bool(step.modules)
+    step.details = details
+    step.note = "; ".join(notes)
+    return step
+
+
+def _channels_last_step(comps: dict[str, torch.nn.Module], den_name: str) -> StepReport:
+    step = StepReport("channels_last", False, details={"converted": {}})
+    notes = []
+    for name in (den_name, "vae"):
+        if name not in comps:
+            continue
+        n = to_channels_last_(comps[name])
+        step.details["converted"][name] = n
+        if n:
+            step.modules.append(name)
+        else:
+            notes.append(f"{name} has no 4-D (conv) weights to convert")
+    step.applied = bool(step.modules)
+    step.note = "; ".join(notes)
+    return step
+
+
+def _attention_step(pipe: Any, den: torch.nn.Module, den_name: str, opts: PipelineOptions) -> StepReport:
+    dev, dt = _param_device(den), _param_dtype(den)
+    diffusers_name, sdpa_name = resolve_attention(opts.attention, den, dev, dt)
+    details: dict[str, Any] = {"requested": opts.attention, "diffusers_backend": None, "dispatch_modules": 0,
+                               "sdpa_context": None}
+    modules = []
+    if diffusers_name is not None:
+        details["diffusers_backend"] = diffusers_name
+        details["dispatch_modules"] = set_model_attention_backend(den, diffusers_name)
+        modules.append(den_name)
+    note = ""
+    if sdpa_name != "auto":
+        get_state(pipe).sdpa_backend = sdpa_name
+        details["sdpa_context"] = sdpa_name
+        modules.append("pipeline call")
+        note = ("torch SDPA backend pinned around every pipeline call: it also covers the text encoders and "
+                "the VAE, and processors that call SDPA directly")
+    return StepReport("attention", True, modules, details, note)
+
+
+def _vae_step(comps: dict[str, torch.nn.Module], kind: str) -> StepReport:
+    vae = comps.get("vae")
+    method = "enable_slicing" if kind == "vae_slicing" else "enable_tiling"
+    if vae is None or not hasattr(vae, method):
+        return StepReport(kind, False, note=f"no VAE with {method}()")
+    try:
+        getattr(vae, method)()
+    except NotImplementedError as e:
+        return StepReport(kind, False, note=str(e))
+    details: dict[str, Any] = {}
+    if kind == "vae_tiling":
+        details = {k: getattr(vae, k) for k in ("tile_sample_min_size", "tile_latent_min_size",
+                                                 "tile_overlap_factor") if hasattr(vae, k)}
+    return StepReport(kind, True, ["vae"], details)
+
+
+def _compile_step(pipe: Any, den: torch.nn.Module, den_name: str, opts: PipelineOptions) -> StepReport:
+    copts = opts.compile_options()
+    kwargs = copts.to_kwargs()
+    paths = repeated_block_paths(den) if opts.compile == "regional" else []
+    note = ""
+    if opts.compile == "regional" and paths:
+        kind = "regional"
+        den.compile_repeated_blocks(**kwargs)
+    else:
+        if opts.compile == "regional":
+            note = (f"{type(den).__name__} declares no _repeated_blocks, so the whole model was compiled "
+                    f"(torch.compile) instead")
+        kind = "full"
+        den.compile(**kwargs)
+    classes: dict[str, int] = {}
+    for p in paths:
+        cls = type(den.get_submodule(p)).__name__
+        classes[cls] = classes.get(cls, 0) + 1
+    label = f"{type(pipe).__name__}.{den_name} ({kind}"
+    label += f": {', '.join(f'{n} x {c}' for c, n in classes.items())})" if classes else ")"
+    # diffusers compiles in place (Module.compile), so the record holds no swap-in callables; its block
+    # list is filled in for reporting only.
+    record, _ = REGISTRY.get_or_create(den, copts, [], label=label)
+    record.blocks = list(paths)
+    get_state(pipe).record = record
+    details = {"kind": kind, "component": den_name, "n_blocks": len(paths) if paths else 1,
+               "block_classes": classes, "blocks": list(paths), **copts.as_dict(),
+               "via": "diffusers compile_repeated_blocks" if kind == "regional" else "nn.Module.compile"}
+    return StepReport("compile", True, [den_name], details, note)
+
+
+def optimize_pipeline(pipe: Any, options: PipelineOptions) -> OptimizeReport:
+    """Apply ``options`` to ``pipe`` in place and return what was applied to which components.
+
+    Order: QKV fusion (denoiser, then VAE) -> channels_last (denoiser, VAE) -> attention backend ->
+    VAE slicing -> VAE tiling -> compile (denoiser only; VAEs declare no repeated blocks and regional
+    compilation of them reuses nothing, research §2). Compilation is lazy: it happens at the first
+    :func:`~.run.generate` (use :func:`~.run.warmup`), which also records compile time and recompiles in
+    :data:`~..registry.REGISTRY`.
+
+    Raises (all before anything is changed, except errors from diffusers/torch inside a step, after which
+    the pipeline counts as optimized with the steps done so far):
+        PipelineStateError: ``pipe`` was already optimized (load a fresh one), or QKV fusion was requested
+            for a component with LoRA adapters (the fused projections would bypass them).
+        UnsupportedAttentionError: the attention backend cannot run here.
+        ValueError: the pipeline has no denoiser.
+    """
+    state = get_state(pipe)
+    if state.report is not None:
+        raise PipelineStateError(f"{type(pipe).__name__} was already optimized "
+                                 f"({', '.join(state.report.applied) or 'baseline'}); load a fresh pipeline")
+    comps = module_components(pipe)
+    den_name, den = denoiser_of(pipe)
+    report = OptimizeReport(options=options, pipeline=type(pipe).__name__, denoiser=den_name,
+                            params_before={k: count_params(m) for k, m in comps.items()})
+    # validate first, so a refused request leaves the pipeline untouched
+    if options.attention != "auto":
+        resolve_attention(options.attention, den, _param_device(den), _param_dtype(den))
+    if options.qkv_fusion:
+        for name in [den_name] + (["vae"] if options.qkv_fusion_vae and "vae" in comps else []):
+            if _has_adapters(comps[name]):
+                raise PipelineStateError(
+                    f"{name} has LoRA adapters loaded: diffusers' fused to_qkv/to_kv projections would bypass "
+                    f"the LoRA layers on to_q/to_k/to_v, so QKV fusion and LoRA cannot be combined")
+    plan: list[tuple[bool, Any]] = [
+        (options.qkv_fusion, lambda: _qkv_step(pipe, comps, den_name, options)),
+        (options.channels_last, lambda: _channels_last_step(comps, den_name)),
+        (options.attention != "auto", lambda: _attention_step(pipe, den, den_name, options)),
+        (options.vae_slicing, lambda: _vae_step(comps, "vae_slicing")),
+        (options.vae_tiling, lambda: _vae_step(comps, "vae_tiling")),
+        (options.compile != "off", lambda: _compile_step(pipe, den, den_name, options)),
+    ]
+    try:
+        for wanted, run in plan:
+            if not wanted:
+                continue
+            t0 = time.perf_counter()
+            step = run()
+            step.seconds = time.perf_counter() - t0
+            report.steps.append(step)
+    finally:  # also after a failing step: what was done stays recorded, and a second call is refused
+        report.params_after = {k: count_params(m) for k, m in module_components(pipe).items()}
+        state.report = report
+    return report
+
