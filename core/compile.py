@@ -10,6 +10,10 @@ Nothing here mutates the model permanently: :func:`compile_blocks` returns lazy 
 wrappers (compilation happens at their first call) and :func:`swap_in` installs them only for the
 duration of a ``with`` block, as ComfyUI's ``apply_torch_compile_wrapper`` does around each
 ``apply_model`` call. This module imports nothing from ComfyUI.
+
+Two regional options keep a warmed model at one graph per structural block variant
+(:class:`CompileOptions`): ``contiguous_inputs`` (strided block inputs would add a graph) and
+``specialize_ints`` (ints that change between blocks would add graphs under dynamic shapes).
 """
 from __future__ import annotations
 
@@ -31,12 +35,15 @@ __all__ = [
     "CompileOptions",
     "SkipGuardsOn",
     "skip_guards_on",
+    "TransformerOptionsGuardFilter",
+    "comfy_guard_filter",
     "supports_guard_filter_fn",
     "inductor_mode_options",
     "find_repeated_blocks",
     "repeated_block_groups",
     "declared_repeated_blocks",
     "compile_blocks",
+    "contiguous_inputs_hook",
     "compile_full",
     "swap_in",
 ]
@@ -102,6 +109,77 @@ def skip_guards_on(substring: str = "transformer_options") -> SkipGuardsOn:
     return SkipGuardsOn(substring)
 
 
+def _has_leaf(value: Any) -> bool:
+    """True when a (nested) dict/list/tuple holds anything that is not an empty container."""
+    if isinstance(value, dict):
+        return any(_has_leaf(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_has_leaf(v) for v in value)
+    return value is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerOptionsGuardFilter:
+    """Guard filter for ComfyUI's ``transformer_options``: drops the volatile guards, keeps the ones that pick code.
+
+    :class:`SkipGuardsOn` (what ComfyUI's own ``TorchCompileModel`` does) drops *every* guard under
+    ``transformer_options``. Measured: on ComfyUI's own SD1.5 UNet (small, seeded), an ``attn2``
+    replace patch on one block added after warm-up was silently ignored (compiled vs eager-with-patch
+    max |d| 0.013, zero recompiles); on a synthetic block looking patches up by block index, the
+    graph traced for block 0 was reused for block 3. This filter keeps, for each traced frame:
+
+    * guards on the ``transformer_options`` dict itself (its key set: a ``patches`` /
+      ``patches_replace`` key appearing later forces a recompile instead of being ignored);
+    * every guard under a key in ``code_keys`` (``patches``, ``patches_replace``,
+      ``optimized_attention_override``: changing the attention function or a patch recompiles);
+    * ALL guards, when the traced ``transformer_options`` held any patch (non-empty ``patches`` /
+      ``patches_replace``): patches may read block indices, ``cond_or_uncond`` ..., so nothing is
+      assumed. Per-block patches then cost one graph per block (past ``recompile_limit`` Dynamo runs
+      the rest eagerly, which the registry reports) instead of wrong output.
+
+    Everything else under ``transformer_options`` (block indices, sigmas, cond_or_uncond, uuids,
+    shapes ...) is dropped, as before. A frozen dataclass: equal settings compare equal (the registry
+    reuses compiled blocks only for equal filters). Callable as ``guard_filter_fn(entries)``.
+    """
+
+    substring: str = "transformer_options"
+    code_keys: tuple[str, ...] = ("patches", "patches_replace", "optimized_attention_override")
+
+    def _key(self, name: str) -> str | None:
+        """First subscript after ``substring`` in a guard name ("" for the dict itself, None if absent)."""
+        i = name.find(self.substring)
+        if i < 0:
+            return None
+        rest = name[i + len(self.substring):].lstrip("']\")")
+        if not rest.startswith("["):
+            return ""
+        rest = rest[1:].lstrip("'\"")
+        return rest.split("'", 1)[0].split('"', 1)[0].split("]", 1)[0]
+
+    def _patched(self, entry: Any) -> bool:
+        key = self._key(getattr(entry, "name", ""))
+        if key is None or not getattr(entry, "has_value", False):
+            return False
+        value = entry.value
+        if key == "" and isinstance(value, dict):
+            return _has_leaf(value.get("patches")) or _has_leaf(value.get("patches_replace"))
+        return key in ("patches", "patches_replace") and _has_leaf(value)
+
+    def __call__(self, entries: Sequence[Any]) -> list[bool]:
+        if any(self._patched(e) for e in entries):
+            return [True] * len(entries)
+        keep = []
+        for e in entries:
+            key = self._key(getattr(e, "name", ""))
+            keep.append(key is None or key == "" or key in self.code_keys)
+        return keep
+
+
+def comfy_guard_filter() -> TransformerOptionsGuardFilter:
+    """The guard filter to use with ComfyUI models (see :class:`TransformerOptionsGuardFilter`)."""
+    return TransformerOptionsGuardFilter()
+
+
 @dataclasses.dataclass(frozen=True)
 class CompileOptions:
     """Settings for ``torch.compile`` (same meaning as its arguments).
@@ -111,6 +189,25 @@ class CompileOptions:
     "max-autotune-no-cudagraphs", ...) or None. ``dynamic``: None = automatic dynamic after the first
     shape change, True = symbolic shapes from the start, False = one graph per shape.
     ``options``: inductor config overrides (``torch._inductor.list_options()``).
+    ``contiguous_inputs`` (used by :func:`compile_blocks`, so also by a registry "full" compile whose
+    one path is the whole diffusion model; not by :func:`compile_full`): give every tensor argument of a
+    compiled block dense row-major strides *before* Dynamo sees it (:func:`contiguous_inputs_hook`,
+    a forward pre-hook on the ``OptimizedModule``, outside the compiled frame). Dynamo guards on
+    strides, so a block that is sometimes handed a strided view would otherwise compile a second
+    graph on the first call (measured: ComfyUI's Wan and SD3 first blocks get
+    ``x.flatten(2).transpose(1, 2)``; diffusers' Flux single blocks a sliced ``hidden_states``). A copy
+    moves values exactly (no arithmetic), so outputs are unchanged; dense tensors pass through
+    untouched (no copy). Not passed to ``torch.compile``.
+    ``specialize_ints`` (used by :func:`compile_blocks` too): trace compiled blocks with
+    ``torch._dynamo.config.specialize_int=True`` (patched around each call of a compiled block, restored
+    after it). Python ints are then constants with ordinary guards, which ``guard_filter_fn`` can
+    drop. Without it, with ``dynamic=None``/``True`` an int that changes between blocks (ComfyUI's
+    ``transformer_options["block"]`` index) becomes symbolic and is specialised through shape-env
+    guards that no guard filter sees: one graph per distinct value (measured on an SDXL-layout UNet:
+    6 graphs instead of 2 on the first call). Tensor shapes keep following ``dynamic``. Trade-off:
+    ints a block receives that carry sizes (e.g. HunyuanVideo I2V's ``modulation_dims``) then give
+    one graph per distinct value, as with ``dynamic=False``. The config is process-global while a
+    compiled block runs: a Dynamo compile in another thread at that moment also sees it.
     """
 
     backend: str = "inductor"
@@ -118,6 +215,8 @@ class CompileOptions:
     dynamic: bool | None = None
     fullgraph: bool = False
     options: Mapping[str, Any] | None = None
+    contiguous_inputs: bool = True
+    specialize_ints: bool = True
 
     def to_kwargs(self, guard_filter_fn: GuardFilterFn | None = None) -> dict[str, Any]:
         """Keyword arguments for ``torch.compile`` (a fresh dict each call; torch pops from ``options``).
@@ -164,7 +263,8 @@ class CompileOptions:
             opts = {k: v if isinstance(v, (str, int, float, bool, type(None))) else repr(v)
                     for k, v in self.options.items()}
         return {"backend": self.backend, "mode": self.mode, "dynamic": self.dynamic,
-                "fullgraph": self.fullgraph, "options": opts}
+                "fullgraph": self.fullgraph, "options": opts, "contiguous_inputs": self.contiguous_inputs,
+                "specialize_ints": self.specialize_ints}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,15 +282,17 @@ def _outermost(paths: Iterator[str]) -> list[str]:
 def repeated_block_groups(root: nn.Module, min_repeats: int = 2) -> dict[str, list[str]]:
     """Auto-discovered repeated blocks, grouped by class name: ``{class __name__: [dotted paths]}``.
 
-    A candidate is a child of an ``nn.ModuleList`` whose class occurs at least ``min_repeats`` times
-    in that list. Only outermost candidates are kept (a ModuleList inside a chosen block is not
-    searched again). Groups and paths follow ``root.named_modules()`` order.
+    A candidate is a child of an ``nn.ModuleList`` or ``nn.ModuleDict`` (Cosmos keeps its blocks in
+    one) whose class occurs at least ``min_repeats`` times in that container. Only outermost
+    candidates are kept (a container inside a chosen block is not searched again). Groups and paths
+    follow ``root.named_modules()`` order. ``nn.Sequential`` children are not candidates (layers of
+    one stage, e.g. Linear/GELU/Linear, not blocks).
     """
     if min_repeats < 1:
         raise ValueError(f"min_repeats must be >= 1, got {min_repeats}")
     candidates: list[tuple[str, str]] = []
     for path, mod in root.named_modules():
-        if not isinstance(mod, nn.ModuleList):
+        if not isinstance(mod, (nn.ModuleList, nn.ModuleDict)):
             continue
         by_class: dict[str, list[str]] = {}
         for name, child in mod.named_children():
@@ -212,8 +314,11 @@ def find_repeated_blocks(root: nn.Module, class_names: Sequence[str] | None = No
 
     With ``class_names``: every submodule (not ``root`` itself) whose class ``__name__`` is listed,
     outermost matches only (a match nested inside another match is skipped). Without: auto-discovery
-    via :func:`repeated_block_groups` (repeated same-class children of ``nn.ModuleList``s); the choice
-    is logged at INFO level. Returns ``[]`` when nothing matches. Paths are in module order.
+    via :func:`repeated_block_groups` (repeated same-class children of ``nn.ModuleList``s /
+    ``nn.ModuleDict``s, counted per container, no safety check); the choice is logged at INFO level.
+    Returns ``[]`` when nothing matches. Paths are in module order. For ComfyUI models use
+    :func:`core.blocks.choose_blocks`, which checks swap safety and picks the level the declared
+    table would (this function picks e.g. the UNet's ``input_blocks.N``, which cannot be swapped).
     """
     if class_names is not None:
         wanted = set(class_names)
@@ -247,13 +352,83 @@ def _split(path: str) -> tuple[str, str]:
     return parent, name
 
 
+def _dense_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for size in reversed(shape):
+        strides.append(acc)
+        acc *= max(int(size), 1)
+    return tuple(reversed(strides))
+
+
+def _contiguous(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        # is_contiguous() ignores strides of size-1 dims, Dynamo's guards do not (diffusers' Flux hands
+        # its single blocks a [1, N, C] slice with stride[0] = (N + text) * C): compare all strides.
+        if value.layout is not torch.strided or value.stride() == _dense_strides(value.shape):
+            return value
+        if any(st == 0 and sz > 1 for st, sz in zip(value.stride(), value.shape)):
+            return value  # expanded (broadcast) view: a copy could be huge (e.g. an attention mask)
+        return value.clone(memory_format=torch.contiguous_format)
+    if type(value) in (tuple, list):  # plain containers only (not namedtuples/dataclasses)
+        items = [_contiguous(v) for v in value]
+        if all(a is b for a, b in zip(items, value)):
+            return value
+        return type(value)(items)
+    return value
+
+
+def contiguous_inputs_hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """Forward pre-hook (``with_kwargs=True``) making tensor arguments contiguous.
+
+    Tensors given directly (positional or keyword) or inside a plain ``tuple``/``list`` whose
+    strides are not exactly the dense row-major strides of their shape (size-1 dims included, as
+    Dynamo guards them) are replaced by a contiguous clone (same values, bit for bit); dicts
+    (``transformer_options``) and other objects are left alone, and so are expanded views (a
+    stride-0 dim of size > 1: materialising a broadcast mask could cost far more memory than it
+    saves compile time). Returns ``None`` (nothing to change) when every tensor already has dense
+    strides, so the common case allocates nothing. Caveat: a block that mutates a *strided* input in
+    place and whose caller relies on that side effect (rather than the returned value) would see the
+    copy mutated instead; no ComfyUI parent checked in ``core/blocks.py`` does.
+    """
+    new_args = _contiguous(args)
+    new_kwargs = {k: _contiguous(v) for k, v in kwargs.items()}
+    if new_args is args and all(new_kwargs[k] is kwargs[k] for k in kwargs):
+        return None
+    return new_args, new_kwargs
+
+
+class _SpecializeInts:
+    """Calls ``fn`` (an ``OptimizedModule``'s dynamo-wrapped forward) with
+    ``torch._dynamo.config.specialize_int=True``, restored afterwards (also on errors)."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        cfg = torch._dynamo.config
+        if cfg.specialize_int:
+            return self.fn(*args, **kwargs)
+        cfg.specialize_int = True
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            cfg.specialize_int = False
+
+
 def compile_blocks(root: nn.Module, paths: Sequence[str], options: CompileOptions,
                    guard_filter_fn: GuardFilterFn | None = None) -> dict[str, Callable[..., Any]]:
     """``{path: torch.compile(root.get_submodule(path), **options.to_kwargs(guard_filter_fn))}``.
 
     Lazy: nothing is traced until a compiled block is called (install them with :func:`swap_in`).
-    ``root`` is not modified. Raises ``ValueError`` for an empty path (compile the whole model with
-    :func:`compile_full`), a duplicate, or a path that does not name a submodule.
+    ``root`` is not modified. With ``options.contiguous_inputs`` (default) each compiled module gets
+    :func:`contiguous_inputs_hook` as a forward pre-hook, so strided inputs do not cost an extra
+    graph (measured on ComfyUI's Wan and SD3: the first block's strided input recompiled once).
+    With ``options.specialize_ints`` (default) its forward runs under
+    ``torch._dynamo.config.specialize_int=True`` (see :class:`CompileOptions`). Raises
+    ``ValueError`` for an empty path (compile the whole model with :func:`compile_full`), a
+    duplicate, or a path that does not name a submodule.
     """
     out: dict[str, Callable[..., Any]] = {}
     for path in paths:
@@ -265,13 +440,21 @@ def compile_blocks(root: nn.Module, paths: Sequence[str], options: CompileOption
             sub = root.get_submodule(path)
         except AttributeError as e:
             raise ValueError(f"{type(root).__name__} has no submodule {path!r}: {e}") from e
-        out[path] = torch.compile(sub, **options.to_kwargs(guard_filter_fn))
+        compiled = torch.compile(sub, **options.to_kwargs(guard_filter_fn))
+        if options.contiguous_inputs:
+            compiled.register_forward_pre_hook(contiguous_inputs_hook, with_kwargs=True)
+        if options.specialize_ints:
+            compiled.forward = _SpecializeInts(compiled.forward)
+        out[path] = compiled
     return out
 
 
 def compile_full(root: nn.Module, options: CompileOptions,
                  guard_filter_fn: GuardFilterFn | None = None) -> Callable[..., Any]:
-    """``torch.compile(root, **options.to_kwargs(guard_filter_fn))``: whole-model compile (lazy)."""
+    """``torch.compile(root, **options.to_kwargs(guard_filter_fn))``: whole-model compile (lazy).
+
+    ``options.contiguous_inputs`` is not used here (a whole model gets its inputs from the sampler).
+    """
     return torch.compile(root, **options.to_kwargs(guard_filter_fn))
 
 

@@ -1,0 +1,561 @@
+"""Subprocess worker for tests/comfy/test_architectures.py: ComfyUI's own model classes under regional compile.
+
+Runs in its OWN process (the pytest process must never import ``comfy``). It makes ComfyUI importable
+(``$COMFYUI_PATH``, default ``~/comfy/ComfyUI``), forces CPU and ComfyUI's PyTorch (SDPA) attention
+(``args.use_pytorch_cross_attention``; the CPU default sub_quad graph-breaks under Dynamo), loads this
+pack's ``core`` as ``steadfast.core`` without running the pack's ``__init__`` (which would import the
+ComfyUI nodes) and prints ONE JSON document on stdout.
+
+Modes::
+
+    python arch_worker.py structure [ARCH ...]     # real-size configs built on the meta device
+    python arch_worker.py run [--backend eager|inductor] [--calls 3] [--threads 1] ITEM ...
+        ITEM = arch[:dynamic=none|true|false,contiguous=0|1,specialize=0|1,filter=comfy|skip,patch=0|1]
+        (arch: sd15 sdxl flux sd3 wan)
+
+``structure``: per architecture the declared blocks (:func:`core.blocks.choose_blocks`), their count
+against the count read from the model's own containers, auto-discovery (:func:`core.blocks.discover_blocks`)
+and :func:`core.blocks.safe_to_swap`. Nothing is allocated (meta tensors).
+
+``run``: a SMALL seeded instance (every parameter and float buffer written from one generator; ComfyUI
+layers skip weight init) is run eagerly, then with the chosen blocks compiled (``compile_blocks`` +
+``swap_in`` with :func:`comfy_guard_filter`, or ComfyUI-style ``skip_guards_on`` with ``filter=skip``)
+``--calls`` times, each call with a fresh sampler-like ``transformer_options`` (new sigma per step,
+cond_or_uncond, uuids, the node's SDPA ``optimized_attention_override``). Reported:
+blocks and counts, whether the output depends on the input, run-to-run equality of compiled outputs,
+max |compiled - eager| (absolute and relative to max |eager|), graphs after the first call, recompiles
+(with Dynamo's reasons) on the first call and after it, seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _import_comfy() -> None:
+    root = Path(os.environ.get("COMFYUI_PATH", str(Path.home() / "comfy" / "ComfyUI"))).expanduser()
+    if not (root / "comfy").is_dir():
+        raise SystemExit(f"ComfyUI not found at {root} (set COMFYUI_PATH)")
+    sys.path.insert(0, str(root))
+    import comfy.options  # noqa: F401  (keeps ComfyUI's argument parsing off)
+    from comfy.cli_args import args
+
+    if "comfy.model_management" in sys.modules:  # pragma: no cover
+        raise RuntimeError("comfy.model_management imported before the CPU/attention args were set")
+    args.cpu = True
+    args.use_pytorch_cross_attention = True
+
+
+def _import_core() -> None:
+    pkg = types.ModuleType("steadfast")
+    pkg.__path__ = [str(REPO)]  # package without running REPO/__init__.py
+    sys.modules["steadfast"] = pkg
+
+
+_import_comfy()
+_import_core()
+
+import torch  # noqa: E402
+
+import comfy.ops  # noqa: E402
+from comfy.ldm.modules import attention as comfy_attention  # noqa: E402
+from steadfast.core import blocks as sblocks  # noqa: E402
+from steadfast.core.compile import (  # noqa: E402
+    CompileOptions,
+    comfy_guard_filter,
+    compile_blocks,
+    skip_guards_on,
+    swap_in,
+)
+
+OPS = comfy.ops.disable_weight_init
+
+
+# ---------------------------------------------------------------------------------------------
+# Architectures
+# ---------------------------------------------------------------------------------------------
+def _cls(module: str, name: str) -> type:
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+def _unet_cfg(**kw: Any) -> dict[str, Any]:
+    cfg = dict(use_checkpoint=False, image_size=32, use_spatial_transformer=True, legacy=False,
+               in_channels=4, out_channels=4, use_temporal_resblock=False, use_temporal_attention=False,
+               num_heads=-1, num_head_channels=64)
+    cfg.update(kw)
+    return cfg
+
+
+SD15_FULL = _unet_cfg(model_channels=320, num_res_blocks=[2, 2, 2, 2], channel_mult=[1, 2, 4, 4],
+                      transformer_depth=[1, 1, 1, 1, 1, 1, 0, 0], transformer_depth_middle=1,
+                      transformer_depth_output=[1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0], context_dim=768,
+                      adm_in_channels=None, use_linear_in_transformer=False, num_heads=8, num_head_channels=-1)
+SDXL_FULL = _unet_cfg(model_channels=320, num_res_blocks=[2, 2, 2], channel_mult=[1, 2, 4],
+                      transformer_depth=[0, 0, 2, 2, 10, 10], transformer_depth_middle=10,
+                      transformer_depth_output=[0, 0, 0, 2, 2, 2, 10, 10, 10], context_dim=2048,
+                      adm_in_channels=2816, num_classes="sequential", use_linear_in_transformer=True)
+FLUX_FULL = dict(in_channels=16, out_channels=16, vec_in_dim=768, context_in_dim=4096, hidden_size=3072,
+                 mlp_ratio=4.0, num_heads=24, depth=19, depth_single_blocks=38, axes_dim=[16, 56, 56],
+                 theta=10000, patch_size=2, qkv_bias=True, guidance_embed=True, txt_ids_dims=[])
+FLUX2_FULL = dict(FLUX_FULL, axes_dim=[32, 32, 32, 32], num_heads=48, hidden_size=6144, mlp_ratio=3.0,
+                  theta=2000, out_channels=128, in_channels=128, global_modulation=True, mlp_silu_act=True,
+                  qkv_bias=False, ops_bias=False, txt_ids_dims=[3], patch_size=1, depth=8,
+                  depth_single_blocks=48, vec_in_dim=None, context_in_dim=15360, guidance_embed=True)
+CHROMA_FULL = dict(in_channels=64, out_channels=64, context_in_dim=4096, hidden_size=3072, mlp_ratio=4.0,
+                   num_heads=24, depth=19, depth_single_blocks=38, axes_dim=[16, 56, 56], theta=10000,
+                   patch_size=2, qkv_bias=True, in_dim=64, out_dim=3072, hidden_dim=5120, n_layers=5,
+                   txt_ids_dims=[], vec_in_dim=None)
+CHROMA_RADIANCE_FULL = dict(CHROMA_FULL, in_channels=3, out_channels=3, patch_size=16, nerf_hidden_size=64,
+                            nerf_mlp_ratio=4, nerf_depth=4, nerf_max_freqs=8, nerf_tile_size=512,
+                            nerf_final_head_type="conv", nerf_embedder_dtype=torch.float32, use_x0=False)
+HUNYUAN_VIDEO_FULL = dict(in_channels=16, out_channels=16, vec_in_dim=768, context_in_dim=4096, hidden_size=3072,
+                          mlp_ratio=4.0, num_heads=24, depth=20, depth_single_blocks=40, axes_dim=[16, 56, 56],
+                          theta=256, patch_size=[1, 2, 2], qkv_bias=True, guidance_embed=True, byt5=False,
+                          meanflow=False, use_cond_type_embedding=False, vision_in_dim=None, meanflow_sum=False)
+SD3_MEDIUM = dict(input_size=None, patch_size=2, in_channels=16, out_channels=16, depth=24, adm_in_channels=2048,
+                  pos_embed_max_size=192, num_patches=36864,
+                  context_embedder_config={"target": "torch.nn.Linear",
+                                           "params": {"in_features": 4096, "out_features": 1536}})
+SD35_MEDIUM = dict(SD3_MEDIUM, pos_embed_max_size=384, num_patches=147456, qk_norm="rms",
+                   x_block_self_attn_layers=list(range(13)))
+HIDREAM_FULL = dict(attention_head_dim=128, axes_dims_rope=[64, 32, 32], caption_channels=[4096, 4096],
+                    max_resolution=[128, 128], in_channels=16, llama_layers=list(range(32)) + [31] * 16,
+                    num_attention_heads=20, num_routed_experts=4, num_activated_experts=2, num_layers=16,
+                    num_single_layers=32, out_channels=16, patch_size=2, text_emb_dim=2048)
+MOCHI_FULL = dict(depth=48, patch_size=2, num_heads=24, hidden_size_x=3072, hidden_size_y=1536, mlp_ratio_x=4.0,
+                  mlp_ratio_y=4.0, learn_sigma=False, in_channels=12, qk_norm=True, qkv_bias=False,
+                  out_bias=True, attn_drop=0.0, patch_embed_bias=True, posenc_preserve_area=True,
+                  timestep_mlp_bias=True, attend_to_padding=False, timestep_scale=1000.0, use_t5=True,
+                  t5_feat_dim=4096, t5_token_length=256, rope_theta=10000.0)
+COSMOS_7B = dict(max_img_h=240, max_img_w=240, max_frames=128, in_channels=16, out_channels=16, patch_spatial=2,
+                 patch_temporal=1, model_channels=4096, block_config="FA-CA-MLP", concat_padding_mask=True,
+                 pos_emb_cls="rope3d", pos_emb_learnable=False, pos_emb_interpolation="crop",
+                 block_x_format="THWBD", affline_emb_norm=True, use_adaln_lora=True, adaln_lora_dim=256,
+                 num_blocks=28, num_heads=32, extra_per_block_abs_pos_emb=True, rope_h_extrapolation_ratio=1.0,
+                 rope_w_extrapolation_ratio=1.0, rope_t_extrapolation_ratio=2.0,
+                 extra_per_block_abs_pos_emb_type="learnable")
+COSMOS2_2B = dict(max_img_h=240, max_img_w=240, max_frames=128, in_channels=16, out_channels=16, patch_spatial=2,
+                  patch_temporal=1, model_channels=2048, concat_padding_mask=True, crossattn_emb_channels=1024,
+                  pos_emb_cls="rope3d", pos_emb_learnable=True, pos_emb_interpolation="crop", min_fps=1, max_fps=30,
+                  use_adaln_lora=True, adaln_lora_dim=256, num_blocks=28, num_heads=16,
+                  extra_per_block_abs_pos_emb=False, rope_h_extrapolation_ratio=4.0,
+                  rope_w_extrapolation_ratio=4.0, rope_t_extrapolation_ratio=1.0)
+
+
+def _n(*attrs: str) -> Callable[[Any], int]:
+    """Count of blocks read from the model's own containers (independent of class-name matching)."""
+    def count(m: Any) -> int:
+        total = 0
+        for a in attrs:
+            obj = m
+            for part in a.split("."):
+                obj = getattr(obj, part)
+            total += len(obj)
+        return total
+    return count
+
+
+def _unet_count(m: Any) -> int:
+    return sum(len(mod.transformer_blocks) for mod in m.modules() if type(mod).__name__ == "SpatialTransformer")
+
+
+# arch -> (module, class, kwargs, {block class: counter}) ; real sizes, meta device
+STRUCTURE: dict[str, tuple[str, str, dict[str, Any], dict[str, Callable[[Any], int]]]] = {
+    "sd15": ("comfy.ldm.modules.diffusionmodules.openaimodel", "UNetModel", SD15_FULL,
+             {"BasicTransformerBlock": _unet_count}),
+    "sdxl": ("comfy.ldm.modules.diffusionmodules.openaimodel", "UNetModel", SDXL_FULL,
+             {"BasicTransformerBlock": _unet_count}),
+    "flux": ("comfy.ldm.flux.model", "Flux", FLUX_FULL,
+             {"DoubleStreamBlock": _n("double_blocks"), "SingleStreamBlock": _n("single_blocks")}),
+    "flux2": ("comfy.ldm.flux.model", "Flux", FLUX2_FULL,
+              {"DoubleStreamBlock": _n("double_blocks"), "SingleStreamBlock": _n("single_blocks")}),
+    "chroma": ("comfy.ldm.chroma.model", "Chroma", CHROMA_FULL,
+               {"DoubleStreamBlock": _n("double_blocks"), "SingleStreamBlock": _n("single_blocks")}),
+    "chroma_radiance": ("comfy.ldm.chroma_radiance.model", "ChromaRadiance", CHROMA_RADIANCE_FULL,
+                        {"DoubleStreamBlock": _n("double_blocks"), "SingleStreamBlock": _n("single_blocks")}),
+    "hunyuan_video": ("comfy.ldm.hunyuan_video.model", "HunyuanVideo", HUNYUAN_VIDEO_FULL,
+                      {"DoubleStreamBlock": _n("double_blocks"), "SingleStreamBlock": _n("single_blocks")}),
+    "hunyuan3d": ("comfy.ldm.hunyuan3d.model", "Hunyuan3Dv2", {},
+                  {"DoubleStreamBlock": _n("double_blocks"), "SingleStreamBlock": _n("single_blocks")}),
+    "sd3": ("comfy.ldm.modules.diffusionmodules.mmdit", "OpenAISignatureMMDITWrapper", SD3_MEDIUM,
+            {"JointBlock": _n("joint_blocks")}),
+    "sd35": ("comfy.ldm.modules.diffusionmodules.mmdit", "OpenAISignatureMMDITWrapper", SD35_MEDIUM,
+             {"JointBlock": _n("joint_blocks")}),
+    "auraflow": ("comfy.ldm.aura.mmdit", "MMDiT", {},
+                 {"MMDiTBlock": _n("double_layers"), "DiTBlock": _n("single_layers")}),
+    "wan": ("comfy.ldm.wan.model", "WanModel", {}, {"WanAttentionBlock": _n("blocks")}),
+    "wan_i2v": ("comfy.ldm.wan.model", "WanModel", {"model_type": "i2v"}, {"WanAttentionBlock": _n("blocks")}),
+    "wan_vace": ("comfy.ldm.wan.model", "VaceWanModel", {"vace_layers": 8, "vace_in_dim": 96},
+                 {"WanAttentionBlock": _n("blocks")}),
+    "wan_camera": ("comfy.ldm.wan.model", "CameraWanModel", {}, {"WanAttentionBlock": _n("blocks")}),
+    "wan_s2v": ("comfy.ldm.wan.model", "WanModel_S2V", {}, {"WanAttentionBlock": _n("blocks")}),
+    "wan_humo": ("comfy.ldm.wan.model", "HumoWanModel", {}, {"WanAttentionBlockAudio": _n("blocks")}),
+    "wan_animate": ("comfy.ldm.wan.model_animate", "AnimateWanModel", {}, {"WanAttentionBlock": _n("blocks")}),
+    "ltxv": ("comfy.ldm.lightricks.model", "LTXVModel", {}, {"BasicTransformerBlock": _n("transformer_blocks")}),
+    "ltxav": ("comfy.ldm.lightricks.av_model", "LTXAVModel", {},
+              {"BasicAVTransformerBlock": _n("transformer_blocks")}),
+    "lumina2": ("comfy.ldm.lumina.model", "NextDiT", {},
+                {"JointTransformerBlock": _n("layers", "noise_refiner", "context_refiner")}),
+    "qwen_image": ("comfy.ldm.qwen_image.model", "QwenImageTransformer2DModel", {},
+                   {"QwenImageTransformerBlock": _n("transformer_blocks")}),
+    "hidream": ("comfy.ldm.hidream.model", "HiDreamImageTransformer2DModel", HIDREAM_FULL,
+                {"HiDreamImageTransformerBlock": _n("double_stream_blocks"),
+                 "HiDreamImageSingleTransformerBlock": _n("single_stream_blocks")}),
+    "pixart": ("comfy.ldm.pixart.pixartms", "PixArtMS", {}, {"PixArtMSBlock": _n("blocks")}),
+    "hunyuan_dit": ("comfy.ldm.hydit.models", "HunYuanDiT", {}, {"HunYuanDiTBlock": _n("blocks")}),
+    "hunyuan3d21": ("comfy.ldm.hunyuan3dv2_1.hunyuandit", "HunYuanDiTPlain", {}, {"HunYuanDiTBlock": _n("blocks")}),
+    "mochi": ("comfy.ldm.genmo.joint_model.asymm_models_joint", "AsymmDiTJoint", MOCHI_FULL,
+              {"AsymmetricJointBlock": _n("blocks")}),
+    "cosmos": ("comfy.ldm.cosmos.model", "GeneralDIT", COSMOS_7B, {"GeneralDITTransformerBlock": _n("blocks")}),
+    "cosmos_predict2": ("comfy.ldm.cosmos.predict2", "MiniTrainDIT", COSMOS2_2B, {"Block": _n("blocks")}),
+    "ace": ("comfy.ldm.ace.model", "ACEStepTransformer2DModel", {},
+            {"LinearTransformerBlock": _n("transformer_blocks")}),
+    "stable_audio": ("comfy.ldm.audio.dit", "AudioDiffusionTransformer", {},
+                     {"TransformerBlock": _n("transformer.layers")}),
+    "kandinsky5": ("comfy.ldm.kandinsky5.model", "Kandinsky5", {},
+                   {"TransformerEncoderBlock": _n("text_transformer_blocks"),
+                    "TransformerDecoderBlock": _n("visual_transformer_blocks")}),
+    "omnigen2": ("comfy.ldm.omnigen.omnigen2", "OmniGen2Transformer2DModel", {},
+                 {"OmniGen2TransformerBlock": _n("noise_refiner", "ref_image_refiner", "context_refiner", "layers")}),
+    "stable_cascade_c": ("comfy.ldm.cascade.stage_c", "StageC", {}, {}),
+    "stable_cascade_b": ("comfy.ldm.cascade.stage_b", "StageB", {}, {}),
+}
+
+
+def structure(arch: str) -> dict[str, Any]:
+    module, name, kwargs, counters = STRUCTURE[arch]
+    t0 = time.perf_counter()
+    model = _cls(module, name)(**kwargs, device="meta", operations=OPS)
+    choice = sblocks.choose_blocks(model)
+    disc = sblocks.discover_blocks(model)
+    auto_check = sblocks.safe_to_swap(model, disc.paths)
+    return {
+        "class": type(model).__name__,
+        "params_M": round(sum(p.numel() for p in model.parameters()) / 1e6, 1),
+        "how": choice.how,
+        "reason": choice.reason,
+        "declared": list(sblocks.declared_blocks_for(type(model)) or ()),
+        "found": choice.classes,
+        "expected": {k: c(model) for k, c in counters.items()},
+        "paths": choice.paths,
+        "refused": choice.check.refused if choice.check else {},
+        "variants": choice.check.variants if choice.check else {},
+        "warnings": choice.check.warnings if choice.check else [],
+        "auto_paths": disc.paths,
+        "auto_groups": {k: len(v) for k, v in disc.groups.items()},
+        "auto_dropped": disc.dropped,
+        "auto_refused_count": len(disc.refused),
+        "auto_refused_sample": dict(list(disc.refused.items())[:2]),
+        "auto_check_ok": auto_check.ok,
+        "auto_equals_declared": disc.paths == choice.paths,
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Small runnable instances
+# ---------------------------------------------------------------------------------------------
+def seed_(model: torch.nn.Module, seed: int = 0) -> int:
+    """Write every parameter and floating buffer from one generator; returns how many tensors.
+
+    Norm-like 1-D weights ("norm"/"scale" in the name) ~ 1 + N(0, 0.02); other 1-D tensors (biases)
+    ~ N(0, 0.02); matrices ~ N(0, 1/fan_in) with fan_in = numel / shape[0] (``Linear``/``Conv``).
+    """
+    g = torch.Generator().manual_seed(seed)
+    n = 0
+    with torch.no_grad():
+        tensors = list(model.named_parameters()) + [(k, b) for k, b in model.named_buffers() if b.is_floating_point()]
+        for name, t in tensors:
+            r = torch.randn(t.shape, generator=g, dtype=torch.float32)
+            low = name.lower()
+            if t.ndim <= 1:
+                r = (1.0 + 0.02 * r) if ("norm" in low or "scale" in low) and name.endswith(("weight", "scale")) \
+                    else 0.02 * r
+            else:
+                fan_in = max(1, t.numel() // t.shape[0])
+                r = r / math.sqrt(fan_in)
+            t.copy_(r.to(t.dtype))
+            n += 1
+    return n
+
+
+def _randn(g: torch.Generator, *shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=g)
+
+
+Small = tuple[torch.nn.Module, Callable[[int], dict[str, Any]], dict[str, int]]
+
+
+def small_sd15() -> Small:
+    cfg = _unet_cfg(model_channels=32, num_res_blocks=[1, 1], channel_mult=[1, 2], transformer_depth=[1, 1],
+                    transformer_depth_middle=1, transformer_depth_output=[1, 1, 1, 1], context_dim=32,
+                    adm_in_channels=None, use_linear_in_transformer=False, num_heads=2, num_head_channels=-1)
+    m = _cls("comfy.ldm.modules.diffusionmodules.openaimodel", "UNetModel")(**cfg, operations=OPS)
+
+    def inputs(seed: int) -> dict[str, Any]:
+        g = torch.Generator().manual_seed(seed)
+        return {"x": _randn(g, 1, 4, 16, 16), "timesteps": torch.tensor([500.0]), "context": _randn(g, 1, 7, 32)}
+    return m, inputs, {"BasicTransformerBlock": 1 + 1 + 1 + 4}
+
+
+def small_sdxl() -> Small:
+    cfg = _unet_cfg(model_channels=32, num_res_blocks=[1, 1], channel_mult=[1, 2], transformer_depth=[0, 2],
+                    transformer_depth_middle=2, transformer_depth_output=[0, 0, 2, 2], context_dim=48,
+                    adm_in_channels=24, num_classes="sequential", use_linear_in_transformer=True,
+                    num_head_channels=16)
+    m = _cls("comfy.ldm.modules.diffusionmodules.openaimodel", "UNetModel")(**cfg, operations=OPS)
+
+    def inputs(seed: int) -> dict[str, Any]:
+        g = torch.Generator().manual_seed(seed)
+        return {"x": _randn(g, 1, 4, 16, 16), "timesteps": torch.tensor([500.0]), "context": _randn(g, 1, 7, 48),
+                "y": _randn(g, 1, 24)}
+    return m, inputs, {"BasicTransformerBlock": 2 + 2 + 2 + 2}
+
+
+def small_flux() -> Small:
+    m = _cls("comfy.ldm.flux.model", "Flux")(
+        in_channels=4, out_channels=4, vec_in_dim=16, context_in_dim=16, hidden_size=64, mlp_ratio=2.0,
+        num_heads=2, depth=2, depth_single_blocks=3, axes_dim=[8, 12, 12], theta=10000, patch_size=2,
+        qkv_bias=True, guidance_embed=True, txt_ids_dims=[], operations=OPS)
+
+    def inputs(seed: int) -> dict[str, Any]:
+        g = torch.Generator().manual_seed(seed)
+        return {"x": _randn(g, 1, 4, 16, 16), "timestep": torch.tensor([0.7]), "context": _randn(g, 1, 8, 16),
+                "y": _randn(g, 1, 16), "guidance": torch.tensor([3.5])}
+    return m, inputs, {"DoubleStreamBlock": 2, "SingleStreamBlock": 3}
+
+
+def small_sd3() -> Small:
+    m = _cls("comfy.ldm.modules.diffusionmodules.mmdit", "OpenAISignatureMMDITWrapper")(
+        input_size=None, patch_size=2, in_channels=4, out_channels=4, depth=2, num_blocks=4, adm_in_channels=16,
+        pos_embed_max_size=8, num_patches=64, qk_norm="rms", x_block_self_attn_layers=[1],
+        context_embedder_config={"target": "torch.nn.Linear", "params": {"in_features": 32, "out_features": 128}},
+        operations=OPS)
+
+    def inputs(seed: int) -> dict[str, Any]:
+        g = torch.Generator().manual_seed(seed)
+        return {"x": _randn(g, 1, 4, 16, 16), "timesteps": torch.tensor([0.6]), "context": _randn(g, 1, 6, 32),
+                "y": _randn(g, 1, 16)}
+    return m, inputs, {"JointBlock": 4}
+
+
+def small_wan() -> Small:
+    m = _cls("comfy.ldm.wan.model", "WanModel")(
+        model_type="t2v", patch_size=(1, 2, 2), in_dim=4, dim=64, ffn_dim=128, freq_dim=32, text_dim=32, out_dim=4,
+        num_heads=2, num_layers=3, operations=OPS)
+
+    def inputs(seed: int) -> dict[str, Any]:
+        g = torch.Generator().manual_seed(seed)
+        return {"x": _randn(g, 1, 4, 2, 8, 8), "timestep": torch.tensor([0.4]), "context": _randn(g, 1, 6, 32)}
+    return m, inputs, {"WanAttentionBlock": 3}
+
+
+SMALL: dict[str, Callable[[], Small]] = {
+    "sd15": small_sd15, "sdxl": small_sdxl, "flux": small_flux, "sd3": small_sd3, "wan": small_wan,
+}
+
+
+class _RecompileTap(logging.Handler):
+    """Collects Dynamo's recompile messages (``torch._dynamo.guards.__recompiles``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process plus its waited-for children (the C++ compiler runs as a child;
+    with TORCHINDUCTOR_COMPILE_THREADS=1 no long-lived pool hides it). Less load-sensitive than wall time."""
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _reason(msg: str) -> str:
+    lines = [ln.strip() for ln in msg.splitlines() if ln.strip()]
+    return " | ".join(lines[:3])[:300]
+
+
+def sdpa_override(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``optimized_attention_override`` as the Optimize node installs it: ComfyUI's PyTorch SDPA path."""
+    return comfy_attention.attention_pytorch(*args, **kwargs)
+
+
+def step_options(step: int, **extra: Any) -> dict[str, Any]:
+    """A fresh ``transformer_options`` like the sampler's (``samplers._calc_cond_batch``) for one step."""
+    opts = {"cond_or_uncond": [0], "uuids": ["cond-0"], "sigmas": torch.tensor([14.6 / (step + 1)]),
+            "optimized_attention_override": sdpa_override}
+    opts.update(extra)
+    return opts
+
+
+def attn2_patch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, extra_options: dict) -> torch.Tensor:
+    """An ``attn2`` replace patch (like IPAdapter's): cross-attention with doubled values."""
+    return comfy_attention.optimized_attention(q, k, v * 2.0, extra_options["n_heads"])
+
+
+def run(arch: str, options: CompileOptions, calls: int, guard_filter: str = "comfy",
+        patch: bool = False) -> dict[str, Any]:
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model, make_inputs, expected = SMALL[arch]()
+    model.eval()
+    n_seeded = seed_(model)
+    inp, other = make_inputs(0), make_inputs(1)
+    choice = sblocks.choose_blocks(model)
+    disc = sblocks.discover_blocks(model)
+    res: dict[str, Any] = {"class": type(model).__name__, "how": choice.how, "found": choice.classes,
+                           "expected": expected, "seeded_tensors": n_seeded, "variants": choice.check.variants,
+                           "refused": choice.check.refused, "auto_equals_declared": disc.paths == choice.paths,
+                           "options": options.as_dict()}
+    tap = _RecompileTap()
+    rec_logger = logging.getLogger("torch._dynamo.guards.__recompiles")
+    torch._logging.set_logs(recompiles=True)
+    rec_logger.addHandler(tap)
+    rec_logger.propagate = False
+    try:
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            eager = model(**inp, transformer_options=step_options(0))
+            res["eager_seconds"] = round(time.perf_counter() - t0, 3)
+            eager_other = model(**other, transformer_options=step_options(0))
+            res["output_shape"] = list(eager.shape)
+            res["finite"] = bool(torch.isfinite(eager).all())
+            res["depends_on_input"] = not torch.equal(eager, eager_other)
+            res["eager_max_abs"] = float(eager.abs().max())
+            gfilter = comfy_guard_filter() if guard_filter == "comfy" else skip_guards_on("transformer_options")
+            compiled = compile_blocks(model, choice.paths, options, gfilter)
+            outs, seconds, cpu_seconds, graphs, recompiles = [], [], [], [], []
+            for step in range(calls):
+                before = len(tap.messages)
+                t0, c0 = time.perf_counter(), _cpu_seconds()
+                with swap_in(model, compiled):
+                    outs.append(model(**inp, transformer_options=step_options(step)))
+                seconds.append(round(time.perf_counter() - t0, 3))
+                cpu_seconds.append(round(_cpu_seconds() - c0, 3))
+                graphs.append(int(counters["stats"]["unique_graphs"]))
+                recompiles.append([_reason(m) for m in tap.messages[before:]])
+            with swap_in(model, compiled):  # a different input (same shapes): still no recompile
+                before = len(tap.messages)
+                other_out = model(**other, transformer_options=step_options(calls))
+                recompiles_other = [_reason(m) for m in tap.messages[before:]]
+            if patch:  # a per-block attn2 replace patch added AFTER warm-up (e.g. an IPAdapter node)
+                key = ("input", 1, 0)
+                patched = step_options(0, patches_replace={"attn2": {key: attn2_patch}})
+                eager_patched = model(**inp, transformer_options=patched)
+                before = len(tap.messages)
+                with swap_in(model, compiled):
+                    compiled_patched = model(**inp, transformer_options=step_options(0, patches_replace={
+                        "attn2": {key: attn2_patch}}))
+                    compiled_unpatched = model(**inp, transformer_options=step_options(1))
+                res["patch"] = {
+                    "changes_output": not torch.equal(eager_patched, eager),
+                    "max_abs_vs_eager_patched": float((compiled_patched - eager_patched).abs().max()),
+                    "max_abs_vs_eager_unpatched_after": float((compiled_unpatched - eager).abs().max()),
+                    "recompiles": len(tap.messages) - before,
+                }
+    finally:
+        rec_logger.removeHandler(tap)
+        torch._logging.set_logs()
+    first = outs[0]
+    d = (first - eager).abs()
+    res.update({
+        "calls_seconds": seconds,
+        "calls_cpu_seconds": cpu_seconds,
+        "graphs_after_call": graphs,
+        "recompiles_first_call": recompiles[0],
+        "recompiles_after_first_call": [r for rs in recompiles[1:] for r in rs] + recompiles_other,
+        "run_to_run_equal": all(torch.equal(first, o) for o in outs[1:]),
+        "bit_equal_eager": bool(torch.equal(first, eager)),
+        "max_abs_vs_eager": float(d.max()),
+        "rel_vs_eager": float(d.max() / max(float(eager.abs().max()), 1e-30)),
+        "other_input_max_abs_vs_eager": float((other_out - eager_other).abs().max()),
+        "graph_breaks": {k: int(v) for k, v in counters["graph_break"].items()},
+    })
+    return res
+
+
+def parse_item(item: str, backend: str) -> tuple[str, CompileOptions, dict[str, str]]:
+    """``"arch"`` or ``"arch:dynamic=true,contiguous=0,specialize=0,filter=skip,patch=1"`` -> (arch,
+    options, extra). ``filter``: "comfy" (default, :func:`comfy_guard_filter`) or "skip" (drop every
+    transformer_options guard, as ComfyUI's TorchCompileModel); ``patch=1``: also run with an attn2
+    replace patch added after warm-up (UNet only)."""
+    arch, _, spec = item.partition(":")
+    if arch not in SMALL:
+        raise SystemExit(f"unknown arch {arch!r}; choose from {sorted(SMALL)}")
+    kw: dict[str, Any] = {"backend": backend, "dynamic": None}
+    extra: dict[str, str] = {}
+    for part in filter(None, spec.split(",")):
+        key, _, val = part.partition("=")
+        if key == "dynamic":
+            kw["dynamic"] = {"none": None, "true": True, "false": False}[val]
+        elif key == "contiguous":
+            kw["contiguous_inputs"] = val == "1"
+        elif key == "specialize":
+            kw["specialize_ints"] = val == "1"
+        elif key in ("filter", "patch"):
+            extra[key] = val
+        else:
+            raise SystemExit(f"unknown option {key!r} in {item!r}")
+    return arch, CompileOptions(**kw), extra
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="mode", required=True)
+    ps = sub.add_parser("structure", help="declared vs discovered blocks on real-size meta models")
+    ps.add_argument("archs", nargs="*", help=f"default: all of {sorted(STRUCTURE)}")
+    pr = sub.add_parser("run", help="small seeded models, eager vs regional compile")
+    pr.add_argument("items", nargs="+",
+                    help="arch[:dynamic=..,contiguous=0|1,specialize=0|1,filter=comfy|skip,patch=0|1]")
+    pr.add_argument("--backend", default="eager")
+    pr.add_argument("--calls", type=int, default=3)
+    pr.add_argument("--threads", type=int, default=1, help="torch threads (0 = leave torch's default)")
+    a = p.parse_args(argv)
+    out: dict[str, Any] = {"torch": torch.__version__,
+                           "attention": getattr(comfy_attention.optimized_attention, "__name__", "?")}
+    if a.mode == "structure":
+        for arch in a.archs or list(STRUCTURE):
+            try:
+                out[arch] = structure(arch)
+            except Exception as e:  # reported; the test decides
+                out[arch] = {"error": f"{type(e).__name__}: {e}"}
+    else:
+        if a.threads:
+            torch.set_num_threads(a.threads)
+        for item in a.items:
+            arch, opts, extra = parse_item(item, a.backend)
+            t0 = time.perf_counter()
+            try:
+                out[item] = run(arch, opts, a.calls, guard_filter=extra.get("filter", "comfy"),
+                                patch=extra.get("patch") == "1")
+            except Exception as e:
+                import traceback
+
+                out[item] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+            out[item]["seconds"] = round(time.perf_counter() - t0, 2)
+    json.dump(out, sys.stdout, indent=1, default=repr)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()
