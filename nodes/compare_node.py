@@ -1,7 +1,7 @@
 """Steadfast Compare: are two IMAGEs (or LATENTs) bit-identical, and if not, by how much do they differ."""
 from __future__ import annotations
 
-from comfy_api.latest import io, ui
+from comfy_api.latest import io
 
 from ..core import compare
 
@@ -42,6 +42,13 @@ class SteadfastCompare(io.ComfyNode):
             raise ValueError("Compare: nothing to compare - connect two IMAGEs or two LATENTs")
         report = compare.compare(a, b, kind=kind)
         heat = compare.diff_heatmap(a, b, kind=kind)
+        details = report.as_dict()
+        channels = a.shape[-1] if kind == "image" else a.shape[1]
+        positions = a.numel() // max(int(channels), 1)  # pixels: (b,h,w) of an image, all but dim 1 of a latent
+        details["n_pixels"] = positions
+        details["n_pixels_differ"] = round(report.pct_pixels_differ * positions / 100.0)
         text = report.as_text()
-        ui_out = {"text": [text], "steadfast_compare": [report.as_dict()]}
+        if not report.identical:
+            text += f"\n{details['n_pixels_differ']} of {positions} pixels differ"
+        ui_out = {"text": [text], "steadfast_compare": [details]}
         return io.NodeOutput(report.identical, text, heat, ui=ui_out)

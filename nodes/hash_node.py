@@ -1,7 +1,7 @@
 """Steadfast Hash: SHA-256 of an IMAGE (as the uint8 pixels SaveImage writes) and/or a LATENT."""
 from __future__ import annotations
 
-from comfy_api.latest import io, ui
+from comfy_api.latest import io
 
 from ..core import hashing
 
@@ -37,10 +37,15 @@ class SteadfastHash(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, expected: str = "", **_) -> bool | str:
+    def validate_inputs(cls, expected: str = "", fail_on_mismatch: bool = False, **_) -> bool | str:
+        # ComfyUI drops an output node that fails validation and still runs the other outputs. A check
+        # that must fail the prompt (fail_on_mismatch) is therefore not rejected here: execute() raises.
+        if fail_on_mismatch is True:
+            return True
         e = (expected or "").strip().lower()
-        if e and (len(e) < 12 or any(c not in "0123456789abcdef" for c in e)):
-            return "expected must be a hex SHA-256 (64 characters) or a prefix of at least 12 characters"
+        if e and (len(e) < hashing.MIN_PREFIX or len(e) > 64 or any(c not in "0123456789abcdef" for c in e)):
+            return (f"expected must be a hex SHA-256 (64 characters) or a prefix of at least "
+                    f"{hashing.MIN_PREFIX} characters, got {expected!r}")
         return True
 
     @classmethod

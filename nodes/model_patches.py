@@ -64,19 +64,35 @@ def add_determinism(model, policy: determinism.DeterminismPolicy) -> None:
 
 # --------------------------------------------------------------------------------------------
 # Attention: transformer_options["optimized_attention_override"] -> ComfyUI's SDPA path under
-# torch.nn.attention.sdpa_kernel. One function object per backend so compile guards stay stable.
+# torch.nn.attention.sdpa_kernel. One plain function per backend: ModelPatcher.clone() deep-copies
+# model_options, which keeps functions (atomic for copy.deepcopy) but would rebuild a partial.
 # --------------------------------------------------------------------------------------------
-def _sdpa_override(backend: str, func: Callable, *args, **kwargs):
-    with sdpa.sdpa_context(backend):
-        return comfy_attention.attention_pytorch(*args, **kwargs)
-
-
 @functools.lru_cache(maxsize=None)
 def attention_override(backend: str) -> Callable:
-    """The ``optimized_attention_override`` callable that runs PyTorch SDPA on ``backend``."""
-    fn = functools.partial(_sdpa_override, backend)
-    fn.__name__ = f"steadfast_sdpa_{backend}"  # type: ignore[attr-defined]
-    return fn
+    """The ``optimized_attention_override`` callable that runs PyTorch SDPA on ``backend``.
+
+    Same object for the same backend (stable compile guards, survives ``model.clone()``). It takes
+    ComfyUI's arguments ``(func, q, k, v, heads, ...)``, ignores ``func`` and calls
+    ``attention_pytorch`` inside :func:`core.optimize.attention.sdpa_context`.
+    """
+    sdpa.sdpa_context(backend)  # ValueError for an unknown name, before anything is registered
+
+    def steadfast_sdpa(func: Callable, *args, **kwargs):
+        with sdpa.sdpa_context(backend):
+            return comfy_attention.attention_pytorch(*args, **kwargs)
+
+    steadfast_sdpa.__name__ = steadfast_sdpa.__qualname__ = f"steadfast_sdpa_{backend}"
+    return steadfast_sdpa
+
+
+def comfy_attention_passthrough(func: Callable, *args, **kwargs):
+    """``optimized_attention_override`` that calls ComfyUI's own choice (``func``) unchanged.
+
+    Installed for compiled models with ``attention=comfy``, so every compiled call of ours carries an
+    override that Dynamo guards on (:func:`core.compile.comfy_guard_filter` keeps those guards): a
+    graph traced with an SDPA override is never reused for ComfyUI's attention, or the other way round.
+    """
+    return func(*args, **kwargs)
 
 
 def set_attention(model, backend: str) -> None:
@@ -84,6 +100,12 @@ def set_attention(model, backend: str) -> None:
     to = model.model_options.setdefault("transformer_options", {})
     to["optimized_attention_override"] = attention_override(backend)
     steadfast_options(model)["attention"] = f"pytorch_sdpa:{backend}"
+
+
+def keep_comfy_attention(model) -> None:
+    """Pin ComfyUI's own attention choice with an explicit pass-through override (for compiled models)."""
+    to = model.model_options.setdefault("transformer_options", {})
+    to.setdefault("optimized_attention_override", comfy_attention_passthrough)
 
 
 # --------------------------------------------------------------------------------------------
@@ -116,10 +138,44 @@ class FusedQKVCrossAttention(torch.nn.Module):
         return self.to_out(out)
 
 
+def fused_attention_modules(model) -> list[torch.nn.Module]:
+    """The attention modules that ``model``'s (a clone's) QKV-fusion object patches route through fusion."""
+    return [p.inner for p in model.object_patches.values() if isinstance(p, FusedQKVCrossAttention)]
+
+
+def qkv_counters(model) -> dict[str, Any]:
+    """Fusion state of ``model``: modules patched, how many are live-fused now, and the cumulative
+    projection-path counters of :func:`core.optimize.qkv.qkv_stats` (``qkv`` / ``kv`` / ``separate`` calls;
+    calls inside a torch.compile region are not counted). ``{"modules": 0, ...}`` without fusion."""
+    mods = fused_attention_modules(model)
+    stats = [qkv.qkv_stats(m) for m in mods]
+    reasons = sorted({s.last_reason for s in stats if s.last_path == "separate" and s.last_reason})
+    return {"modules": len(mods), "live": sum(qkv.is_fused(m) for m in mods),
+            "qkv": sum(s.fused_calls for s in stats), "kv": sum(s.kv_fused_calls for s in stats),
+            "separate": sum(s.unfused_calls for s in stats), "separate_reasons": reasons}
+
+
+def _original_attention(model, name: str) -> torch.nn.Module:
+    """The ComfyUI ``CrossAttention`` at ``diffusion_model.<name>``, seen through object patches.
+
+    While another clone of the same model is loaded, its object patches (our fused wrappers) sit in
+    the shared module tree; ``get_model_object`` returns the original from the shared backup, and a
+    wrapper carried by this clone itself (Optimize applied twice) is unwrapped.
+    """
+    mod = model.get_model_object(f"diffusion_model.{name}")
+    return mod.inner if isinstance(mod, FusedQKVCrossAttention) else mod
+
+
 def _fusable_paths(model) -> list[tuple[str, torch.nn.Module]]:
     root = model.get_model_object("diffusion_model")
-    return [(name, mod) for name, mod in qkv.find_fusable_attention(root)
-            if type(mod).__name__ == "CrossAttention"]
+    names = [name for name, mod in root.named_modules()
+             if type(mod).__name__ in ("CrossAttention", FusedQKVCrossAttention.__name__)]
+    found = []
+    for name in names:
+        mod = _original_attention(model, name)
+        if type(mod).__name__ == "CrossAttention" and qkv.find_fusable_attention(mod)[:1] == [("", mod)]:
+            found.append((name, mod))
+    return found
 
 
 def add_qkv_fusion(model) -> int:
@@ -170,6 +226,18 @@ def add_channels_last(model) -> None:
 # compiled blocks in for one apply_model call. Compiled callables live in the registry record of
 # the underlying BaseModel, so re-executing the node or cloning the model never compiles again.
 # --------------------------------------------------------------------------------------------
+def is_compile_error(exc: BaseException) -> bool:
+    """True for errors raised by torch.compile itself (Dynamo tracing, a backend compiler, inductor's
+    code generation or C++ build), for which running the block eagerly is the right fallback."""
+    try:
+        from torch._dynamo.exc import FailOnRecompileLimitHit, TorchDynamoException
+    except ImportError:  # pragma: no cover - torch without dynamo
+        return False
+    if isinstance(exc, (TorchDynamoException, FailOnRecompileLimitHit)):
+        return True
+    return type(exc).__module__.startswith(("torch._dynamo", "torch._inductor"))
+
+
 def add_compile(model, record: registry.CompileRecord, mode: str) -> None:
     """Register the compile wrappers for ``record`` (created by :func:`registry.REGISTRY.get_or_create`).
 
@@ -191,7 +259,10 @@ def add_compile(model, record: registry.CompileRecord, mode: str) -> None:
                     return executor(*args, **kwargs)
         except registry.RecompileError:
             raise
-        except Exception as e:  # compile failure: fall back to eager, visibly
+        except Exception as e:
+            if not is_compile_error(e):  # e.g. out of memory, interrupted: not the compiler's fault
+                raise
+            # compile failure: fall back to eager, visibly
             record.fail(f"{type(e).__name__}: {e}")
             log.warning("Steadfast: compile failed for %s, running it EAGER from now on: %s", record.label, e)
             return executor(*args, **kwargs)
@@ -215,7 +286,10 @@ def compile_state(model) -> dict | str:
         return "off"
     rec = registry.REGISTRY.get(model.model)
     if rec is not None and rec.created == snap.get("record_created"):
-        return {"mode": snap["mode"], **rec.summary()}
+        state = {"mode": snap["mode"], **rec.summary()}
+        if rec.fallbacks:
+            state["fallbacks"] = [f.get("reason", "") for f in rec.fallbacks[-3:]]
+        return state
     return snap
 
 

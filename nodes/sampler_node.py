@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 import torch
-from comfy_api.latest import io, ui
+from comfy_api.latest import io
 
 import comfy.model_management
 import comfy.sample
@@ -12,8 +12,8 @@ import comfy.samplers
 import comfy.utils
 import latent_preview
 
-from ..core import fingerprint, hashing, noise
-from .model_patches import compile_state, steadfast_options
+from ..core import determinism, fingerprint, hashing, noise
+from .model_patches import compile_state, qkv_counters, steadfast_options
 
 BATCH_SEED_MODES = ["incremental", "comfy"]
 
@@ -86,7 +86,17 @@ class SteadfastSeededSampler(io.ComfyNode):
             sampler.extra_options = {**sampler.extra_options, "noise_sampler": ns}
         ks = comfy.samplers.KSampler(model, steps=steps, device=model.load_device, sampler=sampler_name,
                                      scheduler=scheduler, denoise=denoise, model_options=model.model_options)
-        callback = latent_preview.prepare_callback(model, steps)
+        preview = latent_preview.prepare_callback(model, steps)
+        during: dict = {}
+
+        def callback(step, x0_pred, x, total_steps):
+            # Runs inside sampling, i.e. inside Determinism Setup's policy: record what was in effect.
+            if not during:
+                during["num_threads"] = torch.get_num_threads()
+                during["flags"] = determinism.snapshot_state(load_inductor=True).as_dict()
+            return preview(step, x0_pred, x, total_steps)
+
+        qkv_before = qkv_counters(model)
         samples = comfy.sample.sample_custom(model, x0, cfg, sampler, ks.sigmas, positive, negative, latent,
                                              noise_mask=latent_image.get("noise_mask"), callback=callback,
                                              disable_pbar=not comfy.utils.PROGRESS_BAR_ENABLED, seed=seed)
@@ -94,6 +104,14 @@ class SteadfastSeededSampler(io.ComfyNode):
         out["samples"] = samples
 
         opts = steadfast_options(model)
+        qkv_after = qkv_counters(model)
+        qkv_state: dict | int = 0
+        if qkv_after["modules"]:
+            qkv_state = {"modules": qkv_after["modules"], "live_after_run": qkv_after["live"],
+                         "calls_this_run": {k: qkv_after[k] - qkv_before[k] for k in ("qkv", "kv", "separate")},
+                         "separate_reasons": qkv_after["separate_reasons"],
+                         "note": "projections inside torch.compile regions are not counted"}
+        compiled = compile_state(model)
         batch = latent.shape[0]
         record = {
             "seeds": [seed + i for i in range(batch)] if batch_seed_mode == "incremental" else [seed] * batch,
@@ -102,16 +120,38 @@ class SteadfastSeededSampler(io.ComfyNode):
             "per_step_noise": "cpu" if cpu_noise else "sampler default",
             "latent_shape": list(latent.shape),
             "latent_sha256": hashing.tensor_digest(samples),
+            "qkv_fusion": qkv_state,
             "fingerprint": fingerprint.environment_fingerprint(
                 device=str(model.load_device),
                 dtype=str(model.model.get_dtype()),
                 attention=opts.get("attention", "comfy default"),
                 qkv_fusion=opts.get("qkv_fusion", 0),
                 channels_last=opts.get("channels_last", False),
-                compile=compile_state(model),
+                compile=compiled,
                 determinism=opts.get("last_determinism") or opts.get("determinism") or "not set (Determinism Setup not used)",
             ),
         }
+        fp = record["fingerprint"]
+        if during:  # the process state after sampling may differ (the policy is restored)
+            fp["num_threads"], fp["flags"] = during["num_threads"], during["flags"]
+        fp["flags_measured"] = "during sampling" if during else "after sampling (no step callback ran)"
         text = json.dumps(record, indent=1, default=str)
-        return io.NodeOutput(out, text, ui=ui.PreviewText(f"latent sha256 {record['latent_sha256'][:16]}…  "
-                                                           f"seeds {record['seeds'][:4]}"))
+        return io.NodeOutput(out, text, ui={"text": [summary_text(record)],
+                                            "steadfast_run_record": [json.loads(text)]})
+
+
+def summary_text(record: dict) -> str:
+    """A few lines for the node's display: hash, seeds, and what decided the bits (fallbacks loudly)."""
+    fp = record["fingerprint"]
+    lines = [f"latent sha256 {record['latent_sha256'][:16]}…  seeds {record['seeds'][:4]}"
+             f"{' …' if len(record['seeds']) > 4 else ''}",
+             f"threads {fp['num_threads']}, attention {fp['attention']}"]
+    comp = fp.get("compile")
+    if isinstance(comp, dict):
+        state = f"compile {comp.get('mode')} ({comp.get('backend')}): {comp.get('status')}, " \
+                f"{comp.get('graphs')} graph(s), {comp.get('recompiles')} recompile(s)"
+        if comp.get("disabled"):
+            reasons = comp.get("fallbacks") or ["unknown reason"]
+            state += f"\nCOMPILE FAILED -> ran EAGER: {reasons[-1][:300]}"
+        lines.append(state)
+    return "\n".join(lines)

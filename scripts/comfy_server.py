@@ -11,7 +11,8 @@ Example::
 
 The server runs ``main.py`` of ComfyUI (``$COMFYUI_PATH`` or ``~/comfy/ComfyUI``) with the *current*
 Python on a free port, CPU only, with an in-memory database, the API nodes disabled and a temporary base
-directory holding ``custom_nodes/ComfyUI-Steadfast`` (a symlink to this repo) and ``models/checkpoints``.
+directory holding ``custom_nodes/ComfyUI-Steadfast`` (a symlink to this repo), ``models/checkpoints`` and
+``models/loras`` (more model files can be linked into a running server with :meth:`ComfyServer.link_models`).
 """
 from __future__ import annotations
 
@@ -115,6 +116,7 @@ class ComfyServer:
 
     Args:
         checkpoints: ``{file name: path}`` symlinked into ``models/checkpoints/`` (names as nodes see them).
+        loras: ``{file name: path}`` symlinked into ``models/loras/`` (for ``LoraLoader*`` nodes).
         extra_args: appended to the ``main.py`` command line (e.g. ``["--cache-none"]``).
         comfyui: ComfyUI checkout (default :func:`find_comfyui`); ``FileNotFoundError`` if there is none.
         python: interpreter (default ``sys.executable``).
@@ -129,6 +131,7 @@ class ComfyServer:
         self,
         checkpoints: Mapping[str, str | os.PathLike[str]] | None = None,
         *,
+        loras: Mapping[str, str | os.PathLike[str]] | None = None,
         extra_args: Sequence[str] = (),
         comfyui: str | os.PathLike[str] | None = None,
         python: str | None = None,
@@ -141,6 +144,7 @@ class ComfyServer:
             raise FileNotFoundError(f"ComfyUI main.py not found (COMFYUI_PATH / ~/comfy/ComfyUI; got {root})")
         self.comfyui = root
         self.checkpoints = {name: Path(p).expanduser().resolve() for name, p in (checkpoints or {}).items()}
+        self.loras = {name: Path(p).expanduser().resolve() for name, p in (loras or {}).items()}
         self.extra_args = list(extra_args)
         self.python = python or sys.executable
         self.load_pack = load_pack
@@ -170,15 +174,39 @@ class ComfyServer:
         (base / "custom_nodes").mkdir()
         if self.load_pack:
             (base / "custom_nodes" / PACK_DIR_NAME).symlink_to(REPO_ROOT, target_is_directory=True)
-        ckpt_dir = base / "models" / "checkpoints"
-        ckpt_dir.mkdir(parents=True)
-        for name, path in self.checkpoints.items():
-            if not path.is_file():
-                raise FileNotFoundError(f"checkpoint {name!r}: {path} does not exist")
-            (ckpt_dir / name).symlink_to(path)
+        self._link(base, "checkpoints", self.checkpoints)
+        self._link(base, "loras", self.loras)
         for sub in ("input", "output", "temp", "user"):
             (base / sub).mkdir()
         return base
+
+    @staticmethod
+    def _link(base: Path, folder: str, files: Mapping[str, Path]) -> None:
+        target = base / "models" / folder
+        target.mkdir(parents=True, exist_ok=True)
+        for name, path in files.items():
+            if not path.is_file():
+                raise FileNotFoundError(f"{folder} file {name!r}: {path} does not exist")
+            link = target / name
+            if link.is_symlink() and link.resolve() == path:
+                continue
+            link.symlink_to(path)
+
+    def link_models(self, folder: str, files: Mapping[str, str | os.PathLike[str]]) -> None:
+        """Symlink ``{file name: path}`` into ``models/<folder>/`` (e.g. ``"loras"``), also while running.
+
+        ComfyUI re-lists a model folder when its modification time changes, so the next prompt sees the
+        new names. Raises ``FileNotFoundError`` for a missing file, ``FileExistsError`` for a name already
+        linked to another file, :class:`ComfyServerError` before :meth:`start`.
+        """
+        if self.base_dir is None:
+            raise ComfyServerError("server not started")
+        resolved = {name: Path(p).expanduser().resolve() for name, p in files.items()}
+        self._link(self.base_dir, folder, resolved)
+        if folder == "checkpoints":
+            self.checkpoints.update(resolved)
+        elif folder == "loras":
+            self.loras.update(resolved)
 
     def command(self) -> list[str]:
         """The ``main.py`` command line (needs :attr:`base_dir` and :attr:`port`)."""
