@@ -35,12 +35,16 @@ from typing import Any
 import torch
 
 from .compile import CompileOptions, GuardFilterFn, compile_blocks
+from .recompile_watch import (ParamIdentity, cache_entry_count, code_of, describe_flag_changes, dynamo_global_state_names,
+                              explain_global_state, explain_guard, guarded_flags)
 
 log = logging.getLogger("steadfast.registry")
 
 RECOMPILES_LOGGER = "torch._dynamo.guards.__recompiles"
 CONVERT_FRAME_LOGGER = "torch._dynamo.convert_frame"
 _MAX_UNATTRIBUTED = 50
+_MAX_RUN_LOG = 50
+_MAX_FLAG_STATES = 32
 _REASON_LINE = re.compile(r"^\s*-\s*(?:\d+/\d+:\s*)?(.*)$")
 
 __all__ = ["RecompileError", "CompileRecord", "CompileRegistry", "REGISTRY", "recompile_limit"]
@@ -120,7 +124,12 @@ class CompileRecord:
     function, time (unix s), run, call}`` per recompile. ``fallbacks``: frames Dynamo gave up on
     (recompile limit -> runs eagerly) and adapter-level fallbacks (:meth:`fail`). ``errors``:
     exceptions raised inside tracked calls. ``cache_state``: fx-graph / autograd cache hit & miss
-    counts seen in tracked calls.
+    counts seen in tracked calls. ``compile_flags``: the global-flag fingerprint
+    (:func:`core.recompile_watch.guarded_flags`) at the first call, i.e. when the blocks compiled;
+    ``flag_states``: every fingerprint under which this record compiled graphs. ``last_run`` /
+    ``run_log``: per run (one sampling call) ``{run, calls, graphs, recompiles, reasons,
+    params_replaced}``. ``compile_cache``: the persistent cache used (set by adapters, see
+    :mod:`core.compile_cache`).
     """
 
     label: str
@@ -151,6 +160,29 @@ class CompileRecord:
     warm_targets: set = field(default_factory=set)
     _per_function: dict[str, int] = field(default_factory=dict, repr=False)
     _warned_functions: set = field(default_factory=set, repr=False)
+    compile_flags: dict[str, Any] | None = None
+    flag_states: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    last_run: dict[str, Any] | None = None
+    run_log: list[dict[str, Any]] = field(default_factory=list)
+    compile_cache: dict[str, Any] | None = None
+    params_replaced: int = 0
+    _params: ParamIdentity | None = field(default=None, repr=False)
+
+    def block_modules(self) -> dict[str, torch.nn.Module]:
+        """``{path: original module}`` of the compiled blocks (the modules Dynamo traces)."""
+        return {p: getattr(c, "_orig_mod", c) for p, c in self.compiled.items()
+                if isinstance(getattr(c, "_orig_mod", c), torch.nn.Module)}
+
+    def cache_entries(self) -> dict[str, int]:
+        """``{"Class.forward": Dynamo cache entries}`` of each distinct compiled ``forward`` in this
+        process (all records and backends share them; the recompile limit applies to this number)."""
+        out: dict[str, int] = {}
+        for mod in self.block_modules().values():
+            code = code_of(mod)
+            n = cache_entry_count(code)
+            if n is not None:
+                out[f"{type(mod).__name__}.{code.co_name}"] = n
+        return out
 
     def matches(self, model: Any, options: CompileOptions, blocks: Sequence[str],
                 guard_filter_fn: Any) -> bool:
@@ -177,10 +209,15 @@ class CompileRecord:
     def summary(self) -> dict[str, Any]:
         """Short JSON-serialisable summary (for run records / UI badges)."""
         last = self.recompiles[-1]["reason"] if self.recompiles else None
+        run = self.last_run or {}
         return {"label": self.label, "status": self.status, "blocks": len(self.blocks),
                 "backend": self.options.get("backend"), "first_call_seconds": self.first_call_seconds,
                 "graphs": self.graphs, "recompiles": len(self.recompiles), "last_recompile": last,
-                "disabled": self.disabled}
+                "disabled": self.disabled, "strict": self.strict, "run": run.get("run"),
+                "graphs_this_run": run.get("graphs"), "recompiles_this_run": run.get("recompiles"),
+                "recompile_reasons_this_run": list(run.get("reasons", [])),
+                "params_replaced_this_run": run.get("params_replaced"),
+                "warnings": list(self.warnings[-3:])}
 
     def as_dict(self) -> dict[str, Any]:
         """Everything, JSON-serialisable (shapes as sorted lists, times as unix seconds)."""
@@ -199,6 +236,9 @@ class CompileRecord:
             "warnings": list(self.warnings), "graph_breaks": dict(self.graph_breaks),
             "cache_state": dict(self.cache_state), "created": self.created, "updated": self.updated,
             "warm_targets": [list(t) for t in sorted(self.warm_targets)],
+            "compile_flags": self.compile_flags, "last_run": self.last_run, "run_log": list(self.run_log),
+            "compile_cache": self.compile_cache, "params_replaced": self.params_replaced,
+            "cache_entries": self.cache_entries(), "recompile_limit": recompile_limit(),
         }
 
     def as_text(self) -> str:
@@ -213,13 +253,21 @@ class CompileRecord:
             reason = self.recompiles[-1]["reason"]
             rec += f" (last: {reason[:117] + '...' if len(reason) > 120 else reason})"
         parts.append(rec)
+        if self.last_run is not None:
+            parts.append(f"run {self.last_run['run']}: {self.last_run['recompiles']} recompile(s), "
+                         f"{self.last_run['graphs']} graph(s)")
+        if self.strict:
+            parts.append("strict (a recompile after warm-up is an error)")
         if self.graph_breaks:
             parts.append(f"{sum(self.graph_breaks.values())} graph break(s)")
         if self.fallbacks:
             parts.append(f"{len(self.fallbacks)} fallback(s) to eager")
         if self.disabled:
             parts.append("DISABLED (running eager)")
-        return "; ".join(parts)
+        text = "; ".join(parts)
+        if self.warnings:
+            text += "\nWARNING: " + self.warnings[-1]
+        return text
 
 
 @dataclass
@@ -263,6 +311,7 @@ class CompileRegistry:
         self._unattributed: list[dict[str, Any]] = []
         self._tap_state: dict[str, Any] | None = None
         self._tap_note = "not installed (installed by the first tracked call)"
+        self._flag_states: list[dict[str, Any]] = []  # flag fingerprints compiled code exists for
 
     # ---- records ----------------------------------------------------------------------------
     def get_or_create(self, model: torch.nn.Module, options: CompileOptions, blocks: Sequence[str], *,
@@ -323,11 +372,15 @@ class CompileRegistry:
         """Mark one run (e.g. one sampling call) of ``record``; tracked calls inside belong to it.
 
         Yields the run number (1-based). A :meth:`track` outside any run counts as a run of its own.
+        When the run ends, ``record.last_run`` (also appended to ``record.run_log``) holds its calls,
+        graphs, recompiles with reasons, and how many compiled-block parameters were replaced by new
+        tensor objects during it (``params_replaced``; 0 means in-place weight updates only).
         """
         self._stack()
         with self._lock:
             record.runs += 1
             number = record.runs
+            before = (record.calls, record.graphs)
         previous = self._local.runs.get(id(record))
         self._local.runs[id(record)] = number
         try:
@@ -337,30 +390,65 @@ class CompileRegistry:
                 self._local.runs.pop(id(record), None)
             else:
                 self._local.runs[id(record)] = previous
+            self._finish_run(record, number, before)
+
+    def _finish_run(self, record: CompileRecord, number: int, before: tuple[int, int]) -> None:
+        """Store the per-run statistics of run ``number`` and check parameter identity."""
+        replaced: list[str] = []
+        if record._params is not None:
+            blocks = record.block_modules()
+            replaced = record._params.replaced(blocks)
+            if replaced:  # count each replacement once: compare later runs with the new objects
+                record._params = ParamIdentity.capture(blocks)
+        with self._lock:
+            events = [r for r in record.recompiles if r.get("run") == number]
+            stats = {"run": number, "calls": record.calls - before[0], "graphs": record.graphs - before[1],
+                     "recompiles": len(events), "reasons": [r["reason"] for r in events],
+                     "params_replaced": len(replaced), "time": time.time()}
+            record.last_run = stats
+            record.run_log.append(stats)
+            del record.run_log[:-_MAX_RUN_LOG]
+            if replaced:
+                record.params_replaced += len(replaced)
+                text = (f"{record.label}: {len(replaced)} parameter(s) of the compiled blocks were replaced by new "
+                        f"tensor objects in run {number} (e.g. {replaced[0]}); weight patches without in-place "
+                        f"update (ModelPatcher.weight_inplace_update) can recompile")
+                record.warnings.append(text)
+        if replaced:
+            log.warning(text)
 
     @contextlib.contextmanager
-    def track(self, record: CompileRecord, shape: Any = None) -> Iterator[CompileRecord]:
+    def track(self, record: CompileRecord, shape: Any = None, strict: bool | None = None) -> Iterator[CompileRecord]:
         """Attribute the compiles, recompiles and graph breaks happening inside to ``record``.
 
         Wrap each call of the compiled model (``shape``: the input's shape, a Tensor, or nested
         sequences of ints; recorded in ``shapes_seen``). The first call that finishes turns the record
         "warm" and sets ``first_call_seconds``. An exception inside is recorded in ``errors`` and
         re-raised. Nested tracking of the same record is a pass-through. Raises
-        :class:`RecompileError` on exit when ``record.strict`` and a recompile happened in a call that
-        started warm.
+        :class:`RecompileError` on exit when ``strict`` (default: ``record.strict``; adapters pass the
+        setting of the model clone making the call) and a recompile happened in a call that started warm.
         """
         self._install_tap()
         stack = self._stack()
         if any(f.record is record for f in stack):
             yield record
             return
+        own_run = id(record) not in self._local.runs
         with self._lock:
+            before_run = (record.calls, record.graphs)
             record.calls += 1
-            if id(record) not in self._local.runs:
+            if own_run:
                 record.runs += 1
             if (s := _normalise_shape(shape)) is not None:
                 record.shapes_seen.add(s)
         started_warm = record.status == "warm"
+        if not started_warm and record.compile_flags is None:
+            flags = guarded_flags()  # what the blocks are about to be compiled under
+            with self._lock:
+                record.compile_flags = flags
+                self._remember_flags(record, flags)
+        if record._params is None:
+            record._params = ParamIdentity.capture(record.block_modules())
         frame = _Frame(record, _counter_snapshot())
         stack.append(frame)
         t0 = time.perf_counter()
@@ -383,10 +471,43 @@ class CompileRegistry:
                 for k, v in delta.items():
                     parent[k] = parent.get(k, 0) + v
             self._apply(record, own, seconds, first=not started_warm and not failed)
-        if record.strict and started_warm and frame.recompiles:
+            if own.get("unique_graphs", 0):
+                with self._lock:
+                    self._remember_flags(record, guarded_flags())
+                self._check_limit(record)
+            if own_run:
+                self._finish_run(record, record.runs, before_run)
+        if (record.strict if strict is None else strict) and started_warm and frame.recompiles:
             r = frame.recompiles[0]
             raise RecompileError(f"{record.label}: recompiled after warm-up ({len(frame.recompiles)}x) in "
                                  f"{r['function'] or 'a compiled block'}: {r['reason']}")
+
+    def _remember_flags(self, record: CompileRecord, flags: dict[str, Any]) -> None:
+        """Note that compiled code exists for ``flags`` (per record and process-wide). Lock held."""
+        if flags not in record.flag_states:
+            record.flag_states.append(flags)
+        if flags not in self._flag_states:
+            self._flag_states.append(flags)
+            del self._flag_states[:-_MAX_FLAG_STATES]
+
+    def _check_limit(self, record: CompileRecord) -> None:
+        """Warn once per record and code object when Dynamo's cache entries near ``recompile_limit``."""
+        limit = recompile_limit()
+        if limit is None:
+            return
+        texts = []
+        with self._lock:
+            for name, n in record.cache_entries().items():
+                if n >= limit - 2 and name not in record._warned_functions:
+                    record._warned_functions.add(name)
+                    last = record.recompiles[-1]["reason"] if record.recompiles else "n/a"
+                    text = (f"{record.label}: {name} has {n} compiled variant(s) in this process, "
+                            f"torch._dynamo.config.recompile_limit={limit}; {max(0, limit - n)} more and Dynamo "
+                            f"runs it EAGERLY (different numerics) or fails with fullgraph. Last reason: {last}")
+                    record.warnings.append(text)
+                    texts.append(text)
+        for text in texts:
+            log.warning(text)
 
     def _current_run(self, record: CompileRecord) -> int:
         return getattr(self._local, "runs", {}).get(id(record), record.runs)
@@ -416,6 +537,18 @@ class CompileRegistry:
         event["time"] = time.time()
         frame = self._active()
         warn_text = None
+        names = [n for r in event["reasons"] for n in dynamo_global_state_names(r)]
+        if names:  # explain Dynamo's "GLOBAL_STATE changed: <name>" with the values
+            with self._lock:
+                known = list(frame.record.flag_states if frame is not None else []) + list(self._flag_states)
+            changes = explain_global_state(known, guarded_flags(), names)
+            event["cause"] = "global_flag"
+            event["guard"] = event["reason"]
+            event["flag_changes"] = [c.as_text() for c in changes]
+            event["reason"] = (describe_flag_changes(changes) if changes else
+                               "global flag changed since compile: " + ", ".join(dict.fromkeys(names)))
+        elif (hint := explain_guard(event["reason"])) is not None:
+            event["cause"], event["guard"], event["reason"] = hint[0], event["reason"], hint[1]
         with self._lock:
             if frame is None:
                 self._unattributed.append(event)
@@ -430,7 +563,8 @@ class CompileRegistry:
             fn = event["function"] or "?"
             rec._per_function[fn] = count = rec._per_function.get(fn, 0) + 1
             limit = recompile_limit()
-            if limit is not None and count >= limit - 2 and fn not in rec._warned_functions:
+            entries_known = bool(rec.cache_entries())
+            if not entries_known and limit is not None and count >= limit - 2 and fn not in rec._warned_functions:
                 rec._warned_functions.add(fn)
                 warn_text = (f"{rec.label}: {count} recompiles of {fn} seen, close to "
                              f"torch._dynamo.config.recompile_limit={limit}; past it Dynamo runs that block "

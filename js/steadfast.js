@@ -9,14 +9,36 @@ const NODES = new Set([
 
 const MATCH_COLORS = { match: "#2e7d32", mismatch: "#c62828", unchecked: null };
 
-function showText(node, text) {
-  let w = node.widgets?.find((x) => x.name === "steadfast_info");
-  if (!w) {
-    w = node.addWidget("text", "steadfast_info", "", () => {}, { serialize: false });
+const INFO = "steadfast_info";
+
+// A read-only, multi-line text box (DOM widget, public node.addDOMWidget API): the whole hash / report stays
+// readable and selectable. Falls back to a single-line canvas text widget on frontends without DOM widgets.
+function addInfoWidget(node) {
+  if (typeof node.addDOMWidget === "function") {
+    const el = document.createElement("textarea");
+    el.readOnly = true;
+    el.spellcheck = false;
+    el.className = "comfy-multiline-input steadfast-info";
+    Object.assign(el.style, { fontFamily: "monospace", fontSize: "11px", opacity: 0.9, resize: "none" });
+    const w = node.addDOMWidget(INFO, "steadfast_info", el, {
+      getValue: () => el.value,
+      setValue: (v) => { el.value = v ?? ""; },
+      serialize: false,
+      getMinHeight: () => 64,
+    });
     w.serialize = false; // never saved into widgets_values: saved workflows stay loadable
-    if (w.inputEl) { w.inputEl.readOnly = true; w.inputEl.style.opacity = 0.85; }
+    return w;
   }
+  const w = node.addWidget("text", INFO, "", () => {}, { serialize: false });
+  w.serialize = false;
+  return w;
+}
+
+function showText(node, text) {
+  const w = node.widgets?.find((x) => x.name === INFO) ?? addInfoWidget(node);
   w.value = text;
+  const [minW, minH] = node.computeSize();
+  node.setSize([Math.max(node.size[0], minW), Math.max(node.size[1], minH)]);
   node.setDirtyCanvas(true, true);
 }
 

@@ -9,6 +9,7 @@ from .compare_node import SteadfastCompare
 from .determinism_node import SteadfastDeterminismSetup
 from .hash_node import SteadfastHash
 from .optimize_node import SteadfastOptimizeModel
+from .pipeline_nodes import SteadfastLoadDiffusersPipeline, SteadfastPipelineLoRA
 from .routes import register_routes
 from .sampler_node import SteadfastSeededSampler
 from .warmup_node import SteadfastWarmup
@@ -20,6 +21,8 @@ NODES: list[type[io.ComfyNode]] = [
     SteadfastWarmup,
     SteadfastHash,
     SteadfastCompare,
+    SteadfastLoadDiffusersPipeline,
+    SteadfastPipelineLoRA,
 ]
 
 

@@ -25,9 +25,10 @@ from typing import Any, Callable
 import torch
 
 import comfy.ldm.modules.attention as comfy_attention
+import comfy.model_management
 from comfy.patcher_extension import CallbacksMP, WrappersMP
 
-from ..core import determinism, registry
+from ..core import compile_cache, determinism, registry
 from ..core.compile import CompileOptions, swap_in
 from ..core.optimize import attention as sdpa
 from ..core.optimize import layout, qkv
@@ -238,14 +239,45 @@ def is_compile_error(exc: BaseException) -> bool:
     return type(exc).__module__.startswith(("torch._dynamo", "torch._inductor"))
 
 
-def add_compile(model, record: registry.CompileRecord, mode: str) -> None:
+def open_compile_cache(backend: str, override: str = "") -> tuple[compile_cache.CompileCache | None, str]:
+    """The persistent compile cache for ``backend`` and a line for the node report.
+
+    Only inductor writes a cache (None for other backends). Root: ``override`` (node input), else
+    ``$STEADFAST_COMPILE_CACHE``, else ``<ComfyUI user dir>/steadfast/compile_cache``; "off" disables.
+    """
+    if backend != "inductor":
+        return None, f"compile cache: not used by backend {backend}"
+    try:
+        import folder_paths
+        user_dir = folder_paths.get_user_directory()
+    except (ImportError, AttributeError):  # pragma: no cover - outside ComfyUI
+        user_dir = None
+    root, source = compile_cache.resolve_root(override, user_dir)
+    if root is None:
+        return None, f"compile cache: off ({source}); inductor's default directory applies"
+    device = comfy.model_management.get_torch_device()
+    cache = compile_cache.open_cache(root, device=device, source=source)
+    if cache is None:
+        return None, f"compile cache: {root} is not usable (see log); inductor's default directory applies"
+    line = f"compile cache: {cache.path} ({source})"
+    if cache.messages:
+        line += "\n  " + "\n  ".join(cache.messages)
+    return cache, line
+
+
+def add_compile(model, record: registry.CompileRecord, mode: str,
+                cache: compile_cache.CompileCache | None = None, strict: bool = False) -> None:
     """Register the compile wrappers for ``record`` (created by :func:`registry.REGISTRY.get_or_create`).
 
     ``APPLY_MODEL``: swap the compiled blocks in for one ``apply_model`` call, tracked by the registry
-    (compile seconds, graphs, recompiles with reasons). ``OUTER_SAMPLE``: group the calls of one
-    sampling run. A compile error falls back to eager for this model, visibly: the record is marked
-    ``disabled`` with the reason (shown on Warmup, in run records and /steadfast/compile_state) and a
-    warning is logged.
+    (compile seconds, graphs, recompiles with reasons), with the persistent ``cache`` active during
+    the call (``TORCHINDUCTOR_CACHE_DIR`` set and restored, :mod:`core.compile_cache`; a compile that
+    fails on a corrupt cached file moves the cache aside and retries once). ``OUTER_SAMPLE``: group
+    the calls of one sampling run. A compile error falls back to eager for this model, visibly: the
+    record is marked ``disabled`` with the reason (shown on Warmup, in run records and
+    /steadfast/compile_state) and a warning is logged. ``strict``: a recompile in a call that started
+    warm raises :class:`registry.RecompileError` (for this clone only; other clones of the same
+    model keep their own setting).
     """
 
     def apply_model_wrapper(executor, *args, **kwargs):
@@ -253,10 +285,15 @@ def add_compile(model, record: registry.CompileRecord, mode: str) -> None:
             return executor(*args, **kwargs)
         x = args[0] if args else kwargs.get("x")
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else None
-        try:
-            with registry.REGISTRY.track(record, shape=shape):
+
+        def call():
+            with registry.REGISTRY.track(record, shape=shape, strict=strict):
                 with swap_in(executor.class_obj, record.compiled):
                     return executor(*args, **kwargs)
+
+        n_messages = len(cache.messages) if cache is not None else 0
+        try:
+            return compile_cache.run_cached(cache, call, retry_if=is_compile_error)
         except registry.RecompileError:
             raise
         except Exception as e:
@@ -266,6 +303,10 @@ def add_compile(model, record: registry.CompileRecord, mode: str) -> None:
             record.fail(f"{type(e).__name__}: {e}")
             log.warning("Steadfast: compile failed for %s, running it EAGER from now on: %s", record.label, e)
             return executor(*args, **kwargs)
+        finally:
+            if cache is not None and len(cache.messages) != n_messages:  # the cache was moved aside: say so
+                record.compile_cache = cache.as_dict()
+                record.warnings.extend(cache.messages[n_messages:])
 
     def outer_sample_wrapper(executor, *args, **kwargs):
         with registry.REGISTRY.run(record):
@@ -276,6 +317,8 @@ def add_compile(model, record: registry.CompileRecord, mode: str) -> None:
     model.add_wrapper_with_key(WrappersMP.APPLY_MODEL, KEY_COMPILE, apply_model_wrapper)
     model.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, KEY_COMPILE, outer_sample_wrapper)
     model.weight_inplace_update = True  # LoRA patches keep Parameter identity -> no recompiles
+    if cache is not None:
+        record.compile_cache = cache.as_dict()
     steadfast_options(model)["compile"] = {"mode": mode, "record_created": record.created, **record.summary()}
 
 
@@ -286,7 +329,10 @@ def compile_state(model) -> dict | str:
         return "off"
     rec = registry.REGISTRY.get(model.model)
     if rec is not None and rec.created == snap.get("record_created"):
-        state = {"mode": snap["mode"], **rec.summary()}
+        state = {"mode": snap["mode"], **rec.summary(), "weight_inplace_update": bool(model.weight_inplace_update)}
+        if rec.compile_cache is not None:
+            state["compile_cache"] = rec.compile_cache["path"]
+            state["cache_state"] = dict(rec.cache_state)
         if rec.fallbacks:
             state["fallbacks"] = [f.get("reason", "") for f in rec.fallbacks[-3:]]
         return state

@@ -9,6 +9,8 @@ from ..core import blocks, registry
 from ..core.compile import comfy_guard_filter
 from ..core.optimize import attention as sdpa
 from . import model_patches as mp
+from . import pipeline_paths
+from .pipeline_nodes import DiffusersPipeline
 
 ATTENTION_CHOICES = ["auto", "math", "efficient", "flash", "cudnn", "comfy"]
 COMPILE_CHOICES = ["off", "regional", "full"]
@@ -19,6 +21,8 @@ MODES = ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagrap
 class SteadfastOptimizeModel(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
+        # MODEL or DIFFUSERS_PIPELINE in, the same type out (the frontend retypes the output on connection)
+        model_or_pipeline = io.MatchType.Template("model_or_pipeline", [io.Model, DiffusersPipeline])
         return io.Schema(
             node_id="SteadfastOptimizeModel",
             display_name="Optimize Model (Steadfast)",
@@ -27,7 +31,9 @@ class SteadfastOptimizeModel(io.ComfyNode):
                         "Compare against the unoptimized model to measure by how much. Compilation happens on the "
                         "first run (or in Warmup); the compile state is shown on Warmup and at /steadfast/compile_state.",
             inputs=[
-                io.Model.Input("model", tooltip="The model to optimize. It is cloned; the input is not modified."),
+                io.MatchType.Input("model", template=model_or_pipeline,
+                                   tooltip="The MODEL or DIFFUSERS_PIPELINE to optimize. A MODEL is cloned; a "
+                                           "pipeline is copied sharing its weights. The input is not modified."),
                 io.Boolean.Input("qkv_fusion", default=False,
                                  tooltip="Fuse the q/k/v projections of attention into one matmul (k/v for "
                                          "cross-attention). Adds no memory. Bit-equal in fp32 on CPU; bf16 can differ by 1 ulp."),
@@ -50,8 +56,22 @@ class SteadfastOptimizeModel(io.ComfyNode):
                                        "auto lets torch mark shapes dynamic after the first change (one recompile)."),
                 io.Boolean.Input("fullgraph", default=False,
                                  tooltip="Require each compiled region to be one graph (an error on any graph break)."),
+                io.Boolean.Input("vae_slicing", default=False, optional=True,
+                                 tooltip="DIFFUSERS_PIPELINE only: decode the batch one image at a time (less memory, "
+                                         "same pixels). Ignored for a MODEL."),
+                io.Boolean.Input("vae_tiling", default=False, optional=True,
+                                 tooltip="DIFFUSERS_PIPELINE only: decode in overlapping tiles (much less memory for "
+                                         "large images; tile seams blended, NOT bit-equal). Ignored for a MODEL."),
+                io.Boolean.Input("strict_recompiles", default=False, optional=True,
+                                 tooltip="Make any recompile after warm-up an error naming its reason (a changed "
+                                         "global flag, a new size, replaced weights ...) instead of a slow, counted one."),
+                io.String.Input("compile_cache", default="", optional=True,
+                                tooltip="inductor only: persistent compile-cache folder (kept across restarts). Empty = "
+                                        "$STEADFAST_COMPILE_CACHE or <ComfyUI user dir>/steadfast/compile_cache; "
+                                        "'off' = inductor's default temporary folder."),
             ],
-            outputs=[io.Model.Output(display_name="MODEL", tooltip="The optimized clone."),
+            outputs=[io.MatchType.Output(template=model_or_pipeline, display_name="MODEL",
+                                         tooltip="The optimized clone (a MODEL or a DIFFUSERS_PIPELINE, like the input)."),
                      io.String.Output(display_name="report", tooltip="What was applied, and to which blocks.")],
         )
 
@@ -65,7 +85,14 @@ class SteadfastOptimizeModel(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, qkv_fusion: bool, channels_last: bool, attention: str, compile: str,
-                backend: str, mode: str, dynamic: str, fullgraph: bool) -> io.NodeOutput:
+                backend: str, mode: str, dynamic: str, fullgraph: bool, vae_slicing: bool = False,
+                vae_tiling: bool = False, strict_recompiles: bool = False, compile_cache: str = "") -> io.NodeOutput:
+        if pipeline_paths.is_pipeline(model):
+            return pipeline_paths.optimize(model, qkv_fusion=qkv_fusion, channels_last=channels_last,
+                                           attention=attention, compile=compile, backend=backend, mode=mode,
+                                           dynamic=dynamic, fullgraph=fullgraph, vae_slicing=vae_slicing,
+                                           vae_tiling=vae_tiling, strict_recompiles=strict_recompiles,
+                                           compile_cache=compile_cache)
         m = model.clone()
         lines: list[str] = []
         device = comfy.model_management.get_torch_device()
@@ -104,13 +131,19 @@ class SteadfastOptimizeModel(io.ComfyNode):
                 lines.append("compile: full diffusion_model")
             record, created = registry.REGISTRY.get_or_create(
                 m.model, options, keys, label=f"{type(diffusion_model).__name__} ({compile})",
-                guard_filter_fn=comfy_guard_filter())
-            mp.add_compile(m, record, compile)
+                guard_filter_fn=comfy_guard_filter(), strict=strict_recompiles)
+            cache, cache_line = mp.open_compile_cache(backend, compile_cache)
+            mp.add_compile(m, record, compile, cache, strict=strict_recompiles)
+            lines.append(cache_line)
             if attention == "comfy":
                 lines.append("WARNING: compiling with ComfyUI's own attention (sub_quad on CPU) graph-breaks and "
                              "recompiles often (measured: 15 graphs, 9 recompiles in 4 steps); pick an SDPA backend")
             lines.append(f"  {record.options}; {'new' if created else 'reused'} compile record "
                          f"({record.status}); compiles lazily on the first run or in Warmup")
+            if strict_recompiles:
+                lines.append("strict_recompiles: a recompile after warm-up fails the run, with its reason")
+            if not created:  # what this model has compiled so far (recompiles with reasons, warnings)
+                lines.append(record.as_text())
         report = "\n".join(lines)
         mp.steadfast_options(m)["optimize_report"] = report
         return io.NodeOutput(m, report, ui=ui.PreviewText(report))

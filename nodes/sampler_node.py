@@ -13,7 +13,9 @@ import comfy.utils
 import latent_preview
 
 from ..core import determinism, fingerprint, hashing, noise
+from . import pipeline_paths
 from .model_patches import compile_state, qkv_counters, steadfast_options
+from .pipeline_nodes import DiffusersPipeline
 
 BATCH_SEED_MODES = ["incremental", "comfy"]
 
@@ -44,7 +46,10 @@ class SteadfastSeededSampler(io.ComfyNode):
                         "ancestral samplers are drawn on the CPU from per-item seeded generators. Also returns a run "
                         "record with everything that decides the output bits.",
             inputs=[
-                io.Model.Input("model", tooltip="The model used for denoising the input latent."),
+                io.MultiType.Input("model", types=[io.Model, DiffusersPipeline],
+                                   tooltip="The MODEL used for denoising the input latent, or a DIFFUSERS_PIPELINE "
+                                           "(then prompt, negative_prompt, width, height and batch_size are used "
+                                           "and the result is the IMAGE output)."),
                 io.Int.Input("seed", default=0, min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True,
                              tooltip="The random seed used for creating the noise."),
                 io.Int.Input("steps", default=20, min=1, max=10000, tooltip="The number of denoising steps."),
@@ -54,24 +59,53 @@ class SteadfastSeededSampler(io.ComfyNode):
                                tooltip="The sampling algorithm."),
                 io.Combo.Input("scheduler", options=comfy.samplers.KSampler.SCHEDULERS,
                                tooltip="How the noise levels are spaced over the steps."),
-                io.Conditioning.Input("positive", tooltip="What to include in the image."),
-                io.Conditioning.Input("negative", tooltip="What to exclude from the image."),
-                io.Latent.Input("latent_image", tooltip="The latent to denoise."),
+                io.Conditioning.Input("positive", optional=True,
+                                      tooltip="What to include in the image (required for a MODEL)."),
+                io.Conditioning.Input("negative", optional=True,
+                                      tooltip="What to exclude from the image (required for a MODEL)."),
+                io.Latent.Input("latent_image", optional=True, tooltip="The latent to denoise (required for a MODEL)."),
                 io.Float.Input("denoise", default=1.0, min=0.0, max=1.0, step=0.01,
                                tooltip="How much of the latent is replaced by noise (1.0 = all)."),
                 io.Combo.Input("batch_seed_mode", options=BATCH_SEED_MODES, default="incremental",
                                tooltip="incremental: item i uses seed + i, so item i of a batch equals a single run at "
                                        "seed + i. comfy: ComfyUI's own batch noise stream, bit-identical to KSampler's."),
+                io.String.Input("prompt", default="", multiline=True, optional=True,
+                                tooltip="DIFFUSERS_PIPELINE only: the text prompt (a MODEL uses 'positive')."),
+                io.String.Input("negative_prompt", default="", multiline=True, optional=True,
+                                tooltip="DIFFUSERS_PIPELINE only: the negative prompt; empty = the pipeline's default."),
+                io.Int.Input("width", default=512, min=16, max=16384, step=8, optional=True,
+                             tooltip="DIFFUSERS_PIPELINE only: image width in pixels (a MODEL uses the latent's size)."),
+                io.Int.Input("height", default=512, min=16, max=16384, step=8, optional=True,
+                             tooltip="DIFFUSERS_PIPELINE only: image height in pixels."),
+                io.Int.Input("batch_size", default=1, min=1, max=4096, optional=True,
+                             tooltip="DIFFUSERS_PIPELINE only: number of images; image i uses seed + i."),
             ],
             not_idempotent=True,  # two identical sampler nodes in one workflow must both run (determinism check)
+            hidden=[io.Hidden.prompt, io.Hidden.unique_id],  # to refuse a wired output this input cannot produce
             outputs=[io.Latent.Output(display_name="LATENT", tooltip="The denoised latent."),
                      io.String.Output(display_name="run_record",
-                                      tooltip="JSON: seeds, sampler settings, environment fingerprint, output hash.")],
+                                      tooltip="JSON: seeds, sampler settings, environment fingerprint, output hash."),
+                     io.Image.Output(display_name="IMAGE",
+                                     tooltip="DIFFUSERS_PIPELINE only: the decoded images (for a MODEL, decode LATENT).")],
         )
 
     @classmethod
     def execute(cls, model, seed: int, steps: int, cfg: float, sampler_name: str, scheduler: str,
-                positive, negative, latent_image: dict, denoise: float, batch_seed_mode: str) -> io.NodeOutput:
+                positive=None, negative=None, latent_image: dict | None = None, denoise: float = 1.0,
+                batch_seed_mode: str = "incremental", prompt: str = "", negative_prompt: str = "",
+                width: int = 512, height: int = 512, batch_size: int = 1) -> io.NodeOutput:
+        is_pipe = pipeline_paths.is_pipeline(model)
+        pipeline_paths.refuse_used_output(cls.hidden.prompt, cls.hidden.unique_id, 0 if is_pipe else 2,
+                                          pipeline_paths.LATENT_FOR_PIPELINE if is_pipe else pipeline_paths.IMAGE_FOR_MODEL)
+        if is_pipe:
+            return pipeline_paths.sample(model, seed=seed, steps=steps, cfg=cfg, sampler_name=sampler_name,
+                                         scheduler=scheduler, denoise=denoise, batch_seed_mode=batch_seed_mode,
+                                         prompt=prompt, negative_prompt=negative_prompt, width=width,
+                                         height=height, batch_size=batch_size)
+        missing = [n for n, v in (("positive", positive), ("negative", negative), ("latent_image", latent_image))
+                   if v is None]
+        if missing:
+            raise ValueError(f"Seeded Sampler: sampling a MODEL needs {', '.join(missing)} connected")
         latent = latent_image["samples"]
         latent = comfy.sample.fix_empty_latent_channels(model, latent)
         batch_index = latent_image.get("batch_index")
@@ -136,7 +170,7 @@ class SteadfastSeededSampler(io.ComfyNode):
             fp["num_threads"], fp["flags"] = during["num_threads"], during["flags"]
         fp["flags_measured"] = "during sampling" if during else "after sampling (no step callback ran)"
         text = json.dumps(record, indent=1, default=str)
-        return io.NodeOutput(out, text, ui={"text": [summary_text(record)],
+        return io.NodeOutput(out, text, pipeline_paths.blocked_image(), ui={"text": [summary_text(record)],
                                             "steadfast_run_record": [json.loads(text)]})
 
 
@@ -150,6 +184,11 @@ def summary_text(record: dict) -> str:
     if isinstance(comp, dict):
         state = f"compile {comp.get('mode')} ({comp.get('backend')}): {comp.get('status')}, " \
                 f"{comp.get('graphs')} graph(s), {comp.get('recompiles')} recompile(s)"
+        if comp.get("recompiles_this_run") is not None:
+            state += f"; this run: {comp['recompiles_this_run']} recompile(s)"
+            state += "".join(f"\n  recompiled: {r[:200]}" for r in comp.get("recompile_reasons_this_run") or [])
+        for warning in comp.get("warnings") or []:
+            state += f"\nWARNING: {warning[:300]}"
         if comp.get("disabled"):
             reasons = comp.get("fallbacks") or ["unknown reason"]
             state += f"\nCOMPILE FAILED -> ran EAGER: {reasons[-1][:300]}"

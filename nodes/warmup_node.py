@@ -12,6 +12,9 @@ import comfy.samplers
 import comfy.utils
 
 from ..core.registry import REGISTRY
+from ..core.sizes import parse_sizes
+from . import pipeline_paths
+from .pipeline_nodes import DiffusersPipeline
 
 
 def _zero_conditioning(model, batch: int) -> list:
@@ -42,7 +45,10 @@ class SteadfastWarmup(io.ComfyNode):
             description="Runs one sampling step at the target size so torch.compile compiles here. A model already "
                         "warm at this size is not run again. Shows compile seconds, graphs, recompiles and cache state.",
             inputs=[
-                io.Model.Input("model", tooltip="The (optimized) model to warm up."),
+                io.MatchType.Input("model", template=io.MatchType.Template("model_or_pipeline",
+                                                                           [io.Model, DiffusersPipeline]),
+                                   tooltip="The (optimized) MODEL or DIFFUSERS_PIPELINE to warm up (a pipeline runs "
+                                           "one short generation with its LoRA active)."),
                 io.Int.Input("width", default=512, min=16, max=16384, step=8, tooltip="Target image width in pixels."),
                 io.Int.Input("height", default=512, min=16, max=16384, step=8, tooltip="Target image height in pixels."),
                 io.Int.Input("batch_size", default=1, min=1, max=4096, tooltip="Target batch size."),
@@ -52,40 +58,57 @@ class SteadfastWarmup(io.ComfyNode):
                 io.Conditioning.Input("positive", optional=True,
                                       tooltip="Optional conditioning; zeros of the model's context shape when absent."),
                 io.Conditioning.Input("negative", optional=True, tooltip="Optional negative conditioning."),
+                io.String.Input("sizes", default="", optional=True,
+                                tooltip="More target sizes to warm up, e.g. '512x512, 768x512' (pixels; width x height "
+                                        "also used). With Optimize dynamic=true one graph serves every size; with "
+                                        "dynamic=auto the second size makes the graph dynamic (one recompile here)."),
             ],
-            outputs=[io.Model.Output(display_name="MODEL", tooltip="The same model, now warm."),
+            outputs=[io.MatchType.Output(template=io.MatchType.Template("model_or_pipeline",
+                                                                         [io.Model, DiffusersPipeline]),
+                                         display_name="MODEL", tooltip="The same model or pipeline, now warm."),
                      io.String.Output(display_name="report", tooltip="Compile seconds, graphs, recompiles, cache state.")],
         )
 
     @classmethod
     def execute(cls, model, width: int, height: int, batch_size: int, cfg: float,
-                positive=None, negative=None) -> io.NodeOutput:
+                positive=None, negative=None, sizes: str = "") -> io.NodeOutput:
+        if pipeline_paths.is_pipeline(model):
+            return pipeline_paths.warmup(model, width=width, height=height, batch_size=batch_size, cfg=cfg,
+                                         sizes=parse_sizes(sizes))
         latent_format = model.get_model_object("latent_format")
         channels = latent_format.latent_channels
         down = getattr(latent_format, "spacial_downscale_ratio", 8)
-        shape = (batch_size, channels, height // down, width // down)
-        record = REGISTRY.get(model.model)
-        if record is not None and record.is_warm_for(shape):
-            report = f"already warm for latent {list(shape)}: nothing to do\n{record.as_text()}"
-            return io.NodeOutput(model, report, ui=ui.PreviewText(report))
-
-        if positive is None:
-            positive = _zero_conditioning(model, 1)
-        if negative is None:
-            negative = positive
-        pbar = comfy.utils.ProgressBar(2)
-        pbar.update_absolute(0, 2)
-        latent = torch.zeros(shape)
-        noise = torch.zeros(shape)
-        t0 = time.perf_counter()
-        comfy.sample.sample(model, noise, 1, cfg, "euler", "normal", positive, negative, latent,
-                            denoise=1.0, disable_pbar=True, seed=0)
-        seconds = time.perf_counter() - t0
-        pbar.update_absolute(2, 2)
-        record = REGISTRY.get(model.model)
-        if record is None:
-            report = f"warmup step at latent {list(shape)}: {seconds:.2f} s (model is not compiled by Steadfast)"
-        else:
-            record.mark_warm(shape)
-            report = f"warmup step at latent {list(shape)}: {seconds:.2f} s\n{record.as_text()}"
+        targets = [(width, height)] + [s for s in parse_sizes(sizes) if s != (width, height)]
+        pbar = comfy.utils.ProgressBar(len(targets))
+        reports = []
+        for i, (w, h) in enumerate(targets):
+            shape = (batch_size, channels, h // down, w // down)
+            positive, negative, text = _warm_one(model, shape, cfg, positive, negative)
+            reports.append(text)
+            pbar.update_absolute(i + 1, len(targets))
+        report = "\n".join(reports)
         return io.NodeOutput(model, report, ui=ui.PreviewText(report))
+
+
+def _warm_one(model, shape: tuple[int, ...], cfg: float, positive, negative) -> tuple[list, list, str]:
+    """One euler step at latent ``shape`` unless the model is already warm for it; returns the
+    (possibly built) conditioning and a report."""
+    record = REGISTRY.get(model.model)
+    if record is not None and record.is_warm_for(shape):
+        return positive, negative, f"already warm for latent {list(shape)}: nothing to do\n{record.as_text()}"
+    if positive is None:
+        positive = _zero_conditioning(model, 1)
+    if negative is None:
+        negative = positive
+    latent = torch.zeros(shape)
+    noise = torch.zeros(shape)
+    t0 = time.perf_counter()
+    comfy.sample.sample(model, noise, 1, cfg, "euler", "normal", positive, negative, latent,
+                        denoise=1.0, disable_pbar=True, seed=0)
+    seconds = time.perf_counter() - t0
+    record = REGISTRY.get(model.model)
+    if record is None:
+        return positive, negative, (f"warmup step at latent {list(shape)}: {seconds:.2f} s "
+                                    "(model is not compiled by Steadfast)")
+    record.mark_warm(shape)
+    return positive, negative, f"warmup step at latent {list(shape)}: {seconds:.2f} s\n{record.as_text()}"

@@ -16,10 +16,44 @@ from pathlib import Path
 
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 
+# Layout, in canvas pixels, matching ComfyUI frontend 1.35's LGraphNode.computeSize() (measured): a slot row is
+# 20, a widget 24 (a multi-line text box 54), plus 6 / 8 margins; the title bar (30) sits above ``pos``.
+NODE_WIDTH, COLUMN_STEP, ROW_GAP, TITLE_HEIGHT = 320, 360, 40, 30
+# Room for what appears after a run: the info box js/steadfast.js adds to our nodes, image previews.
+INFO_BOX_HEIGHT, PREVIEW_HEIGHT = 90, 220
 
-def _is_widget(spec) -> bool:
+
+def is_widget(spec) -> bool:
     t = spec[0]
     return isinstance(t, list) or t in WIDGET_TYPES
+
+
+def widget_default(spec):
+    """The value the frontend gives a fresh widget for input ``spec`` (``/object_info`` form): its ``default``,
+    else the first option of a combo (V1 ``[[options], {...}]`` or V3 ``["COMBO", {"options": [...]}]``), else None."""
+    opts = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
+    if opts.get("default") is not None:
+        return opts["default"]
+    choices = spec[0] if isinstance(spec[0], list) else opts.get("options")
+    return choices[0] if choices else None
+
+
+def node_height(info: dict, n_widgets: int, n_multiline: int) -> int:
+    """Height (without title) the frontend gives a fresh node of class ``info`` (``/object_info`` entry) with
+    ``n_widgets`` widgets, ``n_multiline`` of them multi-line text boxes."""
+    specs = {**info["input"].get("required", {}), **info["input"].get("optional", {})}
+    slot_rows = max(sum(1 for spec in specs.values() if not is_widget(spec)), len(info["output"]))
+    height = 20 * slot_rows + 6
+    if n_widgets:
+        height += 24 * (n_widgets - n_multiline) + 54 * n_multiline + 8
+    return height
+
+
+def after_run_room(class_type: str, info: dict) -> int:
+    """Extra height a node may grow by after a run (our info box; an output node's image previews)."""
+    if class_type.startswith("Steadfast"):
+        return INFO_BOX_HEIGHT
+    return PREVIEW_HEIGHT if info.get("output_node") and not info["output"] else 0
 
 
 def convert(api: dict, object_info: dict) -> dict:
@@ -37,7 +71,7 @@ def convert(api: dict, object_info: dict) -> dict:
             depth[nid] = 1 + max((d(s) for s in srcs), default=-1)
         return depth[nid]
 
-    rows: dict[int, int] = {}
+    column_y: dict[int, int] = {}
     for order, nid in enumerate(ids):
         node = api[nid]
         info = object_info[node["class_type"]]
@@ -50,25 +84,30 @@ def convert(api: dict, object_info: dict) -> dict:
         for name in names:
             spec = specs[name]
             val = node["inputs"].get(name)
-            if isinstance(val, list) and len(val) == 2 and isinstance(val[0], str):
+            linked = isinstance(val, list) and len(val) == 2 and isinstance(val[0], str)
+            if linked:
                 link_id = len(links) + 1
                 src, slot = val
                 ltype = object_info[api[src]["class_type"]]["output"][slot]
                 links.append([link_id, int(src), slot, int(nid), len(inputs), ltype])
                 out_links.setdefault((src, slot), []).append(link_id)
-                inputs.append({"name": name, "type": spec[0] if isinstance(spec[0], str) else "COMBO", "link": link_id})
-            elif _is_widget(spec):
-                default = spec[1].get("default") if len(spec) > 1 and isinstance(spec[1], dict) else None
-                if default is None and isinstance(spec[0], list) and spec[0]:
-                    default = spec[0][0]
-                widgets.append(val if val is not None else default)
+                slot_info = {"name": name, "type": spec[0] if isinstance(spec[0], str) else "COMBO", "link": link_id}
+                if is_widget(spec):  # a widget driven by a link keeps its widget (and its place in widgets_values)
+                    slot_info["widget"] = {"name": name}
+                inputs.append(slot_info)
+            if is_widget(spec):
+                widgets.append(widget_default(spec) if linked or val is None else val)
                 if len(spec) > 1 and isinstance(spec[1], dict) and spec[1].get("control_after_generate"):
                     widgets.append("fixed")
         col = d(nid)
-        row = rows.get(col, 0)
-        rows[col] = row + 1
+        n_multiline = sum(1 for name in names if is_widget(specs[name]) and len(specs[name]) > 1
+                          and isinstance(specs[name][1], dict) and specs[name][1].get("multiline"))
+        height = node_height(info, len(widgets), n_multiline)
+        y = column_y.get(col, 40 + TITLE_HEIGHT)
+        column_y[col] = y + height + after_run_room(node["class_type"], info) + TITLE_HEIGHT + ROW_GAP
         nodes.append({
-            "id": int(nid), "type": node["class_type"], "pos": [40 + 360 * col, 40 + 260 * row], "size": [320, 200],
+            "id": int(nid), "type": node["class_type"], "pos": [40 + COLUMN_STEP * col, y],
+            "size": [NODE_WIDTH, height],
             "flags": {}, "order": order, "mode": 0, "inputs": inputs, "outputs": [],
             "properties": {"Node name for S&R": node["class_type"]}, "widgets_values": widgets,
             **({"title": node["_meta"]["title"]} if node.get("_meta", {}).get("title") else {}),

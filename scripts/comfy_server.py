@@ -185,15 +185,17 @@ class ComfyServer:
         target = base / "models" / folder
         target.mkdir(parents=True, exist_ok=True)
         for name, path in files.items():
-            if not path.is_file():
+            if not (path.is_file() or (folder == "diffusers" and path.is_dir())):
                 raise FileNotFoundError(f"{folder} file {name!r}: {path} does not exist")
             link = target / name
             if link.is_symlink() and link.resolve() == path:
                 continue
-            link.symlink_to(path)
+            link.symlink_to(path, target_is_directory=path.is_dir())
 
     def link_models(self, folder: str, files: Mapping[str, str | os.PathLike[str]]) -> None:
         """Symlink ``{file name: path}`` into ``models/<folder>/`` (e.g. ``"loras"``), also while running.
+
+        For ``folder="diffusers"`` the paths are pipeline folders (``save_pretrained`` layout).
 
         ComfyUI re-lists a model folder when its modification time changes, so the next prompt sees the
         new names. Raises ``FileNotFoundError`` for a missing file, ``FileExistsError`` for a name already

@@ -1,0 +1,253 @@
+"""Shared helpers for the benchmark scripts (not part of the node pack; never imported by ComfyUI).
+
+* :func:`import_pack` - import ComfyUI in-process (CPU) via ``scripts/tiny_sd15.import_comfy`` and the
+  repo root as the package ``steadfast`` (as ``tests/conftest.py`` does), so the benchmarks run the
+  pack's own code paths.
+* :func:`machine_info` / :func:`print_header` - CPU model, cores, torch / python / ComfyUI versions, date.
+* :func:`markdown_table`, :func:`summarize` - output formatting and min / median statistics.
+
+The benchmarks print ratios measured side by side in one run; they are not tests and assert nothing
+about speed.
+"""
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import os
+import platform
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
+
+
+def _scripts_on_path() -> None:
+    if str(SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS))
+
+
+def tiny_sd15_module() -> Any:
+    """``scripts/tiny_sd15.py`` as a module (``scripts/`` is not a package)."""
+    _scripts_on_path()
+    import tiny_sd15
+
+    return tiny_sd15
+
+
+def import_pack() -> Any:
+    """Import ComfyUI in-process with ``args.cpu = True``, then the repo root as package ``steadfast``.
+
+    Order matters: ComfyUI's CPU flag must be set before ``comfy.model_management`` is imported, and the
+    pack's ``__init__`` imports ``comfy_api`` (so ComfyUI must be on ``sys.path`` first).
+    Returns the ``steadfast`` package. Raises ``FileNotFoundError`` without a ComfyUI checkout
+    (``COMFYUI_PATH``, default ``~/comfy/ComfyUI``).
+    """
+    tiny_sd15_module().import_comfy()
+    if "steadfast" not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            "steadfast", ROOT / "__init__.py", submodule_search_locations=[str(ROOT)]
+        )
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["steadfast"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["steadfast"]
+
+
+def cpu_model() -> str:
+    """``model name`` from ``/proc/cpuinfo`` (platform.processor() elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def comfyui_version() -> str:
+    """``__version__`` of the ComfyUI checkout that :func:`import_pack` uses ("unknown" if absent)."""
+    root = Path(os.environ.get("COMFYUI_PATH", str(Path.home() / "comfy" / "ComfyUI"))).expanduser()
+    ns: dict[str, Any] = {}
+    try:
+        exec((root / "comfyui_version.py").read_text(), ns)  # a generated one-line version file
+    except OSError:
+        return "unknown"
+    return str(ns.get("__version__", "unknown"))
+
+
+def machine_info() -> dict[str, Any]:
+    """Where the numbers come from: CPU model, cores, ISA torch uses, thread count, versions, UTC date."""
+    import torch
+
+    return {
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "comfyui": comfyui_version(),
+        "loadavg_at_start": loadavg(),
+        "cpu_pressure_at_start": cpu_pressure(),
+    }
+
+
+def loadavg() -> str:
+    """1 / 5 / 15 minute load averages from ``/proc/loadavg`` ("n/a" elsewhere). Other processes on the
+    machine (load above the core count) inflate wall times; the benchmarks interleave to share that."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def cpu_pressure() -> str:
+    """Linux PSI ``some`` line of ``/proc/pressure/cpu``: the share of time (percent, 10 s / 60 s / 300 s
+    averages) in which at least one runnable task waited for a CPU ("n/a" without PSI). Near 100 means
+    the cores were oversubscribed and wall times are inflated."""
+    try:
+        line = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return "n/a"
+    fields = dict(f.split("=", 1) for f in line.split()[1:] if "=" in f)
+    return f"some avg10={fields.get('avg10')} avg60={fields.get('avg60')} avg300={fields.get('avg300')}"
+
+
+def print_header(title: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Print ``title`` and :func:`machine_info` (plus ``extra``) as a markdown bullet list; return the dict."""
+    info = machine_info()
+    if extra:
+        info.update(extra)
+    print(f"## {title}\n")
+    for k, v in info.items():
+        print(f"- {k}: {v}")
+    print(flush=True)
+    return info
+
+
+def summarize(times: Sequence[float]) -> tuple[float, float]:
+    """``(min, median)`` of wall times in seconds. Raises ``ValueError`` for an empty sequence."""
+    if not times:
+        raise ValueError("no timings")
+    return min(times), statistics.median(times)
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub markdown table; cells are ``str()``-ed."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def fmt_s(x: float | None, digits: int = 3) -> str:
+    """Seconds with ``digits`` decimals, or "-" for None."""
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def fmt_d(x: float) -> str:
+    """A max |d| value: "0" when exactly zero, else 2 significant digits in e-notation."""
+    return "0" if x == 0 else f"{x:.2e}"
+
+
+def others_share_now(window_s: float = 2.0) -> float | None:
+    """Share of all cores that other processes used during ``window_s`` seconds of sleep (None without /proc)."""
+    import time
+
+    with OthersMeter() as m:
+        time.sleep(window_s)
+    return m.share
+
+
+def wait_for_quiet(max_wait_s: float, threshold: float = 0.05, window_s: float = 2.0) -> str:
+    """Wait (at most ``max_wait_s`` seconds) until other processes use less than ``threshold`` of the cores.
+
+    Polls :func:`others_share_now` (``window_s`` sleeps). For shared machines, where other processes'
+    load makes two-thread OpenMP runs many times slower. Returns a short note (seconds waited, last
+    share); returns "" at once when ``max_wait_s <= 0``. Never raises.
+    """
+    if max_wait_s <= 0:
+        return ""
+    import time
+
+    t0 = time.monotonic()
+    while True:
+        share = others_share_now(window_s)
+        waited = time.monotonic() - t0
+        if share is None:
+            return "no /proc/stat; did not wait"
+        if share < threshold or waited >= max_wait_s:
+            state = "quiet" if share < threshold else "still busy, went on"
+            return f"waited {waited:.0f} s for others' CPU use < {threshold:.0%} ({state}: {share:.0%})"
+
+
+def _cpu_busy_s() -> float | None:
+    """Machine-wide busy CPU seconds so far (all cores; everything but idle and iowait, steal included)."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()
+        ticks = [int(x) for x in fields[1:]]
+    except (OSError, IndexError, ValueError):
+        return None
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+    busy = sum(ticks[:8]) - idle  # user nice system idle iowait irq softirq steal (guest is inside user)
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def _tree_cpu_s(root: int | None = None) -> float:
+    """CPU seconds (user + system, including reaped children) of process ``root`` (default: this one)
+    and all its live descendants, e.g. inductor's compile workers and the compilers they ran."""
+    root = os.getpid() if root is None else root
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = raw[raw.rindex(")") + 2:].split()  # after "pid (comm) "
+        # fields[1] = ppid; fields[11:15] = utime stime cutime cstime (clock ticks)
+        stats[int(entry.name)] = (int(fields[1]), sum(int(x) for x in fields[11:15]))
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            total += stats[pid][1]
+        todo += children.get(pid, [])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+class OthersMeter:
+    """Context manager: how much CPU *other* processes used during the block, as a share of all cores.
+
+    ``share`` = (machine-wide busy CPU seconds from ``/proc/stat`` - CPU seconds of this process and its
+    descendants) / (wall seconds x cores), clipped to [0, 1]; None where ``/proc`` is unavailable. 0 means
+    the benchmark had the machine to itself; 0.5 on 2 cores means others kept one core busy on average.
+    """
+
+    def __init__(self) -> None:
+        self.share: float | None = None
+
+    def __enter__(self) -> "OthersMeter":
+        import time
+
+        self._t0, self._b0 = time.perf_counter(), _cpu_busy_s()
+        self._c0 = _tree_cpu_s() if self._b0 is not None else 0.0
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import time
+
+        wall = time.perf_counter() - self._t0
+        b1 = _cpu_busy_s()
+        if wall <= 0 or self._b0 is None or b1 is None:
+            return
+        mine = _tree_cpu_s() - self._c0
+        self.share = min(1.0, max(0.0, (b1 - self._b0 - mine) / (wall * (os.cpu_count() or 1))))

@@ -1,0 +1,442 @@
+"""Compile latency of full vs regional ``torch.compile`` (inductor, CPU), cold and warm, plus steady state.
+
+Two ComfyUI diffusion models, called directly (no sampler) with seeded inputs and ComfyUI's PyTorch SDPA
+attention through ``transformer_options["optimized_attention_override"]`` (the pack's
+``nodes.model_patches.attention_override("auto")``; ComfyUI's CPU default, sub_quad attention, breaks
+the graph):
+
+* ``sd15``: the UNet (``UNetModel``) of the cached tiny SD1.5-architecture checkpoint
+  (``scripts/tiny_sd15.py``), loaded with ``comfy.sd.load_checkpoint_guess_config``; input latent
+  ``[2, 4, S, S]`` (batch 2 as with CFG), context ``[2, 77, 768]``.
+* ``flux``: ComfyUI's own ``comfy.ldm.flux.model.Flux`` at reduced width (hidden 256, 4 heads, 8 double
+  + 16 single blocks, context width 256, ~35 M parameters). ComfyUI's layers skip weight init, so every
+  parameter is drawn here from a generator seeded by its name. Input ``[1, 16, 64, 64]`` (1024 image
+  tokens after 2x2 patches) + 32 text tokens.
+
+Compilation uses the pack's core code: ``core.compile.compile_full`` (whole model) or
+``core.compile.compile_blocks`` + ``swap_in`` on the blocks declared in ``core.blocks`` (regional), with
+the Optimize node's default options (``nodes.model_patches.compile_options``: inductor, mode default,
+dynamic auto, fullgraph off) and its guard filter (``core.compile.comfy_guard_filter``).
+
+Every measurement of a first call runs in a FRESH subprocess:
+
+* cold: an empty ``TORCHINDUCTOR_CACHE_DIR`` (one per model and mode);
+* warm: the same cache dir again, in a new process.
+
+First call = wall seconds of the first forward (tracing + inductor + C++ compile + one run), with the
+share of the 2 cores that other processes used meanwhile ("others' CPU", from ``/proc/stat`` minus this
+process's CPU time; inductor's compile workers count as others; other load slows compilation down). A second call checks run-to-run bit-equality.
+Steady-state speed is measured side by side in one more process ("interleaved") that loads eager,
+regional and full from a merged warm cache and times them interleaved ``E R F E R F ...``; before each
+round it waits (at most ``--wait-quiet`` s) for idle cores, and only rounds in which other processes
+used <= ``--max-others`` of the cores count (``--rounds`` clean ones wanted, ``--max-rounds`` at most; with fewer than 3
+clean rounds all are used and the output says so). Two-thread OpenMP runs get up to 10x slower in
+bursts when other processes compete for the 2 cores, hence this filter.
+
+Parity: each output against the eager output of the interleaved process (bytes + max |d|), cold vs warm
+outputs, regional vs full.
+
+Usage::
+
+    python benchmarks/bench_compile_latency.py [--models sd15,flux] [--sd15-side 32] [--rounds 7] [--wait-quiet 60]
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
+
+FLUX_PARAMS: dict[str, Any] = {
+    "in_channels": 16, "out_channels": 16, "vec_in_dim": 256, "context_in_dim": 256,
+    "hidden_size": 256, "mlp_ratio": 4.0, "num_heads": 4, "depth": 8, "depth_single_blocks": 16,
+    "axes_dim": [16, 24, 24], "theta": 10000, "patch_size": 2, "qkv_bias": True,
+    "guidance_embed": False, "txt_ids_dims": [],
+}
+"""Reduced-width Flux.1 architecture (Flux.1-dev: hidden 3072, 24 heads, 19 double + 38 single blocks)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Child process: build one model, compile it one way, time it.
+# ---------------------------------------------------------------------------------------------
+def _gen(key: str) -> Any:
+    import torch
+
+    digest = hashlib.sha256(f"steadfast-bench|{key}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
+
+
+def _randn(shape: tuple[int, ...], key: str) -> Any:
+    import torch
+
+    return torch.randn(shape, generator=_gen(key))
+
+
+def build_flux() -> Any:
+    """ComfyUI's ``Flux`` with :data:`FLUX_PARAMS`, fp32 CPU, every parameter seeded by its name.
+
+    Matrices ~ N(0, 1/fan_in), RMSNorm scales 1, biases ~ N(0, 0.02^2). Raises ``RuntimeError`` if the
+    model holds buffers (they would stay uninitialised).
+    """
+    import torch
+    import comfy.ldm.flux.model
+    import comfy.ops
+
+    model = comfy.ldm.flux.model.Flux(dtype=torch.float32, device="cpu",
+                                      operations=comfy.ops.disable_weight_init, **FLUX_PARAMS)
+    buffers = [n for n, _ in model.named_buffers()]
+    if buffers:
+        raise RuntimeError(f"Flux has buffers that would stay uninitialised: {buffers[:5]}")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                fan_in = p[0].numel()
+                p.copy_(_randn(tuple(p.shape), name) / fan_in ** 0.5)
+            elif name.endswith("scale"):
+                p.fill_(1.0)
+            else:
+                p.copy_(_randn(tuple(p.shape), name) * 0.02)
+    return model.eval()
+
+
+def build_model(name: str, sd15_side: int) -> tuple[Any, Callable[[Any], Any]]:
+    """``(diffusion_model, call)``; ``call(module)`` runs one forward of ``module`` (the model itself or
+    its compiled wrapper) on fixed seeded inputs, with a fresh ``transformer_options`` dict each call
+    (as ComfyUI builds one per ``apply_model``)."""
+    import torch
+    from steadfast.nodes.model_patches import attention_override
+
+    attn = attention_override("auto")
+    if name == "sd15":
+        import comfy.model_management
+        import comfy.sd
+
+        ckpt = _common.tiny_sd15_module().cached_tiny_sd15()
+        patcher, _, _, _ = comfy.sd.load_checkpoint_guess_config(str(ckpt), output_vae=False, output_clip=False)
+        comfy.model_management.load_models_gpu([patcher])
+        x = _randn((2, 4, sd15_side, sd15_side), "sd15.x")
+        t = torch.tensor([500.0, 500.0])
+        ctx = _randn((2, 77, 768), "sd15.context")
+
+        def call_unet(m: Any) -> Any:
+            return m(x, timesteps=t, context=ctx, transformer_options={"optimized_attention_override": attn})
+
+        call_unet.keep = patcher  # type: ignore[attr-defined]  # keep the ModelPatcher alive
+        return patcher.model.diffusion_model, call_unet
+    if name == "flux":
+        x = _randn((1, 16, 64, 64), "flux.x")
+        t = torch.tensor([0.5])
+        ctx = _randn((1, 32, 256), "flux.context")
+        y = _randn((1, 256), "flux.y")
+
+        def call_flux(m: Any) -> Any:
+            return m(x, t, ctx, y=y, transformer_options={"optimized_attention_override": attn})
+
+        return build_flux(), call_flux
+    raise ValueError(f"unknown model {name!r}")
+
+
+def node_guard_filter() -> tuple[Any, str]:
+    """``(guard_filter_fn, description)``: the filter the Optimize node passes for ComfyUI models.
+
+    ``core.compile.comfy_guard_filter()`` in the current pack; older layouts of the pack are tried after it.
+    """
+    from steadfast.core import compile as core_compile
+    from steadfast.nodes import model_patches as mp
+
+    if hasattr(core_compile, "comfy_guard_filter"):
+        return core_compile.comfy_guard_filter(), "core.compile.comfy_guard_filter()"
+    if hasattr(mp, "CompileGuardFilter"):  # pragma: no cover - earlier layout
+        return mp.CompileGuardFilter(), "nodes.model_patches.CompileGuardFilter()"
+    return core_compile.skip_guards_on("transformer_options"), "core.compile.skip_guards_on('transformer_options')"
+
+
+def make_runner(dm: Any, call: Callable[[Any], Any], mode: str) -> Callable[[], Any]:
+    """A zero-argument forward for ``mode`` in eager / regional / full, via the pack's core compile code.
+
+    Compilation is lazy: it happens in the runner's first call."""
+    from steadfast.core import blocks
+    from steadfast.core.compile import compile_blocks, compile_full, find_repeated_blocks, swap_in
+    from steadfast.nodes import model_patches as mp
+
+    if mode == "eager":
+        return lambda: call(dm)
+    # the Optimize node's defaults (backend inductor, mode default, dynamic auto, fullgraph off) and guard filter
+    options, guard = mp.compile_options("inductor", "default", "auto", False), node_guard_filter()[0]
+    if mode == "regional":
+        paths = find_repeated_blocks(dm, blocks.declared_blocks_for(type(dm)))
+        if not paths:
+            raise RuntimeError(f"no repeated blocks declared/found in {type(dm).__name__}")
+        compiled = compile_blocks(dm, paths, options, guard)
+
+        def run_regional() -> Any:
+            with swap_in(dm, compiled):
+                return call(dm)
+
+        return run_regional
+    if mode == "full":
+        full = compile_full(dm, options, guard)
+        return lambda: call(full)
+    raise ValueError(f"unknown mode {mode!r}")
+
+
+def _counters() -> dict[str, Any]:
+    from torch._dynamo.utils import counters
+
+    return {
+        "unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
+        "graph_breaks": int(sum(counters["graph_break"].values())),
+        "fxgraph_cache_hit": int(counters["inductor"].get("fxgraph_cache_hit", 0)),
+        "fxgraph_cache_miss": int(counters["inductor"].get("fxgraph_cache_miss", 0)),
+    }
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def child(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run one measurement described by ``spec`` (see :func:`run_child`); returns a JSON-able result."""
+    t_proc = time.perf_counter()
+    _common.import_pack()
+    import torch
+    from steadfast.core.optimize.parity import compare_outputs
+
+    result: dict[str, Any] = {"spec": spec}
+    with torch.inference_mode():
+        dm, call = build_model(spec["model"], spec["sd15_side"])
+        result["params_m"] = round(sum(p.numel() for p in dm.parameters()) / 1e6, 2)
+        result["setup_s"] = time.perf_counter() - t_proc
+        out_dir = Path(spec["out_dir"])
+        if spec["kind"] == "first":
+            run = make_runner(dm, call, spec["mode"])
+            with _common.OthersMeter() as meter:
+                out, result["first_s"] = _timed(run)
+            result["first_others"] = meter.share
+            result["counters_after_first"] = _counters()
+            again = run()
+            result["rerun_bit_equal"] = compare_outputs(out, again).bit_equal
+            result["out_std"] = float(out.float().std())
+            result["finite"] = bool(torch.isfinite(out).all())
+            path = out_dir / f"{spec['model']}_{spec['mode']}_{spec['temp']}.pt"
+            torch.save(out.clone(), path)
+            result["out_path"] = str(path)
+        else:  # interleaved steady state: eager, regional, full in one process (warm cache)
+            runs = {m: make_runner(dm, call, m) for m in ("eager", "regional", "full")}
+            result["first_s"] = {}
+            outs = {}
+            for m, run in runs.items():
+                outs[m], result["first_s"][m] = _timed(run)
+                run()
+            rounds: list[dict[str, Any]] = []
+            n_clean = 0
+            while n_clean < spec["rounds"] and len(rounds) < spec["max_rounds"]:
+                _common.wait_for_quiet(spec["wait_quiet"])
+                with _common.OthersMeter() as meter:
+                    times = {m: _timed(run)[1] for m, run in runs.items()}
+                clean = meter.share is None or meter.share <= spec["max_others"]
+                n_clean += clean
+                rounds.append({"times": times, "others": meter.share, "clean": clean})
+            result["rounds"] = rounds
+            result["out_paths"] = {}
+            for m, out in outs.items():
+                path = out_dir / f"{spec['model']}_{m}_interleaved.pt"
+                torch.save(out.clone(), path)
+                result["out_paths"][m] = str(path)
+            result["counters"] = _counters()
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result["process_s"] = time.perf_counter() - t_proc
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Parent: orchestrate fresh processes, print the tables.
+# ---------------------------------------------------------------------------------------------
+def run_child(spec: dict[str, Any], cache_dir: Path, timeout: float) -> dict[str, Any]:
+    """Run :func:`child` in a fresh interpreter with ``TORCHINDUCTOR_CACHE_DIR=cache_dir``."""
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache_dir))
+    note = _common.wait_for_quiet(spec.get("wait_quiet", 0.0))
+    if note:
+        print(f"  {note}", flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
+                          env=env, capture_output=True, text=True, timeout=timeout)
+    wall = time.perf_counter() - t0
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"child {spec} failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    res = json.loads(lines[-1][len("RESULT "):])
+    res["wall_s"] = wall
+    return res
+
+
+def _pct(share: float | None) -> str:
+    return "n/a" if share is None else f"{share:.0%}"
+
+
+def _load(path: str) -> Any:
+    import torch
+
+    return torch.load(path, weights_only=True)
+
+
+def bench_model(name: str, args: argparse.Namespace, work: Path) -> tuple[list[list[Any]], list[list[Any]], list[str]]:
+    """All processes for one model; returns (latency rows, steady-state rows, notes)."""
+    from steadfast.core.optimize.parity import compare_outputs
+
+    base = {"model": name, "sd15_side": args.sd15_side, "rounds": args.rounds, "max_rounds": args.max_rounds,
+            "max_others": args.max_others, "out_dir": str(work), "wait_quiet": args.wait_quiet}
+    dirs = {m: work / f"inductor_{name}_{m}" for m in ("regional", "full")}
+    res: dict[tuple[str, str], dict[str, Any]] = {}
+    for temp in ("cold", "warm"):
+        for mode in ("regional", "full"):
+            if temp == "cold":
+                dirs[mode].mkdir()
+                assert not any(dirs[mode].iterdir()), "cold cache dir must be empty"
+            spec = dict(base, kind="first", mode=mode, temp=temp)
+            r = run_child(spec, dirs[mode], args.timeout)
+            res[(mode, temp)] = r
+            print(f"  {name} {mode} {temp}: first call {r['first_s']:.1f} s (others' CPU {_pct(r['first_others'])}), "
+                  f"process {r['wall_s']:.0f} s", flush=True)
+    merged = work / f"inductor_{name}_merged"
+    for mode in ("regional", "full"):
+        shutil.copytree(dirs[mode], merged, dirs_exist_ok=True)
+    inter = run_child(dict(base, kind="interleaved", mode="all", temp="warm"), merged, args.timeout)
+    print(f"  {name} interleaved: process {inter['wall_s']:.0f} s; others' CPU per round: "
+          + ", ".join(_pct(r["others"]) for r in inter["rounds"]), flush=True)
+
+    eager_out = _load(inter["out_paths"]["eager"])
+    rows = []
+    for mode in ("regional", "full"):
+        for temp in ("cold", "warm"):
+            r = res[(mode, temp)]
+            par = compare_outputs(eager_out, _load(r["out_path"]))
+            c = r["counters_after_first"]
+            rows.append([name, mode, temp, f"{r['first_s']:.1f}", _pct(r["first_others"]),
+                         c["unique_graphs"], c["graph_breaks"],
+                         f"{c['fxgraph_cache_hit']}/{c['fxgraph_cache_miss']}",
+                         "yes" if par.bit_equal else "no", _common.fmt_d(par.max_abs),
+                         "yes" if r["rerun_bit_equal"] else "NO", f"{r['peak_rss_mb']:.0f}"])
+    notes = []
+    for mode in ("regional", "full"):
+        same = compare_outputs(_load(res[(mode, "cold")]["out_path"]), _load(res[(mode, "warm")]["out_path"]))
+        notes.append(f"{name} {mode}: cold vs warm output bit-equal: {'yes' if same.bit_equal else 'no'}"
+                     + ("" if same.bit_equal else f" (max |d| {_common.fmt_d(same.max_abs)})"))
+    rf = compare_outputs(_load(res[("regional", "cold")]["out_path"]), _load(res[("full", "cold")]["out_path"]))
+    notes.append(f"{name}: regional vs full output bit-equal: {'yes' if rf.bit_equal else 'no'}"
+                 + ("" if rf.bit_equal else f" (max |d| {_common.fmt_d(rf.max_abs)})"))
+    first = res[("regional", "cold")]
+    notes.append(f"{name}: {first['params_m']} M parameters; out std {first['out_std']:.3f}, finite {first['finite']}")
+    rc, fc = res[("regional", "cold")]["first_s"], res[("full", "cold")]["first_s"]
+    rw, fw = res[("regional", "warm")]["first_s"], res[("full", "warm")]["first_s"]
+    notes.append(f"{name}: first-call ratio regional/full cold {rc / fc:.2f} (full/regional {fc / rc:.2f}x); "
+                 f"warm {rw / fw:.2f}; warm/cold regional {rw / rc:.2f}, full {fw / fc:.2f}")
+
+    used = [r for r in inter["rounds"] if r["clean"]]
+    if len(used) < min(3, args.rounds):
+        used = inter["rounds"]
+        how = f"ALL {len(used)} rounds (timings CONTENDED)"
+    else:
+        how = f"{len(used)} clean rounds of {len(inter['rounds'])}"
+    times = {m: [r["times"][m] for r in used] for m in ("eager", "regional", "full")}
+    emin, emed = _common.summarize(times["eager"])
+    steady = []
+    for mode in ("eager", "regional", "full"):
+        tmin, tmed = _common.summarize(times[mode])
+        par = compare_outputs(eager_out, _load(inter["out_paths"][mode]))
+        steady.append([name, mode, f"{inter['first_s'][mode]:.1f}", _common.fmt_s(tmin), _common.fmt_s(tmed),
+                       f"{emin / tmin:.2f}x", f"{emed / tmed:.2f}x",
+                       "yes" if par.bit_equal else "no", _common.fmt_d(par.max_abs)])
+    (rmin, rmed), (fmin, fmed) = _common.summarize(times["regional"]), _common.summarize(times["full"])
+    notes.append(f"{name}: steady-state time regional/full (interleaved, warm process, {how}): "
+                 f"min {rmin / fmin:.2f}, median {rmed / fmed:.2f}")
+    return rows, steady, notes
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default="sd15,flux", help="comma-separated: sd15, flux")
+    p.add_argument("--sd15-side", type=int, default=32, help="latent side for the SD1.5 UNet (32 = 256x256 px)")
+    p.add_argument("--rounds", type=int, default=7, help="clean interleaved rounds wanted in the steady-state process")
+    p.add_argument("--max-rounds", type=int, default=20, help="at most this many rounds there")
+    p.add_argument("--max-others", type=float, default=0.10,
+                   help="a round is clean when other processes used at most this share of the cores during it")
+    p.add_argument("--wait-quiet", type=float, default=60.0,
+                   help="before each child process and each interleaved round, wait up to this many seconds "
+                        "until other processes use < 5%% of the cores (0: never)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per child process")
+    p.add_argument("--keep", action="store_true", help="keep the work dir (cache dirs, outputs)")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child is not None:
+        print("RESULT " + json.dumps(child(json.loads(args.child))), flush=True)
+        return 0
+    t_start = time.perf_counter()
+    _common.import_pack()  # for the header and parity (this process never compiles)
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    _common.print_header("bench_compile_latency", {
+        "compile": "inductor; the Optimize node's defaults (mode default, dynamic auto, fullgraph off) and "
+                   f"guard filter {node_guard_filter()[1]}",
+        "attention": "ComfyUI attention_pytorch (SDPA auto) via optimized_attention_override",
+        "sd15 input": f"latent [2, 4, {args.sd15_side}, {args.sd15_side}], context [2, 77, 768], fp32",
+        "flux model": "comfy.ldm.flux.model.Flux " + json.dumps(FLUX_PARAMS),
+        "flux input": "latent [1, 16, 64, 64] (1024 tokens), context [1, 32, 256], y [1, 256], fp32",
+        "processes": f"one fresh process per first call; steady state side by side in one extra warm process: "
+                     f"{args.rounds} clean interleaved rounds wanted (at most {args.max_rounds}; clean = other "
+                     f"processes used <= {args.max_others:.0%} of the cores)",
+    })
+    work = Path(tempfile.mkdtemp(prefix="steadfast_bench_compile_"))
+    lat_rows: list[list[Any]] = []
+    steady_rows: list[list[Any]] = []
+    notes: list[str] = []
+    try:
+        for name in models:
+            r, s, n = bench_model(name, args, work)
+            lat_rows += r
+            steady_rows += s
+            notes += n
+    finally:
+        if args.keep:
+            print(f"work dir kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    print("\n### First call (compile latency), one fresh process each\n")
+    print(_common.markdown_table(
+        ["model", "compile", "cache", "first call s", "others' CPU during it", "graphs",
+         "graph breaks", "fxgraph hit/miss", "bit-equal to eager", "max abs diff vs eager", "rerun bit-equal",
+         "peak RSS MB"], lat_rows))
+    print("\n### Steady state, interleaved in one warm process\n")
+    print(_common.markdown_table(
+        ["model", "mode", "first call in this process s", "min s", "median s", "speedup (min)",
+         "speedup (median)", "bit-equal to eager", "max abs diff vs eager"],
+        steady_rows))
+    print()
+    for n in notes:
+        print(f"- {n}")
+    print("\nspeedup = eager time / compiled time (> 1 is faster). others' CPU = share of the 2 cores used by "
+          "other processes (incl. inductor's compile workers) meanwhile (0% = the benchmark had the machine to itself). "
+          "fxgraph hit/miss: inductor FX-graph cache counters after the first call.")
+    print(f"load average at end: {_common.loadavg()}; CPU pressure at end: {_common.cpu_pressure()}; "
+          f"total wall time: {time.perf_counter() - t_start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""Parse target sizes such as ``"512x512, 768x512"`` (Warmup's ``sizes`` input). No ComfyUI imports."""
+from __future__ import annotations
+
+import re
+
+__all__ = ["parse_sizes"]
+
+_ITEM = re.compile(r"^\s*(\d+)\s*[xX×*]\s*(\d+)\s*$")
+
+
+def parse_sizes(text: str | None, *, minimum: int = 8, maximum: int = 16384) -> list[tuple[int, int]]:
+    """``"WxH, WxH ..."`` -> ``[(width, height), ...]`` in pixels, duplicates dropped, order kept.
+
+    Items are separated by commas, semicolons or whitespace; ``x``, ``X``, ``×`` or ``*`` separate
+    width and height. ``None`` / empty text gives ``[]``. Raises ``ValueError`` naming the bad item
+    for anything else, or for a side outside ``[minimum, maximum]``.
+    """
+    if not text or not text.strip():
+        return []
+    out: list[tuple[int, int]] = []
+    for item in re.split(r"[,;\s]+(?=\d)", text.strip()):
+        item = item.strip().strip(",;")
+        if not item:
+            continue
+        m = _ITEM.match(item)
+        if m is None:
+            raise ValueError(f"size {item!r} is not WIDTHxHEIGHT (e.g. '512x512, 768x512')")
+        w, h = int(m.group(1)), int(m.group(2))
+        for side in (w, h):
+            if not minimum <= side <= maximum:
+                raise ValueError(f"size {item!r}: {side} is outside [{minimum}, {maximum}] pixels")
+        if (w, h) not in out:
+            out.append((w, h))
+    return out

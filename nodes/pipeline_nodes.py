@@ -1,0 +1,176 @@
+"""diffusers pipelines in ComfyUI: the DIFFUSERS_PIPELINE type, Load Diffusers Pipeline and Pipeline LoRA.
+
+A DIFFUSERS_PIPELINE value is a :class:`core.pipelines.handle.PipelineHandle`. ComfyUI caches node outputs
+and may give one output to several nodes, so no node changes a handle it receives: Optimize works on a
+weight-sharing copy, and a LoRA is only *declared* here and made active right before the pipeline runs
+(Seeded Sampler / Warmup), hot-swapped into a compiled pipeline without recompiling.
+"""
+from __future__ import annotations
+
+import os
+
+from comfy_api.latest import io, ui
+
+import comfy.model_management
+import folder_paths
+
+from ..core.pipelines import DTYPES, PipelineLoadError, count_params, denoiser_of, load_pipeline, module_components
+from ..core.pipelines.handle import LoraSpec, PipelineHandle
+from ..core.pipelines.run import compile_record
+from ..core.pipelines.state import peek_state
+
+DiffusersPipeline = io.Custom("DIFFUSERS_PIPELINE")
+FOLDER = "diffusers"  # ComfyUI's models/diffusers (folder_paths)
+
+
+def pipeline_folders() -> list[str]:
+    """Folder names under ComfyUI's ``models/diffusers`` paths: every folder holding a ``model_index.json``
+    (relative path, nested ones too), plus top-level folders without one (listed so that choosing one
+    explains what is wrong instead of the folder silently missing)."""
+    names: list[str] = []
+    for root in folder_paths.get_folder_paths(FOLDER):
+        if not os.path.isdir(root):
+            continue
+        found: set[str] = set()
+        for cur, dirs, files in os.walk(root, followlinks=True):
+            if "model_index.json" in files:
+                found.add(os.path.relpath(cur, root))
+                dirs[:] = []  # a pipeline's component folders are not pipelines
+        for entry in os.scandir(root):
+            if entry.is_dir() and not any(f == entry.name or f.startswith(entry.name + os.sep) for f in found):
+                found.add(entry.name)
+        names += sorted(found)
+    return list(dict.fromkeys(names))
+
+
+def resolve_folder(name: str) -> str:
+    """Absolute path of ``name`` under the ``models/diffusers`` paths; :class:`PipelineLoadError` when absent."""
+    if not name or os.path.isabs(name) or ".." in name.replace("\\", "/").split("/"):
+        raise PipelineLoadError(f"pipeline name must be a folder inside models/{FOLDER}, got {name!r}")
+    roots = folder_paths.get_folder_paths(FOLDER)
+    for root in roots:
+        path = os.path.join(root, name)
+        if os.path.isdir(path):
+            return path
+    raise PipelineLoadError(f"pipeline folder {name!r} not found in models/{FOLDER} (searched: {', '.join(roots)}); "
+                            f"available: {', '.join(pipeline_folders()) or 'none'}")
+
+
+def _folder_signature(path: str) -> tuple:
+    out = []
+    for cur, _dirs, files in os.walk(path, followlinks=True):
+        for f in sorted(files):
+            try:
+                st = os.stat(os.path.join(cur, f))
+            except OSError:
+                continue
+            out.append((os.path.relpath(os.path.join(cur, f), path), st.st_size, st.st_mtime_ns))
+    return tuple(sorted(out))
+
+
+def as_handle(value, node: str) -> PipelineHandle:
+    """``value`` if it is a DIFFUSERS_PIPELINE, else a ``TypeError`` naming ``node`` and what it got."""
+    if not isinstance(value, PipelineHandle):
+        raise TypeError(f"{node}: expected a DIFFUSERS_PIPELINE (from Load Diffusers Pipeline), got "
+                        f"{type(value).__name__}")
+    return value
+
+
+class SteadfastLoadDiffusersPipeline(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="SteadfastLoadDiffusersPipeline",
+            display_name="Load Diffusers Pipeline (Steadfast)",
+            category="Steadfast",
+            description="Loads a diffusers pipeline folder (save_pretrained layout) from models/diffusers, from "
+                        "disk only. Optimize, Warmup and Seeded Sampler accept the result; they never modify it.",
+            inputs=[
+                io.Combo.Input("pipeline_name", options=pipeline_folders(),
+                               tooltip="A folder in models/diffusers holding model_index.json and one sub-folder "
+                                       "per component (what DiffusionPipeline.save_pretrained writes)."),
+                io.Combo.Input("dtype", options=list(DTYPES), default="fp32",
+                               tooltip="Weight dtype of every model component. fp32 is the reproducible reference; "
+                                       "bf16/fp16 halve memory and change the output bits."),
+            ],
+            outputs=[DiffusersPipeline.Output(display_name="PIPELINE",
+                                              tooltip="The loaded pipeline (on ComfyUI's torch device)."),
+                     io.String.Output(display_name="report", tooltip="Pipeline class, components, dtype, device.")],
+        )
+
+    @classmethod
+    def validate_inputs(cls, pipeline_name: str, dtype: str) -> bool | str:
+        if dtype not in DTYPES:
+            return f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}"
+        try:
+            resolve_folder(pipeline_name)
+        except PipelineLoadError as e:
+            return str(e)
+        return True
+
+    @classmethod
+    def fingerprint_inputs(cls, pipeline_name: str, dtype: str):
+        try:
+            return (dtype, _folder_signature(resolve_folder(pipeline_name)))
+        except PipelineLoadError:
+            return (dtype, None)
+
+    @classmethod
+    def execute(cls, pipeline_name: str, dtype: str) -> io.NodeOutput:
+        path = resolve_folder(pipeline_name)
+        device = comfy.model_management.get_torch_device()
+        pipe = load_pipeline(path, dtype=dtype, device=device)
+        handle = PipelineHandle(pipe, source=pipeline_name, dtype=dtype)
+        den = denoiser_of(pipe)[0]
+        comps = ", ".join(f"{k} {type(m).__name__} ({count_params(m) / 1e6:.2f} M)"
+                          for k, m in module_components(pipe).items())
+        report = f"{type(pipe).__name__} from {path} ({dtype}, {device}); denoiser: {den}\n{comps}"
+        return io.NodeOutput(handle, report, ui=ui.PreviewText(report))
+
+
+class SteadfastPipelineLoRA(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="SteadfastPipelineLoRA",
+            display_name="Pipeline LoRA (Steadfast)",
+            category="Steadfast",
+            description="Adds a LoRA to a diffusers pipeline. It is loaded when the pipeline runs, into a copy (the "
+                        "input is unchanged). Put this node BEFORE Optimize: the compiled pipeline is then prepared "
+                        "for max_rank, and choosing another LoRA hot-swaps its weights without recompiling.",
+            inputs=[
+                DiffusersPipeline.Input("pipeline", tooltip="The pipeline to add the LoRA to (not modified)."),
+                io.Combo.Input("lora_name", options=folder_paths.get_filename_list("loras"),
+                               tooltip="A diffusers/PEFT-format LoRA .safetensors file in models/loras."),
+                io.Int.Input("max_rank", default=64, min=1, max=4096,
+                             tooltip="The largest LoRA rank you will swap in. A compiled pipeline is prepared for "
+                                     "this rank (smaller LoRAs are zero-padded), so swapping LoRAs never "
+                                     "recompiles. Changing it makes Optimize build and compile a new copy."),
+            ],
+            outputs=[DiffusersPipeline.Output(display_name="PIPELINE", tooltip="The pipeline carrying the LoRA."),
+                     io.String.Output(display_name="report", tooltip="The LoRA, its rank, and how it will be applied.")],
+        )
+
+    @classmethod
+    def fingerprint_inputs(cls, lora_name: str = "", max_rank: int = 64, **_):
+        path = folder_paths.get_full_path("loras", lora_name) if lora_name else None
+        try:
+            st = os.stat(path) if path else None
+        except OSError:
+            st = None
+        return (lora_name, max_rank, None if st is None else (st.st_size, st.st_mtime_ns))
+
+    @classmethod
+    def execute(cls, pipeline, lora_name: str, max_rank: int) -> io.NodeOutput:
+        handle = as_handle(pipeline, "Pipeline LoRA")
+        path = folder_paths.get_full_path_or_raise("loras", lora_name)
+        spec = LoraSpec.from_file(lora_name, path, max_rank)
+        lines = [f"LoRA {lora_name}: rank {spec.rank} (max_rank {max_rank}); applied when the pipeline runs"]
+        if handle.lora is not None:
+            lines.append(f"replaces the upstream LoRA {handle.lora.name} (one LoRA per pipeline)")
+        state = peek_state(handle.pipe)
+        if compile_record(handle.pipe) is not None and (state is None or state.hotswap_rank is None):
+            lines.append("WARNING: the pipeline is already compiled without LoRA hot-swap preparation; put this "
+                         "node before Optimize, or a LoRA change may recompile")
+        report = "\n".join(lines)
+        return io.NodeOutput(handle.replace(lora=spec), report, ui=ui.PreviewText(report))

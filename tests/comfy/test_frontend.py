@@ -1,0 +1,312 @@
+"""Our templates, in ComfyUI's REAL frontend (``comfyui-frontend-package`` served by the server), driven by a
+headless Chromium through Playwright:
+
+1. each ``example_workflows/*.json`` is opened from the frontend's own template browser (folder
+   ``ComfyUI-Steadfast``) and turned back into a prompt by the frontend's ``app.graphToPrompt()``: the result is
+   exactly its API twin ``example_workflows/api/<name>.json`` (node ids, class_type, input values and links;
+   ``_meta`` ignored);
+2. ``GET /workflow_templates`` lists the three templates under our folder name and serves them unchanged;
+3. ``determinism_check`` is run from the page (``app.queuePrompt``, i.e. the Run button) and ``js/steadfast.js``
+   shows each node's text in the ``steadfast_info`` widget (Hash, Compare) and colours Compare by its verdict;
+   the widget is not saved into the workflow. A screenshot is written to the test's tmp dir.
+
+Needs ``/usr/bin/chromium`` (or ``$STEADFAST_CHROMIUM``) and the ``playwright`` Python package; never
+downloads a browser. Without them the tests skip loudly. Install (Debian)::
+
+    apt-get install -y chromium && pip install playwright
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import api_to_ui
+from comfy_server import PACK_DIR_NAME, ComfyServer
+import tiny_sd15
+
+pytestmark = pytest.mark.comfyui
+
+REPO = Path(__file__).resolve().parents[2]
+WORKFLOWS = REPO / "example_workflows"
+TEMPLATES = sorted(p.stem for p in WORKFLOWS.glob("*.json"))
+CHROMIUM = os.environ.get("STEADFAST_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+TINY_CKPT_NAME = tiny_sd15.CHECKPOINT_NAME
+MATCH_GREEN, MISMATCH_RED = "#2e7d32", "#c62828"  # js/steadfast.js MATCH_COLORS
+
+
+def _browser_missing() -> str | None:
+    if importlib.util.find_spec("playwright") is None:
+        return "the Python package 'playwright' is not installed (pip install playwright; no browser download needed)"
+    if not os.access(CHROMIUM, os.X_OK):
+        return f"no Chromium at {CHROMIUM} (apt-get install -y chromium, or set STEADFAST_CHROMIUM)"
+    return None
+
+
+def api_twin(name: str) -> dict[str, Any]:
+    return json.loads((WORKFLOWS / "api" / f"{name}.json").read_text())
+
+
+def filled_optional_widgets(api: dict[str, Any], object_info: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{node id: {input: default}}`` for the OPTIONAL widget inputs that ``api`` leaves out. The frontend cannot
+    leave a widget out: it sends the widget's value, i.e. the ``/object_info`` default the converter wrote. Every
+    other input must come back exactly as in ``api``."""
+    filled: dict[str, dict[str, Any]] = {}
+    for nid, node in api.items():
+        for name, spec in object_info[node["class_type"]]["input"].get("optional", {}).items():
+            if name not in node["inputs"] and api_to_ui.is_widget(spec):
+                filled.setdefault(nid, {})[name] = api_to_ui.widget_default(spec)
+    return filled
+
+
+def expected_prompt(api: dict[str, Any], object_info: dict[str, Any]) -> dict[str, Any]:
+    """What the frontend must send for ``api``: ``api`` plus :func:`filled_optional_widgets`, normalised."""
+    want = prompt_core(api)
+    for nid, extra in filled_optional_widgets(api, object_info).items():
+        want[nid]["inputs"].update(_norm(extra))
+    return want
+
+
+def _norm(v: Any) -> Any:
+    """Comparable form of a prompt value: JSON numbers compare by value (JS has no int/float split: 7.0 -> 7) but
+    never equal a bool (Python's ``True == 1``); lists/dicts recursively."""
+    if isinstance(v, bool) or v is None or isinstance(v, str):
+        return v
+    if isinstance(v, (int, float)):
+        return ("number", float(v))
+    if isinstance(v, list):
+        return [_norm(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _norm(x) for k, x in v.items()}
+    raise TypeError(f"unexpected value in a prompt: {v!r}")
+
+
+def prompt_core(prompt: dict[str, Any]) -> dict[str, Any]:
+    """``{id: {"class_type", "inputs"}}`` normalised with :func:`_norm` (``_meta`` dropped)."""
+    return {nid: {"class_type": n["class_type"], "inputs": _norm(n["inputs"])} for nid, n in prompt.items()}
+
+
+def describe_diff(got: dict[str, Any], want: dict[str, Any]) -> str:
+    lines = [f"ids only in frontend prompt: {sorted(set(got) - set(want))}",
+             f"ids only in API twin: {sorted(set(want) - set(got))}"]
+    for nid in sorted(set(got) & set(want), key=int):
+        g, w = got[nid], want[nid]
+        if g["class_type"] != w["class_type"]:
+            lines.append(f"{nid}: class_type {g['class_type']} != {w['class_type']}")
+        for k in sorted(set(g["inputs"]) | set(w["inputs"])):
+            if g["inputs"].get(k, "<absent>") != w["inputs"].get(k, "<absent>"):
+                lines.append(f"{nid}.{k}: frontend {g['inputs'].get(k, '<absent>')!r} != twin {w['inputs'].get(k, '<absent>')!r}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def object_info(comfy_server: ComfyServer) -> dict[str, Any]:
+    return comfy_server.get("/object_info")
+
+
+@pytest.fixture(scope="module")
+def browser_ok() -> None:
+    """Skips (reason + warning) when Chromium or Playwright is missing; requested before the server starts."""
+    why = _browser_missing()
+    if why is not None:
+        msg = f"BROWSER FRONTEND TESTS SKIPPED: {why}"
+        warnings.warn(msg, stacklevel=1)
+        pytest.skip(msg)
+
+
+@pytest.fixture(scope="module")
+def page(browser_ok: None, comfy_server: ComfyServer) -> Iterator[Any]:
+    """A Chromium page on the server's own URL with ComfyUI's frontend fully set up (``window.app`` and its
+    graph exist, our extension registered). Page errors are collected in ``page.steadfast_errors``."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            pg = browser.new_page(viewport={"width": 1600, "height": 1000})
+            pg.set_default_timeout(30_000)
+            errors: list[str] = []
+            pg.on("pageerror", lambda e: errors.append(str(e)))
+            pg.steadfast_errors = errors
+            pg.goto(comfy_server.url + "/", wait_until="domcontentloaded")
+            pg.wait_for_function("() => !!(window.app && window.app.graph && window.app.canvas)", timeout=60_000)
+            exts = pg.evaluate("() => window.app.extensions.map(e => e.name)")
+            assert "steadfast.nodes" in exts, f"js/steadfast.js not registered; extensions: {exts}; errors: {errors}"
+            yield pg
+        finally:
+            browser.close()
+
+
+def open_template_browser(page: Any) -> Any:
+    """Open ComfyUI's template dialog (the first visit opens it by itself) on our pack's category; returns it."""
+    dialog = page.get_by_role("dialog").filter(has_text="Templates")
+    if not dialog.is_visible():
+        page.evaluate("() => window.app.extensionManager.command.execute('Comfy.BrowseTemplates')")
+    dialog.get_by_role("button", name=PACK_DIR_NAME, exact=True).click()
+    return dialog
+
+
+def load_template(page: Any, name: str) -> None:
+    """Load ``name`` the way a user does: click its card in the template browser. Waits until the graph holds
+    the template's nodes."""
+    dialog = open_template_browser(page)
+    dialog.get_by_text(name, exact=True).first.click()
+    ids = sorted(int(i) for i in api_twin(name))
+    page.wait_for_function(
+        "(ids) => { const g = window.app.graph; return g.nodes.length === ids.length"
+        " && ids.every(i => g.getNodeById(i)) }", arg=ids)
+    dialog.wait_for(state="hidden")
+    for warning in ("This workflow has missing nodes", "Missing Models"):  # the frontend's load-time warnings
+        assert page.get_by_text(warning).count() == 0, f"{name}: the frontend warned '{warning}'"
+
+
+OVERLAPS_JS = """() => {
+  const th = window.LiteGraph.NODE_TITLE_HEIGHT;
+  const r = window.app.graph.nodes.map(n => [n.id, n.pos[0], n.pos[1] - th, n.size[0], n.size[1] + th]);
+  const out = [];
+  for (const a of r) for (const b of r)
+    if (a[0] < b[0] && a[1] < b[1] + b[3] && b[1] < a[1] + a[3] && a[2] < b[2] + b[4] && b[2] < a[2] + a[4])
+      out.push([a[0], b[0]]);
+  return out;
+}"""
+
+
+def overlapping_nodes(page: Any) -> list[list[int]]:
+    """Pairs of node ids whose boxes (title bar included), as the frontend sized them, overlap."""
+    return page.evaluate(OVERLAPS_JS)
+
+
+def frontend_prompt(page: Any) -> dict[str, Any]:
+    return page.evaluate("async () => (await window.app.graphToPrompt()).output")
+
+
+# ----------------------------------------------------------------------------------------------- tests
+def test_workflow_templates_listed_and_served(comfy_server: ComfyServer) -> None:
+    assert len(TEMPLATES) == 3, TEMPLATES
+    listed = comfy_server.get("/workflow_templates")
+    assert sorted(listed.get(PACK_DIR_NAME, [])) == TEMPLATES, listed
+    for name in TEMPLATES:
+        served = comfy_server.get(f"/api/workflow_templates/{PACK_DIR_NAME}/{name}.json")
+        assert served == json.loads((WORKFLOWS / f"{name}.json").read_text()), name
+
+
+def test_template_browser_shows_our_pack(page: Any) -> None:
+    dialog = open_template_browser(page)
+    for name in TEMPLATES:
+        dialog.get_by_text(name, exact=True).first.wait_for(state="visible")
+    assert dialog.get_by_text(f"Showing {len(TEMPLATES)} of {len(TEMPLATES)} templates").is_visible()
+
+
+def check_round_trip(page: Any, api: dict[str, Any], object_info: dict[str, Any], what: str) -> None:
+    """The loaded graph has only known node types and the frontend's ``graphToPrompt()`` is ``api`` (plus the
+    optional widgets it leaves out, at their defaults)."""
+    nodes = page.evaluate(
+        "() => window.app.graph.nodes.map(n => ({id: n.id, type: n.type, comfyClass: n.constructor.comfyClass ?? null,"
+        " links: (n.inputs ?? []).filter(i => i.link != null).length}))")
+    unknown = [n for n in nodes if n["comfyClass"] != n["type"]]
+    assert not unknown, f"node types the frontend does not know (missing/broken nodes): {unknown}"
+    got, want = prompt_core(frontend_prompt(page)), expected_prompt(api, object_info)
+    assert got == want, f"{what}: frontend graphToPrompt() != API twin\n{describe_diff(got, want)}"
+    n_links = sum(1 for n in api.values() for v in n["inputs"].values() if isinstance(v, list))
+    assert sum(n["links"] for n in nodes) == n_links
+    assert not page.steadfast_errors, page.steadfast_errors
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_template_loads_and_converts_back_to_api_twin(page: Any, object_info: dict[str, Any], name: str) -> None:
+    load_template(page, name)
+    check_round_trip(page, api_twin(name), object_info, name)
+    assert not overlapping_nodes(page), f"{name}: nodes overlap once the frontend has sized them"
+    filled = filled_optional_widgets(api_twin(name), object_info)
+    if filled:
+        print(f"{name}: optional widgets absent from the twin, sent at their defaults: {filled}")
+
+
+def test_converter_handles_linked_widgets_and_controls(page: Any, object_info: dict[str, Any]) -> None:
+    """api_to_ui.convert beyond our templates: widgets fed by links (with and without a control widget), V1 and
+    V3 combos, a non-default float. Loaded with app.loadGraphData, as a pasted/opened workflow is."""
+    api = {
+        "1": {"class_type": "PrimitiveInt", "inputs": {"value": 96}},
+        "2": {"class_type": "EmptyLatentImage", "inputs": {"width": ["1", 0], "height": 64, "batch_size": 2}},
+        "3": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": TINY_CKPT_NAME}},
+        "5": {"class_type": "CLIPTextEncode", "inputs": {"text": "x", "clip": ["3", 1]}},
+        "4": {"class_type": "KSampler", "inputs": {
+            "seed": ["1", 0], "steps": 3, "cfg": 5.5, "sampler_name": "heun", "scheduler": "karras", "denoise": 0.75,
+            "model": ["3", 0], "positive": ["5", 0], "negative": ["5", 0], "latent_image": ["2", 0]}},
+        "6": {"class_type": "SteadfastSeededSampler", "inputs": {
+            "model": ["3", 0], "seed": ["1", 0], "steps": 2, "cfg": 1.5, "sampler_name": "dpmpp_2m",
+            "scheduler": "beta", "denoise": 0.5, "batch_seed_mode": "comfy",
+            "positive": ["5", 0], "negative": ["5", 0], "latent_image": ["2", 0]}},
+    }
+    workflow = api_to_ui.convert(api, object_info)
+    page.evaluate("async (wf) => { await window.app.loadGraphData(wf) }", workflow)
+    check_round_trip(page, api, object_info, "synthetic workflow")
+
+
+def test_run_from_browser_shows_hash_and_compare(page: Any, comfy_server: ComfyServer, object_info: dict[str, Any],
+                                                 tmp_path: Path) -> None:
+    name = "determinism_check"
+    twin = api_twin(name)
+    hash_id = next(i for i, n in twin.items() if n["class_type"] == "SteadfastHash")
+    cmp_id = next(i for i, n in twin.items() if n["class_type"] == "SteadfastCompare")
+    comfy_server.free()  # no cached outputs from earlier tests: every node executes and reports
+    load_template(page, name)
+    saved_before = page.evaluate("() => window.app.graph.serialize().nodes.map(n => [n.id, n.widgets_values])")
+    client_id = page.evaluate("() => window.app.api.clientId")
+    known = set(comfy_server.get("/history"))
+
+    page.evaluate("async () => { await window.app.queuePrompt(0, 1) }")  # what the Run button does
+    ours: list[str] = []
+
+    def finished() -> bool:
+        hist = comfy_server.get("/history")
+        ours[:] = [pid for pid, e in hist.items() if pid not in known and e["prompt"][3].get("client_id") == client_id]
+        return bool(ours) and all(hist[p].get("status", {}).get("completed") is not None for p in ours)
+
+    deadline = time.monotonic() + 120
+    while not finished():
+        assert time.monotonic() < deadline, f"prompt from the page not finished; log:\n{comfy_server.log_tail()}"
+        time.sleep(0.2)
+    assert len(ours) == 1, ours
+    entry = comfy_server.get(f"/history/{ours[0]}")[ours[0]]
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    assert prompt_core(entry["prompt"][2]) == expected_prompt(twin, object_info)  # what the page sent
+
+    outputs = entry["outputs"]
+    want = {i: "\n".join(outputs[i]["text"]) for i in (hash_id, cmp_id)}
+    assert outputs[hash_id]["steadfast_hash"][0]["hash"] in want[hash_id]
+    page.wait_for_function(
+        "(want) => Object.entries(want).every(([id, text]) => window.app.graph.getNodeById(+id)"
+        "?.widgets?.find(w => w.name === 'steadfast_info')?.value === text)", arg=want, timeout=30_000)
+    shown = page.evaluate(
+        "(ids) => ids.map(id => { const n = window.app.graph.getNodeById(+id);"
+        " return {bgcolor: n.bgcolor ?? null, info: n.widgets.find(w => w.name === 'steadfast_info').value} })",
+        [hash_id, cmp_id])
+    assert [s["info"] for s in shown] == [want[hash_id], want[cmp_id]]
+    identical = outputs[cmp_id]["steadfast_compare"][0]["identical"]
+    assert shown[1]["bgcolor"] == (MATCH_GREEN if identical else MISMATCH_RED)
+    assert outputs[hash_id]["steadfast_hash"][0]["match"] == "unchecked" and shown[0]["bgcolor"] is None
+    assert not overlapping_nodes(page), "nodes grown by the run (info boxes, previews) overlap"
+
+    # The info widget is display-only: neither the saved workflow nor the prompt change.
+    assert page.evaluate("() => window.app.graph.serialize().nodes.map(n => [n.id, n.widgets_values])") == saved_before
+    assert prompt_core(frontend_prompt(page)) == expected_prompt(twin, object_info)
+
+    page.evaluate("(id) => { const c = window.app.canvas; c.ds.scale = 1; c.centerOnNode(c.graph.getNodeById(+id));"
+                  " c.setDirty(true, true) }", hash_id)
+    page.wait_for_timeout(300)
+    shot = tmp_path / f"{name}_after_run.png"
+    page.screenshot(path=str(shot))
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    print(f"screenshot: {shot}")
+    assert not page.steadfast_errors, page.steadfast_errors

@@ -1,0 +1,175 @@
+"""core/compile_cache.py: key, root resolution, manifest checks, env set/restore, and - in FRESH
+processes - real inductor cache hits, plus recovery from a corrupted cache (no crash)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from steadfast.core import compile_cache as cc
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for k in (cc.INDUCTOR_ENV, cc.TRITON_ENV, cc.CACHE_ENV):
+        monkeypatch.delenv(k, raising=False)
+
+
+def test_key_separates_environments():
+    fields = cc.cache_key_fields("cpu")
+    assert set(fields) == {"format", "torch", "triton", "python", "device", "pack"}
+    assert fields["device"].startswith("cpu ") and fields["pack"] == "0.1.0"
+    key = cc.cache_key(fields)
+    assert key.startswith("torch") and "-cpu-" in key and all(c.isalnum() or c in "._-" for c in key)
+    assert cc.cache_key(dict(fields)) == key  # stable
+    for name, value in (("torch", "9.9.9"), ("device", "cuda NVIDIA H100 sm90"), ("pack", "0.2.0"),
+                        ("triton", "triton 3.5.0"), ("python", "CPython 3.12")):
+        assert cc.cache_key({**fields, name: value}) != key, name
+
+
+def test_resolve_root_precedence(clean_env, monkeypatch, tmp_path):
+    assert cc.resolve_root(None, tmp_path) == (tmp_path / "steadfast" / "compile_cache", "ComfyUI user directory")
+    assert cc.resolve_root("", None)[0] is None
+    monkeypatch.setenv(cc.CACHE_ENV, str(tmp_path / "env"))
+    assert cc.resolve_root("", tmp_path) == (tmp_path / "env", f"${cc.CACHE_ENV}")
+    assert cc.resolve_root(str(tmp_path / "node"), tmp_path) == (tmp_path / "node", "node input")
+    root, why = cc.resolve_root("off", tmp_path)
+    assert root is None and "disabled by node input" in why
+    monkeypatch.setenv(cc.CACHE_ENV, "none")
+    assert cc.resolve_root("", tmp_path)[0] is None
+
+
+def test_manifest_mismatch_and_corruption_are_moved_aside(tmp_path):
+    cache = cc.open_cache(tmp_path, device="cpu")
+    assert cache is not None and cache.messages == []
+    manifest = json.loads((cache.path / cc.MANIFEST).read_text())
+    assert manifest["key"] == cache.key and manifest["fields"] == cache.fields
+    (cache.path / "fxgraph").mkdir()
+    (cache.path / "fxgraph" / "entry").write_bytes(b"x")
+    assert cc.open_cache(tmp_path, device="cpu").messages == []  # reopening keeps the entries
+    assert (cache.path / "fxgraph" / "entry").exists()
+
+    manifest["fields"]["torch"] = "1.0.0"  # a directory copied from another machine / version
+    (cache.path / cc.MANIFEST).write_text(json.dumps(manifest))
+    again = cc.open_cache(tmp_path, device="cpu")
+    assert again is not None and len(again.messages) == 1
+    assert "made for another environment (differs in torch)" in again.messages[0] and "moved aside" in again.messages[0]
+    assert not (again.path / "fxgraph").exists() and (again.path / cc.MANIFEST).exists()
+    assert len(list(tmp_path.glob(f"{cache.key}.bad-*"))) == 1  # kept, not deleted
+
+    (again.path / cc.MANIFEST).write_text("{not json")
+    third = cc.open_cache(tmp_path, device="cpu")
+    assert third is not None and "unreadable manifest" in third.messages[0]
+
+
+def test_unusable_root_gives_none(tmp_path, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    assert cc.open_cache(blocker, device="cpu") is None
+    assert "running without the managed cache" in caplog.text
+
+
+def test_activate_sets_and_restores(clean_env, monkeypatch, tmp_path):
+    cache = cc.open_cache(tmp_path, device="cpu")
+    with cache.activate() as path:
+        assert os.environ[cc.INDUCTOR_ENV] == str(path.resolve())
+        assert os.environ[cc.TRITON_ENV] == os.path.join(str(path.resolve()), "triton")
+        with cache.activate():  # nested: unchanged
+            assert os.environ[cc.INDUCTOR_ENV] == str(path.resolve())
+        assert os.environ[cc.INDUCTOR_ENV] == str(path.resolve())
+    assert cc.INDUCTOR_ENV not in os.environ and cc.TRITON_ENV not in os.environ  # absent before: absent after
+    monkeypatch.setenv(cc.INDUCTOR_ENV, "/somewhere/else")
+    with pytest.raises(RuntimeError), cache.activate():
+        raise RuntimeError("boom")
+    assert os.environ[cc.INDUCTOR_ENV] == "/somewhere/else" and cc.TRITON_ENV not in os.environ
+
+
+def test_run_cached_retries_only_for_errors_naming_the_cache(tmp_path):
+    cache = cc.open_cache(tmp_path, device="cpu")
+    calls = []
+
+    def fails_on_cached_file():
+        calls.append(1)
+        if len(calls) == 1:
+            raise ImportError(f"{cache.path.resolve()}/ab/cab.so: file too short")
+        return "ok"
+
+    assert cc.run_cached(cache, fails_on_cached_file) == "ok" and len(calls) == 2
+    assert "compile failed on a cached file" in cache.messages[-1]
+    with pytest.raises(ValueError):
+        cc.run_cached(cache, lambda: (_ for _ in ()).throw(ValueError("not about the cache")))
+    assert len(cache.messages) == 1
+    assert cc.run_cached(None, lambda: 3) == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Fresh processes: inductor on CPU (gcc). One small block, compiled three times in new processes.
+# ---------------------------------------------------------------------------------------------
+CHILD = r"""
+import importlib.util, json, os, sys, time
+spec = importlib.util.spec_from_file_location("steadfast", sys.argv[1] + "/__init__.py",
+                                              submodule_search_locations=[sys.argv[1]])
+mod = importlib.util.module_from_spec(spec); sys.modules["steadfast"] = mod; spec.loader.exec_module(mod)
+import torch
+from torch._dynamo.utils import counters
+from steadfast.core import compile_cache as cc
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(64)
+        self.lin = torch.nn.Linear(64, 64)
+    def forward(self, x):
+        return x + torch.nn.functional.gelu(self.lin(self.norm(x)))
+
+torch.manual_seed(0)
+block = torch.compile(Block())
+x = torch.randn(4, 64)
+cache = cc.open_cache(sys.argv[2], device="cpu")
+env_before = os.environ.get(cc.INDUCTOR_ENV)
+t0 = time.perf_counter()
+with torch.inference_mode():
+    y = cc.run_cached(cache, lambda: block(x))
+seconds = time.perf_counter() - t0
+print(json.dumps({"seconds": seconds, "hit": counters["inductor"]["fxgraph_cache_hit"],
+                  "miss": counters["inductor"]["fxgraph_cache_miss"], "sum": float(y.sum()),
+                  "env_restored": os.environ.get(cc.INDUCTOR_ENV) == env_before,
+                  "messages": cache.messages}))
+"""
+
+
+def _child(root: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in (cc.INDUCTOR_ENV, cc.TRITON_ENV, cc.CACHE_ENV)}
+    out = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), str(root)], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_fresh_process_hits_and_survives_corruption(tmp_path):
+    cold = _child(tmp_path)
+    warm = _child(tmp_path)
+    assert (cold["miss"], cold["hit"]) == (1, 0) and (warm["miss"], warm["hit"]) == (1 - 1, 1)
+    assert warm["sum"] == cold["sum"] and cold["env_restored"] and warm["env_restored"]
+    assert warm["seconds"] < cold["seconds"]
+    print(f"\n[compile cache, fresh process, 1 block] cold {cold['seconds']:.2f} s, warm {warm['seconds']:.2f} s, "
+          f"ratio {cold['seconds'] / warm['seconds']:.1f}x")
+
+    # Corrupt every cached file: graph entries (inductor skips them) and compiled .so (would crash)
+    (key_dir,) = [p for p in tmp_path.iterdir() if p.is_dir() and ".bad-" not in p.name]
+    corrupted = 0
+    for f in key_dir.rglob("*"):
+        if f.is_file() and f.name != cc.MANIFEST and (f.suffix == ".so" or "fxgraph" in f.parts):
+            f.write_bytes(b"garbage")
+            corrupted += 1
+    assert corrupted >= 2
+    healed = _child(tmp_path)
+    assert healed["sum"] == cold["sum"]  # compiled again, same bits, no crash
+    assert healed["hit"] == 0 and any("moved aside" in m for m in healed["messages"])
+    assert list(tmp_path.glob("*.bad-*"))
