@@ -2,7 +2,10 @@
 
 ComfyUI's server never converts UI to API (the frontend does), so the templates in
 ``example_workflows/`` are generated from their API twins with this script, which knows each node's
-widget order from ``/object_info``::
+widget order from ``/object_info``. Optional widgets the API twin leaves out get their ``/object_info``
+defaults (the frontend always sends every widget); a widget fed by a link keeps its slot in ``widgets_values``.
+Nodes are laid out in columns by dependency depth, sized like the frontend sizes them, with room for what
+appears after a run (our info box, image previews), so nothing overlaps::
 
     python scripts/api_to_ui.py http://127.0.0.1:8188 example_workflows/api/X.json example_workflows/X.json
     python scripts/api_to_ui.py --all     # start a server, regenerate every template from its API twin

@@ -4,11 +4,15 @@ headless Chromium through Playwright:
 1. each ``example_workflows/*.json`` is opened from the frontend's own template browser (folder
    ``ComfyUI-Steadfast``) and turned back into a prompt by the frontend's ``app.graphToPrompt()``: the result is
    exactly its API twin ``example_workflows/api/<name>.json`` (node ids, class_type, input values and links;
-   ``_meta`` ignored);
+   ``_meta`` ignored). The one allowed addition: an OPTIONAL widget input the twin leaves out comes back at its
+   ``/object_info`` default, because the frontend always sends every widget (printed with ``-s``). The loaded
+   nodes are all known to the frontend, no missing-node/model warning shows and no two nodes overlap;
+   ``scripts/api_to_ui.py`` is also checked on a synthetic graph (link-driven widgets, control widgets, combos);
 2. ``GET /workflow_templates`` lists the three templates under our folder name and serves them unchanged;
 3. ``determinism_check`` is run from the page (``app.queuePrompt``, i.e. the Run button) and ``js/steadfast.js``
    shows each node's text in the ``steadfast_info`` widget (Hash, Compare) and colours Compare by its verdict;
-   the widget is not saved into the workflow. A screenshot is written to the test's tmp dir.
+   the widget is not saved into the workflow, and the prompt the page sent is the twin. A screenshot is
+   written to the test's tmp dir (path printed with ``-s``).
 
 Needs ``/usr/bin/chromium`` (or ``$STEADFAST_CHROMIUM``) and the ``playwright`` Python package; never
 downloads a browser. Without them the tests skip loudly. Install (Debian)::
