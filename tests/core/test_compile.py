@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torch._dynamo.utils import counters
 
+from tiny_modules import Block
 from steadfast.core.compile import (
     CompileOptions,
     SkipGuardsOn,
@@ -29,16 +30,6 @@ from steadfast.core.compile import (
 )
 
 EAGER = CompileOptions(backend="eager", dynamic=False)
-
-
-class Block(nn.Module):
-    def __init__(self, dim: int = 16) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(dim)
-        self.lin = nn.Linear(dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + torch.nn.functional.gelu(self.lin(self.norm(x)))
 
 
 class Other(nn.Module):

@@ -14,20 +14,11 @@ import torch
 from torch import nn
 from torch._dynamo.utils import counters
 
+from tiny_modules import Block
 from steadfast.core.compile import CompileOptions, find_repeated_blocks, skip_guards_on, swap_in
 from steadfast.core.registry import REGISTRY, CompileRecord, CompileRegistry, RecompileError
 
 STATIC = CompileOptions(backend="eager", dynamic=False)
-
-
-class Block(nn.Module):
-    def __init__(self, dim: int = 16) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(dim)
-        self.lin = nn.Linear(dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + torch.nn.functional.gelu(self.lin(self.norm(x)))
 
 
 class Tiny(nn.Module):
