@@ -167,3 +167,13 @@ def test_compare_flags_a_single_pixel(comfy_server: ComfyServer) -> None:
     assert 0 < report["max_abs"] <= 1.0
     assert "1 of 4096 pixels differ" in text(entry, cmp)
     assert compare_of(entry, "10")["identical"] is True  # the untouched pair is still identical
+
+
+@pytest.mark.slow  # restarts the session server (~10 s)
+def test_identical_hash_across_server_restart(comfy_server: ComfyServer, det_runs: dict[str, Any]) -> None:
+    """The same workflow in a freshly started ComfyUI process gives the same bytes (no state carried over)."""
+    comfy_server.restart()
+    entry = run(comfy_server, det_runs["wf"])
+    assert cached_nodes(entry) == []
+    assert hash_of(entry, "11") == hash_of(det_runs["runs"][0], "11")
+    assert record_of(entry, "6")["latent_sha256"] == record_of(det_runs["runs"][0], "6")["latent_sha256"]
