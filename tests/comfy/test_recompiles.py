@@ -85,7 +85,7 @@ def test_ten_varied_runs_zero_recompiles(lora_runs: dict[str, Any]) -> None:
     # the reloaded model's record counted every run since /free: 1 + 1 (unloaded) + 10
     assert [r["recompiles"] for r in records[-1]["run_log"]] == [0] * 12
     print(f"\n[recompiles] LoRA load/strength/unload/free + 10 varied runs: {sum(counts)} recompiles, "
-          f"graphs per record {[rec['graphs'] for rec in records]}")
+          f"graphs compiled by the reloaded model's record: {records[-1]['graphs']}")
 
 
 @pytest.fixture(scope="module")
