@@ -148,3 +148,22 @@ def test_cli_errors_and_listing(tmp_path, capsys):
         main(["verify", str(tmp_path), "--tiny", "sd"])
     with pytest.raises(ValueError, match="runs must be >= 2"):
         run_verify(VerifySettings(tiny="sd", runs=1))
+
+
+def test_cli_on_a_saved_flux_pipeline_folder(tmp_path):
+    """The command loads a save_pretrained folder (here the tiny Flux pipeline) by path."""
+    folder = tp.tiny_dir(tmp_path, "flux")
+    assert (folder / "model_index.json").is_file()
+    out = tmp_path / "cli_flux"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "steadfast.py"), "verify", str(folder), "--configs", "baseline,qkv",
+         "--runs", "2", "--rounds", "0", "--steps", "2", "--seed", "3", "--threads", "1", "--no-progress",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((out / "verify_report.json").read_text())
+    assert report["source"]["pipeline"] == "FluxPipeline"
+    by = {e["name"]: e for e in report["configs"]}
+    for e in by.values():  # self-consistency: both runs of each configuration gave one digest
+        assert e["self_consistent"] is True and len(set(e["digests"]["raw_float32"])) == 1
+    print("flux qkv vs baseline:", by["qkv"]["parity"])
