@@ -24,12 +24,7 @@ from steadfast.core.pipelines.share import shared_tensor_count
 G = dict(steps=2, width=tp.SIZE, height=tp.SIZE)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/core/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -38,15 +38,7 @@ from steadfast.core.registry import REGISTRY
 G = dict(steps=tp.STEPS, width=tp.SIZE, height=tp.SIZE)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """1 intra-op thread while these tests run (restored after): on a shared 2-core machine OpenMP
-    spin-waiting makes 2 threads 3-10x slower than 1 for these tiny models (measured). Outputs are
-    compared only within this module, so the thread count (part of the fp32 result) is the same for all."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/core/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -24,12 +24,7 @@ from steadfast.core.verify import SCHEMA, VerifySettings, config_names, parse_co
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/core/conftest.py
 
 
 def test_parse_configs_expectations_and_errors():
