@@ -32,9 +32,9 @@ single sampler step (from the sampler callback; steps 2..N of each sample, i.e. 
 euler update, without per-run set-up such as the channels-last conversion), and the ratio of the
 baseline's time to the configuration's (> 1 = faster).
 
-Parity: the output latent of each configuration's first timed round against the baseline's
-(``core.optimize.parity.compare_outputs``: bytes + max |d|), and each later round against the
-configuration's own first one ("rerun bit-equal").
+Parity: the output latent of each configuration's first timed round against the baseline's and
+against the previous configuration's (``core.optimize.parity.compare_outputs``: bytes + max |d|), and
+each later round against the configuration's own first one ("rerun bit-equal").
 
 Inductor's cache: a fresh empty folder per run unless ``--cache-dir`` is given (set as
 ``TORCHINDUCTOR_CACHE_DIR`` and passed as the node's ``compile_cache`` input, so the user's persistent
@@ -195,14 +195,16 @@ def run_size(side: int, configs: dict[str, Any], records: dict[str, Any], sample
     bstep = min(steps[base])
     rows = []
     notes = {}
-    for name in names:
+    for i, name in enumerate(names):
         tmin, tmed = _common.summarize(times[name])
         smin = min(steps[name])
         par = compare_outputs(ref[base], ref[name])
+        prev = compare_outputs(ref[names[i - 1]], ref[name]) if i else par
         rows.append([
             f"{side}x{side}", name, _common.fmt_s(first[name], 2), _common.fmt_s(tmin), _common.fmt_s(tmed),
             _common.fmt_s(smin), f"{bmin / tmin:.2f}x", f"{bmed / tmed:.2f}x", f"{bstep / smin:.2f}x",
             "yes" if par.bit_equal else "no", _common.fmt_d(par.max_abs),
+            "-" if not i else ("yes" if prev.bit_equal else f"no ({_common.fmt_d(prev.max_abs)})"),
             "yes" if rerun_equal[name] else "NO",
         ])
         text = compile_note(records.get(name))
@@ -271,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     print(_common.markdown_table(
         ["latent", "config", "first call s", "sample min s", "sample median s", "step min s",
          "speedup (sample min)", "speedup (sample median)", "speedup (step min)", "bit-equal to baseline",
-         "max abs diff vs baseline", "rerun bit-equal"],
+         "max abs diff vs baseline", "bit-equal to previous row (max abs diff)", "rerun bit-equal"],
         rows))
     print()
     print("- timings from: " + "; ".join(notes.pop("_rounds", [])))
