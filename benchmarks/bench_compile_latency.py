@@ -25,7 +25,8 @@ Every measurement of a first call runs in a FRESH subprocess:
 
 First call = wall seconds of the first forward (tracing + inductor + C++ compile + one run), with the
 share of the 2 cores that other processes used meanwhile ("others' CPU", from ``/proc/stat`` minus this
-process's CPU time; inductor's compile workers count as others; other load slows compilation down). A second call checks run-to-run bit-equality.
+process tree's CPU time, so inductor's compile workers are not "others"; other load slows
+compilation down). A second call checks run-to-run bit-equality.
 Steady-state speed is measured side by side in one more process ("interleaved") that loads eager,
 regional and full from a merged warm cache and times them interleaved ``E R F E R F ...``; before each
 round it waits (at most ``--wait-quiet`` s) for idle cores, and only rounds in which other processes
@@ -431,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     for n in notes:
         print(f"- {n}")
     print("\nspeedup = eager time / compiled time (> 1 is faster). others' CPU = share of the 2 cores used by "
-          "other processes (incl. inductor's compile workers) meanwhile (0% = the benchmark had the machine to itself). "
+          "other processes meanwhile (the benchmark's own process tree, inductor's compile workers and compilers "
+          "included, does not count; 0% = the benchmark had the machine to itself). "
           "fxgraph hit/miss: inductor FX-graph cache counters after the first call.")
     print(f"load average at end: {_common.loadavg()}; CPU pressure at end: {_common.cpu_pressure()}; "
           f"total wall time: {time.perf_counter() - t_start:.0f} s")
