@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch._dynamo.utils import counters
 
-from tiny_modules import Block
+from tiny_modules import Block, Tiny
 from steadfast.core.compile import (
     CompileOptions,
     SkipGuardsOn,
@@ -39,22 +39,6 @@ class Other(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.lin(x)
-
-
-class Tiny(nn.Module):
-    """in-proj -> N identical Blocks (ModuleList) -> out-proj."""
-
-    def __init__(self, n: int = 4, dim: int = 16) -> None:
-        super().__init__()
-        self.inp = nn.Linear(8, dim)
-        self.blocks = nn.ModuleList(Block(dim) for _ in range(n))
-        self.out = nn.Linear(dim, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.inp(x)
-        for b in self.blocks:
-            x = b(x)
-        return self.out(x)
 
 
 class Nested(nn.Module):

@@ -11,28 +11,13 @@ import logging
 
 import pytest
 import torch
-from torch import nn
 from torch._dynamo.utils import counters
 
-from tiny_modules import Block
+from tiny_modules import Tiny
 from steadfast.core.compile import CompileOptions, find_repeated_blocks, skip_guards_on, swap_in
 from steadfast.core.registry import REGISTRY, CompileRecord, CompileRegistry, RecompileError
 
 STATIC = CompileOptions(backend="eager", dynamic=False)
-
-
-class Tiny(nn.Module):
-    def __init__(self, n: int = 3, dim: int = 16) -> None:
-        super().__init__()
-        self.inp = nn.Linear(8, dim)
-        self.blocks = nn.ModuleList(Block(dim) for _ in range(n))
-        self.out = nn.Linear(dim, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.inp(x)
-        for b in self.blocks:
-            x = b(x)
-        return self.out(x)
 
 
 @pytest.fixture(autouse=True)
@@ -65,7 +50,7 @@ def test_singleton_exists():
 
 
 def test_first_call_warms_and_records(reg):
-    m = Tiny()
+    m = Tiny(n=3)
     rec, created = register(reg, m, label="tiny")
     assert created and rec.status == "cold" and rec.first_call_seconds is None
     assert rec.blocks == ["blocks.0", "blocks.1", "blocks.2"]
@@ -81,7 +66,7 @@ def test_first_call_warms_and_records(reg):
 
 
 def test_reregister_same_model_reuses_record_without_compiling(reg):
-    m = Tiny()
+    m = Tiny(n=3)
     rec, created = register(reg, m, guard_filter_fn=skip_guards_on())
     x = torch.randn(1, 4, 8)
     call(reg, m, rec, x)
@@ -100,7 +85,7 @@ def test_reregister_same_model_reuses_record_without_compiling(reg):
 
 
 def test_recompile_counted_with_reason_on_shape_change(reg):
-    m = Tiny()
+    m = Tiny(n=3)
     rec, _ = register(reg, m)
     with reg.run(rec) as run_no:
         call(reg, m, rec, torch.randn(1, 4, 8))
@@ -118,7 +103,7 @@ def test_recompile_counted_with_reason_on_shape_change(reg):
 
 
 def test_dynamic_true_avoids_recompiles_on_new_sizes(reg):
-    m = Tiny()
+    m = Tiny(n=3)
     rec, _ = register(reg, m, CompileOptions(backend="eager", dynamic=True))
     call(reg, m, rec, torch.randn(1, 4, 8))
     # measured: with dynamic=True the FIRST call already builds 2 graphs (the first block's input is
@@ -133,7 +118,7 @@ def test_dynamic_true_avoids_recompiles_on_new_sizes(reg):
 
 
 def test_strict_raises_after_warm_up_only(reg):
-    m = Tiny()
+    m = Tiny(n=3)
     rec, _ = register(reg, m, strict=True)
     call(reg, m, rec, torch.randn(1, 4, 8))  # warm-up compile: no error
     call(reg, m, rec, torch.randn(1, 4, 8))  # same shape: no recompile
@@ -145,7 +130,7 @@ def test_strict_raises_after_warm_up_only(reg):
 
 def test_strict_allows_recompiles_during_warm_up(reg):
     # a recompile inside the warm-up call itself (dynamic=True, measured above) is not an error
-    m2 = Tiny()
+    m2 = Tiny(n=3)
     rec2, _ = register(reg, m2, CompileOptions(backend="eager", dynamic=True), strict=True)
     call(reg, m2, rec2, torch.randn(1, 4, 8))
     assert len(rec2.recompiles) == 1 and rec2.status == "warm"
@@ -171,7 +156,7 @@ def test_recompile_limit_warning_and_fallback(reg, caplog):
 
 
 def test_error_inside_tracked_call_is_recorded(reg):
-    m = Tiny()
+    m = Tiny(n=3)
     rec, _ = register(reg, m)
     with pytest.raises(RuntimeError):
         call(reg, m, rec, torch.randn(1, 4, 3))  # wrong feature size
@@ -183,11 +168,11 @@ def test_error_inside_tracked_call_is_recorded(reg):
 
 
 def test_weak_keying(reg):
-    m = Tiny()
+    m = Tiny(n=3)
     rec, _ = register(reg, m)
     call(reg, m, rec, torch.randn(1, 4, 8))
     key = type("Key", (), {})()  # explicit key object (e.g. ComfyUI's BaseModel)
-    m2 = Tiny()
+    m2 = Tiny(n=3)
     rec2, _ = reg.get_or_create(m2, STATIC, ["blocks.0"], key=key)
     assert reg.get(key) is rec2 and reg.get(m2) is None
     assert len(reg) == 2
@@ -200,7 +185,7 @@ def test_weak_keying(reg):
 
 
 def test_nested_tracking_attributes_to_innermost(reg):
-    outer_m, inner_m = Tiny(), Tiny(n=2, dim=24)
+    outer_m, inner_m = Tiny(n=3), Tiny(n=2, dim=24)
     outer, _ = register(reg, outer_m)
     inner, _ = register(reg, inner_m)
     x = torch.randn(1, 4, 8)
@@ -212,7 +197,7 @@ def test_nested_tracking_attributes_to_innermost(reg):
 
 
 def test_as_json_serialisable(reg):
-    m = Tiny()
+    m = Tiny(n=3)
     rec, _ = register(reg, m, label="tiny")
     call(reg, m, rec, torch.randn(1, 4, 8))
     call(reg, m, rec, torch.randn(1, 5, 8))
@@ -235,7 +220,7 @@ def test_close_restores_logging_state():
     before = (dict(tlog.log_state.log_qname_to_level), set(tlog.log_state.artifact_names),
               logger.propagate, list(logger.handlers))
     r = CompileRegistry()
-    m = Tiny()
+    m = Tiny(n=3)
     rec, _ = register(r, m)
     call(r, m, rec, torch.randn(1, 4, 8))
     assert "recompiles" in tlog.log_state.artifact_names and logger.propagate is False
@@ -248,7 +233,7 @@ def test_close_restores_logging_state():
 def test_graphs_shared_across_models_with_equal_settings(reg):
     """Dynamo caches per code object: a second model of the same block class reuses the graph when the
     settings are equal, and a different setting shows up as a BACKEND_MATCH recompile (measured)."""
-    a, b, c = Tiny(), Tiny(), Tiny()
+    a, b, c = Tiny(n=3), Tiny(n=3), Tiny(n=3)
     ra, _ = register(reg, a)
     rb, _ = register(reg, b)
     x = torch.randn(1, 4, 8)

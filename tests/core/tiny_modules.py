@@ -15,3 +15,19 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + torch.nn.functional.gelu(self.lin(self.norm(x)))
+
+
+class Tiny(nn.Module):
+    """in-proj -> ``n`` identical :class:`Block` s (a ModuleList) -> out-proj; [B, N, 8] -> [B, N, 8]."""
+
+    def __init__(self, n: int = 4, dim: int = 16) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, dim)
+        self.blocks = nn.ModuleList(Block(dim) for _ in range(n))
+        self.out = nn.Linear(dim, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for b in self.blocks:
+            x = b(x)
+        return self.out(x)
