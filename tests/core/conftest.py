@@ -17,3 +17,13 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def reg():
+    """A private ``CompileRegistry`` (not the process-wide ``REGISTRY``), closed after the test."""
+    from steadfast.core.registry import CompileRegistry
+
+    r = CompileRegistry()
+    yield r
+    r.close()

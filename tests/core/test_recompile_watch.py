@@ -53,13 +53,6 @@ def _fresh():
     counters.clear()
 
 
-@pytest.fixture
-def reg():
-    r = CompileRegistry()
-    yield r
-    r.close()
-
-
 def compiled(reg: CompileRegistry, strict: bool = False):
     torch.manual_seed(0)
     m = Net()

@@ -29,13 +29,6 @@ def _fresh_dynamo():
     counters.clear()
 
 
-@pytest.fixture
-def reg():
-    r = CompileRegistry()
-    yield r
-    r.close()
-
-
 def call(reg: CompileRegistry, m: Tiny, rec: CompileRecord, x: torch.Tensor) -> torch.Tensor:
     with reg.track(rec, shape=x), swap_in(m, rec.compiled):
         return m(x)
