@@ -7,10 +7,14 @@ parameters, ``weight_inplace_update``) and ``GET /steadfast/compile_state``.
 """
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from comfy_server import ComfyServer
-from steadfast_workflows import record_of, run
+from conftest import TINY_CKPT_NAME
+from steadfast_workflows import build_lora, record_of, run
 
 STEPS = 2
 PROMPT = "a lighthouse on a cliff at dawn, oil painting"
@@ -62,3 +66,13 @@ def go(server: ComfyServer, timeout: float = 600.0, **kw: Any) -> dict[str, Any]
     record = record_of(entry, "samp")
     return {"entry": entry, "record": record, "compile": record["fingerprint"]["compile"],
             "hash": record["latent_sha256"]}
+
+
+@contextlib.contextmanager
+def server_with_lora(comfyui: Path, ckpt: Path, folder: Path, lora_name: str) -> Iterator[ComfyServer]:
+    """A fresh ComfyUI server (this pack loaded) with the tiny checkpoint as ``TINY_CKPT_NAME`` and a seeded
+    rank-4 LoRA for it (:func:`steadfast_workflows.build_lora`, written to ``folder``) as ``lora_name``."""
+    lora = folder / lora_name
+    build_lora(ckpt, lora)
+    with ComfyServer({TINY_CKPT_NAME: ckpt}, loras={lora_name: lora}, comfyui=comfyui) as srv:
+        yield srv

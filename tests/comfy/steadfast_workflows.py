@@ -112,3 +112,26 @@ def check_ui_lists(entry: dict[str, Any]) -> None:
     for node, out in entry["outputs"].items():
         for key, value in out.items():
             assert isinstance(value, list), f"node {node} ui[{key!r}] is {type(value).__name__}, not a list"
+
+
+def build_lora(ckpt: Path, out: Path, rank: int = 4, seed: int = 1234) -> int:
+    """A kohya-style LoRA (``lora_unet_<path>.lora_up/.lora_down/.alpha``) for every to_q/to_k/to_v of
+    the checkpoint's transformer blocks, seeded; returns the number of patched modules."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    gen = torch.Generator().manual_seed(seed)
+    tensors: dict[str, torch.Tensor] = {}
+    prefix = "model.diffusion_model."
+    with safe_open(str(ckpt), "pt") as f:
+        for key in sorted(f.keys()):
+            if ".transformer_blocks." in key and key.rsplit(".", 2)[-2] in ("to_q", "to_k", "to_v") \
+                    and key.endswith(".weight"):
+                n_out, n_in = f.get_slice(key).get_shape()
+                name = "lora_unet_" + key[len(prefix):-len(".weight")].replace(".", "_")
+                tensors[f"{name}.lora_up.weight"] = torch.randn(n_out, rank, generator=gen) * 0.1
+                tensors[f"{name}.lora_down.weight"] = torch.randn(rank, n_in, generator=gen) * 0.1
+                tensors[f"{name}.alpha"] = torch.tensor(float(rank))
+    save_file(tensors, str(out))
+    return len(tensors) // 3

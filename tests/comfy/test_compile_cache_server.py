@@ -15,10 +15,8 @@ from typing import Any
 import pytest
 
 from comfy_server import ComfyServer
-from conftest import TINY_CKPT_NAME
-from recompile_workflows import go
+from recompile_workflows import go, server_with_lora
 from steadfast_workflows import compile_records, text
-from test_nodes_optimize import build_lora
 
 pytestmark = pytest.mark.comfyui
 
@@ -31,9 +29,7 @@ def _record(server: ComfyServer) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def cache_server(comfyui_path: Path, tiny_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComfyServer]:
-    lora = tmp_path_factory.mktemp("cache_lora") / LORA
-    build_lora(tiny_ckpt, lora)
-    with ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, loras={LORA: lora}, comfyui=comfyui_path) as srv:
+    with server_with_lora(comfyui_path, tiny_ckpt, tmp_path_factory.mktemp("cache_lora"), LORA) as srv:
         yield srv
 
 

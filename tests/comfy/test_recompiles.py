@@ -18,9 +18,8 @@ import pytest
 
 from comfy_server import ComfyServer, PromptFailed
 from conftest import TINY_CKPT_NAME
-from recompile_workflows import go
+from recompile_workflows import go, server_with_lora
 from steadfast_workflows import compile_records, text
-from test_nodes_optimize import build_lora
 
 pytestmark = pytest.mark.comfyui
 
@@ -32,9 +31,7 @@ STRENGTHS = [1.0, 0.25, 0.5, 0.75, 1.0, 0.1, 0.9, 0.6, 0.3, 0.8]
 
 @pytest.fixture(scope="module")
 def server(comfyui_path: Path, tiny_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComfyServer]:
-    lora = tmp_path_factory.mktemp("recompile_lora") / LORA
-    build_lora(tiny_ckpt, lora)
-    with ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, loras={LORA: lora}, comfyui=comfyui_path) as srv:
+    with server_with_lora(comfyui_path, tiny_ckpt, tmp_path_factory.mktemp("recompile_lora"), LORA) as srv:
         yield srv
 
 
