@@ -10,6 +10,8 @@ from .determinism_node import SteadfastDeterminismSetup
 from .hash_node import SteadfastHash
 from .optimize_node import SteadfastOptimizeModel
 from .pipeline_nodes import SteadfastLoadDiffusersPipeline, SteadfastPipelineLoRA
+from .pipeline_optimize_node import SteadfastPipelineDeterminismSetup, SteadfastPipelineOptimize
+from .pipeline_sampler_node import SteadfastPipelineSampler, SteadfastPipelineWarmup
 from .routes import register_routes
 from .sampler_node import SteadfastSeededSampler
 from .warmup_node import SteadfastWarmup
@@ -23,6 +25,10 @@ NODES: list[type[io.ComfyNode]] = [
     SteadfastCompare,
     SteadfastLoadDiffusersPipeline,
     SteadfastPipelineLoRA,
+    SteadfastPipelineDeterminismSetup,
+    SteadfastPipelineOptimize,
+    SteadfastPipelineSampler,
+    SteadfastPipelineWarmup,
 ]
 
 

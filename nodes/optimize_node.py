@@ -1,4 +1,8 @@
-"""Steadfast Optimize Model: QKV fusion, channels-last, SDPA backend and (regional) torch.compile."""
+"""Steadfast Optimize Model: QKV fusion, channels-last, SDPA backend and (regional) torch.compile on a MODEL.
+
+Diffusers pipelines have their own node, Pipeline Optimize (``nodes/pipeline_optimize_node.py``); both
+declare their shared widgets from :mod:`.optimize_inputs`.
+"""
 from __future__ import annotations
 
 from comfy_api.latest import io, ui
@@ -9,20 +13,12 @@ from ..core import blocks, registry
 from ..core.compile import comfy_guard_filter
 from ..core.optimize import attention as sdpa
 from . import model_patches as mp
-from . import pipeline_paths
-from .pipeline_nodes import DiffusersPipeline
-
-ATTENTION_CHOICES = ["auto", "math", "efficient", "flash", "cudnn", "comfy"]
-COMPILE_CHOICES = ["off", "regional", "full"]
-BACKENDS = ["inductor", "eager", "aot_eager", "cudagraphs"]
-MODES = ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+from . import optimize_inputs as oi
 
 
 class SteadfastOptimizeModel(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        # MODEL or DIFFUSERS_PIPELINE in, the same type out (the frontend retypes the output on connection)
-        model_or_pipeline = io.MatchType.Template("model_or_pipeline", [io.Model, DiffusersPipeline])
         return io.Schema(
             node_id="SteadfastOptimizeModel",
             display_name="Optimize Model (Steadfast)",
@@ -31,68 +27,20 @@ class SteadfastOptimizeModel(io.ComfyNode):
                         "Compare against the unoptimized model to measure by how much. Compilation happens on the "
                         "first run (or in Warmup); the compile state is shown on Warmup and at /steadfast/compile_state.",
             inputs=[
-                io.MatchType.Input("model", template=model_or_pipeline,
-                                   tooltip="The MODEL or DIFFUSERS_PIPELINE to optimize. A MODEL is cloned; a "
-                                           "pipeline is copied sharing its weights. The input is not modified."),
-                io.Boolean.Input("qkv_fusion", default=False,
-                                 tooltip="Fuse the q/k/v projections of attention into one matmul (k/v for "
-                                         "cross-attention). Adds no memory. Bit-equal in fp32 on CPU; bf16 can differ by 1 ulp."),
-                io.Boolean.Input("channels_last", default=False,
-                                 tooltip="Run convolutions in channels-last memory layout (during sampling only). "
-                                         "Usually faster; NOT bit-equal to the default layout."),
-                io.Combo.Input("attention", options=ATTENTION_CHOICES, default="auto",
-                               tooltip="PyTorch SDPA backend for attention. auto = torch picks; math/efficient/flash/cudnn "
-                                       "pin one kernel (an error if this device lacks it); comfy = keep ComfyUI's own "
-                                       "attention (on CPU that is sub_quad, which breaks torch.compile graphs)."),
-                io.Combo.Input("compile", options=COMPILE_CHOICES, default="off",
-                               tooltip="off; regional = compile each repeated transformer block once and reuse the graph "
-                                       "(much shorter compile, same speed); full = compile the whole diffusion model. "
-                                       "Compiled output is run-to-run deterministic but not bit-equal to eager."),
-                io.Combo.Input("backend", options=BACKENDS, default="inductor",
-                               tooltip="torch.compile backend. inductor generates kernels; eager only traces (for testing)."),
-                io.Combo.Input("mode", options=MODES, default="default", tooltip="torch.compile mode preset."),
-                io.Combo.Input("dynamic", options=["auto", "true", "false"], default="auto",
-                               tooltip="Dynamic shapes. true avoids recompiles when resolution or batch changes; "
-                                       "auto lets torch mark shapes dynamic after the first change (one recompile)."),
-                io.Boolean.Input("fullgraph", default=False,
-                                 tooltip="Require each compiled region to be one graph (an error on any graph break)."),
-                io.Boolean.Input("vae_slicing", default=False, optional=True,
-                                 tooltip="DIFFUSERS_PIPELINE only: decode the batch one image at a time (less memory, "
-                                         "same pixels). Ignored for a MODEL."),
-                io.Boolean.Input("vae_tiling", default=False, optional=True,
-                                 tooltip="DIFFUSERS_PIPELINE only: decode in overlapping tiles (much less memory for "
-                                         "large images; tile seams blended, NOT bit-equal). Ignored for a MODEL."),
-                io.Boolean.Input("strict_recompiles", default=False, optional=True,
-                                 tooltip="Make any recompile after warm-up an error naming its reason (a changed "
-                                         "global flag, a new size, replaced weights ...) instead of a slow, counted one."),
-                io.String.Input("compile_cache", default="", optional=True,
-                                tooltip="inductor only: persistent compile-cache folder (kept across restarts). Empty = "
-                                        "$STEADFAST_COMPILE_CACHE or <ComfyUI user dir>/steadfast/compile_cache; "
-                                        "'off' = inductor's default temporary folder."),
+                io.Model.Input("model", tooltip="The MODEL to optimize. It is cloned, never modified."),
+                *oi.layout_inputs(),
+                oi.attention_input(model=True),
+                *oi.compile_inputs(),
+                *oi.strict_and_cache_inputs(),
             ],
-            outputs=[io.MatchType.Output(template=model_or_pipeline, display_name="MODEL",
-                                         tooltip="The optimized clone (a MODEL or a DIFFUSERS_PIPELINE, like the input)."),
+            outputs=[io.Model.Output(display_name="MODEL", tooltip="The optimized clone."),
                      io.String.Output(display_name="report", tooltip="What was applied, and to which blocks.")],
         )
 
     @classmethod
-    def validate_inputs(cls, attention: str = "auto", compile: str = "off", backend: str = "inductor", **_) -> bool | str:
-        if attention not in ATTENTION_CHOICES:
-            return f"unknown attention backend {attention!r}; choose one of {ATTENTION_CHOICES}"
-        if compile not in COMPILE_CHOICES:
-            return f"unknown compile choice {compile!r}; choose one of {COMPILE_CHOICES}"
-        return True
-
-    @classmethod
     def execute(cls, model, qkv_fusion: bool, channels_last: bool, attention: str, compile: str,
-                backend: str, mode: str, dynamic: str, fullgraph: bool, vae_slicing: bool = False,
-                vae_tiling: bool = False, strict_recompiles: bool = False, compile_cache: str = "") -> io.NodeOutput:
-        if pipeline_paths.is_pipeline(model):
-            return pipeline_paths.optimize(model, qkv_fusion=qkv_fusion, channels_last=channels_last,
-                                           attention=attention, compile=compile, backend=backend, mode=mode,
-                                           dynamic=dynamic, fullgraph=fullgraph, vae_slicing=vae_slicing,
-                                           vae_tiling=vae_tiling, strict_recompiles=strict_recompiles,
-                                           compile_cache=compile_cache)
+                backend: str, mode: str, dynamic: str, fullgraph: bool, strict_recompiles: bool = False,
+                compile_cache: str = "") -> io.NodeOutput:
         m = model.clone()
         lines: list[str] = []
         device = comfy.model_management.get_torch_device()
@@ -117,7 +65,7 @@ class SteadfastOptimizeModel(io.ComfyNode):
             lines.append("channels_last: conv weights converted during sampling, restored after")
 
         if compile != "off":
-            options = mp.compile_options(backend, mode, dynamic, fullgraph)
+            options = oi.compile_settings(backend, mode, dynamic, fullgraph)
             diffusion_model = m.get_model_object("diffusion_model")
             if compile == "regional":
                 choice = blocks.choose_blocks(diffusion_model)

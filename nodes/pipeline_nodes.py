@@ -3,7 +3,7 @@
 A DIFFUSERS_PIPELINE value is a :class:`core.pipelines.handle.PipelineHandle`. ComfyUI caches node outputs
 and may give one output to several nodes, so no node changes a handle it receives: Optimize works on a
 weight-sharing copy, and a LoRA is only *declared* here and made active right before the pipeline runs
-(Seeded Sampler / Warmup), hot-swapped into a compiled pipeline without recompiling.
+(Pipeline Sampler / Pipeline Warmup), hot-swapped into a compiled pipeline without recompiling.
 """
 from __future__ import annotations
 
@@ -84,7 +84,8 @@ class SteadfastLoadDiffusersPipeline(io.ComfyNode):
             display_name="Load Diffusers Pipeline (Steadfast)",
             category="Steadfast",
             description="Loads a diffusers pipeline folder (save_pretrained layout) from models/diffusers, from "
-                        "disk only. Optimize, Warmup and Seeded Sampler accept the result; they never modify it.",
+                        "disk only. The Pipeline nodes (Optimize, Determinism Setup, Warmup, Sampler) take the result "
+                        "and never modify it.",
             inputs=[
                 io.Combo.Input("pipeline_name", options=pipeline_folders(),
                                tooltip="A folder in models/diffusers holding model_index.json and one sub-folder "
@@ -136,8 +137,8 @@ class SteadfastPipelineLoRA(io.ComfyNode):
             display_name="Pipeline LoRA (Steadfast)",
             category="Steadfast",
             description="Adds a LoRA to a diffusers pipeline. It is loaded when the pipeline runs, into a copy (the "
-                        "input is unchanged). Put this node BEFORE Optimize: the compiled pipeline is then prepared "
-                        "for max_rank, and choosing another LoRA hot-swaps its weights without recompiling.",
+                        "input is unchanged). Put this node BEFORE Pipeline Optimize: the compiled pipeline is then "
+                        "prepared for max_rank, and choosing another LoRA hot-swaps its weights without recompiling.",
             inputs=[
                 DiffusersPipeline.Input("pipeline", tooltip="The pipeline to add the LoRA to (not modified)."),
                 io.Combo.Input("lora_name", options=folder_paths.get_filename_list("loras"),
@@ -145,7 +146,7 @@ class SteadfastPipelineLoRA(io.ComfyNode):
                 io.Int.Input("max_rank", default=64, min=1, max=4096,
                              tooltip="The largest LoRA rank you will swap in. A compiled pipeline is prepared for "
                                      "this rank (smaller LoRAs are zero-padded), so swapping LoRAs never "
-                                     "recompiles. Changing it makes Optimize build and compile a new copy."),
+                                     "recompiles. Changing it makes Pipeline Optimize build and compile a new copy."),
             ],
             outputs=[DiffusersPipeline.Output(display_name="PIPELINE", tooltip="The pipeline carrying the LoRA."),
                      io.String.Output(display_name="report", tooltip="The LoRA, its rank, and how it will be applied.")],
@@ -171,6 +172,6 @@ class SteadfastPipelineLoRA(io.ComfyNode):
         state = peek_state(handle.pipe)
         if compile_record(handle.pipe) is not None and (state is None or state.hotswap_rank is None):
             lines.append("WARNING: the pipeline is already compiled without LoRA hot-swap preparation; put this "
-                         "node before Optimize, or a LoRA change may recompile")
+                         "node before Pipeline Optimize, or a LoRA change may recompile")
         report = "\n".join(lines)
         return io.NodeOutput(handle.replace(lora=spec), report, ui=ui.PreviewText(report))

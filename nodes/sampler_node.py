@@ -1,7 +1,7 @@
 """Steadfast Seeded Sampler: KSampler with device-independent seeded noise and a run record."""
 from __future__ import annotations
 
-import json
+import time
 
 import torch
 from comfy_api.latest import io
@@ -13,9 +13,8 @@ import comfy.utils
 import latent_preview
 
 from ..core import determinism, fingerprint, hashing, noise
-from . import pipeline_paths
+from ..core.run_record import RunRecord
 from .model_patches import compile_state, qkv_counters, steadfast_options
-from .pipeline_nodes import DiffusersPipeline
 
 BATCH_SEED_MODES = ["incremental", "comfy"]
 
@@ -46,10 +45,7 @@ class SteadfastSeededSampler(io.ComfyNode):
                         "ancestral samplers are drawn on the CPU from per-item seeded generators. Also returns a run "
                         "record with everything that decides the output bits.",
             inputs=[
-                io.MultiType.Input("model", types=[io.Model, DiffusersPipeline],
-                                   tooltip="The MODEL used for denoising the input latent, or a DIFFUSERS_PIPELINE "
-                                           "(then prompt, negative_prompt, width, height and batch_size are used "
-                                           "and the result is the IMAGE output)."),
+                io.Model.Input("model", tooltip="The model used for denoising the input latent."),
                 io.Int.Input("seed", default=0, min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True,
                              tooltip="The random seed used for creating the noise."),
                 io.Int.Input("steps", default=20, min=1, max=10000, tooltip="The number of denoising steps."),
@@ -59,53 +55,26 @@ class SteadfastSeededSampler(io.ComfyNode):
                                tooltip="The sampling algorithm."),
                 io.Combo.Input("scheduler", options=comfy.samplers.KSampler.SCHEDULERS,
                                tooltip="How the noise levels are spaced over the steps."),
-                io.Conditioning.Input("positive", optional=True,
-                                      tooltip="What to include in the image (required for a MODEL)."),
-                io.Conditioning.Input("negative", optional=True,
-                                      tooltip="What to exclude from the image (required for a MODEL)."),
-                io.Latent.Input("latent_image", optional=True, tooltip="The latent to denoise (required for a MODEL)."),
+                io.Conditioning.Input("positive", tooltip="What to include in the image."),
+                io.Conditioning.Input("negative", tooltip="What to exclude from the image."),
+                io.Latent.Input("latent_image", tooltip="The latent to denoise (its size sets the image size)."),
                 io.Float.Input("denoise", default=1.0, min=0.0, max=1.0, step=0.01,
                                tooltip="How much of the latent is replaced by noise (1.0 = all)."),
                 io.Combo.Input("batch_seed_mode", options=BATCH_SEED_MODES, default="incremental",
                                tooltip="incremental: item i uses seed + i, so item i of a batch equals a single run at "
                                        "seed + i. comfy: ComfyUI's own batch noise stream, bit-identical to KSampler's."),
-                io.String.Input("prompt", default="", multiline=True, optional=True,
-                                tooltip="DIFFUSERS_PIPELINE only: the text prompt (a MODEL uses 'positive')."),
-                io.String.Input("negative_prompt", default="", multiline=True, optional=True,
-                                tooltip="DIFFUSERS_PIPELINE only: the negative prompt; empty = the pipeline's default."),
-                io.Int.Input("width", default=512, min=16, max=16384, step=8, optional=True,
-                             tooltip="DIFFUSERS_PIPELINE only: image width in pixels (a MODEL uses the latent's size)."),
-                io.Int.Input("height", default=512, min=16, max=16384, step=8, optional=True,
-                             tooltip="DIFFUSERS_PIPELINE only: image height in pixels."),
-                io.Int.Input("batch_size", default=1, min=1, max=4096, optional=True,
-                             tooltip="DIFFUSERS_PIPELINE only: number of images; image i uses seed + i."),
             ],
             not_idempotent=True,  # two identical sampler nodes in one workflow must both run (determinism check)
-            hidden=[io.Hidden.prompt, io.Hidden.unique_id],  # to refuse a wired output this input cannot produce
             outputs=[io.Latent.Output(display_name="LATENT", tooltip="The denoised latent."),
                      io.String.Output(display_name="run_record",
-                                      tooltip="JSON: seeds, sampler settings, environment fingerprint, output hash."),
-                     io.Image.Output(display_name="IMAGE",
-                                     tooltip="DIFFUSERS_PIPELINE only: the decoded images (for a MODEL, decode LATENT).")],
+                                      tooltip="JSON run record: seeds, sampler settings, environment fingerprint, "
+                                              "latent hash.")],
         )
 
     @classmethod
-    def execute(cls, model, seed: int, steps: int, cfg: float, sampler_name: str, scheduler: str,
-                positive=None, negative=None, latent_image: dict | None = None, denoise: float = 1.0,
-                batch_seed_mode: str = "incremental", prompt: str = "", negative_prompt: str = "",
-                width: int = 512, height: int = 512, batch_size: int = 1) -> io.NodeOutput:
-        is_pipe = pipeline_paths.is_pipeline(model)
-        pipeline_paths.refuse_used_output(cls.hidden.prompt, cls.hidden.unique_id, 0 if is_pipe else 2,
-                                          pipeline_paths.LATENT_FOR_PIPELINE if is_pipe else pipeline_paths.IMAGE_FOR_MODEL)
-        if is_pipe:
-            return pipeline_paths.sample(model, seed=seed, steps=steps, cfg=cfg, sampler_name=sampler_name,
-                                         scheduler=scheduler, denoise=denoise, batch_seed_mode=batch_seed_mode,
-                                         prompt=prompt, negative_prompt=negative_prompt, width=width,
-                                         height=height, batch_size=batch_size)
-        missing = [n for n, v in (("positive", positive), ("negative", negative), ("latent_image", latent_image))
-                   if v is None]
-        if missing:
-            raise ValueError(f"Seeded Sampler: sampling a MODEL needs {', '.join(missing)} connected")
+    def execute(cls, model, seed: int, steps: int, cfg: float, sampler_name: str, scheduler: str, positive,
+                negative, latent_image: dict, denoise: float = 1.0,
+                batch_seed_mode: str = "incremental") -> io.NodeOutput:
         latent = latent_image["samples"]
         latent = comfy.sample.fix_empty_latent_channels(model, latent)
         batch_index = latent_image.get("batch_index")
@@ -131,9 +100,11 @@ class SteadfastSeededSampler(io.ComfyNode):
             return preview(step, x0_pred, x, total_steps)
 
         qkv_before = qkv_counters(model)
+        t0 = time.perf_counter()
         samples = comfy.sample.sample_custom(model, x0, cfg, sampler, ks.sigmas, positive, negative, latent,
                                              noise_mask=latent_image.get("noise_mask"), callback=callback,
                                              disable_pbar=not comfy.utils.PROGRESS_BAR_ENABLED, seed=seed)
+        seconds = time.perf_counter() - t0
         out = dict(latent_image)
         out["samples"] = samples
 
@@ -147,50 +118,30 @@ class SteadfastSeededSampler(io.ComfyNode):
                          "note": "projections inside torch.compile regions are not counted"}
         compiled = compile_state(model)
         batch = latent.shape[0]
-        record = {
-            "seeds": [seed + i for i in range(batch)] if batch_seed_mode == "incremental" else [seed] * batch,
-            "batch_seed_mode": batch_seed_mode,
-            "sampler": sampler_name, "scheduler": scheduler, "steps": steps, "cfg": cfg, "denoise": denoise,
-            "per_step_noise": "cpu" if cpu_noise else "sampler default",
-            "latent_shape": list(latent.shape),
-            "latent_sha256": hashing.tensor_digest(samples),
-            "qkv_fusion": qkv_state,
-            "fingerprint": fingerprint.environment_fingerprint(
-                device=str(model.load_device),
-                dtype=str(model.model.get_dtype()),
-                attention=opts.get("attention", "comfy default"),
-                qkv_fusion=opts.get("qkv_fusion", 0),
-                channels_last=opts.get("channels_last", False),
-                compile=compiled,
-                determinism=opts.get("last_determinism") or opts.get("determinism") or "not set (Determinism Setup not used)",
-            ),
-        }
-        fp = record["fingerprint"]
+        fp = fingerprint.environment_fingerprint(
+            device=str(model.load_device),
+            dtype=str(model.model.get_dtype()),
+            attention=opts.get("attention", "comfy default"),
+            qkv_fusion=opts.get("qkv_fusion", 0),
+            channels_last=opts.get("channels_last", False),
+            compile=compiled,
+            determinism=opts.get("last_determinism") or opts.get("determinism") or "not set (Determinism Setup not used)",
+        )
         if during:  # the process state after sampling may differ (the policy is restored)
             fp["num_threads"], fp["flags"] = during["num_threads"], during["flags"]
         fp["flags_measured"] = "during sampling" if during else "after sampling (no step callback ran)"
-        text = json.dumps(record, indent=1, default=str)
-        return io.NodeOutput(out, text, pipeline_paths.blocked_image(), ui={"text": [summary_text(record)],
-                                            "steadfast_run_record": [json.loads(text)]})
-
-
-def summary_text(record: dict) -> str:
-    """A few lines for the node's display: hash, seeds, and what decided the bits (fallbacks loudly)."""
-    fp = record["fingerprint"]
-    lines = [f"latent sha256 {record['latent_sha256'][:16]}…  seeds {record['seeds'][:4]}"
-             f"{' …' if len(record['seeds']) > 4 else ''}",
-             f"threads {fp['num_threads']}, attention {fp['attention']}"]
-    comp = fp.get("compile")
-    if isinstance(comp, dict):
-        state = f"compile {comp.get('mode')} ({comp.get('backend')}): {comp.get('status')}, " \
-                f"{comp.get('graphs')} graph(s), {comp.get('recompiles')} recompile(s)"
-        if comp.get("recompiles_this_run") is not None:
-            state += f"; this run: {comp['recompiles_this_run']} recompile(s)"
-            state += "".join(f"\n  recompiled: {r[:200]}" for r in comp.get("recompile_reasons_this_run") or [])
-        for warning in comp.get("warnings") or []:
-            state += f"\nWARNING: {warning[:300]}"
-        if comp.get("disabled"):
-            reasons = comp.get("fallbacks") or ["unknown reason"]
-            state += f"\nCOMPILE FAILED -> ran EAGER: {reasons[-1][:300]}"
-        lines.append(state)
-    return "\n".join(lines)
+        record = RunRecord(
+            kind="model",
+            seeds=[seed + i for i in range(batch)] if batch_seed_mode == "incremental" else [seed] * batch,
+            batch_seed_mode=batch_seed_mode, steps=steps, cfg=cfg, denoise=denoise,
+            sampler=sampler_name, scheduler=scheduler,
+            output="latent", output_shape=list(samples.shape), output_sha256=hashing.tensor_digest(samples),
+            fingerprint=fp, compile=compiled,
+            recompiles_this_run=(compiled.get("recompiles_this_run") or 0) if isinstance(compiled, dict) else 0,
+            seconds=round(seconds, 4),
+            details={"per_step_noise": "cpu" if cpu_noise else "sampler default", "qkv_fusion": qkv_state,
+                     "batch_invariant": opts.get("batch_invariant", "not set")},
+        )
+        text = record.as_json()
+        return io.NodeOutput(out, text, ui={"text": [record.summary_text()],
+                                            "steadfast_run_record": [RunRecord.from_json(text).as_dict()]})

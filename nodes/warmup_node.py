@@ -13,8 +13,6 @@ import comfy.utils
 
 from ..core.registry import REGISTRY
 from ..core.sizes import parse_sizes
-from . import pipeline_paths
-from .pipeline_nodes import DiffusersPipeline
 
 
 def _zero_conditioning(model, batch: int) -> list:
@@ -45,10 +43,8 @@ class SteadfastWarmup(io.ComfyNode):
             description="Runs one sampling step at the target size so torch.compile compiles here. A model already "
                         "warm at this size is not run again. Shows compile seconds, graphs, recompiles and cache state.",
             inputs=[
-                io.MatchType.Input("model", template=io.MatchType.Template("model_or_pipeline",
-                                                                           [io.Model, DiffusersPipeline]),
-                                   tooltip="The (optimized) MODEL or DIFFUSERS_PIPELINE to warm up (a pipeline runs "
-                                           "one short generation with its LoRA active)."),
+                io.Model.Input("model", tooltip="The (optimized) MODEL to warm up. Diffusers pipelines: use "
+                                                "Pipeline Warmup."),
                 io.Int.Input("width", default=512, min=16, max=16384, step=8, tooltip="Target image width in pixels."),
                 io.Int.Input("height", default=512, min=16, max=16384, step=8, tooltip="Target image height in pixels."),
                 io.Int.Input("batch_size", default=1, min=1, max=4096, tooltip="Target batch size."),
@@ -63,18 +59,13 @@ class SteadfastWarmup(io.ComfyNode):
                                         "also used). With Optimize dynamic=true one graph serves every size; with "
                                         "dynamic=auto the second size makes the graph dynamic (one recompile here)."),
             ],
-            outputs=[io.MatchType.Output(template=io.MatchType.Template("model_or_pipeline",
-                                                                         [io.Model, DiffusersPipeline]),
-                                         display_name="MODEL", tooltip="The same model or pipeline, now warm."),
+            outputs=[io.Model.Output(display_name="MODEL", tooltip="The same model, now warm."),
                      io.String.Output(display_name="report", tooltip="Compile seconds, graphs, recompiles, cache state.")],
         )
 
     @classmethod
     def execute(cls, model, width: int, height: int, batch_size: int, cfg: float,
                 positive=None, negative=None, sizes: str = "") -> io.NodeOutput:
-        if pipeline_paths.is_pipeline(model):
-            return pipeline_paths.warmup(model, width=width, height=height, batch_size=batch_size, cfg=cfg,
-                                         sizes=parse_sizes(sizes))
         latent_format = model.get_model_object("latent_format")
         channels = latent_format.latent_channels
         down = getattr(latent_format, "spacial_downscale_ratio", 8)

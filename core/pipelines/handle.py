@@ -99,6 +99,13 @@ def lora_file_rank(path: str | Path) -> int:
             header = json.loads(f.read(n))
     except (OSError, ValueError, struct.error) as e:
         raise LoraLoadError(f"{str(p)!r} is not a readable .safetensors LoRA: {e}") from e
+    if not isinstance(header, dict):
+        raise LoraLoadError(f"{str(p)!r} is not a .safetensors LoRA: its header is a JSON "
+                            f"{type(header).__name__}, not an object")
+    bad = sorted(k for k, v in header.items() if k != "__metadata__" and not isinstance(v, dict))
+    if bad:
+        raise LoraLoadError(f"{str(p)!r} is not a valid .safetensors file: header entries {bad[:3]} are not "
+                            f"tensor descriptions (a dict with dtype/shape/data_offsets)")
     ranks = [int(v["shape"][0]) for k, v in header.items()
              if k != "__metadata__" and ("lora_A" in k or "lora_down" in k) and v.get("shape")]
     if not ranks:
@@ -112,7 +119,8 @@ class PipelineHandle:
 
     ``owned``: ``pipe`` is a Steadfast copy (from :func:`optimized_handle`), which LoRAs may be loaded
     into; a pipeline returned by a loader is not owned and is never modified. ``lora``: the LoRA to make
-    active at run time (None: none). ``notes``: what produced this value, for reports.
+    active at run time (None: none). ``determinism``: a :class:`~..determinism.DeterminismPolicy` applied
+    around each run of this value (None: none). ``notes``: what produced this value, for reports.
     """
 
     pipe: Any
@@ -120,6 +128,7 @@ class PipelineHandle:
     dtype: str
     owned: bool = False
     lora: LoraSpec | None = None
+    determinism: Any = None
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def replace(self, **changes: Any) -> PipelineHandle:

@@ -1,6 +1,7 @@
-"""diffusers pipelines through the same nodes, over the HTTP API of a real ComfyUI server.
+"""diffusers pipelines through their own nodes, over the HTTP API of a real ComfyUI server.
 
-Load Diffusers Pipeline -> (Pipeline LoRA) -> Optimize Model -> (Warmup) -> Seeded Sampler -> Hash / Compare,
+Load Diffusers Pipeline -> (Pipeline LoRA) -> (Pipeline Determinism Setup) -> Pipeline Optimize ->
+(Pipeline Warmup) -> Pipeline Sampler -> Hash / Compare,
 on the tiny random-weight SD pipeline built here (``core/tiny.py``) and linked into the session server's
 ``models/diffusers``; LoRAs are built here too and linked into ``models/loras``. Compiles use Dynamo's
 ``eager`` backend: recompiles are decided by Dynamo's guards, which do not depend on the backend.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 from typing import Any
 
 import pytest
@@ -22,7 +24,9 @@ SD, FLUX, BROKEN = "steadfast-tiny-sd", "steadfast-tiny-flux", "steadfast-broken
 LORA_A, LORA_B = "steadfast-tiny-lora-a.safetensors", "steadfast-tiny-lora-b.safetensors"
 SIZE, STEPS = 64, 2
 EAGER_REGIONAL = dict(qkv_fusion=True, channels_last=False, attention="auto", compile="regional",
-                      backend="eager", mode="default", dynamic="auto", fullgraph=False)
+                      backend="eager", mode="default", dynamic="auto", fullgraph=False, vae_slicing=False,
+                      vae_tiling=False)
+BAD_LORA = "steadfast-bad-header.safetensors"
 
 
 @pytest.fixture(scope="module")
@@ -41,21 +45,31 @@ def server(comfy_server: ComfyServer, tmp_path_factory: pytest.TempPathFactory) 
     unet = UNet2DConditionModel.from_pretrained(str(sd / "unet"))
     loras = {LORA_A: tiny.save_tiny_lora(tiny.tiny_lora_state_dict(unet, rank=4, seed=1), root / LORA_A),
              LORA_B: tiny.save_tiny_lora(tiny.tiny_lora_state_dict(unet, rank=2, seed=2), root / LORA_B)}
+    header = json.dumps({"lora_unet_x.lora_down.weight": "not a tensor description"}).encode()
+    (root / BAD_LORA).write_bytes(struct.pack("<Q", len(header)) + header)
+    loras[BAD_LORA] = root / BAD_LORA
     comfy_server.link_models("diffusers", {SD: sd, FLUX: flux, BROKEN: broken})
     comfy_server.link_models("loras", loras)
     return comfy_server
 
 
-def sampler(wf: dict, model: list, prompt: str = "a cat", seed: int = 3, size: int = SIZE, **kw: Any) -> str:
-    """Add a Seeded Sampler on a pipeline (required MODEL-path widgets at their defaults) and a Hash of its IMAGE;
-    returns the sampler's id (the Hash is the next id)."""
-    inputs = dict(model=model, seed=seed, steps=STEPS, cfg=5.0, sampler_name="euler", scheduler="normal",
-                  denoise=1.0, batch_seed_mode="incremental", prompt=prompt, negative_prompt="", width=size,
-                  height=size, batch_size=1)
+def sampler(wf: dict, pipeline: list, prompt: str = "a cat", seed: int = 3, size: int = SIZE, **kw: Any) -> str:
+    """Add a Pipeline Sampler and a Hash of its IMAGE; returns the sampler's id (the Hash is the next id)."""
+    inputs = dict(pipeline=pipeline, prompt=prompt, negative_prompt="", seed=seed, steps=STEPS, cfg=5.0,
+                  width=size, height=size, batch_size=1)
     inputs.update(kw)
-    node = add(wf, "SteadfastSeededSampler", **inputs)
-    add(wf, "SteadfastHash", image=[node, 2])
+    node = add(wf, "SteadfastPipelineSampler", **inputs)
+    add(wf, "SteadfastHash", image=[node, 0])
     return node
+
+
+def optimize(wf: dict, pipeline: list, **kw: Any) -> str:
+    return add(wf, "SteadfastPipelineOptimize", pipeline=pipeline, **{**EAGER_REGIONAL, **kw})
+
+
+def warmup(wf: dict, pipeline: list, **kw: Any) -> str:
+    return add(wf, "SteadfastPipelineWarmup", pipeline=pipeline, **{**dict(width=SIZE, height=SIZE, batch_size=1,
+                                                                          cfg=5.0), **kw})
 
 
 def loader(wf: dict, name: str = SD) -> str:
@@ -67,23 +81,34 @@ def after(node: str) -> str:
     return str(int(node) + 1)
 
 
-def test_schema_accepts_pipelines_and_keeps_the_old_inputs(server: ComfyServer) -> None:
+def test_one_node_per_job_and_model_nodes_keep_their_inputs(server: ComfyServer) -> None:
     info = server.get("/object_info")
     opt, smp, wu = info["SteadfastOptimizeModel"], info["SteadfastSeededSampler"], info["SteadfastWarmup"]
-    for node in (opt, wu):  # MODEL or pipeline in, the same type out
-        spec = node["input"]["required"]["model"]
-        assert spec[0] == "COMFY_MATCHTYPE_V3" and spec[1]["template"]["allowed_types"] == "MODEL,DIFFUSERS_PIPELINE"
-        assert node["output_matchtypes"][0] == spec[1]["template"]["template_id"]
-    # saved workflows: the old inputs keep their names and relative order; new ones are optional, at the end
+    # MODEL nodes: plain MODEL in/out (ComfyUI's type check rejects anything else), saved inputs unchanged
+    for node in (opt, wu, smp, info["SteadfastDeterminismSetup"]):
+        assert node["input"]["required"]["model"][0] == "MODEL"
+    assert opt["output"][0] == wu["output"][0] == "MODEL"
     assert opt["input_order"]["required"] == ["model", "qkv_fusion", "channels_last", "attention", "compile",
                                               "backend", "mode", "dynamic", "fullgraph"]
-    assert {"vae_slicing", "vae_tiling"} <= set(opt["input_order"]["optional"])
-    assert smp["input"]["required"]["model"][0] == "MODEL,DIFFUSERS_PIPELINE"
+    assert opt["input_order"]["optional"] == ["strict_recompiles", "compile_cache"]
     assert smp["input_order"]["required"] == ["model", "seed", "steps", "cfg", "sampler_name", "scheduler",
-                                              "denoise", "batch_seed_mode"]
-    assert smp["input_order"]["optional"][:3] == ["positive", "negative", "latent_image"]
-    assert smp["output"] == ["LATENT", "STRING", "IMAGE"]
-    for name in ("SteadfastLoadDiffusersPipeline", "SteadfastPipelineLoRA"):
+                                              "positive", "negative", "latent_image", "denoise", "batch_seed_mode"]
+    assert "optional" not in smp["input_order"] or not smp["input_order"]["optional"]
+    assert smp["output"] == ["LATENT", "STRING"]
+    # pipeline nodes: DIFFUSERS_PIPELINE in, only the inputs a pipeline uses
+    p_opt, p_smp = info["SteadfastPipelineOptimize"], info["SteadfastPipelineSampler"]
+    assert p_opt["output"][0] == p_smp["input"]["required"]["pipeline"][0] == "DIFFUSERS_PIPELINE"
+    assert "comfy" not in p_opt["input"]["required"]["attention"][1]["options"]
+    assert {"vae_slicing", "vae_tiling"} <= set(p_opt["input_order"]["required"])
+    assert p_smp["output"] == ["IMAGE", "STRING"]
+    assert not {"sampler_name", "scheduler", "denoise", "batch_seed_mode"} & set(p_smp["input_order"]["required"])
+    # the shared widgets are declared once: same options, defaults and tooltips on both Optimize nodes
+    for name in ("compile", "backend", "mode", "dynamic", "fullgraph"):
+        assert opt["input"]["required"][name] == p_opt["input"]["required"][name], name
+    for name in ("strict_recompiles", "compile_cache"):
+        assert opt["input"]["optional"][name] == p_opt["input"]["optional"][name], name
+    for name in ("SteadfastLoadDiffusersPipeline", "SteadfastPipelineLoRA", "SteadfastPipelineOptimize",
+                 "SteadfastPipelineSampler", "SteadfastPipelineWarmup", "SteadfastPipelineDeterminismSetup"):
         inputs = {**info[name]["input"]["required"], **info[name]["input"].get("optional", {})}
         assert all(spec[1].get("tooltip") for spec in inputs.values()), name
     names = info["SteadfastLoadDiffusersPipeline"]["input"]["required"]["pipeline_name"]
@@ -100,18 +125,20 @@ def test_output_depends_on_prompt_and_seed(server: ComfyServer) -> None:
     hashes = {n: hash_of(entry, after(n)) for n in (a3, a4, b3, batch)}
     assert len({hashes[a3], hashes[a4], hashes[b3]}) == 3
     rec = record_of(entry, a3)
-    assert rec["image_sha256"] == hashes[a3] and rec["seeds"] == [3] and rec["image_shape"] == [1, SIZE, SIZE, 3]
-    assert rec["pipeline"] == "StableDiffusionPipeline" and rec["scheduler"] == "EulerDiscreteScheduler"
-    assert rec["fingerprint"]["pipeline_compile"] == "off" and len(rec["fingerprint_digest"]) == 64
+    assert rec["kind"] == "pipeline" and rec["output"] == "image"
+    assert rec["output_sha256"] == hashes[a3] and rec["seeds"] == [3] and rec["output_shape"] == [1, SIZE, SIZE, 3]
+    assert rec["details"]["pipeline"] == "StableDiffusionPipeline" and rec["sampler"] == "EulerDiscreteScheduler"
+    assert rec["fingerprint"]["pipeline_compile"] == "off" and len(rec["details"]["fingerprint_digest"]) == 64
+    assert rec["fingerprint"]["determinism"].startswith("not set")
     assert record_of(entry, batch)["seeds"] == [3, 4] and "image sha256" in text(entry, a3)
 
 
 def test_same_seed_identical_after_free_and_optimized_run(server: ComfyServer) -> None:
     wf: dict = {}
     src = loader(wf)
-    opt = add(wf, "SteadfastOptimizeModel", model=[src, 0], **EAGER_REGIONAL)
+    opt = optimize(wf, [src, 0])
     base, fast = sampler(wf, [src, 0]), sampler(wf, [opt, 0])
-    cmp = add(wf, "SteadfastCompare", image_a=[base, 2], image_b=[fast, 2])
+    cmp = add(wf, "SteadfastCompare", image_a=[base, 0], image_b=[fast, 0])
     runs = []
     for _ in range(2):
         server.free()
@@ -138,8 +165,7 @@ def test_optimize_never_changes_the_cached_loader_output(server: ComfyServer) ->
     wf: dict = {}
     src = loader(wf)
     base = sampler(wf, [src, 0], seed=11)
-    opt = add(wf, "SteadfastOptimizeModel", model=[src, 0], vae_tiling=True,
-              **{**EAGER_REGIONAL, "channels_last": True, "attention": "math"})
+    opt = optimize(wf, [src, 0], vae_tiling=True, channels_last=True, attention="math")
     fast = sampler(wf, [opt, 0], seed=11)
     server.free()
     first = run(server, wf)
@@ -168,23 +194,46 @@ def test_missing_and_broken_pipeline_folders_give_clear_errors(server: ComfyServ
     assert "component 'unet'" in err.exception_message and "missing or empty" in err.exception_message
 
 
-def test_wiring_the_output_the_input_cannot_produce_fails_loudly(server: ComfyServer) -> None:
-    """MODEL -> IMAGE output, or pipeline -> LATENT output, connected: the prompt fails at the sampler (an
-    ExecutionBlocker alone would silently skip e.g. a Hash check in a headless run)."""
+def test_a_pipeline_wired_into_a_model_node_is_rejected_before_running(server: ComfyServer) -> None:
+    """With one node per job ComfyUI's own type check refuses the wrong wire (no prompt scanning, no
+    ExecutionBlocker): a DIFFUSERS_PIPELINE into Seeded Sampler's MODEL input fails validation."""
     wf = workflow("determinism_check", steps=1)
     smp = next(k for k, v in wf.items() if v["class_type"] == "SteadfastSeededSampler")
-    add(wf, "SteadfastHash", image=[smp, 2])
+    wf[smp]["inputs"]["model"] = [loader(wf), 0]
+    with pytest.raises(PromptRejected) as rejected:
+        run(server, wf)
+    errors = rejected.value.node_errors[smp]["errors"]
+    assert any(e["type"] == "return_type_mismatch" and e["extra_info"]["input_name"] == "model" for e in errors)
+    assert "DIFFUSERS_PIPELINE" in json.dumps(errors)
+
+
+def test_a_lora_with_a_broken_header_names_the_file(server: ComfyServer) -> None:
+    wf: dict = {}
+    lora = add(wf, "SteadfastPipelineLoRA", pipeline=[loader(wf), 0], lora_name=BAD_LORA, max_rank=4)
+    sampler(wf, [lora, 0])
     with pytest.raises(PromptFailed) as failed:
         run(server, wf)
-    assert failed.value.node_id == smp and "IMAGE is only produced for a DIFFUSERS_PIPELINE" in \
-        failed.value.exception_message
-    wf = {}
-    smp = sampler(wf, [loader(wf), 0])
-    add(wf, "SteadfastHash", latent=[smp, 0])
-    with pytest.raises(PromptFailed) as failed:
-        run(server, wf)
-    assert failed.value.node_id == smp and "LATENT is only produced when sampling a MODEL" in \
-        failed.value.exception_message
+    err = failed.value
+    assert err.node_id == lora and err.exception_type.endswith("LoraLoadError"), err.exception_message
+    assert BAD_LORA in err.exception_message and "not tensor descriptions" in err.exception_message
+
+
+def test_pipeline_determinism_setup_applies_its_policy_for_the_run_only(server: ComfyServer) -> None:
+    wf: dict = {}
+    src = loader(wf)
+    det = add(wf, "SteadfastPipelineDeterminismSetup", pipeline=[src, 0], strict=True, allow_tf32=False,
+              num_threads=1)
+    pinned, again, plain = sampler(wf, [det, 0]), sampler(wf, [det, 0]), sampler(wf, [src, 0])
+    entry = run(server, wf)
+    assert "pinned to 1" in text(entry, det)
+    rec, rec_plain = record_of(entry, pinned), record_of(entry, plain)
+    fp = rec["fingerprint"]
+    assert fp["num_threads"] == 1 and fp["flags"]["deterministic_algorithms"] is True
+    assert fp["determinism"]["applied"]["num_threads"] == 1
+    assert rec_plain["fingerprint"]["determinism"].startswith("not set")  # restored after the pinned runs
+    assert rec_plain["fingerprint"]["flags"]["deterministic_algorithms"] is False
+    assert hash_of(entry, after(pinned)) == hash_of(entry, after(again))
+    assert rec["details"]["fingerprint_digest"] != rec_plain["details"]["fingerprint_digest"]
 
 
 def test_lora_hotswap_into_the_compiled_pipeline_does_not_recompile(server: ComfyServer) -> None:
@@ -192,12 +241,12 @@ def test_lora_hotswap_into_the_compiled_pipeline_does_not_recompile(server: Comf
         wf: dict = {}
         src = loader(wf)
         lora = add(wf, "SteadfastPipelineLoRA", pipeline=[src, 0], lora_name=lora_name, max_rank=4)
-        opt = add(wf, "SteadfastOptimizeModel", model=[lora, 0], **{**EAGER_REGIONAL, "qkv_fusion": False})
-        warm = add(wf, "SteadfastWarmup", model=[opt, 0], width=SIZE, height=SIZE, batch_size=1, cfg=5.0)
+        opt = optimize(wf, [lora, 0], qkv_fusion=False)
+        warm = warmup(wf, [opt, 0])
         fast = sampler(wf, [warm, 0])
         eager = sampler(wf, [lora, 0])  # the same LoRA, loaded directly, not compiled
         plain = sampler(wf, [src, 0])
-        cmp = add(wf, "SteadfastCompare", image_a=[fast, 2], image_b=[eager, 2])
+        cmp = add(wf, "SteadfastCompare", image_a=[fast, 0], image_b=[eager, 0])
         return wf, dict(opt=opt, warm=warm, fast=fast, eager=eager, plain=plain, cmp=cmp)
 
     server.free()
@@ -216,7 +265,7 @@ def test_lora_hotswap_into_the_compiled_pipeline_does_not_recompile(server: Comf
     ca, cb = rec_a["compile"], rec_b["compile"]
     assert cb["created"] == ca["created"] and cb["status"] == "warm"  # one compile record, kept
     assert len(cb["recompiles"]) == len(ca["recompiles"]) and cb["graphs"] == ca["graphs"]  # 0 recompiles
-    assert rec_b["recompiles_this_run"] == 0 and rec_b["lora"]["name"] == LORA_B
+    assert rec_b["recompiles_this_run"] == 0 and rec_b["details"]["lora"]["name"] == LORA_B
     h = {"a": hash_of(run_a, after(ids["fast"])), "b": hash_of(run_b, after(ids["fast"])),
          "plain": hash_of(run_b, after(ids["plain"]))}
     assert len(set(h.values())) == 3  # each LoRA acts, and differently
@@ -233,9 +282,8 @@ def test_lora_hotswap_into_the_compiled_pipeline_does_not_recompile(server: Comf
 def test_warmup_sizes_then_no_recompile_in_the_sampler(server: ComfyServer) -> None:
     wf: dict = {}
     src = loader(wf)
-    opt = add(wf, "SteadfastOptimizeModel", model=[src, 0], strict_recompiles=True,
-              **{**EAGER_REGIONAL, "qkv_fusion": False, "attention": "flash"})
-    warm = add(wf, "SteadfastWarmup", model=[opt, 0], width=SIZE, height=SIZE, batch_size=1, cfg=5.0, sizes="32x32")
+    opt = optimize(wf, [src, 0], strict_recompiles=True, qkv_fusion=False, attention="flash")
+    warm = warmup(wf, [opt, 0], sizes="32x32")
     big, small = sampler(wf, [warm, 0], size=SIZE), sampler(wf, [warm, 0], size=32)
     entry = run(server, wf)
     report = text(entry, warm)
@@ -255,4 +303,4 @@ def test_flux_pipeline_depends_on_prompt_and_seed_and_repeats(server: ComfyServe
     entry = run(server, wf)
     h = {n: hash_of(entry, after(n)) for n in (a3, a3_again, a4, b3)}
     assert h[a3] == h[a3_again] and len({h[a3], h[a4], h[b3]}) == 3
-    assert record_of(entry, a3)["pipeline"] == "FluxPipeline"
+    assert record_of(entry, a3)["details"]["pipeline"] == "FluxPipeline"

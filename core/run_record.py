@@ -1,0 +1,138 @@
+"""The run record: one typed schema for every Steadfast sampler (MODEL and diffusers pipeline).
+
+A run record says what decided the output bits of one sampling run: seeds, sampler settings, the
+output's hash, the environment fingerprint (:func:`core.fingerprint.environment_fingerprint`) and the
+compile state. Two records of the same workflow can be compared field by field; ``from_json`` reads
+back what :meth:`RunRecord.as_json` wrote (the Seeded Sampler nodes' ``run_record`` output).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["KINDS", "OUTPUTS", "RunRecord"]
+
+KINDS = ("model", "pipeline")
+OUTPUTS = ("latent", "image")
+
+
+@dataclass
+class RunRecord:
+    """What one sampler run did and what decided its bits.
+
+    Attributes:
+        kind: "model" (a ComfyUI MODEL sampled by Seeded Sampler) or "pipeline" (a diffusers pipeline).
+        seeds: the seed of each batch item, in batch order.
+        batch_seed_mode: how ``seeds`` were derived ("incremental": item i uses seed + i; "comfy":
+            ComfyUI's one batch noise stream, every item listed with the base seed).
+        steps / cfg / denoise: sampler settings (cfg: classifier-free guidance scale, unitless).
+        sampler / scheduler: the sampling algorithm and noise schedule actually used (a pipeline samples
+            with its own scheduler: ``sampler`` is its class name, ``scheduler`` "pipeline's own").
+        output: "latent" (a LATENT ``[B, C, H/8, W/8]``) or "image" (an IMAGE ``[B, H, W, 3]`` float32).
+        output_shape: the output tensor's shape.
+        output_sha256: 64-hex SHA-256 of the output (:mod:`core.hashing`: latent = exact tensor bytes,
+            image = the uint8 pixels SaveImage writes).
+        fingerprint: the environment fingerprint; ``num_threads`` and ``flags`` as measured *while*
+            sampling (Determinism Setup restores them after).
+        compile: the compile state ("off", or a dict: status, graphs, recompiles with reasons, ...).
+        recompiles_this_run: recompiles counted during this run (0 when not compiled).
+        seconds: wall time of the sampling call (s); None when not measured.
+        details: path-specific facts (MODEL: per-step noise source, QKV fusion counters; pipeline:
+            prompt, source, dtype, LoRA, optimizations, fingerprint digest).
+
+    Raises:
+        ValueError: unknown ``kind``/``output``, a hash that is not 64 hex characters, or ``seeds``
+            not matching the batch dimension of ``output_shape``.
+    """
+
+    kind: str
+    seeds: list[int]
+    batch_seed_mode: str
+    steps: int
+    cfg: float
+    denoise: float
+    sampler: str
+    scheduler: str
+    output: str
+    output_shape: list[int]
+    output_sha256: str
+    fingerprint: dict[str, Any]
+    compile: dict[str, Any] | str = "off"
+    recompiles_this_run: int = 0
+    seconds: float | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"run record kind must be one of {KINDS}, got {self.kind!r}")
+        if self.output not in OUTPUTS:
+            raise ValueError(f"run record output must be one of {OUTPUTS}, got {self.output!r}")
+        h = self.output_sha256
+        if not isinstance(h, str) or len(h) != 64 or any(c not in "0123456789abcdef" for c in h):
+            raise ValueError(f"output_sha256 must be 64 lowercase hex characters, got {h!r}")
+        if not self.output_shape or len(self.seeds) != self.output_shape[0]:
+            raise ValueError(f"{len(self.seeds)} seeds for an output of shape {self.output_shape}")
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict of every field (nested values as given; see :meth:`as_json` for JSON-safe text)."""
+        return dataclasses.asdict(self)
+
+    def as_json(self) -> str:
+        """Indented JSON of :meth:`as_dict` (non-JSON values, e.g. dtypes, as their ``str``)."""
+        return json.dumps(self.as_dict(), indent=1, default=str)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunRecord:
+        """The record :meth:`as_json` wrote. Raises ``ValueError`` for text that is not a JSON object
+        with exactly this class's fields (naming the missing or unknown ones) or fails validation."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"run record is not JSON: {e}") from e
+        if not isinstance(data, dict):
+            raise ValueError(f"run record must be a JSON object, got {type(data).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        required = {f.name for f in dataclasses.fields(cls)
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+        unknown, missing = sorted(set(data) - names), sorted(required - set(data))
+        if unknown or missing:
+            raise ValueError(f"not a Steadfast run record: missing fields {missing}, unknown fields {unknown}")
+        return cls(**data)
+
+    def summary_text(self) -> str:
+        """A few lines for the node's display: hash, seeds, what decided the bits, compile state
+        (recompiles with reasons, warnings, and a compile failure loudly)."""
+        seeds = self.seeds
+        lines = [f"{self.output} sha256 {self.output_sha256[:16]}…  seeds {seeds[:4]}{' …' if len(seeds) > 4 else ''}"]
+        fp = self.fingerprint
+        if self.kind == "pipeline":
+            d = self.details
+            lines.append(f"{d.get('pipeline')} ({d.get('dtype')}), scheduler {self.sampler}, "
+                         f"threads {fp.get('num_threads')}"
+                         + (f", {self.seconds:.2f} s" if self.seconds is not None else ""))
+            lora = d.get("lora")
+            if lora:
+                events = d.get("lora_events") or []
+                lines.append(f"LoRA {lora['name']}" + (f": {'; '.join(events)}" if events else ""))
+        else:
+            lines.append(f"{self.sampler}/{self.scheduler}, threads {fp.get('num_threads')}, "
+                         f"attention {fp.get('attention')}")
+        if isinstance(self.compile, dict):
+            lines.append(_compile_text(self.compile, self.recompiles_this_run))
+        return "\n".join(lines)
+
+
+def _compile_text(comp: dict[str, Any], this_run: int) -> str:
+    name = comp.get("label") or f"{comp.get('mode')} ({comp.get('backend')})"
+    recompiles = comp.get("recompiles")
+    n = len(recompiles) if isinstance(recompiles, list) else recompiles
+    text = (f"compile {name}: {comp.get('status')}, {comp.get('graphs')} graph(s), {n} recompile(s); "
+            f"this run: {this_run} recompile(s)")
+    text += "".join(f"\n  recompiled: {str(r)[:200]}" for r in comp.get("recompile_reasons_this_run") or [])
+    text += "".join(f"\nWARNING: {str(w)[:300]}" for w in comp.get("warnings") or [])
+    if comp.get("disabled"):
+        reasons = comp.get("fallbacks") or ["unknown reason"]
+        text += f"\nCOMPILE FAILED -> ran EAGER: {str(reasons[-1])[:300]}"
+    return text

@@ -1,0 +1,84 @@
+"""The widgets Optimize Model and Pipeline Optimize share, and their one mapping to compile options.
+
+Both nodes declare these inputs from here (same names, defaults, tooltips) and translate them with
+:func:`compile_settings` (``model_patches.compile_options``), so the MODEL and pipeline paths cannot drift.
+"""
+from __future__ import annotations
+
+from comfy_api.latest import io
+
+from ..core.compile import CompileOptions
+from . import model_patches as mp
+
+SDPA_CHOICES = ["auto", "math", "efficient", "flash", "cudnn"]
+MODEL_ATTENTION_CHOICES = SDPA_CHOICES + ["comfy"]  # "comfy": ComfyUI's own attention, which only MODELs have
+COMPILE_CHOICES = ["off", "regional", "full"]
+BACKENDS = ["inductor", "eager", "aot_eager", "cudagraphs"]
+MODES = ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+DYNAMIC_CHOICES = ["auto", "true", "false"]
+
+_SDPA_TIP = ("PyTorch SDPA backend for attention. auto = torch picks; math/efficient/flash/cudnn pin one kernel "
+             "(an error if this device lacks it)")
+
+
+def layout_inputs() -> list[io.Input]:
+    """``qkv_fusion`` and ``channels_last`` (booleans, default off)."""
+    return [
+        io.Boolean.Input("qkv_fusion", default=False,
+                         tooltip="Fuse the q/k/v projections of attention into one matmul (k/v for cross-attention). "
+                                 "Bit-equal in fp32 on CPU; bf16 can differ by 1 ulp."),
+        io.Boolean.Input("channels_last", default=False,
+                         tooltip="Run convolutions in channels-last memory layout. Usually faster; NOT bit-equal to "
+                                 "the default layout."),
+    ]
+
+
+def attention_input(*, model: bool) -> io.Combo.Input:
+    """The ``attention`` combo; ``model=True`` adds "comfy" (keep ComfyUI's own attention)."""
+    if model:
+        return io.Combo.Input("attention", options=MODEL_ATTENTION_CHOICES, default="auto",
+                              tooltip=_SDPA_TIP + "; comfy = keep ComfyUI's own attention (on CPU that is sub_quad, "
+                                                  "which breaks torch.compile graphs).")
+    return io.Combo.Input("attention", options=SDPA_CHOICES, default="auto", tooltip=_SDPA_TIP + ".")
+
+
+def compile_inputs() -> list[io.Input]:
+    """``compile``, ``backend``, ``mode``, ``dynamic``, ``fullgraph`` (the torch.compile settings)."""
+    return [
+        io.Combo.Input("compile", options=COMPILE_CHOICES, default="off",
+                       tooltip="off; regional = compile each repeated transformer block once and reuse the graph "
+                               "(much shorter compile, same speed); full = compile the whole denoiser. Compiled "
+                               "output is run-to-run deterministic but not bit-equal to eager."),
+        io.Combo.Input("backend", options=BACKENDS, default="inductor",
+                       tooltip="torch.compile backend. inductor generates kernels; eager only traces (for testing)."),
+        io.Combo.Input("mode", options=MODES, default="default", tooltip="torch.compile mode preset."),
+        io.Combo.Input("dynamic", options=DYNAMIC_CHOICES, default="auto",
+                       tooltip="Dynamic shapes. true avoids recompiles when resolution or batch changes; auto lets "
+                               "torch mark shapes dynamic after the first change (one recompile)."),
+        io.Boolean.Input("fullgraph", default=False,
+                         tooltip="torch.compile fullgraph: each compiled region must be one graph; a graph break "
+                                 "is an error that fails the run (off: a graph break splits the region)."),
+    ]
+
+
+def strict_and_cache_inputs() -> list[io.Input]:
+    """``strict_recompiles`` and ``compile_cache`` (optional, after every other widget)."""
+    return [
+        io.Boolean.Input("strict_recompiles", default=False, optional=True,
+                         tooltip="Make any recompile after warm-up an error naming its reason (a changed global flag, "
+                                 "a new size, replaced weights ...) instead of a slow, counted one."),
+        io.String.Input("compile_cache", default="", optional=True,
+                        tooltip="inductor only: persistent compile-cache folder (kept across restarts). Empty = "
+                                "$STEADFAST_COMPILE_CACHE or <ComfyUI user dir>/steadfast/compile_cache; 'off' = "
+                                "inductor's default temporary folder."),
+    ]
+
+
+def compile_settings(backend: str, mode: str, dynamic: str, fullgraph: bool) -> CompileOptions:
+    """The compile widgets as :class:`CompileOptions` (mode "default" -> None; dynamic "auto" -> None,
+    "true"/"false" -> bool). Raises ``KeyError`` only for a value ComfyUI's combo check already rejects."""
+    return mp.compile_options(backend, mode, dynamic, fullgraph)
+
+
+__all__ = ["SDPA_CHOICES", "MODEL_ATTENTION_CHOICES", "COMPILE_CHOICES", "BACKENDS", "MODES", "DYNAMIC_CHOICES",
+           "layout_inputs", "attention_input", "compile_inputs", "strict_and_cache_inputs", "compile_settings"]

@@ -1,0 +1,118 @@
+"""Pipeline Optimize and Pipeline Determinism Setup: DIFFUSERS_PIPELINE -> DIFFUSERS_PIPELINE.
+
+Thin adapters over ``core.pipelines``: ``optimized_handle`` applies ``optimize_pipeline`` to a
+weight-sharing copy (the input pipeline stays as it was, see ``core/pipelines/handle.py``); the
+determinism policy is carried by the handle and applied around each run (``generate(policy=...)``).
+"""
+from __future__ import annotations
+
+from comfy_api.latest import io, ui
+
+from ..core import determinism
+from ..core.pipelines import PipelineOptions, compile_record
+from ..core.pipelines.handle import optimized_handle
+from . import optimize_inputs as oi
+from .pipeline_nodes import DiffusersPipeline, as_handle
+
+
+def pipeline_options(qkv_fusion: bool, channels_last: bool, attention: str, compile: str, backend: str, mode: str,
+                     dynamic: str, fullgraph: bool, vae_slicing: bool, vae_tiling: bool) -> PipelineOptions:
+    """Pipeline Optimize's widget values as :class:`PipelineOptions` (compile widgets mapped by
+    :func:`.optimize_inputs.compile_settings`, the same mapping as Optimize Model's)."""
+    co = oi.compile_settings(backend, mode, dynamic, fullgraph)
+    return PipelineOptions(qkv_fusion=qkv_fusion, channels_last=channels_last, attention=attention,
+                           vae_slicing=vae_slicing, vae_tiling=vae_tiling, compile=compile, backend=co.backend,
+                           mode=co.mode, dynamic=co.dynamic, fullgraph=co.fullgraph)
+
+
+class SteadfastPipelineOptimize(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="SteadfastPipelineOptimize",
+            display_name="Pipeline Optimize (Steadfast)",
+            category="Steadfast",
+            description="Returns a copy of a diffusers pipeline (sharing its weights) with diffusers-native speed "
+                        "optimizations: QKV fusion, channels-last, attention backend, VAE slicing/tiling, "
+                        "compile_repeated_blocks. Each may change output bits: Compare against the input pipeline.",
+            inputs=[
+                DiffusersPipeline.Input("pipeline", tooltip="The pipeline to optimize (not modified). Put Pipeline "
+                                                            "LoRA before this node, so the copy is prepared for LoRA "
+                                                            "hot-swap."),
+                *oi.layout_inputs(),
+                oi.attention_input(model=False),
+                *oi.compile_inputs(),
+                io.Boolean.Input("vae_slicing", default=False,
+                                 tooltip="Decode the batch one image at a time (less memory, same pixels)."),
+                io.Boolean.Input("vae_tiling", default=False,
+                                 tooltip="Decode in overlapping tiles (much less memory for large images; tile seams "
+                                         "blended, NOT bit-equal)."),
+                *oi.strict_and_cache_inputs(),
+            ],
+            outputs=[DiffusersPipeline.Output(display_name="PIPELINE", tooltip="The optimized copy."),
+                     io.String.Output(display_name="report", tooltip="What was applied, to which components.")],
+        )
+
+    @classmethod
+    def execute(cls, pipeline, qkv_fusion: bool, channels_last: bool, attention: str, compile: str, backend: str,
+                mode: str, dynamic: str, fullgraph: bool, vae_slicing: bool, vae_tiling: bool,
+                strict_recompiles: bool = False, compile_cache: str = "") -> io.NodeOutput:
+        handle = as_handle(pipeline, "Pipeline Optimize")
+        opts = pipeline_options(qkv_fusion, channels_last, attention, compile, backend, mode, dynamic, fullgraph,
+                                vae_slicing, vae_tiling)
+        if opts.is_baseline():
+            report = f"{handle.describe()}: nothing switched on, returned unchanged"
+            return io.NodeOutput(handle, report, ui=ui.PreviewText(report))
+        new, rep, reused = optimized_handle(handle, opts)
+        lines = [handle.describe(),
+                 "reused the copy optimized earlier from this pipeline with these options (nothing recompiled)"
+                 if reused else "optimized a copy sharing the weights (the input pipeline is unchanged)"]
+        lines += [s.as_text() for s in rep.steps]
+        if handle.lora is not None:
+            lines.append(f"prepared for LoRA hot-swap up to rank {handle.lora.max_rank}; the LoRA is loaded at run time")
+        if opts.compile != "off":
+            rec = compile_record(new.pipe)
+            if rec is not None:
+                rec.strict = strict_recompiles
+            lines.append(f"compiles lazily on the first run or in Pipeline Warmup; record: "
+                         f"{rec.as_text() if rec else 'none'}")
+            if strict_recompiles:
+                lines.append("strict_recompiles: a recompile after warm-up fails the run, with its reason")
+            if compile_cache.strip():
+                lines.append("compile_cache: not applied to diffusers pipelines (inductor's default cache directory)")
+        report = "\n".join(lines)
+        return io.NodeOutput(new, report, ui=ui.PreviewText(report))
+
+
+class SteadfastPipelineDeterminismSetup(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="SteadfastPipelineDeterminismSetup",
+            display_name="Pipeline Determinism Setup (Steadfast)",
+            category="Steadfast",
+            description="Returns the pipeline carrying a deterministic torch configuration (deterministic "
+                        "algorithms, cuDNN benchmark off, TF32 off, pinned threads), applied only while it runs in "
+                        "Pipeline Sampler / Pipeline Warmup and restored afterwards. The input is not modified.",
+            inputs=[
+                DiffusersPipeline.Input("pipeline", tooltip="The pipeline to run deterministically (not modified)."),
+                io.Boolean.Input("strict", default=True,
+                                 tooltip="On: torch raises an error when an op has no deterministic implementation. "
+                                         "Off: torch only warns (warn_only) and the run may not be reproducible."),
+                io.Boolean.Input("allow_tf32", default=False,
+                                 tooltip="Allow TF32 matmuls/convolutions on Ampere+ GPUs. Faster, but bits depend on "
+                                         "the GPU generation. Off for cross-machine reproducibility."),
+                io.Int.Input("num_threads", default=0, min=0, max=1024,
+                             tooltip="CPU threads for torch while the pipeline runs. fp32 CPU results differ between "
+                                     "thread counts, so the count is pinned and recorded. 0 = pin the current count."),
+            ],
+            outputs=[DiffusersPipeline.Output(display_name="PIPELINE", tooltip="The pipeline carrying the policy."),
+                     io.String.Output(display_name="report", tooltip="What will be set, and what cannot be guaranteed.")],
+        )
+
+    @classmethod
+    def execute(cls, pipeline, strict: bool, allow_tf32: bool, num_threads: int) -> io.NodeOutput:
+        handle = as_handle(pipeline, "Pipeline Determinism Setup")
+        policy = determinism.DeterminismPolicy(strict=strict, allow_tf32=allow_tf32, num_threads=num_threads or None)
+        report = determinism.describe_policy(policy)
+        return io.NodeOutput(handle.replace(determinism=policy), report, ui=ui.PreviewText(report))

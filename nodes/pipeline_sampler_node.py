@@ -1,0 +1,155 @@
+"""Pipeline Sampler and Pipeline Warmup: run a DIFFUSERS_PIPELINE (text -> IMAGE, or a throw-away warm-up run).
+
+Thin adapters over ``core.pipelines``: ``generate`` with one CPU generator per image (image i: seed + i),
+``warmup``; the handle's LoRA is made active right before the run and its determinism policy (Pipeline
+Determinism Setup) applied around it. The run record is a :class:`core.run_record.RunRecord`, the same
+schema as Seeded Sampler's.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+from comfy_api.latest import io, ui
+
+from ..core import determinism
+from ..core.fingerprint import fingerprint_digest
+from ..core.hashing import hash_image
+from ..core.pipelines import compile_record, generate, pipeline_report
+from ..core.pipelines import warmup as core_warmup
+from ..core.pipelines.handle import RUN_LOCK, PipelineHandle, prepare_run
+from ..core.run_record import RunRecord
+from ..core.sizes import parse_sizes
+from .pipeline_nodes import DiffusersPipeline, as_handle
+
+NO_POLICY = "not set (Pipeline Determinism Setup not used)"
+
+
+def _size_inputs() -> list[io.Input]:
+    return [
+        io.Int.Input("width", default=512, min=16, max=16384, step=8,
+                     tooltip="Image width in pixels (a multiple of the pipeline's VAE factor; x2 for Flux)."),
+        io.Int.Input("height", default=512, min=16, max=16384, step=8, tooltip="Image height in pixels."),
+        io.Int.Input("batch_size", default=1, min=1, max=4096, tooltip="Number of images; image i uses seed + i."),
+    ]
+
+
+def _policy(handle: PipelineHandle):
+    """``deterministic(policy)`` for the handle's policy, or a context yielding None when it has none."""
+    if handle.determinism is None:
+        return contextlib.nullcontext(None)
+    return determinism.deterministic(handle.determinism)
+
+
+class SteadfastPipelineSampler(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="SteadfastPipelineSampler",
+            display_name="Pipeline Sampler (Steadfast)",
+            category="Steadfast",
+            description="Text to IMAGE with a diffusers pipeline, reproducibly: image i is drawn from its own CPU "
+                        "generator seeded seed + i (the same on every device). Also returns a run record with "
+                        "everything that decides the output bits.",
+            inputs=[
+                DiffusersPipeline.Input("pipeline", tooltip="The pipeline to run (its LoRA and determinism policy "
+                                                            "are applied for this run only)."),
+                io.String.Input("prompt", default="", multiline=True, tooltip="The text prompt."),
+                io.String.Input("negative_prompt", default="", multiline=True,
+                                tooltip="The negative prompt; empty = the pipeline's default."),
+                io.Int.Input("seed", default=0, min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True,
+                             tooltip="Seed of image 0 (image i uses seed + i)."),
+                io.Int.Input("steps", default=20, min=1, max=10000, tooltip="num_inference_steps."),
+                io.Float.Input("cfg", default=7.0, min=0.0, max=100.0, step=0.1, round=0.01,
+                               tooltip="guidance_scale (classifier-free guidance; for Flux the distilled guidance)."),
+                *_size_inputs(),
+            ],
+            not_idempotent=True,  # two identical sampler nodes in one workflow must both run (determinism check)
+            outputs=[io.Image.Output(display_name="IMAGE", tooltip="The generated images."),
+                     io.String.Output(display_name="run_record",
+                                      tooltip="JSON run record: seeds, settings, environment fingerprint, image hash.")],
+        )
+
+    @classmethod
+    def execute(cls, pipeline, prompt: str, negative_prompt: str, seed: int, steps: int, cfg: float, width: int,
+                height: int, batch_size: int) -> io.NodeOutput:
+        handle = as_handle(pipeline, "Pipeline Sampler")
+        with RUN_LOCK:
+            pipe, events = prepare_run(handle)
+            rec = compile_record(pipe)
+            recompiles_before = len(rec.recompiles) if rec is not None else 0
+            with _policy(handle) as det:
+                t0 = time.perf_counter()
+                images = generate(pipe, prompt, negative_prompt, steps=steps, guidance=cfg, width=width,
+                                  height=height, seed=seed, batch=batch_size)
+                seconds = time.perf_counter() - t0
+                report = pipeline_report(pipe)  # inside the policy: threads and flags as they were for the run
+        env = report["environment"]
+        env["determinism"] = det.as_dict() if det is not None else NO_POLICY
+        record = RunRecord(
+            kind="pipeline", seeds=[seed + i for i in range(batch_size)],
+            batch_seed_mode="incremental (one CPU generator per image)", steps=steps, cfg=cfg, denoise=1.0,
+            sampler=type(getattr(pipe, "scheduler", None)).__name__, scheduler="pipeline's own",
+            output="image", output_shape=list(images.shape), output_sha256=hash_image(images),
+            fingerprint=env, compile=report["compile"] or "off",
+            recompiles_this_run=(len(rec.recompiles) - recompiles_before) if rec is not None else 0,
+            seconds=round(seconds, 4),
+            details={"prompt": prompt, "negative_prompt": negative_prompt, "pipeline": report["pipeline"],
+                     "source": handle.source, "dtype": handle.dtype,
+                     "lora": None if handle.lora is None else {"name": handle.lora.name, "rank": handle.lora.rank,
+                                                               "max_rank": handle.lora.max_rank},
+                     "lora_events": events, "optimize": report["optimize"],
+                     "fingerprint_digest": fingerprint_digest(env)},
+        )
+        text = record.as_json()
+        return io.NodeOutput(images, text, ui={"text": [record.summary_text()],
+                                               "steadfast_run_record": [RunRecord.from_json(text).as_dict()]})
+
+
+class SteadfastPipelineWarmup(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="SteadfastPipelineWarmup",
+            display_name="Pipeline Warmup (Steadfast)",
+            category="Steadfast",
+            description="Runs one short throw-away generation per target size (with the pipeline's LoRA and "
+                        "determinism policy active) so a compiled pipeline compiles here. Sizes it is already warm "
+                        "for are skipped. Shows compile seconds, graphs and recompiles.",
+            inputs=[
+                DiffusersPipeline.Input("pipeline", tooltip="The (optimized) pipeline to warm up."),
+                *_size_inputs(),
+                io.Float.Input("cfg", default=7.0, min=0.0, max=100.0, step=0.1,
+                               tooltip="Use the cfg of the real run: guidance on/off changes the batch the denoiser sees."),
+                io.String.Input("sizes", default="", optional=True,
+                                tooltip="More target sizes to warm up, e.g. '512x512, 768x512' (pixels, width x height)."),
+            ],
+            outputs=[DiffusersPipeline.Output(display_name="PIPELINE", tooltip="The same pipeline, now warm."),
+                     io.String.Output(display_name="report", tooltip="Compile seconds, graphs, recompiles.")],
+        )
+
+    @classmethod
+    def execute(cls, pipeline, width: int, height: int, batch_size: int, cfg: float, sizes: str = "") -> io.NodeOutput:
+        handle = as_handle(pipeline, "Pipeline Warmup")
+        targets = dict.fromkeys([(width, height), *parse_sizes(sizes)])
+        lines: list[str] = []
+        with RUN_LOCK:
+            pipe, events = prepare_run(handle)
+            rec = compile_record(pipe)
+            strict = rec.strict if rec is not None else False
+            try:  # compiling is what a warm-up is for: strict mode applies to the runs after it
+                if rec is not None:
+                    rec.strict = False
+                for w, h in targets:
+                    target = (batch_size, h, w)
+                    if rec is not None and rec.is_warm_for(target):
+                        lines.append(f"already warm for {list(target)} (batch, height, width): nothing to do")
+                        continue
+                    res = core_warmup(pipe, w, h, batch_size, guidance=cfg, policy=handle.determinism)
+                    lines.append(f"warm-up generation at {list(target)} (batch, height, width): {res.seconds:.2f} s")
+            finally:
+                if rec is not None:
+                    rec.strict = strict
+            lines.append(rec.as_text() if rec is not None else "(pipeline is not compiled by Steadfast)")
+        report = "\n".join(lines + events)
+        return io.NodeOutput(handle, report, ui=ui.PreviewText(report))
