@@ -5,7 +5,26 @@ import { app } from "../../scripts/app.js";
 const NODES = new Set([
   "SteadfastDeterminismSetup", "SteadfastOptimizeModel", "SteadfastSeededSampler",
   "SteadfastWarmup", "SteadfastHash", "SteadfastCompare",
+  "SteadfastPipelineSampler", "SteadfastPipelineOptimize", "SteadfastPipelineWarmup",
+  "SteadfastPipelineDeterminismSetup", "SteadfastLoadDiffusersPipeline", "SteadfastPipelineLoRA",
 ]);
+
+// Optimize Model lost its two pipeline-only widgets (vae_slicing, vae_tiling: now on Pipeline Optimize).
+// widgets_values are positional, so a workflow saved with them would shift strict_recompiles and
+// compile_cache by two: map such a saved list by the old widget names instead.
+const OPTIMIZE_OLD_WIDGETS = [
+  "qkv_fusion", "channels_last", "attention", "compile", "backend", "mode", "dynamic", "fullgraph",
+  "vae_slicing", "vae_tiling", "strict_recompiles", "compile_cache",
+];
+
+function migrateOptimizeWidgets(node, info) {
+  const saved = info?.widgets_values;
+  if (!Array.isArray(saved) || saved.length !== OPTIMIZE_OLD_WIDGETS.length) return;
+  OPTIMIZE_OLD_WIDGETS.forEach((name, i) => {
+    const w = node.widgets?.find((x) => x.name === name);
+    if (w) w.value = saved[i];
+  });
+}
 
 const MATCH_COLORS = { match: "#2e7d32", mismatch: "#c62828", unchecked: null };
 
@@ -46,6 +65,13 @@ app.registerExtension({
   name: "steadfast.nodes",
   async beforeRegisterNodeDef(nodeType, nodeData) {
     if (!NODES.has(nodeData.name)) return;
+    if (nodeData.name === "SteadfastOptimizeModel") {
+      const onConfigure = nodeType.prototype.onConfigure;
+      nodeType.prototype.onConfigure = function (info) {
+        onConfigure?.apply(this, arguments);
+        migrateOptimizeWidgets(this, info);
+      };
+    }
     const onExecuted = nodeType.prototype.onExecuted;
     nodeType.prototype.onExecuted = function (message) {
       onExecuted?.apply(this, arguments);

@@ -37,7 +37,7 @@ class SteadfastHash(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, expected: str = "", fail_on_mismatch: bool = False, **_) -> bool | str:
+    def validate_inputs(cls, expected: str = "", fail_on_mismatch: bool = False) -> bool | str:
         # ComfyUI drops an output node that fails validation and still runs the other outputs. A check
         # that must fail the prompt (fail_on_mismatch) is therefore not rejected here: execute() raises.
         if fail_on_mismatch is True:
