@@ -65,7 +65,7 @@ def go(server: ComfyServer, timeout: float = 600.0, **kw: Any) -> dict[str, Any]
     entry = run(server, build(**kw), timeout=timeout)
     record = record_of(entry, "samp")
     return {"entry": entry, "record": record, "compile": record["fingerprint"]["compile"],
-            "hash": record["latent_sha256"]}
+            "hash": record["output_sha256"]}
 
 
 @contextlib.contextmanager

@@ -38,14 +38,14 @@ def test_identical_hash_across_runs_with_free_in_between(det_runs: dict[str, Any
     first, second = det_runs["runs"]
     assert cached_nodes(second) == []  # /free dropped ComfyUI's caches: everything ran again
     assert hash_of(first, "11") == hash_of(second, "11")
-    assert record_of(first, "6")["latent_sha256"] == record_of(second, "6")["latent_sha256"]
+    assert record_of(first, "6")["output_sha256"] == record_of(second, "6")["output_sha256"]
     for entry in (first, second):
         check_ui_lists(entry)
         report = compare_of(entry, "10")  # Run A vs Run B inside one workflow
         assert report["identical"] is True and report["max_abs"] == 0.0
         assert text(entry, "10").startswith("IDENTICAL")
         # two samplers really ran (not_idempotent): both report the same latent
-        assert record_of(entry, "6")["latent_sha256"] == record_of(entry, "7")["latent_sha256"]
+        assert record_of(entry, "6")["output_sha256"] == record_of(entry, "7")["output_sha256"]
 
 
 def test_seed_changes_hash(comfy_server: ComfyServer, det_runs: dict[str, Any]) -> None:
@@ -72,8 +72,9 @@ def test_run_record_has_what_decides_the_bits(det_runs: dict[str, Any]) -> None:
     assert json.loads(text(entry, det_runs["preview"])) == record
     assert record["seeds"] == [42] and record["batch_seed_mode"] == "incremental"
     assert (record["sampler"], record["steps"], record["cfg"]) == ("euler_ancestral", STEPS, 7.0)
-    assert record["per_step_noise"] == "cpu"
-    assert record["latent_shape"] == [1, 4, 8, 8] and len(record["latent_sha256"]) == 64
+    assert record["details"]["per_step_noise"] == "cpu" and record["kind"] == "model"
+    assert record["output"] == "latent" and record["output_shape"] == [1, 4, 8, 8]
+    assert len(record["output_sha256"]) == 64 and record["compile"] == "off" and record["recompiles_this_run"] == 0
     fp = record["fingerprint"]
     assert fp["num_threads"] >= 1 and fp["flags"]["num_threads"] == fp["num_threads"]
     assert fp["flags_measured"] == "during sampling"
@@ -176,4 +177,4 @@ def test_identical_hash_across_server_restart(comfy_server: ComfyServer, det_run
     entry = run(comfy_server, det_runs["wf"])
     assert cached_nodes(entry) == []
     assert hash_of(entry, "11") == hash_of(det_runs["runs"][0], "11")
-    assert record_of(entry, "6")["latent_sha256"] == record_of(det_runs["runs"][0], "6")["latent_sha256"]
+    assert record_of(entry, "6")["output_sha256"] == record_of(det_runs["runs"][0], "6")["output_sha256"]

@@ -90,7 +90,7 @@ def test_compile_state_route_and_no_second_compile(eager_auto: dict[str, Any]) -
 def test_eager_compile_equals_uncompiled_and_fusion_ran(comfy_server: ComfyServer, eager_auto: dict[str, Any]) -> None:
     entry = run(comfy_server, optimized(compile="off"))
     assert hash_of(entry, "11") == hash_of(eager_auto["run1"], "11")
-    fusion = record_of(entry, "7")["qkv_fusion"]
+    fusion = record_of(entry, "7")["details"]["qkv_fusion"]
     assert (fusion["modules"], fusion["live_after_run"]) == (8, 8)
     # each block: self-attention q/k/v from one matmul, cross-attention k/v from one matmul, every step
     assert fusion["calls_this_run"] == {"qkv": N_BLOCKS * STEPS, "kv": N_BLOCKS * STEPS, "separate": 0}
@@ -99,7 +99,7 @@ def test_eager_compile_equals_uncompiled_and_fusion_ran(comfy_server: ComfyServe
 def test_qkv_fusion_is_bit_equal_in_fp32(comfy_server: ComfyServer) -> None:
     entry = run(comfy_server, optimized(attention="comfy", compile="off"))
     assert compare_of(entry, "14")["identical"] is True and compare_of(entry, "10")["identical"] is True
-    assert record_of(entry, "7")["qkv_fusion"]["calls_this_run"]["qkv"] == N_BLOCKS * STEPS
+    assert record_of(entry, "7")["details"]["qkv_fusion"]["calls_this_run"]["qkv"] == N_BLOCKS * STEPS
     assert record_of(entry, "7")["fingerprint"]["qkv_fusion"] == 8
 
 
@@ -232,7 +232,7 @@ def test_lora_then_optimize(lora_runs: dict[str, Any]) -> None:
     # Optimize(qkv fusion only, ComfyUI attention) keeps the LoRA bit for bit: the fused weight is
     # built from the patched projections
     assert compare_of(first, "c_fusion")["identical"] is True
-    fused = record_of(first, "s_fused")["qkv_fusion"]
+    fused = record_of(first, "s_fused")["details"]["qkv_fusion"]
     assert fused["calls_this_run"]["qkv"] == N_BLOCKS * STEPS and fused["calls_this_run"]["separate"] == 0
     # compiled + math attention with the LoRA: close to LoRA-only (attention rounding), far from no-LoRA
     opt = compare_of(first, "c_opt")
