@@ -8,11 +8,13 @@ headless Chromium through Playwright:
    ``/object_info`` default, because the frontend always sends every widget (printed with ``-s``). The loaded
    nodes are all known to the frontend, no missing-node/model warning shows and no two nodes overlap;
    ``scripts/api_to_ui.py`` is also checked on a synthetic graph (link-driven widgets, control widgets, combos);
-2. ``GET /workflow_templates`` lists the three templates under our folder name and serves them unchanged;
+2. ``GET /workflow_templates`` lists the four templates under our folder name and serves them unchanged;
 3. ``determinism_check`` is run from the page (``app.queuePrompt``, i.e. the Run button) and ``js/steadfast.js``
    shows each node's text in the ``steadfast_info`` widget (Hash, Compare) and colours Compare by its verdict;
    the widget is not saved into the workflow, and the prompt the page sent is the twin. A screenshot is
-   written to the test's tmp dir (path printed with ``-s``).
+   written to the test's tmp dir (path printed with ``-s``);
+4. a workflow saved before Optimize Model lost its pipeline-only widgets (12 positional ``widgets_values``)
+   loads with every remaining widget at its saved value (``js/steadfast.js`` maps them by name).
 
 Needs ``/usr/bin/chromium`` (or ``$STEADFAST_CHROMIUM``) and the ``playwright`` Python package; never
 downloads a browser. Without them the tests skip loudly. Install (Debian)::
@@ -196,7 +198,7 @@ def frontend_prompt(page: Any) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------------------------- tests
 def test_workflow_templates_listed_and_served(comfy_server: ComfyServer) -> None:
-    assert len(TEMPLATES) == 3, TEMPLATES
+    assert TEMPLATES == ["determinism_check", "optimized_vs_baseline", "pipeline_generate", "warmup_then_generate"]
     listed = comfy_server.get("/workflow_templates")
     assert sorted(listed.get(PACK_DIR_NAME, [])) == TEMPLATES, listed
     for name in TEMPLATES:
@@ -314,3 +316,21 @@ def test_run_from_browser_shows_hash_and_compare(page: Any, comfy_server: ComfyS
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     print(f"screenshot: {shot}")
     assert not page.steadfast_errors, page.steadfast_errors
+
+
+def test_old_optimize_widgets_values_load_by_name(page: Any, object_info: dict[str, Any]) -> None:
+    """A UI workflow saved when Optimize Model still had vae_slicing/vae_tiling (between fullgraph and
+    strict_recompiles): positional loading would put vae_tiling's False into compile_cache."""
+    api = {"1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": TINY_CKPT_NAME}},
+           "2": {"class_type": "SteadfastOptimizeModel", "inputs": {
+               "model": ["1", 0], "qkv_fusion": True, "channels_last": True, "attention": "math", "compile": "full",
+               "backend": "eager", "mode": "max-autotune", "dynamic": "true", "fullgraph": True,
+               "strict_recompiles": True, "compile_cache": "my_cache"}}}
+    workflow = api_to_ui.convert(api, object_info)
+    node = next(n for n in workflow["nodes"] if n["type"] == "SteadfastOptimizeModel")
+    assert len(node["widgets_values"]) == 10
+    old = node["widgets_values"]
+    node["widgets_values"] = old[:8] + [True, False] + old[8:]  # the old layout: ..., fullgraph, vae_slicing, vae_tiling, ...
+    page.evaluate("async (wf) => { await window.app.loadGraphData(wf) }", workflow)
+    check_round_trip(page, api, object_info, "old Optimize Model widgets_values")
+

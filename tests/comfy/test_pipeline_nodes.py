@@ -304,3 +304,26 @@ def test_flux_pipeline_depends_on_prompt_and_seed_and_repeats(server: ComfyServe
     h = {n: hash_of(entry, after(n)) for n in (a3, a3_again, a4, b3)}
     assert h[a3] == h[a3_again] and len({h[a3], h[a4], h[b3]}) == 3
     assert record_of(entry, a3)["details"]["pipeline"] == "FluxPipeline"
+
+
+def test_pipeline_template_runs_and_repeats(server: ComfyServer) -> None:
+    """``example_workflows/api/pipeline_generate.json`` on the tiny SD pipeline (eager backend, small and short):
+    it runs, the warm-up compiles, and a second run after ``/free`` gives the same image hash."""
+    wf = workflow("pipeline_generate")
+    kind = {v["class_type"]: k for k, v in wf.items()}
+    wf[kind["SteadfastLoadDiffusersPipeline"]]["inputs"]["pipeline_name"] = SD
+    wf[kind["SteadfastPipelineOptimize"]]["inputs"]["backend"] = "eager"
+    wf[kind["SteadfastPipelineWarmup"]]["inputs"].update(width=SIZE, height=SIZE)
+    smp, hsh = kind["SteadfastPipelineSampler"], kind["SteadfastHash"]
+    wf[smp]["inputs"].update(width=SIZE, height=SIZE, steps=STEPS)
+    hashes = []
+    for _ in range(2):
+        server.free()
+        entry = run(server, wf)
+        rec = record_of(entry, smp)
+        assert rec["recompiles_this_run"] == 0 and rec["compile"]["status"] == "warm"
+        assert isinstance(rec["fingerprint"]["determinism"], dict)
+        hashes.append(hash_of(entry, hsh))
+        assert rec["output_sha256"] == hashes[-1]
+    assert hashes[0] == hashes[1]
+    assert "warm-up generation" in text(entry, kind["SteadfastPipelineWarmup"])
