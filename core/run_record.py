@@ -125,7 +125,8 @@ class RunRecord:
 
 
 def _compile_text(comp: dict[str, Any], this_run: int) -> str:
-    name = comp.get("label") or f"{comp.get('mode')} ({comp.get('backend')})"
+    # a MODEL's state names its compile mode and backend; a pipeline's record its label
+    name = f"{comp['mode']} ({comp.get('backend')})" if "mode" in comp else comp.get("label")
     recompiles = comp.get("recompiles")
     n = len(recompiles) if isinstance(recompiles, list) else recompiles
     text = (f"compile {name}: {comp.get('status')}, {comp.get('graphs')} graph(s), {n} recompile(s); "
