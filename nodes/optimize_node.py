@@ -6,6 +6,7 @@ from comfy_api.latest import io, ui
 import comfy.model_management
 
 from ..core import blocks, registry
+from ..core import compile_cache as compile_cache_names
 from ..core.compile import comfy_guard_filter
 from ..core.optimize import attention as sdpa
 from . import model_patches as mp
@@ -66,9 +67,11 @@ class SteadfastOptimizeModel(io.ComfyNode):
                                  tooltip="Make any recompile after warm-up an error naming its reason (a changed "
                                          "global flag, a new size, replaced weights ...) instead of a slow, counted one."),
                 io.String.Input("compile_cache", default="", optional=True,
-                                tooltip="inductor only: persistent compile-cache folder (kept across restarts). Empty = "
-                                        "$STEADFAST_COMPILE_CACHE or <ComfyUI user dir>/steadfast/compile_cache; "
-                                        "'off' = inductor's default temporary folder."),
+                                tooltip="inductor only: NAME of the persistent compile cache to use (kept across "
+                                        "restarts), e.g. 'flux'. Empty = 'default'; 'off' = inductor's temporary "
+                                        "folder. A name, never a path: the folder that holds the caches is set by "
+                                        "the server's operator ($STEADFAST_COMPILE_CACHE, else <ComfyUI user "
+                                        "dir>/steadfast/compile_cache)."),
             ],
             outputs=[io.MatchType.Output(template=model_or_pipeline, display_name="MODEL",
                                          tooltip="The optimized clone (a MODEL or a DIFFUSERS_PIPELINE, like the input)."),
@@ -76,7 +79,12 @@ class SteadfastOptimizeModel(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, attention: str = "auto", compile: str = "off", backend: str = "inductor", **_) -> bool | str:
+    def validate_inputs(cls, attention: str = "auto", compile: str = "off", backend: str = "inductor",
+                        compile_cache: str = "", **_) -> bool | str:
+        try:
+            compile_cache_names.check_name(compile_cache)
+        except compile_cache_names.CacheRefused as e:
+            return str(e)
         if attention not in ATTENTION_CHOICES:
             return f"unknown attention backend {attention!r}; choose one of {ATTENTION_CHOICES}"
         if compile not in COMPILE_CHOICES:

@@ -123,6 +123,7 @@ class ComfyServer:
         load_pack: symlink this repo as ``custom_nodes/ComfyUI-Steadfast``.
         startup_timeout: seconds to wait for ``GET /system_stats``.
         keep_base: keep the base directory after :meth:`close` (it is printed in errors; handy for debugging).
+        env: extra environment variables for the server process (e.g. an operator's ``STEADFAST_COMPILE_CACHE``).
 
     Attributes after :meth:`start`: ``base_dir``, ``port``, ``url``, ``log_path``, ``process``.
     """
@@ -138,6 +139,7 @@ class ComfyServer:
         load_pack: bool = True,
         startup_timeout: float = 120.0,
         keep_base: bool = False,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         root = Path(comfyui).expanduser().resolve() if comfyui is not None else find_comfyui()
         if root is None or not (root / "main.py").is_file():
@@ -150,6 +152,7 @@ class ComfyServer:
         self.load_pack = load_pack
         self.startup_timeout = startup_timeout
         self.keep_base = keep_base
+        self.env = dict(env or {})
         self.client_id = uuid.uuid4().hex
         self.base_dir: Path | None = None
         self.port: int | None = None
@@ -241,7 +244,7 @@ class ComfyServer:
         raise last_error
 
     def _spawn_and_wait(self) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         self._log_file = open(self.log_path, "ab")
         self._log_file.write(f"$ {' '.join(self.command())}\n".encode())
         self._log_file.flush()
@@ -364,6 +367,23 @@ class ComfyServer:
         """``POST path`` with a JSON body; returns the decoded JSON answer (None for an empty body)."""
         raw, _ = self._request("POST", path, body, timeout=timeout)
         return json.loads(raw) if raw.strip() else None
+
+    def upload(self, filename: str, data: bytes, subfolder: str = "", kind: str = "input") -> Any:
+        """``POST /upload/image`` as a browser form would (multipart); any bytes, as any client can send them.
+
+        Returns ComfyUI's JSON answer (``{"name", "subfolder", "type"}``)."""
+        boundary = uuid.uuid4().hex
+        parts = [("image", filename, data), ("subfolder", None, subfolder.encode()), ("type", None, kind.encode()),
+                 ("overwrite", None, b"true")]
+        body = b""
+        for name, fname, value in parts:
+            disp = f'form-data; name="{name}"' + (f'; filename="{fname}"' if fname else "")
+            body += f"--{boundary}\r\nContent-Disposition: {disp}\r\n\r\n".encode() + value + b"\r\n"
+        body += f"--{boundary}--\r\n".encode()
+        req = urllib.request.Request(self.url + "/upload/image", data=body, method="POST")
+        req.add_header("Content-Type", f"multipart/form-data; boundary={boundary}")
+        with _OPENER.open(req, timeout=60) as resp:
+            return json.loads(resp.read())
 
     def view(self, image: Mapping[str, str]) -> bytes:
         """File bytes of one ``{"filename", "subfolder", "type"}`` entry of a node's ``images`` output."""
