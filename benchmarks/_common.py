@@ -15,6 +15,7 @@ import datetime
 import importlib.util
 import os
 import platform
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -71,12 +72,12 @@ def cpu_model() -> str:
 def comfyui_version() -> str:
     """``__version__`` of the ComfyUI checkout that :func:`import_pack` uses ("unknown" if absent)."""
     root = Path(os.environ.get("COMFYUI_PATH", str(Path.home() / "comfy" / "ComfyUI"))).expanduser()
-    ns: dict[str, Any] = {}
     try:
-        exec((root / "comfyui_version.py").read_text(), ns)  # a generated one-line version file
+        text = (root / "comfyui_version.py").read_text()  # generated: __version__ = "0.8.0"
     except OSError:
         return "unknown"
-    return str(ns.get("__version__", "unknown"))
+    match = re.search(r"""^__version__\s*=\s*["']([^"']+)["']""", text, re.MULTILINE)
+    return match.group(1) if match else "unknown"
 
 
 def machine_info() -> dict[str, Any]:
