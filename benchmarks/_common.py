@@ -1,6 +1,6 @@
 """Shared helpers for the benchmark scripts (not part of the node pack; never imported by ComfyUI).
 
-* :func:`import_pack` - import ComfyUI in-process (CPU) via ``scripts/tiny_sd15.import_comfy`` and the
+* :func:`import_pack` - import ComfyUI in-process (CPU) via ``headless/tiny_sd15.import_comfy`` and the
   repo root as the package ``steadfast`` (as ``tests/conftest.py`` does), so the benchmarks run the
   pack's own code paths.
 * :func:`machine_info` / :func:`print_header` - CPU model, cores, torch / python / ComfyUI versions, date.
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ROOT / "scripts"
+SCRIPTS = ROOT / "headless"  # tiny_sd15, imported before the pack (it sets up ComfyUI)
 
 
 def _scripts_on_path() -> None:
@@ -31,7 +31,7 @@ def _scripts_on_path() -> None:
 
 
 def tiny_sd15_module() -> Any:
-    """``scripts/tiny_sd15.py`` as a module (``scripts/`` is not a package)."""
+    """``headless/tiny_sd15.py`` as a top-level module (imported before ComfyUI and the pack)."""
     _scripts_on_path()
     import tiny_sd15
 

@@ -1,6 +1,6 @@
 """Sampling time and parity of Steadfast's optimizations on the tiny SD1.5-architecture checkpoint (CPU).
 
-Runs ComfyUI in-process (``args.cpu``), loads the cached tiny checkpoint (``scripts/tiny_sd15.py``) with
+Runs ComfyUI in-process (``args.cpu``), loads the cached tiny checkpoint (``headless/tiny_sd15.py``) with
 ``comfy.sd.load_checkpoint_guess_config`` and encodes the prompts with its CLIP. Each configuration is a
 ``ModelPatcher`` clone made by the pack's own node, ``SteadfastOptimizeModel.execute`` (so the benchmark
 measures exactly what a user of the node gets: ``optimized_attention_override``, object patches,

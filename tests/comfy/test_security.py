@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from comfy_server import ComfyServer, PromptFailed, PromptRejected
-from conftest import TINY_CKPT_NAME
+from tiny_sd15 import CHECKPOINT_NAME as TINY_CKPT_NAME
 from recompile_workflows import build
 from steadfast.core import compile_cache as cc
 

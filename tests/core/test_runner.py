@@ -1,4 +1,4 @@
-"""core/headless.py without a server: workflow loading (JSON, PNG), checks, comparison, explanation, pin."""
+"""headless/runner.py without a server: workflow loading (JSON, PNG), checks, comparison, explanation, pin."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
-from steadfast.core import headless as hl
+from steadfast.headless import runner as hl
 
 ROOT = Path(__file__).resolve().parents[2]
 WF = json.loads((ROOT / "example_workflows" / "api" / "determinism_check.json").read_text())

@@ -7,7 +7,7 @@ hashes are compared across runs and servers; any difference is explained field b
 hashes (and run records) filled into its Hash nodes, so it carries its own proof.
 
 Servers are duck-typed: anything with ``label``, ``queue(prompt) -> id``, ``wait(id) -> history entry``,
-``free()``, ``get(path)`` and, for ``--restart``, ``restart()`` (``core.comfy_server.ComfyServer``).
+``free()``, ``get(path)`` and, for ``--restart``, ``restart()`` (``headless.comfy_server.ComfyServer``).
 This module imports nothing from ComfyUI.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from .explain import explain
+from ..core.explain import explain
 
 __all__ = ["HASH_NODE", "SAMPLER_NODE", "WorkflowError", "load_workflow", "hash_nodes", "missing_node_types",
            "RunResult", "Report", "collect", "compare", "pin", "run_all"]
@@ -38,7 +38,7 @@ class Server(Protocol):
 
     def queue(self, prompt: Mapping[str, Any]) -> str: ...
     def wait(self, prompt_id: str, timeout: float = ...) -> dict[str, Any]: ...
-    def free(self) -> None: ...
+    def free(self, unload_models: bool = ..., free_memory: bool = ...) -> None: ...
     def get(self, path: str) -> Any: ...
 
 
@@ -143,11 +143,11 @@ class Report:
 
     def table(self) -> str:
         nodes = sorted(self.distinct, key=str)
-        head = f"{'server':<24} {'run':<20} " + " ".join(f"{'hash ' + n:<20}" for n in nodes)
+        head = f"{'server':<30} {'run':<20} " + " ".join(f"{'hash ' + n:<20}" for n in nodes)
         rows = [head]
         for r in self.results:
             cells = [(r.hashes.get(n, "-")[:16] + (" !" if r.checks.get(n) == "mismatch" else "")) for n in nodes]
-            rows.append(f"{r.server[:24]:<24} {r.run[:20]:<20} " + " ".join(f"{c:<20}" for c in cells)
+            rows.append(f"{r.server[:30]:<30} {r.run[:20]:<20} " + " ".join(f"{c:<20}" for c in cells)
                         + (f"  ERROR: {r.error[:120]}" if r.error else ""))
         return "\n".join(rows)
 
@@ -217,8 +217,11 @@ def _run_once(server: Server, prompt: Mapping[str, Any], run: str, timeout: floa
 
 def run_all(prompt: Mapping[str, Any], servers: Iterable[Server], *, runs: int = 2, free_between: bool = False,
             restart: bool = False, timeout: float = 1800.0, log: Callable[[str], None] = print) -> Report:
-    """Run ``prompt`` ``runs`` times on every server (``free()`` between runs with ``free_between``; one more
-    run after ``restart()`` with ``restart``) and :func:`compare` the results.
+    """Run ``prompt`` ``runs`` times on every server and :func:`compare` the results.
+
+    Each run starts with ComfyUI's node cache dropped (``POST /free`` with ``free_memory``), so every node
+    recomputes; ``free_between`` also unloads the models between runs; ``restart`` adds one run after
+    ``restart()``.
 
     Raises WorkflowError before running anything when the workflow has no Hash node, ``runs`` < 1, or a server
     lacks one of its node types (named)."""
@@ -234,9 +237,9 @@ def run_all(prompt: Mapping[str, Any], servers: Iterable[Server], *, runs: int =
     results: list[RunResult] = []
     for s in servers:
         for i in range(runs):
-            if i and free_between:
-                s.free()
-            label = f"run {i + 1}" + (" after /free" if i and free_between else "")
+            unload = bool(i and free_between)
+            s.free(unload_models=unload, free_memory=True)  # every node recomputes: a cached answer proves nothing
+            label = f"run {i + 1}" + (" after unload" if unload else "")
             results.append(_run_once(s, prompt, label, timeout))
             log(f"{s.label} {label}: " + (results[-1].error or ", ".join(
                 f"{n} {h[:16]}" for n, h in sorted(results[-1].hashes.items()))))
