@@ -26,7 +26,7 @@ __all__ = ["FieldDiff", "Explanation", "flatten", "explain", "parse_record"]
 
 # Leaf patterns (regex on the dotted name) that differ run to run without changing the bits.
 _VOLATILE = re.compile(
-    r"(^|\.)(latent_sha256|image_sha256|sha256|hash|created|timestamp|time|seconds|[a-z_]*_seconds"
+    r"(^|\.)([a-z_]*sha256|hash|created|timestamp|time|seconds|[a-z_]*_seconds"
     r"|first_call_seconds|compile_seconds|run_log|last_run|calls|calls_this_run(\..*)?|activations"
     r"|cache_state(\..*)?|recompiles_this_run|recompile_reasons_this_run|params_replaced_this_run"
     r"|live_after_run|flags_measured|record_created|status|warnings|messages)$")
