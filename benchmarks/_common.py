@@ -1,6 +1,6 @@
 """Shared helpers for the benchmark scripts (not part of the node pack; never imported by ComfyUI).
 
-* :func:`import_pack` - import ComfyUI in-process (CPU) via ``scripts/tiny_sd15.import_comfy`` and the
+* :func:`import_pack` - import ComfyUI in-process (CPU) via ``headless/tiny_sd15.import_comfy`` and the
   repo root as the package ``steadfast`` (as ``tests/conftest.py`` does), so the benchmarks run the
   pack's own code paths.
 * :func:`machine_info` / :func:`print_header` - CPU model, cores, torch / python / ComfyUI versions, date.
@@ -15,13 +15,14 @@ import datetime
 import importlib.util
 import os
 import platform
+import re
 import statistics
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ROOT / "scripts"
+SCRIPTS = ROOT / "headless"  # tiny_sd15, imported before the pack (it sets up ComfyUI)
 
 
 def _scripts_on_path() -> None:
@@ -30,7 +31,7 @@ def _scripts_on_path() -> None:
 
 
 def tiny_sd15_module() -> Any:
-    """``scripts/tiny_sd15.py`` as a module (``scripts/`` is not a package)."""
+    """``headless/tiny_sd15.py`` as a top-level module (imported before ComfyUI and the pack)."""
     _scripts_on_path()
     import tiny_sd15
 
@@ -71,12 +72,12 @@ def cpu_model() -> str:
 def comfyui_version() -> str:
     """``__version__`` of the ComfyUI checkout that :func:`import_pack` uses ("unknown" if absent)."""
     root = Path(os.environ.get("COMFYUI_PATH", str(Path.home() / "comfy" / "ComfyUI"))).expanduser()
-    ns: dict[str, Any] = {}
     try:
-        exec((root / "comfyui_version.py").read_text(), ns)  # a generated one-line version file
+        text = (root / "comfyui_version.py").read_text()  # generated: __version__ = "0.8.0"
     except OSError:
         return "unknown"
-    return str(ns.get("__version__", "unknown"))
+    match = re.search(r"""^__version__\s*=\s*["']([^"']+)["']""", text, re.MULTILINE)
+    return match.group(1) if match else "unknown"
 
 
 def machine_info() -> dict[str, Any]:

@@ -6,7 +6,7 @@ attention through ``transformer_options["optimized_attention_override"]`` (the p
 the graph):
 
 * ``sd15``: the UNet (``UNetModel``) of the cached tiny SD1.5-architecture checkpoint
-  (``scripts/tiny_sd15.py``), loaded with ``comfy.sd.load_checkpoint_guess_config``; input latent
+  (``headless/tiny_sd15.py``), loaded with ``comfy.sd.load_checkpoint_guess_config``; input latent
   ``[2, 4, S, S]`` (batch 2 as with CFG), context ``[2, 77, 768]``.
 * ``flux``: ComfyUI's own ``comfy.ldm.flux.model.Flux`` at reduced width (hidden 256, 4 heads, context
   width 256) and, by default, Flux.1's real depth: 19 double + 38 single blocks (~80 M parameters;

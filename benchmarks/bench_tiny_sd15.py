@@ -1,6 +1,6 @@
 """Sampling time and parity of Steadfast's optimizations on the tiny SD1.5-architecture checkpoint (CPU).
 
-Runs ComfyUI in-process (``args.cpu``), loads the cached tiny checkpoint (``scripts/tiny_sd15.py``) with
+Runs ComfyUI in-process (``args.cpu``), loads the cached tiny checkpoint (``headless/tiny_sd15.py``) with
 ``comfy.sd.load_checkpoint_guess_config`` and encodes the prompts with its CLIP. Each configuration is a
 ``ModelPatcher`` clone made by the pack's own node, ``SteadfastOptimizeModel.execute`` (so the benchmark
 measures exactly what a user of the node gets: ``optimized_attention_override``, object patches,
@@ -37,7 +37,7 @@ against the previous configuration's (``core.optimize.parity.compare_outputs``: 
 each later round against the configuration's own first one ("rerun bit-equal").
 
 Inductor's cache: a fresh empty folder per run unless ``--cache-dir`` is given (set as
-``TORCHINDUCTOR_CACHE_DIR`` and passed as the node's ``compile_cache`` input, so the user's persistent
+``TORCHINDUCTOR_CACHE_DIR``; the node's ``compile_cache`` input is ``off``, so the user's persistent
 Steadfast compile cache is neither used nor written), so the first-call column of the compiled rows is
 a cold compile.
 
@@ -113,7 +113,7 @@ def build_configs(model: Any, names: list[str], cache_dir: str) -> tuple[dict[st
         kwargs = dict(qkv_fusion=qkv_fusion, channels_last=channels_last, attention=attention, compile=compile_,
                       backend="inductor", mode="default", dynamic="auto", fullgraph=False)
         if "compile_cache" in inspect.signature(SteadfastOptimizeModel.execute).parameters:
-            kwargs["compile_cache"] = cache_dir  # the node's persistent cache -> this run's (cold) folder
+            kwargs["compile_cache"] = "off"  # no managed cache: this run's TORCHINDUCTOR_CACHE_DIR (cold) applies
         res = SteadfastOptimizeModel.execute(model, **kwargs)
         out[name] = res.result[0]
         if compile_ != "off":

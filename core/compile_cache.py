@@ -7,8 +7,10 @@ regional Flux, 45 s -> 8.5 s first call in a new process (``research/torch_probe
 PyTorch's "Compile Time Caching Configuration" tutorial). What stays is Dynamo tracing, guard
 building and loading the ``.so`` files.
 
-This module owns one directory per *key* (:func:`cache_key_fields`: torch, triton, python,
-device, pack version): ``<root>/<key>``. A ``steadfast_cache.json`` manifest in it repeats the
+This module owns one directory per *name* and *key* (:func:`cache_key_fields`: torch, triton, python,
+device, pack version): ``<root>/<name>/<key>``. The root is the operator's (``$STEADFAST_COMPILE_CACHE`` or
+ComfyUI's user directory); a workflow only picks a *name* (:func:`check_name`), never a path, because inductor
+and Triton load pickles and shared objects from there (:class:`CacheRefused`). A ``steadfast_cache.json`` manifest in it repeats the
 key fields; a directory whose manifest is unreadable or names other fields is moved aside (never
 deleted, never a crash) with a message, and a fresh one is used. Inductor itself skips corrupt
 cache entries with a warning and recompiles (its FX-graph lookup catches unpickling errors);
@@ -59,6 +61,8 @@ __all__ = [
     "device_description",
     "cache_key_fields",
     "cache_key",
+    "CacheRefused",
+    "check_name",
     "resolve_root",
     "CompileCache",
     "open_cache",
@@ -72,6 +76,8 @@ TRITON_ENV = "TRITON_CACHE_DIR"
 MANIFEST = "steadfast_cache.json"
 CACHE_FORMAT = 1
 DISABLED_VALUES = ("off", "none", "0", "false", "disabled")
+DEFAULT_NAME = "default"
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _ENV_LOCK = threading.RLock()
 _last_dir: list[str | None] = [None]  # the directory inductor last compiled into under our activation
 T = TypeVar("T")
@@ -164,41 +170,90 @@ def cache_key(fields: Mapping[str, Any]) -> str:
     return f"{slug}-{digest}"
 
 
-def resolve_root(override: str | os.PathLike[str] | None = None,
-                 user_dir: str | os.PathLike[str] | None = None) -> tuple[Path | None, str]:
-    """Which cache root to use, and why: ``(root or None when disabled, source text)``.
+class CacheRefused(ValueError):
+    """A compile-cache name or root that would let a workflow choose where the server writes or loads from.
 
-    Precedence: ``override`` (a node input; ``""``/None = not given), then the environment variable
-    ``STEADFAST_COMPILE_CACHE``, then ``<user_dir>/steadfast/compile_cache`` (ComfyUI's user
-    directory, passed by the adapter). A value in :data:`DISABLED_VALUES` (e.g. ``"off"``) disables
-    the managed cache (inductor's own default applies). Returns ``(None, ...)`` when nothing is
-    given and there is no ``user_dir``.
+    Inductor and Triton unpickle and ``dlopen`` what they find in their cache directory, so a workflow that
+    could point the cache at a folder it can write (ComfyUI's ``input/`` via ``POST /upload/image``,
+    ``output/``, ``temp/``, a user's ``/userdata`` folder) could run code in the server. The message never
+    contains an absolute path (it is shown to HTTP clients); the full path goes to the server log.
     """
-    for value, source in ((override, "node input"), (os.environ.get(CACHE_ENV), f"${CACHE_ENV}")):
-        if value is None or str(value).strip() == "":
-            continue
-        text = str(value).strip()
-        if text.lower() in DISABLED_VALUES:
-            return None, f"disabled by {source} ({text!r})"
-        return Path(text).expanduser(), source
+
+
+def check_name(value: str | None) -> str | None:
+    """The cache *name* a workflow chose: ``""``/None -> ``"default"``, ``"off"`` etc. -> None (disabled).
+
+    A name is 1-64 characters of ``[A-Za-z0-9._-]``, starting with a letter or digit: never a path, never
+    ``..``. Raises :class:`CacheRefused` for anything else (absolute paths, ``../x``, ``a/b``, ``~``, ...).
+    """
+    text = "" if value is None else str(value).strip()
+    if text == "":
+        return DEFAULT_NAME
+    if text.lower() in DISABLED_VALUES:
+        return None
+    if not NAME_RE.fullmatch(text) or ".." in text:
+        raise CacheRefused(
+            f"compile_cache must be a cache NAME (letters, digits, '.', '_', '-'; at most 64; e.g. 'default' or "
+            f"'flux'), or 'off'; got {text[:80]!r}. Paths are refused: the cache root is set by the server's "
+            f"operator (${CACHE_ENV}), not by a workflow.")
+    return text
+
+
+def resolve_root(user_dir: str | os.PathLike[str] | None = None) -> tuple[Path | None, str]:
+    """The operator's cache root, and where it came from: ``(root or None when disabled, source text)``.
+
+    ``$STEADFAST_COMPILE_CACHE`` (set by whoever starts the server), else ``<user_dir>/steadfast/compile_cache``
+    (ComfyUI's user directory, passed by the adapter). ``off``/``none``/... in the variable disables the managed
+    cache. A workflow never sets the root; it picks a cache *name* under it (:func:`check_name`).
+    """
+    env = os.environ.get(CACHE_ENV, "").strip()
+    if env:
+        if env.lower() in DISABLED_VALUES:
+            return None, f"disabled by ${CACHE_ENV}"
+        return Path(env).expanduser(), f"${CACHE_ENV}"
     if user_dir is None:
         return None, "no cache root (no user directory and no $" + CACHE_ENV + ")"
     return Path(user_dir).expanduser() / "steadfast" / "compile_cache", "ComfyUI user directory"
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def _check_location(root: Path, name: str, forbidden: tuple[Path, ...]) -> Path:
+    """``<root>/<name>`` after symlinks are resolved; :class:`CacheRefused` when it escapes ``root``, lies in a
+    ``forbidden`` folder (or the root does), or exists as something other than a directory."""
+    real_root = root.resolve()
+    for folder in forbidden:
+        real = Path(os.path.realpath(folder))
+        if _inside(real_root, real) or _inside(real, real_root):
+            log.error("compile cache root %s overlaps %s (a folder clients can write): refused", real_root, real)
+            raise CacheRefused("the compile-cache root set by the operator overlaps a folder that HTTP clients can "
+                               "write (ComfyUI's input/output/temp or a user folder); refused (see the server log)")
+    target = root / name
+    if target.is_symlink() or (target.exists() and not target.is_dir()):
+        log.error("compile cache %s is a symlink or not a directory: refused", target)
+        raise CacheRefused(f"compile cache {name!r} is a link or not a folder; refused (see the server log)")
+    if not _inside(target.resolve(), real_root):
+        log.error("compile cache %s resolves outside its root %s: refused", target, real_root)
+        raise CacheRefused(f"compile cache {name!r} resolves outside the cache root; refused (see the server log)")
+    return target
 
 
 @dataclasses.dataclass
 class CompileCache:
     """One opened cache directory (see :func:`open_cache`).
 
-    ``path``: ``<root>/<key>`` (what ``TORCHINDUCTOR_CACHE_DIR`` is set to), ``fields``: the key
-    fields, ``messages``: what happened when it was opened (moved-aside directories ...),
-    ``source``: where the root came from.
+    ``root``: ``<operator root>/<name>``; ``path``: ``<root>/<key>`` (what ``TORCHINDUCTOR_CACHE_DIR`` is set
+    to), ``fields``: the key fields, ``messages``: what happened when it was opened (moved-aside directories
+    ...; no absolute paths: they reach HTTP clients), ``source``: where the root came from.
     """
 
     root: Path
     key: str
     fields: dict[str, Any]
     source: str = ""
+    name: str = DEFAULT_NAME
     messages: list[str] = dataclasses.field(default_factory=list)
     activations: int = 0
 
@@ -245,19 +300,19 @@ class CompileCache:
         """
         return _move_aside(self, reason)
 
-    def size_bytes(self) -> int:
-        """Total size of the files under :attr:`path` (0 when missing)."""
-        total = 0
-        for dirpath, _dirs, files in os.walk(self.path):
-            for f in files:
-                with contextlib.suppress(OSError):
-                    total += os.path.getsize(os.path.join(dirpath, f))
-        return total
+    def redact(self, text: str) -> str:
+        """``text`` with this cache's absolute paths replaced by ``<compile cache 'name'>`` (for clients)."""
+        for p in sorted({str(self.path.resolve()), str(self.path), str(self.root.resolve()), str(self.root)},
+                        key=len, reverse=True):
+            text = text.replace(p, f"<compile cache {self.name!r}>")
+        return text
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-serialisable description (path, key, fields, source, messages)."""
-        return {"path": str(self.path), "key": self.key, "fields": dict(self.fields), "source": self.source,
-                "messages": list(self.messages)}
+        """What clients may see (``/steadfast/compile_state``, node text): name, root source, messages.
+
+        Never the absolute path nor the key (they would tell an attacker where to plant a poisoned cache).
+        """
+        return {"name": self.name, "source": self.source, "messages": list(self.messages)}
 
 
 def _write_manifest(cache: CompileCache) -> None:
@@ -277,11 +332,13 @@ def _move_aside(cache: CompileCache, reason: str) -> str:
         os.replace(cache.path, target)
         cache.path.mkdir(parents=True, exist_ok=True)
         _write_manifest(cache)
-        msg = f"compile cache {cache.path}: {reason}; moved aside to {target.name}, starting empty"
+        msg = f"compile cache {cache.name!r}: {reason}; moved aside, starting empty"
+        log.warning("%s (%s -> %s)", msg, cache.path, target)
     except OSError as e:
-        msg = f"compile cache {cache.path}: {reason}; could not move it aside ({e})"
+        msg = f"compile cache {cache.name!r}: {reason}; could not move it aside ({type(e).__name__})"
+        log.warning("%s: %s", msg, e)
+    msg = cache.redact(msg)
     cache.messages.append(msg)
-    log.warning(msg)
     return msg
 
 
@@ -304,18 +361,30 @@ def _manifest_problem(cache: CompileCache) -> str | None:
     return None
 
 
-def open_cache(root: str | os.PathLike[str], *, device: torch.device | str | None = None,
-               fields: Mapping[str, Any] | None = None, source: str = "") -> CompileCache | None:
-    """Open (create) the cache directory for this environment under ``root``.
+def open_cache(root: str | os.PathLike[str], name: str = DEFAULT_NAME, *,
+               device: torch.device | str | None = None, fields: Mapping[str, Any] | None = None,
+               source: str = "", forbidden: tuple[str | os.PathLike[str], ...] = ()) -> CompileCache | None:
+    """Open (create) the cache directory ``<root>/<name>/<key>`` for this environment.
 
-    ``fields`` default to :func:`cache_key_fields` for ``device``. A directory whose manifest is
-    corrupt or names other fields is moved aside with a message (in ``messages`` and the log);
-    a directory without a manifest gets one (a root the user pointed at an existing inductor
-    cache keeps working). Returns None, with a logged warning, when the directory cannot be
+    ``root`` is the operator's (:func:`resolve_root`), ``name`` the workflow's choice (:func:`check_name`).
+    ``forbidden``: folders HTTP clients can write (ComfyUI's input/output/temp, user folders); a root that
+    overlaps one, a ``name`` that is a symlink, a file, or resolves outside ``root`` raise
+    :class:`CacheRefused` before anything is created. ``fields`` default to :func:`cache_key_fields` for
+    ``device``. A directory whose manifest is corrupt or names other fields is moved aside with a message
+    (in ``messages`` and the log). Returns None, with a logged warning, when the directory cannot be
     created or written (read-only disk ...): callers then run without the managed cache.
     """
+    if check_name(name) != name:
+        raise CacheRefused(f"compile cache name {name!r} is not a plain name")
+    base = Path(root).expanduser().absolute()
     f = dict(fields) if fields is not None else cache_key_fields(device)
-    cache = CompileCache(root=Path(root).expanduser().absolute(), key=cache_key(f), fields=f, source=source)
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        log.warning("compile cache root %s unusable (%s): running without the managed cache", base, e)
+        return None
+    named = _check_location(base, name, tuple(Path(p) for p in forbidden))
+    cache = CompileCache(root=named, key=cache_key(f), fields=f, source=source, name=name)
     try:
         cache.path.mkdir(parents=True, exist_ok=True)
         problem = _manifest_problem(cache)
@@ -327,7 +396,7 @@ def open_cache(root: str | os.PathLike[str], *, device: torch.device | str | Non
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        log.warning("compile cache under %s unusable (%s): running without the managed cache", root, e)
+        log.warning("compile cache under %s unusable (%s): running without the managed cache", named, e)
         return None
     return cache
 
@@ -365,6 +434,6 @@ def run_cached(cache: CompileCache | None, fn: Callable[[], T], *,
     except Exception as e:
         if not (retry_if(e) and caused_by_cache(e, cache)):
             raise
-        cache.quarantine(f"compile failed on a cached file ({type(e).__name__}: {str(e)[:300]})")
+        cache.quarantine(f"compile failed on a cached file ({type(e).__name__}: {cache.redact(str(e))[:300]})")
     with cache.activate():
         return fn()

@@ -62,7 +62,7 @@ function showText(node, text) {
 }
 
 app.registerExtension({
-  name: "steadfast.nodes",
+  name: "comfyui-steadfast.nodes",
   async beforeRegisterNodeDef(nodeType, nodeData) {
     if (!NODES.has(nodeData.name)) return;
     if (nodeData.name === "SteadfastOptimizeModel") {

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from typing import Any, Callable
 
@@ -239,27 +240,41 @@ def is_compile_error(exc: BaseException) -> bool:
     return type(exc).__module__.startswith(("torch._dynamo", "torch._inductor"))
 
 
-def open_compile_cache(backend: str, override: str = "") -> tuple[compile_cache.CompileCache | None, str]:
+def client_writable_dirs() -> tuple[str, ...]:
+    """Folders that ComfyUI's HTTP API lets clients write: input (``/upload/*``), output, temp, and the
+    per-user folders under the user directory (``/userdata``). A compile cache may never overlap them."""
+    import folder_paths
+    user_dir = folder_paths.get_user_directory()
+    dirs = [folder_paths.get_input_directory(), folder_paths.get_output_directory(),
+            folder_paths.get_temp_directory(), os.path.join(user_dir, "default")]
+    if os.path.isdir(user_dir):
+        dirs += [e.path for e in os.scandir(user_dir) if e.is_dir() and e.name != "steadfast"]
+    return tuple(dirs)
+
+
+def open_compile_cache(backend: str, name: str = "") -> tuple[compile_cache.CompileCache | None, str]:
     """The persistent compile cache for ``backend`` and a line for the node report.
 
-    Only inductor writes a cache (None for other backends). Root: ``override`` (node input), else
-    ``$STEADFAST_COMPILE_CACHE``, else ``<ComfyUI user dir>/steadfast/compile_cache``; "off" disables.
+    Only inductor writes a cache (None for other backends). ``name`` (node input) picks a cache under the
+    operator's root (``$STEADFAST_COMPILE_CACHE``, else ``<ComfyUI user dir>/steadfast/compile_cache``);
+    ``""`` = ``default``, ``off`` = inductor's own temporary folder. Raises
+    :class:`core.compile_cache.CacheRefused` for a path instead of a name, or a root/name that overlaps a
+    folder HTTP clients can write. The report line never contains an absolute path.
     """
+    chosen = compile_cache.check_name(name)  # CacheRefused for a path, before anything else
     if backend != "inductor":
         return None, f"compile cache: not used by backend {backend}"
-    try:
-        import folder_paths
-        user_dir = folder_paths.get_user_directory()
-    except (ImportError, AttributeError):  # pragma: no cover - outside ComfyUI
-        user_dir = None
-    root, source = compile_cache.resolve_root(override, user_dir)
+    if chosen is None:
+        return None, "compile cache: off (node input); inductor's default directory applies"
+    import folder_paths
+    root, source = compile_cache.resolve_root(folder_paths.get_user_directory())
     if root is None:
         return None, f"compile cache: off ({source}); inductor's default directory applies"
     device = comfy.model_management.get_torch_device()
-    cache = compile_cache.open_cache(root, device=device, source=source)
+    cache = compile_cache.open_cache(root, chosen, device=device, source=source, forbidden=client_writable_dirs())
     if cache is None:
-        return None, f"compile cache: {root} is not usable (see log); inductor's default directory applies"
-    line = f"compile cache: {cache.path} ({source})"
+        return None, f"compile cache {chosen!r} is not usable (see the server log); inductor's default directory applies"
+    line = f"compile cache: {chosen!r} ({source})"
     if cache.messages:
         line += "\n  " + "\n  ".join(cache.messages)
     return cache, line
@@ -300,7 +315,7 @@ def add_compile(model, record: registry.CompileRecord, mode: str,
             if not is_compile_error(e):  # e.g. out of memory, interrupted: not the compiler's fault
                 raise
             # compile failure: fall back to eager, visibly
-            record.fail(f"{type(e).__name__}: {e}")
+            record.fail(f"{type(e).__name__}: {cache.redact(str(e)) if cache is not None else e}")
             log.warning("Steadfast: compile failed for %s, running it EAGER from now on: %s", record.label, e)
             return executor(*args, **kwargs)
         finally:
@@ -331,7 +346,7 @@ def compile_state(model) -> dict | str:
     if rec is not None and rec.created == snap.get("record_created"):
         state = {"mode": snap["mode"], **rec.summary(), "weight_inplace_update": bool(model.weight_inplace_update)}
         if rec.compile_cache is not None:
-            state["compile_cache"] = rec.compile_cache["path"]
+            state["compile_cache"] = rec.compile_cache["name"]
             state["cache_state"] = dict(rec.cache_state)
         if rec.fallbacks:
             state["fallbacks"] = [f.get("reason", "") for f in rec.fallbacks[-3:]]

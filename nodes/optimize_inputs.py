@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
+from ..core import compile_cache as compile_cache_names
 from ..core.compile import CompileOptions
 from . import model_patches as mp
 
@@ -68,10 +69,21 @@ def strict_and_cache_inputs() -> list[io.Input]:
                          tooltip="Make any recompile after warm-up an error naming its reason (a changed global flag, "
                                  "a new size, replaced weights ...) instead of a slow, counted one."),
         io.String.Input("compile_cache", default="", optional=True,
-                        tooltip="inductor only: persistent compile-cache folder (kept across restarts). Empty = "
-                                "$STEADFAST_COMPILE_CACHE or <ComfyUI user dir>/steadfast/compile_cache; 'off' = "
-                                "inductor's default temporary folder."),
+                        tooltip="inductor only: NAME of the persistent compile cache to use (kept across restarts), "
+                                "e.g. 'flux'. Empty = 'default'; 'off' = inductor's temporary folder. A name, never "
+                                "a path: the folder that holds the caches is set by the server's operator "
+                                "($STEADFAST_COMPILE_CACHE, else <ComfyUI user dir>/steadfast/compile_cache)."),
     ]
+
+
+def check_compile_cache(compile_cache: str) -> bool | str:
+    """``validate_inputs`` result for the ``compile_cache`` widget: True, or why the name is refused
+    (:func:`core.compile_cache.check_name`: a name, never a path)."""
+    try:
+        compile_cache_names.check_name(compile_cache)
+    except compile_cache_names.CacheRefused as e:
+        return str(e)
+    return True
 
 
 def compile_settings(backend: str, mode: str, dynamic: str, fullgraph: bool) -> CompileOptions:
@@ -81,4 +93,5 @@ def compile_settings(backend: str, mode: str, dynamic: str, fullgraph: bool) -> 
 
 
 __all__ = ["SDPA_CHOICES", "MODEL_ATTENTION_CHOICES", "COMPILE_CHOICES", "BACKENDS", "MODES", "DYNAMIC_CHOICES",
-           "layout_inputs", "attention_input", "compile_inputs", "strict_and_cache_inputs", "compile_settings"]
+           "layout_inputs", "attention_input", "compile_inputs", "strict_and_cache_inputs", "check_compile_cache",
+           "compile_settings"]

@@ -54,6 +54,11 @@ class SteadfastPipelineOptimize(io.ComfyNode):
         )
 
     @classmethod
+    def validate_inputs(cls, compile_cache: str = "") -> bool | str:
+        # named arguments only: ComfyUI then keeps its own combo/min/max checks for every other input
+        return oi.check_compile_cache(compile_cache)
+
+    @classmethod
     def execute(cls, pipeline, qkv_fusion: bool, channels_last: bool, attention: str, compile: str, backend: str,
                 mode: str, dynamic: str, fullgraph: bool, vae_slicing: bool, vae_tiling: bool,
                 strict_recompiles: bool = False, compile_cache: str = "") -> io.NodeOutput:

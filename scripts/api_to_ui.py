@@ -125,7 +125,7 @@ def convert(api: dict, object_info: dict) -> dict:
 
 def regenerate_all() -> list[Path]:
     """Start a headless server with this pack and rewrite every ``example_workflows/*.json``."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "headless"))
     from comfy_server import ComfyServer
 
     root = Path(__file__).resolve().parents[1] / "example_workflows"

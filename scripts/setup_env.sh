@@ -3,7 +3,9 @@
 #   1. a Python venv (STEADFAST_VENV, default ~/comfy/venv) with torch pinned,
 #   2. ComfyUI's requirements (without torchaudio) + requests + the pack's own deps + pytest,
 #   3. ComfyUI itself at COMFYUI_PATH (default ~/comfy/ComfyUI): used where present, otherwise cloned
-#      with git when the network allows it, otherwise reported (the ComfyUI tests then skip loudly).
+#      with git when the network allows it, otherwise reported (the ComfyUI tests then skip loudly),
+#   4. for the browser tests: playwright (pip) and Debian's chromium (apt-get, as root); a loud warning
+#      where that is impossible (STEADFAST_NO_BROWSER=1 skips this step).
 # Prints the venv's python path as its last line.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -44,5 +46,21 @@ else
   pip install -c "$cons" diffusers transformers peft safetensors pillow numpy pytest requests
   rm -f "$cons" "$cons.req"
   echo "$want" > "$stamp"
+fi
+# Browser tests: the real ComfyUI frontend in Debian's Chromium, driven by Playwright (no browser download).
+if [ "${STEADFAST_NO_BROWSER:-0}" != 1 ]; then
+  if ! "$VENV/bin/python" -c "import playwright" 2>/dev/null; then
+    log "installing playwright (Python package only; the browser is Debian's chromium)"
+    pip install playwright || log "WARNING: pip install playwright failed: browser tests will SKIP"
+  fi
+  if [ ! -x "${STEADFAST_CHROMIUM:-/usr/bin/chromium}" ]; then
+    if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+      log "installing Debian's chromium (apt-get)"
+      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >&2 \
+        || log "WARNING: apt-get install chromium failed: browser tests will SKIP"
+    else
+      log "WARNING: no chromium and no root apt-get here: browser tests will SKIP (install chromium, or set STEADFAST_CHROMIUM)"
+    fi
+  fi
 fi
 echo "$VENV/bin/python"

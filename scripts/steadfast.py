@@ -1,7 +1,7 @@
-"""Run the ``steadfast`` command from a checkout: ``python scripts/steadfast.py verify --tiny sd``.
+"""Run the ``steadfast`` command from a checkout: ``python scripts/steadfast.py verify --tiny sd`` or ``... run WORKFLOW``.
 
 Registers the repository root as the package ``steadfast`` (as ``tests/conftest.py`` does) and calls
-``steadfast.core.cli.main``; installed packs get the ``steadfast`` console script instead.
+``steadfast.headless.cli.main`` (``run`` and ``verify``); installed packs get the ``steadfast`` console script instead.
 """
 from __future__ import annotations
 
@@ -24,6 +24,6 @@ def _register_package() -> None:
 
 if __name__ == "__main__":
     _register_package()
-    from steadfast.core.cli import main
+    from steadfast.headless.cli import main
 
     sys.exit(main())

@@ -1,8 +1,8 @@
 """Fixtures for tests that drive a real ComfyUI (server subprocess) with the tiny SD1.5 checkpoint.
 
 Without a ComfyUI checkout these tests are skipped, loudly (skip reason + warning naming COMFYUI_PATH).
-``scripts/`` is not a package: it is put on ``sys.path`` here, so tests can ``import comfy_server`` and
-``import tiny_sd15``.
+``headless/`` (the server harness and the tiny checkpoint builder, stdlib + torch only) is put on ``sys.path``
+here, so tests can ``import comfy_server`` and ``import tiny_sd15`` without importing the pack.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[2] / "headless"
 if str(SCRIPTS) not in sys.path:
     sys.path.insert(0, str(SCRIPTS))
 

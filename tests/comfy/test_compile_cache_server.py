@@ -1,12 +1,13 @@
 """Persistent compile cache across ComfyUI restarts: cold vs warm first call, in FRESH processes.
 
 One server, started twice with the same base directory, so the default cache location
-``<base>/user/steadfast/compile_cache/<key>`` (ComfyUI's user directory) is the same: the second
+``<base>/user/steadfast/compile_cache/default/<key>`` (ComfyUI's user directory) is the same: the second
 process has Dynamo's in-memory caches empty but inductor's FX-graph cache on disk. Inductor regional
 compile of the tiny SD1.5 (4 BasicTransformerBlocks, one graph), LoRA loaded, Warmup compiles.
 """
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,11 @@ from steadfast_workflows import compile_records, text
 pytestmark = pytest.mark.comfyui
 
 LORA = "steadfast_cache_lora.safetensors"
+
+
+def _key_dirs(server: ComfyServer) -> list[Path]:
+    root = server.base_dir / "user" / "steadfast" / "compile_cache" / "default"
+    return [p for p in root.iterdir() if p.is_dir() and ".bad-" not in p.name]
 
 
 def _record(server: ComfyServer) -> dict[str, Any]:
@@ -50,13 +56,16 @@ def cold_warm(cache_server: ComfyServer) -> dict[str, Any]:
 
 def test_cold_then_warm_start_hits_the_cache(cache_server: ComfyServer, cold_warm: dict[str, Any]) -> None:
     cold, warm = cold_warm["cold_record"], cold_warm["warm_record"]
-    expected = cache_server.base_dir / "user" / "steadfast" / "compile_cache"
+    expected = cache_server.base_dir / "user" / "steadfast" / "compile_cache" / "default"
+    assert len(_key_dirs(cache_server)) == 1 and _key_dirs(cache_server)[0].parent == expected
     for rec in (cold, warm):
-        assert Path(rec["compile_cache"]["path"]).parent == expected
-        assert rec["compile_cache"]["source"] == "ComfyUI user directory" and rec["compile_cache"]["messages"] == []
+        assert rec["compile_cache"] == {"name": "default", "source": "ComfyUI user directory", "messages": []}
         assert rec["status"] == "warm" and rec["disabled"] is False and rec["errors"] == []
         assert rec["graphs"] == 1 and rec["recompiles"] == []
-    assert cold["compile_cache"]["path"] == warm["compile_cache"]["path"]
+    assert cold["compile_cache"]["name"] == warm["compile_cache"]["name"] == "default"
+    # no absolute path and no cache key reach clients (they would say where to plant a poisoned cache)
+    state = json.dumps(cache_server.get("/steadfast/compile_state"))
+    assert str(cache_server.base_dir) not in state and _key_dirs(cache_server)[0].name not in state
     assert cold["cache_state"].get("fxgraph_cache_miss", 0) >= 1 and cold["cache_state"].get("fxgraph_cache_hit", 0) == 0
     assert warm["cache_state"].get("fxgraph_cache_hit", 0) >= 1 and warm["cache_state"].get("fxgraph_cache_miss", 0) == 0
     assert "compile cache: " in text(cold_warm["cold"]["entry"], "opt")
@@ -78,7 +87,7 @@ def test_lora_strength_change_under_inductor_recompiles_nothing(cold_warm: dict[
 @pytest.mark.slow
 def test_corrupt_cached_kernel_recovers_over_http(cache_server: ComfyServer, cold_warm: dict[str, Any]) -> None:
     """A corrupt compiled .so makes inductor fail to load it; the cache is moved aside, the call retried."""
-    cache_dir = Path(cold_warm["warm_record"]["compile_cache"]["path"])
+    (cache_dir,) = _key_dirs(cache_server)
     corrupted = [p for p in cache_dir.rglob("*.so")]
     assert corrupted
     for p in corrupted:

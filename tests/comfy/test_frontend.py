@@ -147,7 +147,7 @@ def page(browser_ok: None, comfy_server: ComfyServer) -> Iterator[Any]:
             pg.goto(comfy_server.url + "/", wait_until="domcontentloaded")
             pg.wait_for_function("() => !!(window.app && window.app.graph && window.app.canvas)", timeout=60_000)
             exts = pg.evaluate("() => window.app.extensions.map(e => e.name)")
-            assert "steadfast.nodes" in exts, f"js/steadfast.js not registered; extensions: {exts}; errors: {errors}"
+            assert "comfyui-steadfast.nodes" in exts, f"js/steadfast.js not registered; extensions: {exts}; errors: {errors}"
             yield pg
         finally:
             browser.close()

@@ -1,4 +1,4 @@
-"""The ComfyUI harness (scripts/comfy_server.py) and the tiny SD1.5 checkpoint (scripts/tiny_sd15.py),
+"""The ComfyUI harness (headless/comfy_server.py) and the tiny SD1.5 checkpoint (headless/tiny_sd15.py),
 proved with STOCK ComfyUI nodes only: CheckpointLoaderSimple -> CLIPTextEncode x2 -> EmptyLatentImage 64x64
 -> KSampler (euler, 4 steps) -> VAEDecode -> SaveImage, PNG read back through GET /view, pixels hashed.
 """
@@ -21,7 +21,7 @@ import tiny_sd15
 
 pytestmark = pytest.mark.comfyui
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[2] / "headless"
 TINY_CKPT_NAME = tiny_sd15.CHECKPOINT_NAME
 
 PROMPT_A = "a red fox in the snow, photograph"

@@ -33,16 +33,14 @@ def test_key_separates_environments():
         assert cc.cache_key({**fields, name: value}) != key, name
 
 
-def test_resolve_root_precedence(clean_env, monkeypatch, tmp_path):
-    assert cc.resolve_root(None, tmp_path) == (tmp_path / "steadfast" / "compile_cache", "ComfyUI user directory")
-    assert cc.resolve_root("", None)[0] is None
+def test_root_is_the_operators(clean_env, monkeypatch, tmp_path):
+    assert cc.resolve_root(tmp_path) == (tmp_path / "steadfast" / "compile_cache", "ComfyUI user directory")
+    assert cc.resolve_root(None)[0] is None
     monkeypatch.setenv(cc.CACHE_ENV, str(tmp_path / "env"))
-    assert cc.resolve_root("", tmp_path) == (tmp_path / "env", f"${cc.CACHE_ENV}")
-    assert cc.resolve_root(str(tmp_path / "node"), tmp_path) == (tmp_path / "node", "node input")
-    root, why = cc.resolve_root("off", tmp_path)
-    assert root is None and "disabled by node input" in why
+    assert cc.resolve_root(tmp_path) == (tmp_path / "env", f"${cc.CACHE_ENV}")
     monkeypatch.setenv(cc.CACHE_ENV, "none")
-    assert cc.resolve_root("", tmp_path)[0] is None
+    root, why = cc.resolve_root(tmp_path)
+    assert root is None and "disabled" in why
 
 
 def test_manifest_mismatch_and_corruption_are_moved_aside(tmp_path):
@@ -61,7 +59,7 @@ def test_manifest_mismatch_and_corruption_are_moved_aside(tmp_path):
     assert again is not None and len(again.messages) == 1
     assert "made for another environment (differs in torch)" in again.messages[0] and "moved aside" in again.messages[0]
     assert not (again.path / "fxgraph").exists() and (again.path / cc.MANIFEST).exists()
-    assert len(list(tmp_path.glob(f"{cache.key}.bad-*"))) == 1  # kept, not deleted
+    assert len(list(cache.root.glob(f"{cache.key}.bad-*"))) == 1  # kept, not deleted
 
     (again.path / cc.MANIFEST).write_text("{not json")
     third = cc.open_cache(tmp_path, device="cpu")
@@ -162,7 +160,7 @@ def test_fresh_process_hits_and_survives_corruption(tmp_path):
           f"ratio {cold['seconds'] / warm['seconds']:.1f}x")
 
     # Corrupt every cached file: graph entries (inductor skips them) and compiled .so (would crash)
-    (key_dir,) = [p for p in tmp_path.iterdir() if p.is_dir() and ".bad-" not in p.name]
+    (key_dir,) = [p for p in (tmp_path / cc.DEFAULT_NAME).iterdir() if p.is_dir() and ".bad-" not in p.name]
     corrupted = 0
     for f in key_dir.rglob("*"):
         if f.is_file() and f.name != cc.MANIFEST and (f.suffix == ".so" or "fxgraph" in f.parts):
@@ -172,4 +170,4 @@ def test_fresh_process_hits_and_survives_corruption(tmp_path):
     healed = _child(tmp_path)
     assert healed["sum"] == cold["sum"]  # compiled again, same bits, no crash
     assert healed["hit"] == 0 and any("moved aside" in m for m in healed["messages"])
-    assert list(tmp_path.glob("*.bad-*"))
+    assert list((tmp_path / cc.DEFAULT_NAME).glob("*.bad-*"))

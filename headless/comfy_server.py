@@ -110,8 +110,139 @@ def free_port() -> int:
         s.bind((HOST, 0))
         return int(s.getsockname()[1])
 
+class ComfyClient:
+    """HTTP client of a running ComfyUI (``url`` like ``http://127.0.0.1:8188``): JSON GET/POST, uploads,
+    prompts queued and waited for, ``/free``. :class:`ComfyServer` is the same client for a server it starts.
 
-class ComfyServer:
+    Raises ``urllib.error.URLError`` when the server cannot be reached; see the methods for the rest.
+    """
+
+    def __init__(self, url: str) -> None:
+        self._url = url.rstrip("/")
+        self.client_id = uuid.uuid4().hex
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    @property
+    def label(self) -> str:
+        """How reports name this server (its URL)."""
+        return self.url
+
+    def is_running(self) -> bool:
+        return True
+
+    def log_tail(self, lines: int = 60) -> str:
+        return ""
+
+    def _request(self, method: str, path: str, body: Any = None, timeout: float = 60.0) -> tuple[bytes, str]:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        with _OPENER.open(req, timeout=timeout) as resp:
+            return resp.read(), resp.headers.get("Content-Type", "")
+
+    def get_bytes(self, path: str, params: Mapping[str, Any] | None = None, timeout: float = 60.0) -> bytes:
+        """Raw body of ``GET path`` (``params`` are URL-encoded). Raises ``urllib.error.HTTPError`` on 4xx/5xx."""
+        query = "?" + urllib.parse.urlencode(params) if params else ""
+        return self._request("GET", path + query, timeout=timeout)[0]
+
+    def get(self, path: str, params: Mapping[str, Any] | None = None, timeout: float = 60.0) -> Any:
+        """``GET path`` decoded as JSON (e.g. ``get("/object_info/KSampler")``)."""
+        return json.loads(self.get_bytes(path, params, timeout=timeout))
+
+    def post(self, path: str, body: Any, timeout: float = 60.0) -> Any:
+        """``POST path`` with a JSON body; returns the decoded JSON answer (None for an empty body)."""
+        raw, _ = self._request("POST", path, body, timeout=timeout)
+        return json.loads(raw) if raw.strip() else None
+
+    def upload(self, filename: str, data: bytes, subfolder: str = "", kind: str = "input") -> Any:
+        """``POST /upload/image`` as a browser form would (multipart); any bytes, as any client can send them.
+
+        Returns ComfyUI's JSON answer (``{"name", "subfolder", "type"}``)."""
+        boundary = uuid.uuid4().hex
+        parts = [("image", filename, data), ("subfolder", None, subfolder.encode()), ("type", None, kind.encode()),
+                 ("overwrite", None, b"true")]
+        body = b""
+        for name, fname, value in parts:
+            disp = f'form-data; name="{name}"' + (f'; filename="{fname}"' if fname else "")
+            body += f"--{boundary}\r\nContent-Disposition: {disp}\r\n\r\n".encode() + value + b"\r\n"
+        body += f"--{boundary}--\r\n".encode()
+        req = urllib.request.Request(self.url + "/upload/image", data=body, method="POST")
+        req.add_header("Content-Type", f"multipart/form-data; boundary={boundary}")
+        with _OPENER.open(req, timeout=60) as resp:
+            return json.loads(resp.read())
+
+    def view(self, image: Mapping[str, str]) -> bytes:
+        """File bytes of one ``{"filename", "subfolder", "type"}`` entry of a node's ``images`` output."""
+        params = {"filename": image["filename"], "subfolder": image.get("subfolder", ""),
+                  "type": image.get("type", "output")}
+        return self.get_bytes("/view", params)
+
+    # ------------------------------------------------------------------ prompts
+    def queue(self, prompt: Mapping[str, Any], extra_data: Mapping[str, Any] | None = None) -> str:
+        """``POST /prompt`` an API-format graph; returns the prompt id. Raises :class:`PromptRejected` on 400."""
+        body: dict[str, Any] = {"prompt": prompt, "client_id": self.client_id}
+        if extra_data:
+            body["extra_data"] = dict(extra_data)
+        try:
+            answer = self.post("/prompt", body)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 400:
+                raw = exc.read()
+                try:
+                    payload = json.loads(raw or b"{}")
+                except ValueError:
+                    payload = {"error": raw.decode("utf-8", "replace")}
+                raise PromptRejected(payload.get("error"), payload.get("node_errors")) from None
+            raise
+        return str(answer["prompt_id"])
+
+    def wait(self, prompt_id: str, timeout: float = 300.0, poll: float = 0.1) -> dict[str, Any]:
+        """Poll ``GET /history/<prompt_id>`` until the prompt is done; returns its history entry
+        (``{"prompt", "outputs", "status", "meta"}``).
+
+        Raises :class:`PromptFailed` when its status is ``error``, :class:`ServerDied` if the server exits,
+        ``TimeoutError`` after ``timeout`` seconds (both with the log tail).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self.is_running():
+                raise ServerDied(f"server exited while waiting for {prompt_id}; log tail:\n{self.log_tail()}")
+            history = self.get(f"/history/{prompt_id}")
+            if prompt_id in history:
+                entry = history[prompt_id]
+                status = entry.get("status") or {}
+                if status.get("status_str") == "error":
+                    raise PromptFailed(prompt_id, status.get("messages", []))
+                return entry
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"prompt {prompt_id} not done after {timeout:.0f} s; log tail:\n{self.log_tail()}")
+            time.sleep(poll)
+
+    def run(self, prompt: Mapping[str, Any], timeout: float = 300.0) -> dict[str, Any]:
+        """Queue ``prompt``, wait for it and return its outputs ``{node_id: ui dict}``."""
+        return self.wait(self.queue(prompt), timeout=timeout)["outputs"]
+
+    def free(self, unload_models: bool = True, free_memory: bool = True, timeout: float = 300.0) -> None:
+        """``POST /free`` and wait until the worker has applied it.
+
+        ComfyUI's worker applies the flags after its current item. To be sure they are applied before the
+        next prompt, a trivial stock prompt (``PrimitiveString -> PreviewAny``) is run afterwards: the worker
+        handles the flags before popping anything queued after that prompt finished. With
+        ``free_memory=True`` all node caches are dropped, so the next run re-executes every node.
+        """
+        self.post("/free", {"unload_models": unload_models, "free_memory": free_memory})
+        marker = f"steadfast-free-{uuid.uuid4().hex}"
+        self.run({
+            "1": {"class_type": "PrimitiveString", "inputs": {"value": marker}},
+            "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}},
+        }, timeout=timeout)
+
+
+class ComfyServer(ComfyClient):
     """A ComfyUI server subprocess with its own temporary base directory (context manager).
 
     Args:
@@ -123,6 +254,7 @@ class ComfyServer:
         load_pack: symlink this repo as ``custom_nodes/ComfyUI-Steadfast``.
         startup_timeout: seconds to wait for ``GET /system_stats``.
         keep_base: keep the base directory after :meth:`close` (it is printed in errors; handy for debugging).
+        env: extra environment variables for the server process (e.g. an operator's ``STEADFAST_COMPILE_CACHE``).
 
     Attributes after :meth:`start`: ``base_dir``, ``port``, ``url``, ``log_path``, ``process``.
     """
@@ -138,6 +270,7 @@ class ComfyServer:
         load_pack: bool = True,
         startup_timeout: float = 120.0,
         keep_base: bool = False,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         root = Path(comfyui).expanduser().resolve() if comfyui is not None else find_comfyui()
         if root is None or not (root / "main.py").is_file():
@@ -150,6 +283,7 @@ class ComfyServer:
         self.load_pack = load_pack
         self.startup_timeout = startup_timeout
         self.keep_base = keep_base
+        self.env = dict(env or {})
         self.client_id = uuid.uuid4().hex
         self.base_dir: Path | None = None
         self.port: int | None = None
@@ -162,6 +296,10 @@ class ComfyServer:
         if self.port is None:
             raise ComfyServerError("server not started")
         return f"http://{HOST}:{self.port}"
+
+    @property
+    def label(self) -> str:
+        return f"local {self.url}"
 
     @property
     def log_path(self) -> Path:
@@ -241,7 +379,7 @@ class ComfyServer:
         raise last_error
 
     def _spawn_and_wait(self) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         self._log_file = open(self.log_path, "ab")
         self._log_file.write(f"$ {' '.join(self.command())}\n".encode())
         self._log_file.flush()
@@ -342,98 +480,9 @@ class ComfyServer:
         text = self.log_path.read_text("utf-8", "replace")
         return [line.split(marker, 1)[1].strip() for line in text.splitlines() if marker in line]
 
-    # ------------------------------------------------------------------ HTTP
-    def _request(self, method: str, path: str, body: Any = None, timeout: float = 60.0) -> tuple[bytes, str]:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method)
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
-        with _OPENER.open(req, timeout=timeout) as resp:
-            return resp.read(), resp.headers.get("Content-Type", "")
-
-    def get_bytes(self, path: str, params: Mapping[str, Any] | None = None, timeout: float = 60.0) -> bytes:
-        """Raw body of ``GET path`` (``params`` are URL-encoded). Raises ``urllib.error.HTTPError`` on 4xx/5xx."""
-        query = "?" + urllib.parse.urlencode(params) if params else ""
-        return self._request("GET", path + query, timeout=timeout)[0]
-
-    def get(self, path: str, params: Mapping[str, Any] | None = None, timeout: float = 60.0) -> Any:
-        """``GET path`` decoded as JSON (e.g. ``get("/object_info/KSampler")``)."""
-        return json.loads(self.get_bytes(path, params, timeout=timeout))
-
-    def post(self, path: str, body: Any, timeout: float = 60.0) -> Any:
-        """``POST path`` with a JSON body; returns the decoded JSON answer (None for an empty body)."""
-        raw, _ = self._request("POST", path, body, timeout=timeout)
-        return json.loads(raw) if raw.strip() else None
-
-    def view(self, image: Mapping[str, str]) -> bytes:
-        """File bytes of one ``{"filename", "subfolder", "type"}`` entry of a node's ``images`` output."""
-        params = {"filename": image["filename"], "subfolder": image.get("subfolder", ""),
-                  "type": image.get("type", "output")}
-        return self.get_bytes("/view", params)
-
-    # ------------------------------------------------------------------ prompts
-    def queue(self, prompt: Mapping[str, Any], extra_data: Mapping[str, Any] | None = None) -> str:
-        """``POST /prompt`` an API-format graph; returns the prompt id. Raises :class:`PromptRejected` on 400."""
-        body: dict[str, Any] = {"prompt": prompt, "client_id": self.client_id}
-        if extra_data:
-            body["extra_data"] = dict(extra_data)
-        try:
-            answer = self.post("/prompt", body)
-        except urllib.error.HTTPError as exc:
-            if exc.code == 400:
-                raw = exc.read()
-                try:
-                    payload = json.loads(raw or b"{}")
-                except ValueError:
-                    payload = {"error": raw.decode("utf-8", "replace")}
-                raise PromptRejected(payload.get("error"), payload.get("node_errors")) from None
-            raise
-        return str(answer["prompt_id"])
-
-    def wait(self, prompt_id: str, timeout: float = 300.0, poll: float = 0.1) -> dict[str, Any]:
-        """Poll ``GET /history/<prompt_id>`` until the prompt is done; returns its history entry
-        (``{"prompt", "outputs", "status", "meta"}``).
-
-        Raises :class:`PromptFailed` when its status is ``error``, :class:`ServerDied` if the server exits,
-        ``TimeoutError`` after ``timeout`` seconds (both with the log tail).
-        """
-        deadline = time.monotonic() + timeout
-        while True:
-            if not self.is_running():
-                raise ServerDied(f"server exited while waiting for {prompt_id}; log tail:\n{self.log_tail()}")
-            history = self.get(f"/history/{prompt_id}")
-            if prompt_id in history:
-                entry = history[prompt_id]
-                status = entry.get("status") or {}
-                if status.get("status_str") == "error":
-                    raise PromptFailed(prompt_id, status.get("messages", []))
-                return entry
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"prompt {prompt_id} not done after {timeout:.0f} s; log tail:\n{self.log_tail()}")
-            time.sleep(poll)
-
-    def run(self, prompt: Mapping[str, Any], timeout: float = 300.0) -> dict[str, Any]:
-        """Queue ``prompt``, wait for it and return its outputs ``{node_id: ui dict}``."""
-        return self.wait(self.queue(prompt), timeout=timeout)["outputs"]
-
-    def free(self, unload_models: bool = True, free_memory: bool = True, timeout: float = 300.0) -> None:
-        """``POST /free`` and wait until the worker has applied it.
-
-        ComfyUI's worker applies the flags after its current item. To be sure they are applied before the
-        next prompt, a trivial stock prompt (``PrimitiveString -> PreviewAny``) is run afterwards: the worker
-        handles the flags before popping anything queued after that prompt finished. With
-        ``free_memory=True`` all node caches are dropped, so the next run re-executes every node.
-        """
-        self.post("/free", {"unload_models": unload_models, "free_memory": free_memory})
-        marker = f"steadfast-free-{uuid.uuid4().hex}"
-        self.run({
-            "1": {"class_type": "PrimitiveString", "inputs": {"value": marker}},
-            "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}},
-        }, timeout=timeout)
-
 
 def main(argv: list[str] | None = None) -> int:
-    """``python scripts/comfy_server.py [--ckpt PATH ...] [-- extra main.py args]``: serve until Ctrl-C."""
+    """``python headless/comfy_server.py [--ckpt PATH ...] [-- extra main.py args]``: serve until Ctrl-C."""
     import argparse
 
     parser = argparse.ArgumentParser(description="Run a temporary headless ComfyUI with the Steadfast pack.")

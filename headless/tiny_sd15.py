@@ -27,7 +27,7 @@ SD1.5's UNet does not use (``adm_in_channels=None``), so images do not depend on
 
 Usage::
 
-    python scripts/tiny_sd15.py OUT.safetensors [--seed 0] [--verify]
+    python headless/tiny_sd15.py OUT.safetensors [--seed 0] [--verify]
 
 Needs ComfyUI importable (``COMFYUI_PATH``, default ``~/comfy/ComfyUI``) to build; a cached file
 (:func:`cached_tiny_sd15`) needs nothing.

@@ -1,0 +1,138 @@
+"""Explain a hash mismatch: every recorded field that differs between two run records.
+
+A run record (Seeded Sampler's ``run_record`` output, JSON) holds the sampler settings, the seeds, the model
+identity and the environment fingerprint. :func:`explain` flattens both records to dotted field names
+(``fingerprint.num_threads``) and lists each difference as ``field: reference -> now``, classed as
+
+- ``changes bits``: known to change output bits (measured; see ``docs/measurements.md`` and the tests named
+  there): thread count, torch/CUDA/cuDNN version, GPU, CPU vector ISA, attention backend, compile
+  mode/backend, determinism flags, dtype, QKV fusion, channels-last, model digest, sampler settings, seeds,
+  latent shape, batch-invariance policy;
+- ``may change bits``: not measured either way (Python/numpy/ComfyUI/pack version, platform ...).
+
+Fields that differ on every run without touching the bits (timings, counters, the output hashes themselves)
+are not listed. When nothing recorded differs, :meth:`Explanation.as_text` says so plainly: the cause is then
+outside what the record captures. This module imports nothing from ComfyUI.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["FieldDiff", "Explanation", "flatten", "explain", "parse_record"]
+
+# Leaf patterns (regex on the dotted name) that differ run to run without changing the bits.
+_VOLATILE = re.compile(
+    r"(^|\.)([a-z_]*sha256|hash|created|timestamp|time|seconds|[a-z_]*_seconds"
+    r"|first_call_seconds|compile_seconds|run_log|last_run|calls|calls_this_run(\..*)?|activations"
+    r"|cache_state(\..*)?|recompiles_this_run|recompile_reasons_this_run|params_replaced_this_run"
+    r"|live_after_run|flags_measured|record_created|status|warnings|messages)$")
+
+# Dotted-name patterns known to change bits (searched anywhere in the name), with the reason shown.
+_KNOWN: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p), why) for p, why in (
+    (r"(^|\.)num_threads$", "CPU reductions split by thread count"),
+    (r"(^|\.)num_interop_threads$", "thread pools"),
+    (r"(^|\.)(torch|cuda|cudnn)$", "kernels differ between versions"),
+    (r"(^|\.)(gpu|gpu_capability|cpu_capability|device)$", "another device runs other kernels"),
+    (r"(^|\.)attention$", "attention backend"),
+    (r"(^|\.)compile(\.(mode|backend|dynamic|fullgraph|blocks|options.*))?$", "compiled code is not bit-equal to eager"),
+    (r"(^|\.)(flags|determinism)(\..*)?$", "determinism / precision flags"),
+    (r"(^|\.)dtype$", "numeric precision"),
+    (r"(^|\.)(qkv_fusion|channels_last)(\..*)?$", "optimization changes the kernels"),
+    (r"(^|\.)model(\.(digest|file|file_size|tensors|bytes))?$", "a different model (weights or patches)"),
+    (r"(^|\.)(seeds|seed|batch_seed_mode|per_step_noise)(\[.*\])?$", "another noise"),
+    (r"(^|\.)(sampler|scheduler|steps|cfg|denoise)$", "sampler settings"),
+    (r"(^|\.)(latent_shape|output_shape)$", "another size or batch"),
+    (r"(^|\.)batch_invariant(\..*)?$", "batch-invariance policy (free memory / batch composition)"),
+))
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldDiff:
+    """One differing field: ``field`` (dotted), ``reference`` and ``now`` (JSON text; ``<absent>`` when
+    missing), ``known`` (True = known to change bits) and ``why`` (short reason, "" when not known)."""
+
+    field: str
+    reference: str
+    now: str
+    known: bool
+    why: str
+
+    def as_text(self) -> str:
+        tag = f"changes bits: {self.why}" if self.known else "may change bits"
+        return f"{self.field}: {self.reference} -> {self.now}  [{tag}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    """All differences between a reference record and the current one (known-to-change-bits first)."""
+
+    diffs: tuple[FieldDiff, ...]
+
+    @property
+    def identical(self) -> bool:
+        """True when no recorded field (other than run-to-run volatile ones) differs."""
+        return not self.diffs
+
+    def as_text(self) -> str:
+        if not self.diffs:
+            return ("nothing recorded differs between the reference run and this run: the cause is outside the "
+                    "run record (e.g. other custom nodes, inputs not recorded, hardware faults)")
+        known = [d for d in self.diffs if d.known]
+        head = f"{len(self.diffs)} recorded field(s) differ ({len(known)} known to change bits):"
+        return "\n".join([head, *("  " + d.as_text() for d in self.diffs)])
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"identical": self.identical, "diffs": [dataclasses.asdict(d) for d in self.diffs]}
+
+
+def parse_record(record: Mapping[str, Any] | str) -> dict[str, Any]:
+    """A run record as a dict. Accepts the dict or its JSON text. Raises ValueError for text that is not a
+    JSON object (the message names what was given)."""
+    if isinstance(record, Mapping):
+        return dict(record)
+    try:
+        value = json.loads(record)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"run record is not JSON ({type(e).__name__}: {str(e)[:80]}); got {str(record)[:60]!r}") from e
+    if not isinstance(value, dict):
+        raise ValueError(f"run record must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def flatten(record: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}, "c": [1, 2]}`` -> ``{"a.b": 1, "c": [1, 2]}`` (lists stay whole: seeds compare as one)."""
+    out: dict[str, Any] = {}
+    for key, value in record.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, name))
+        else:
+            out[name] = value
+    return out
+
+
+def _text(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)[:200]
+
+
+def explain(reference: Mapping[str, Any] | str, now: Mapping[str, Any] | str) -> Explanation:
+    """Every recorded field that differs between ``reference`` and ``now`` (dicts or JSON text).
+
+    Raises ValueError when either is not a JSON object."""
+    ref, cur = flatten(parse_record(reference)), flatten(parse_record(now))
+    diffs: list[FieldDiff] = []
+    for name in sorted(set(ref) | set(cur)):
+        if _VOLATILE.search(name):
+            continue
+        a, b = ref.get(name, "<absent>"), cur.get(name, "<absent>")
+        if a == b:
+            continue
+        why = next((w for pattern, w in _KNOWN if pattern.search(name)), "")
+        diffs.append(FieldDiff(name, a if a == "<absent>" else _text(a), b if b == "<absent>" else _text(b),
+                               bool(why), why))
+    diffs.sort(key=lambda d: (not d.known, d.field))
+    return Explanation(tuple(diffs))

@@ -1,0 +1,137 @@
+"""The ``steadfast`` command: ``steadfast run WORKFLOW ...`` (headless verifier) and ``steadfast verify ...``
+(diffusers pipelines, :mod:`core.cli`).
+
+``steadfast run WORKFLOW [--server URL ...] [--runs N] [--free-between] [--restart] [--pin OUT.json]
+[--json REPORT] [--ckpt FILE ...]``: WORKFLOW is an API-format JSON or a PNG saved by ComfyUI. Without
+``--server`` a headless ComfyUI (``--cpu``, 127.0.0.1, this pack loaded; ``$COMFYUI_PATH`` or
+``~/comfy/ComfyUI``) is started for the run; ``--ckpt`` files are linked into its ``models/checkpoints`` and
+every ``CheckpointLoaderSimple`` is pointed at the first one; a workflow that names the embedded tiny
+checkpoint gets it built (seeded, nothing downloaded). Exit codes: 0 every run gave the same bytes and every
+``expected`` matched; 1 they did not; 2 the workflow or a server could not be used (message says why).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import urllib.error
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from . import runner
+
+__all__ = ["main", "run_main", "build_run_parser"]
+
+TINY_NAME = "steadfast_tiny_sd15.safetensors"
+
+
+def build_run_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="steadfast run", description=__doc__.split("\n\n")[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("workflow", type=Path, help="API-format workflow JSON, or a PNG saved by ComfyUI")
+    p.add_argument("--server", action="append", default=[], metavar="URL",
+                   help="a running ComfyUI (repeatable: every run is done on every server); default: start one")
+    p.add_argument("--runs", type=int, default=2, help="runs per server (default 2)")
+    p.add_argument("--free-between", action="store_true", help="also unload the models between runs (every run recomputes every node anyway)")
+    p.add_argument("--restart", action="store_true", help="restart the started server and run once more")
+    p.add_argument("--pin", type=Path, metavar="OUT.json",
+                   help="write the workflow with the observed hashes and run records in its Hash nodes")
+    p.add_argument("--json", type=Path, metavar="REPORT", help="write the report as JSON")
+    p.add_argument("--ckpt", action="append", default=[], type=Path, metavar="FILE",
+                   help="checkpoint for the started server (repeatable; the first is used by the workflow)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per prompt (default 1800)")
+    return p
+
+
+def _start_server(prompt: dict[str, Any], ckpts: list[Path]) -> Any:
+    from .comfy_server import ComfyServer, find_comfyui
+
+    comfy = find_comfyui()
+    if comfy is None:
+        raise runner.WorkflowError("ComfyUI not found: set COMFYUI_PATH (default ~/comfy/ComfyUI) or pass --server")
+    files: dict[str, Path] = {}
+    for c in ckpts:
+        if not c.is_file():
+            raise runner.WorkflowError(f"checkpoint not found: {c}")
+        files[c.name] = c.resolve()
+    if ckpts:
+        for node in prompt.values():
+            if node.get("class_type") == "CheckpointLoaderSimple":
+                node.setdefault("inputs", {})["ckpt_name"] = ckpts[0].name
+    elif any(n.get("inputs", {}).get("ckpt_name") == TINY_NAME for n in prompt.values()):
+        from .tiny_sd15 import cached_tiny_sd15
+        files[TINY_NAME] = cached_tiny_sd15(in_subprocess=True)
+        print(f"checkpoint: embedded tiny SD1.5-architecture model (seeded random weights) {files[TINY_NAME]}")
+    server = ComfyServer(files, comfyui=comfy).start()
+    failures = server.import_failures()
+    if failures:
+        server.close()
+        raise runner.WorkflowError("the Steadfast pack failed to import in ComfyUI:\n" + "\n".join(failures))
+    return server
+
+
+def _remote(url: str) -> Any:
+    from .comfy_server import ComfyClient
+
+    client = ComfyClient(url)
+    try:
+        stats = client.get("/system_stats", timeout=10)
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise runner.WorkflowError(f"cannot reach ComfyUI at {url}: {getattr(e, 'reason', e)}") from None
+    print(f"server {url}: ComfyUI {stats.get('system', {}).get('comfyui_version', '?')}")
+    return client
+
+
+def run_main(argv: Sequence[str]) -> int:
+    args = build_run_parser().parse_args(list(argv))
+    started = None
+    try:
+        prompt = runner.load_workflow(args.workflow)
+        runner.hash_nodes(prompt)
+        if args.restart and args.server:
+            raise runner.WorkflowError("--restart needs a server started by steadfast run (leave out --server)")
+        if args.ckpt and args.server:
+            raise runner.WorkflowError("--ckpt is for the started server; a --server uses its own model folders")
+        if args.server:
+            servers = [_remote(u) for u in args.server]
+        else:
+            started = _start_server(prompt, args.ckpt)
+            servers = [started]
+        report = runner.run_all(prompt, servers, runs=args.runs, free_between=args.free_between,
+                                restart=args.restart, timeout=args.timeout)
+    except runner.WorkflowError as e:
+        print(f"steadfast run: {e}", file=sys.stderr)
+        return 2
+    finally:
+        if started is not None:
+            started.close()
+    print("\n" + report.as_text())
+    if args.json:
+        args.json.write_text(json.dumps(report.as_dict(), indent=1, default=str), encoding="utf-8")
+    if args.pin:
+        first = next((r for r in report.results if r.error is None and r.hashes), None)
+        if first is None:
+            print("steadfast run: nothing to pin (no run produced hashes)", file=sys.stderr)
+            return 1
+        args.pin.write_text(json.dumps(runner.pin(prompt, first), indent=1), encoding="utf-8")
+        print(f"pinned: {args.pin}")
+    return 0 if report.ok else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``steadfast run ...`` here; every other subcommand (``verify``) goes to :func:`core.cli.main`."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "run":
+        return run_main(args[1:])
+    if not args or args[0] in ("-h", "--help"):
+        print("usage: steadfast {run,verify} ...\n\n  run     run a ComfyUI workflow headless and check its hashes "
+              "(steadfast run --help)\n  verify  self-consistency, parity and speed of optimizations on a diffusers "
+              "pipeline (steadfast verify --help)")
+        return 0 if args else 2
+    from ..core.cli import main as core_main
+    return core_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Security of the persistent compile cache: a workflow picks a cache NAME, never a path.
+
+Inductor and Triton unpickle and ``dlopen`` what they find in their cache directory; a workflow that could
+point it at a folder HTTP clients write (``input/`` via ``POST /upload/image``) could run code in the server.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from steadfast.core import compile_cache as cc
+
+ESCAPES = ["/tmp/x", "/", "..", "../input", "../../input/evil", "a/b", "a\\\\b", "~", "~root", ".hidden",
+           "name/..", "x..y", "-dash", "", " ", "a" * 65, "c:\\\\temp", "input/", "%2e%2e"]
+
+
+@pytest.mark.parametrize("value", [v for v in ESCAPES if v.strip()])
+def test_paths_are_refused_as_names(value: str) -> None:
+    with pytest.raises(cc.CacheRefused) as info:
+        cc.check_name(value)
+    msg = str(info.value)
+    assert "NAME" in msg and "operator" in msg
+
+
+def test_plain_names_default_and_off() -> None:
+    assert cc.check_name("") == cc.check_name(None) == cc.check_name("  ") == "default"
+    assert cc.check_name("flux-dev_1.0") == "flux-dev_1.0"
+    assert cc.check_name("off") is None and cc.check_name("OFF") is None
+
+
+def _forbidden(base: Path) -> tuple[Path, ...]:
+    dirs = tuple(base / d for d in ("input", "output", "temp", "user" + os.sep + "default"))
+    for d in dirs:
+        d.mkdir(parents=True, exist_ok=True)
+    return dirs
+
+
+def test_cache_lives_under_root_and_name(tmp_path: Path) -> None:
+    root = tmp_path / "user" / "steadfast" / "compile_cache"
+    cache = cc.open_cache(root, "flux", device="cpu", forbidden=_forbidden(tmp_path))
+    assert cache is not None and cache.path.parent == root / "flux" and (cache.path / cc.MANIFEST).is_file()
+    public = repr(cache.as_dict())
+    assert str(tmp_path) not in public and cache.key not in public
+    assert cache.as_dict() == {"name": "flux", "source": "", "messages": []}
+    assert cache.redact(f"ImportError: {cache.path.resolve()}/ab/x.so: file too short") == \
+        "ImportError: <compile cache 'flux'>/ab/x.so: file too short"
+
+
+@pytest.mark.parametrize("where", ["input", "output", "temp", "user/default", "input/deep/er"])
+def test_root_inside_a_client_writable_folder_is_refused(tmp_path: Path, where: str) -> None:
+    forbidden = _forbidden(tmp_path)
+    root = tmp_path / where / "cc"
+    with pytest.raises(cc.CacheRefused) as info:
+        cc.open_cache(root, "default", device="cpu", forbidden=forbidden)
+    assert str(tmp_path) not in str(info.value)
+    assert not (root / "default").exists()  # nothing created where a client could have planted files
+
+
+def test_root_containing_a_client_writable_folder_is_refused(tmp_path: Path) -> None:
+    """Root = ComfyUI's base dir would make the name 'input' reach the upload folder."""
+    with pytest.raises(cc.CacheRefused):
+        cc.open_cache(tmp_path, "input", device="cpu", forbidden=_forbidden(tmp_path))
+
+
+def test_symlinked_name_is_refused(tmp_path: Path) -> None:
+    forbidden = _forbidden(tmp_path)
+    root = tmp_path / "user" / "steadfast" / "compile_cache"
+    root.mkdir(parents=True)
+    (root / "evil").symlink_to(tmp_path / "input", target_is_directory=True)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (root / "away").symlink_to(outside, target_is_directory=True)
+    for name in ("evil", "away"):
+        with pytest.raises(cc.CacheRefused):
+            cc.open_cache(root, name, device="cpu", forbidden=forbidden)
+    assert list(outside.iterdir()) == [] and list((tmp_path / "input").iterdir()) == []
+
+
+def test_symlinked_root_into_input_is_refused(tmp_path: Path) -> None:
+    forbidden = _forbidden(tmp_path)
+    link = tmp_path / "user" / "steadfast"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(tmp_path / "input", target_is_directory=True)
+    with pytest.raises(cc.CacheRefused):
+        cc.open_cache(link / "compile_cache", "default", device="cpu", forbidden=forbidden)
+
+
+def test_a_file_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "afile").write_text("not a folder")
+    with pytest.raises(cc.CacheRefused):
+        cc.open_cache(root, "afile", device="cpu")
+
+
+def test_open_cache_refuses_a_path_as_name(tmp_path: Path) -> None:
+    for name in ("../x", str(tmp_path), "a/b"):
+        with pytest.raises(cc.CacheRefused):
+            cc.open_cache(tmp_path / "root", name, device="cpu")
+    assert not (tmp_path / "x").exists()
