@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import sys
 import time
 import warnings
 from collections.abc import Iterator
@@ -34,7 +35,8 @@ from typing import Any
 
 import pytest
 
-import api_to_ui
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))  # api_to_ui (conftest adds headless/)
+import api_to_ui  # noqa: E402
 from comfy_server import PACK_DIR_NAME, ComfyServer
 import tiny_sd15
 
