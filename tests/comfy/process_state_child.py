@@ -78,8 +78,6 @@ def main() -> None:
     from steadfast.nodes.optimize_node import SteadfastOptimizeModel
     from steadfast.nodes.sampler_node import SteadfastSeededSampler
     out["after_import"] = snapshot()
-    import types
-    SteadfastSeededSampler.hidden = types.SimpleNamespace(prompt={}, unique_id="1")  # TEMP until the node split
 
     with torch.inference_mode():  # as ComfyUI's executor runs nodes
         model, clip, _, _ = comfy.sd.load_checkpoint_guess_config(sys.argv[2], output_vae=False, output_clip=True)
