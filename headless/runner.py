@@ -21,11 +21,11 @@ from typing import Any, Protocol
 
 from ..core.explain import explain
 
-__all__ = ["HASH_NODE", "SAMPLER_NODE", "WorkflowError", "load_workflow", "hash_nodes", "missing_node_types",
+__all__ = ["HASH_NODE", "SAMPLER_NODES", "WorkflowError", "load_workflow", "hash_nodes", "missing_node_types",
            "RunResult", "Report", "collect", "compare", "pin", "run_all"]
 
 HASH_NODE = "SteadfastHash"
-SAMPLER_NODE = "SteadfastSeededSampler"
+SAMPLER_NODES = ("SteadfastSeededSampler", "SteadfastPipelineSampler")
 RECORD_KEY = "steadfast_run_record"
 
 
@@ -87,8 +87,8 @@ def missing_node_types(prompt: Mapping[str, Any], object_info: Mapping[str, Any]
     return sorted({v["class_type"] for v in prompt.values()} - set(object_info))
 
 
-def upstream(prompt: Mapping[str, Any], node: str, class_type: str) -> list[str]:
-    """Ids of the ``class_type`` nodes that feed ``node`` (directly or not), nearest first."""
+def upstream(prompt: Mapping[str, Any], node: str, class_types: Sequence[str]) -> list[str]:
+    """Ids of the nodes of ``class_types`` that feed ``node`` (directly or not), nearest first."""
     seen, order, todo = {node}, [], [node]
     while todo:
         cur = todo.pop(0)
@@ -97,7 +97,7 @@ def upstream(prompt: Mapping[str, Any], node: str, class_type: str) -> list[str]
                 nid = str(value[0])
                 seen.add(nid)
                 todo.append(nid)
-                if prompt[nid].get("class_type") == class_type:
+                if prompt[nid].get("class_type") in class_types:
                     order.append(nid)
     return order
 
@@ -177,7 +177,7 @@ def compare(prompt: Mapping[str, Any], results: Sequence[RunResult]) -> Report:
     if ok_runs:
         ref = ok_runs[0]
         for n in nodes:
-            samplers = upstream(prompt, n, SAMPLER_NODE)
+            samplers = upstream(prompt, n, SAMPLER_NODES)
             for r in ok_runs[1:]:
                 if n not in r.hashes or r.hashes[n] == ref.hashes.get(n):
                     continue
@@ -200,7 +200,7 @@ def pin(prompt: Mapping[str, Any], result: RunResult) -> dict[str, Any]:
             continue
         inputs = out[n].setdefault("inputs", {})
         inputs["expected"] = result.hashes[n]
-        samplers = [s for s in upstream(out, n, SAMPLER_NODE) if s in result.records]
+        samplers = [s for s in upstream(out, n, SAMPLER_NODES) if s in result.records]
         if samplers:
             inputs["expected_record"] = json.dumps(result.records[samplers[0]], sort_keys=True)
     return out

@@ -312,7 +312,7 @@ def add_compile(model, record: registry.CompileRecord, mode: str,
         except registry.RecompileError:
             raise
         except Exception as e:
-            if not is_compile_error(e):  # e.g. out of memory, interrupted: not the compiler's fault
+            if not is_compile_error(e) or record.options.get("fullgraph"):  # fullgraph: a graph break is an error
                 raise
             # compile failure: fall back to eager, visibly
             record.fail(f"{type(e).__name__}: {cache.redact(str(e)) if cache is not None else e}")

@@ -139,8 +139,6 @@ def test_attention_backend_missing_on_cpu_names_working_ones(comfy_server: Comfy
     assert "math" in working and "flash" in working and backend not in working
 
 
-@pytest.mark.xfail(strict=True, reason="needs nodes/model_patches.py add_compile to re-raise compile errors when "
-                   "record.options.fullgraph (owned by the compile helper / lead; see the nodes helper's report)")
 def test_fullgraph_graph_break_fails_the_run_naming_it(comfy_server: ComfyServer) -> None:
     """fullgraph=True with ComfyUI's own attention: on CPU that is sub-quadratic attention, which Dynamo
     cannot trace in one graph. As the fullgraph tooltip says, the graph break fails the run (at the sampler

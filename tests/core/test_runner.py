@@ -61,7 +61,7 @@ def test_no_hash_node_and_missing_types() -> None:
 
 def _result(run: str, h: str, threads: int, match: str = "unchecked") -> hl.RunResult:
     (hid,) = _hash_ids()
-    samplers = hl.upstream(WF, hid, hl.SAMPLER_NODE)
+    samplers = hl.upstream(WF, hid, hl.SAMPLER_NODES)
     rec = {"seeds": [42], "fingerprint": {"num_threads": threads, "torch": "2.14.1"}}
     return hl.RunResult("srv", run, hashes={hid: h}, checks={hid: match}, records={s: rec for s in samplers})
 
