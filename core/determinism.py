@@ -33,6 +33,8 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from .noise import check_seed
+
 __all__ = [
     "CUBLAS_DETERMINISTIC_VALUES",
     "CublasConfigRecord",
@@ -54,7 +56,6 @@ __all__ = [
 
 #: Values of ``CUBLAS_WORKSPACE_CONFIG`` that PyTorch accepts as deterministic.
 CUBLAS_DETERMINISTIC_VALUES = (":4096:8", ":16:8")
-_MAX_SEED = 0xFFFF_FFFF_FFFF_FFFF
 # (backend, op) pairs of the per-backend fp32 precision API (torch >= 2.9), parents first.
 _FP32_PAIRS = (
     ("generic", "all"),
@@ -323,15 +324,6 @@ def restore_state(state: TorchGlobalState) -> None:
 # --------------------------------------------------------------------------- policy
 
 
-def _check_seed(seed: Any, name: str = "seed") -> int:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(seed).__name__}")
-    seed = int(seed)
-    if not 0 <= seed <= _MAX_SEED:
-        raise ValueError(f"{name} must be in [0, 2**64 - 1], got {seed}")
-    return seed
-
-
 @dataclass(frozen=True)
 class DeterminismPolicy:
     """What :func:`apply_policy` sets.
@@ -362,7 +354,7 @@ class DeterminismPolicy:
             if self.num_threads < 1:
                 raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
         if self.seed is not None:
-            _check_seed(self.seed)
+            check_seed(self.seed)
 
     def as_dict(self) -> dict[str, Any]:
         """The policy's fields as a plain JSON-safe dict."""
@@ -412,7 +404,7 @@ def seed_everything(seed: int) -> None:
     NumPy's legacy seeder only takes 32 bits, so it gets ``seed % 2**32``.
     Raises: ``TypeError``/``ValueError`` unless ``0 <= seed <= 2**64 - 1``.
     """
-    seed = _check_seed(seed)
+    seed = check_seed(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # CPU default generator, plus CUDA/MPS/XPU lazily
