@@ -6,13 +6,15 @@ recorded in a :class:`TorchGlobalState` snapshot that :func:`restore_state` puts
 
 Sources for the recipe: PyTorch "Reproducibility" notes
 (https://pytorch.org/docs/stable/notes/randomness.html), diffusers ``enable_full_determinism``
-(``diffusers/utils/testing_utils.py``), and the measurements in ``research/torch_probe.md`` section 4:
+(``diffusers/utils/testing_utils.py``), and these facts (figures and how to reproduce them in
+``docs/measurements.md``):
 
 * fp32 CPU output differs between 1 and 2 threads, so the thread count is part of the contract;
-* ``torch.use_deterministic_algorithms`` also flips ``torch._inductor.config.deterministic``, which is
-  part of the FX-graph cache key: toggling it makes ``torch.compile`` miss its cache and recompile;
+* ``torch.use_deterministic_algorithms`` also flips ``torch._inductor.config.deterministic``
+  (``torch/__init__.py``), which is part of the FX-graph cache key: toggling it makes ``torch.compile``
+  miss its cache and recompile;
 * ``torch.utils.deterministic.fill_uninitialized_memory`` (default True) NaN-fills ``torch.empty``
-  while deterministic algorithms are on (0.15 s per 256 MB on CPU).
+  while deterministic algorithms are on, which costs time in proportion to the memory allocated.
 
 TF32 flags: PyTorch >= 2.9 keeps both the legacy flags (``allow_tf32``,
 ``float32_matmul_precision``) and new per-backend ``fp32_precision`` values; mixing the two APIs

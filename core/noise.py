@@ -2,7 +2,7 @@
 
 All noise is drawn on the CPU from private ``torch.Generator`` objects, so it is the same on every
 machine and leaves ``torch.get_rng_state()`` untouched (ComfyUI's ``comfy.sample.prepare_noise``
-reseeds the *global* generator via ``torch.manual_seed``; see ``research/comfyui_internals.md`` §5).
+reseeds the *global* generator via ``torch.manual_seed``: ComfyUI 0.8.0 ``comfy/sample.py``).
 
 A private CPU generator seeded with ``torch.Generator().manual_seed(seed)`` produces the same stream
 as the default CPU generator after ``torch.manual_seed(seed)`` (``torch.manual_seed`` seeds the

@@ -1,8 +1,8 @@
 """Pinned PyTorch SDPA backends: select (:func:`sdpa_context`) and probe (:func:`check_sdpa_backend`).
 
-Measured on CPU (torch_probe.md §8): only ``math`` and ``flash`` run; ``auto`` dispatches to flash
-(bit-equal to it); math != flash bitwise (max |d| ~3e-7 fp32, ~2e-3 bf16); both are run-to-run
-deterministic. The backend therefore belongs in the output fingerprint.
+Measured on CPU (``tests/core/test_optimize_attention.py``, figures in ``docs/measurements.md``): only
+``auto``, ``math`` and ``flash`` run; ``auto`` dispatches to flash (bit-equal to it); math != flash
+bitwise. The backend therefore belongs in the output fingerprint.
 """
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def available_sdpa_backends(
 ) -> list[str]:
     """Names from :data:`SDPA_BACKENDS` that actually run a tiny SDPA call ``[1, 2, 16, head_dim]`` on
     ``device`` in ``dtype`` (results cached per ``(name, device, dtype, head_dim)``). Empty when the
-    device itself is unusable. On this repo's CPU test machine: ``["auto", "math", "flash"]``.
+    device itself is unusable (CPU: see ``docs/measurements.md``).
     Real shapes can still hit per-shape kernel limits (e.g. head_dim caps of fused GPU kernels)."""
     dev = _norm_device(device)
     return [n for n in SDPA_BACKENDS if _probe(n, dev, dtype, head_dim) is None]

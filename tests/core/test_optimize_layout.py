@@ -65,7 +65,7 @@ def test_as_channels_last():
 
 
 def test_output_parity_is_measured_conv_groupnorm_128ch_64x64():
-    """Research (torch_probe §7): conv3x3 128ch 64x64 and GroupNorm are not bit-equal in channels_last.
+    """conv3x3 128ch 64x64 and GroupNorm are not bit-equal in channels_last on CPU (docs/measurements.md).
 
     Reported, not asserted either way; the magnitude is bounded and undoing the conversion is exact.
     """

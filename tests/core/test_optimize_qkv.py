@@ -190,7 +190,7 @@ def test_fused_project_paths_are_bit_equal_in_fp32_and_counted():
         assert st.last_path == "separate" and "value" in st.last_reason
     assert (st.fused_calls, st.kv_fused_calls, st.unfused_calls) == (1, 1, 3)
     assert fuse_qkv_(attn).stats is st
-    # fp32 on CPU: measured bit-equal (research: fusion is bit-identical in fp32)
+    # fp32 on CPU: fusion is bit-equal
     assert compare_outputs(ref_self, got_self).bit_equal
     assert compare_outputs(ref_ctx, got_ctx).bit_equal
     assert compare_outputs(ref_ctx, got_val).bit_equal
@@ -342,7 +342,7 @@ def test_fusing_under_inference_mode_keeps_normal_parameters_and_grads_fall_back
 
 
 def test_bf16_parity_at_k1280_is_measured_not_assumed():
-    """Research: bf16 fused != unfused once in_features >= 1280 (one-ulp differences). Report, bound."""
+    """bf16 fused != unfused at in_features 1280 on CPU (one-ulp differences, hardware-dependent). Report, bound."""
     k_in, tokens = 1280, 1024
     attn = Attn(k_in, heads=20, dim_head=64).to(torch.bfloat16)
     x = torch.randn(1, tokens, k_in, dtype=torch.bfloat16)
