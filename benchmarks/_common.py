@@ -1,7 +1,7 @@
 """Shared helpers for the benchmark scripts (not part of the node pack; never imported by ComfyUI).
 
 * :func:`import_pack` - import ComfyUI in-process (CPU) via ``headless/tiny_sd15.import_comfy`` and the
-  repo root as the package ``steadfast`` (as ``tests/conftest.py`` does), so the benchmarks run the
+  repo root as the package ``steadfast`` (``scripts/_steadfast_import.py``), so the benchmarks run the
   pack's own code paths.
 * :func:`machine_info` / :func:`print_header` - CPU model, cores, torch / python / ComfyUI versions, date.
 * :func:`markdown_table`, :func:`summarize` - output formatting and min / median statistics.
@@ -12,7 +12,6 @@ about speed.
 from __future__ import annotations
 
 import datetime
-import importlib.util
 import os
 import platform
 import re
@@ -22,12 +21,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ROOT / "headless"  # tiny_sd15, imported before the pack (it sets up ComfyUI)
+# headless/: tiny_sd15, imported before the pack (it sets up ComfyUI); scripts/: _steadfast_import
+PATHS = (ROOT / "headless", ROOT / "scripts")
 
 
 def _scripts_on_path() -> None:
-    if str(SCRIPTS) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS))
+    for folder in PATHS:
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
 
 
 def tiny_sd15_module() -> Any:
@@ -38,24 +39,18 @@ def tiny_sd15_module() -> Any:
     return tiny_sd15
 
 
-def import_pack() -> Any:
-    """Import ComfyUI in-process with ``args.cpu = True``, then the repo root as package ``steadfast``.
+def import_pack(cpu: bool = True) -> Any:
+    """Import ComfyUI in-process (``args.cpu = True`` unless ``cpu=False``), then the repo root as package ``steadfast``.
 
     Order matters: ComfyUI's CPU flag must be set before ``comfy.model_management`` is imported, and the
-    pack's ``__init__`` imports ``comfy_api`` (so ComfyUI must be on ``sys.path`` first).
-    Returns the ``steadfast`` package. Raises ``FileNotFoundError`` without a ComfyUI checkout
-    (``COMFYUI_PATH``, default ``~/comfy/ComfyUI``).
+    pack's ``__init__`` imports ``comfy_api`` (so ComfyUI must be on ``sys.path`` first); the pack sets
+    ``CUBLAS_WORKSPACE_CONFIG``, so import it before any CUDA work. Returns the ``steadfast`` package.
+    Raises ``FileNotFoundError`` without a ComfyUI checkout (``COMFYUI_PATH``, default ``~/comfy/ComfyUI``).
     """
-    tiny_sd15_module().import_comfy()
-    if "steadfast" not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            "steadfast", ROOT / "__init__.py", submodule_search_locations=[str(ROOT)]
-        )
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["steadfast"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["steadfast"]
+    tiny_sd15_module().import_comfy(cpu)
+    from _steadfast_import import import_steadfast  # scripts/ is on sys.path now
+
+    return import_steadfast()
 
 
 def cpu_model() -> str:

@@ -262,7 +262,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         return dict(prime_inductor(), spec=spec)
     _common.import_pack()
     import torch
-    from steadfast.core.optimize.parity import compare_outputs
+    from steadfast.core.compare import compare_outputs
 
     result: dict[str, Any] = {"spec": spec}
     with torch.inference_mode():
@@ -344,7 +344,7 @@ def _load(path: str) -> Any:
 
 def bench_model(name: str, args: argparse.Namespace, work: Path) -> tuple[list[list[Any]], list[list[Any]], list[str]]:
     """All processes for one model; returns (latency rows, steady-state rows, notes)."""
-    from steadfast.core.optimize.parity import compare_outputs
+    from steadfast.core.compare import compare_outputs
 
     base = {"model": name, "sd15_side": args.sd15_side, "flux_depth": [args.flux_depth, args.flux_single],
             "rounds": args.rounds, "max_rounds": args.max_rounds,

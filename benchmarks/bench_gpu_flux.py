@@ -42,16 +42,16 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import json
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
+
 
 FLUX_DEV: dict[str, Any] = {
     "image_model": "flux", "in_channels": 16, "out_channels": 16, "patch_size": 2, "vec_in_dim": 768,
@@ -102,26 +102,9 @@ def import_comfy_and_pack(cpu: bool) -> Any:
     """Put ComfyUI on ``sys.path`` (``args.cpu`` set only for CPU runs), then load the repo as ``steadfast``.
 
     The pack is imported before any CUDA work so its ``CUBLAS_WORKSPACE_CONFIG`` is in effect.
-    Raises ``FileNotFoundError`` without a ComfyUI checkout.
+    Raises ``FileNotFoundError`` without a ComfyUI checkout (:func:`_common.import_pack`).
     """
-    comfy_root = Path(os.environ.get("COMFYUI_PATH", str(Path.home() / "comfy" / "ComfyUI"))).expanduser()
-    if not (comfy_root / "comfy").is_dir():
-        raise FileNotFoundError(f"ComfyUI not found at {comfy_root} (set COMFYUI_PATH)")
-    if str(comfy_root) not in sys.path:
-        sys.path.insert(0, str(comfy_root))
-    import comfy.options  # noqa: F401  (ComfyUI's argument parsing stays off: cli_args parses [])
-    from comfy.cli_args import args
-
-    if cpu:
-        args.cpu = True
-    if "steadfast" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("steadfast", ROOT / "__init__.py",
-                                                      submodule_search_locations=[str(ROOT)])
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["steadfast"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["steadfast"]
+    return _common.import_pack(cpu=cpu)
 
 
 # ---------------------------------------------------------------------------------------------

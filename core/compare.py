@@ -1,4 +1,7 @@
-"""Honest comparison of two images or latents: bit identity first, then how large the difference is.
+"""Honest comparison of outputs: bit identity first, then how large the difference is.
+
+:func:`compare` takes two ComfyUI images or latents (PSNR, pixels differing, :func:`diff_heatmap`);
+:func:`compare_outputs` takes any two model outputs (a tensor or a nest of tuples/lists/dicts).
 
 ``identical`` is decided by the raw bytes (the same criterion as the digests in ``hashing``), never by
 a tolerance. The size of a difference is measured in float64:
@@ -19,14 +22,16 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["CompareReport", "CompareShapeError", "compare", "diff_heatmap"]
+__all__ = ["CompareReport", "CompareShapeError", "ParityReport", "bits_differ", "compare", "compare_outputs",
+           "diff_heatmap"]
 
 Kind = Literal["image", "latent"]
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 class CompareShapeError(ValueError):
-    """The two tensors cannot be compared: different shapes or dtypes (both are in the message)."""
+    """The two values cannot be compared: different shapes or dtypes (both are in the message), or, for
+    :func:`compare_outputs`, different nesting, lengths or keys (the message gives the path)."""
 
 
 @dataclass(frozen=True)
@@ -86,15 +91,22 @@ def _validate(a: torch.Tensor, b: torch.Tensor, kind: str) -> None:
         raise ValueError(f"latent must have a channel dim [B,C,...], got {tuple(a.shape)}")
 
 
-def _bits_differ(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Bool mask, True where the elements' bit patterns differ."""
+def bits_differ(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Bool mask (shape of ``a``), True where the two elements differ.
+
+    Same dtype: the elements' bit patterns are compared (``-0.0`` vs ``0.0`` differs, equal NaN bits
+    do not); complex elements differ when either part's bits do. Different dtypes: compared by value
+    in float64 / complex128. Any layout and device; ``a`` and ``b`` must have the same shape.
+    """
+    a, b = a.detach().cpu().contiguous(), b.detach().cpu().contiguous()
+    if a.dtype != b.dtype:
+        wide = torch.complex128 if (a.is_complex() or b.is_complex()) else torch.float64
+        return a.to(wide) != b.to(wide)
     if a.dtype == torch.bool:
         return a != b
-    view = _INT_VIEW.get(a.element_size())
-    if view is None or a.is_complex():
-        # complex: compare the real/imag parts' bits, any differing part marks the element
-        ra, rb = torch.view_as_real(a), torch.view_as_real(b)
-        return _bits_differ(ra, rb).any(dim=-1)
+    if a.is_complex():
+        return bits_differ(torch.view_as_real(a), torch.view_as_real(b)).any(dim=-1)
+    view = _INT_VIEW[a.element_size()]
     return a.view(view) != b.view(view)
 
 
@@ -120,7 +132,7 @@ def compare(a: torch.Tensor, b: torch.Tensor, *, kind: Kind = "image") -> Compar
     b = b.detach().cpu().contiguous()
     numel = a.numel()
     shape, dtype = tuple(a.shape), str(a.dtype)
-    mask = _bits_differ(a, b)
+    mask = bits_differ(a, b)
     n_diff = int(mask.sum())
     if n_diff == 0:
         peak = 1.0 if kind == "image" else _latent_peak(a)
@@ -208,3 +220,98 @@ def diff_heatmap(a: torch.Tensor, b: torch.Tensor, *, kind: Kind,
     per_pixel = torch.where(torch.isinf(per_pixel), torch.ones_like(per_pixel), per_pixel)
     per_pixel = torch.where(nan, torch.ones_like(per_pixel), per_pixel).clamp(0, 1)
     return _colormap(per_pixel).contiguous()
+
+
+@dataclass(frozen=True)
+class ParityReport:
+    """Result of :func:`compare_outputs`.
+
+    ``bit_equal``: every tensor's dtype, shape and bytes and every non-tensor leaf match.
+    ``max_abs`` / ``mean_abs``: over all tensor elements, in float64; positions whose bits are equal
+    count as 0 (so equal NaN/inf contribute 0; NaN against a number gives ``nan``). ``n_differ``:
+    elements that differ (:func:`bits_differ`) plus differing non-tensor leaves. ``numel``: tensor
+    elements compared; ``n_tensors``: tensors compared.
+    """
+
+    bit_equal: bool
+    max_abs: float
+    mean_abs: float
+    n_differ: int
+    numel: int
+    label: str = ""
+    n_tensors: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict of all fields (``max_abs`` may be ``nan``)."""
+        return asdict(self)
+
+    def as_text(self) -> str:
+        """One line, e.g. ``fused-qkv: NOT bit-equal, 385/3932160 differ (0.0098%), max|d| 7.8e-03, mean|d| 7.6e-07``."""
+        head = f"{self.label}: " if self.label else ""
+        if self.bit_equal:
+            return head + f"bit-equal ({self.numel} elements, {self.n_tensors} tensor(s))"
+        pct = 100.0 * self.n_differ / self.numel if self.numel else 0.0
+        return head + (f"NOT bit-equal, {self.n_differ}/{self.numel} differ ({pct:.4g}%), "
+                       f"max|d| {self.max_abs:.3g}, mean|d| {self.mean_abs:.3g}")
+
+
+def _leaves(x: Any, path: str, out: list[tuple[str, Any]]) -> None:
+    """Flatten ``x`` into ``(path, leaf)`` pairs; containers add a ``(path<type:len>, None)`` marker."""
+    if isinstance(x, torch.Tensor):
+        out.append((path, x))
+    elif isinstance(x, (tuple, list)):
+        out.append((f"{path}<{type(x).__name__}:{len(x)}>", None))
+        for i, item in enumerate(x):
+            _leaves(item, f"{path}[{i}]", out)
+    elif isinstance(x, dict):
+        out.append((f"{path}<dict:{list(x)!r}>", None))
+        for key, item in x.items():
+            _leaves(item, f"{path}[{key!r}]", out)
+    else:
+        out.append((path, x))
+
+
+def compare_outputs(a: Any, b: Any, *, label: str = "") -> ParityReport:
+    """Compare two model outputs: a tensor, or nested tuples/lists/dicts of tensors and plain values.
+
+    Tensors of any device and layout are compared on the CPU by bytes (:func:`bits_differ`); the inputs
+    are not modified. Equal shapes with different dtypes are compared by value and are never
+    ``bit_equal``. ``label`` only names the report.
+
+    Raises:
+        CompareShapeError: the nesting, lengths, keys or a pair of tensor shapes differ (the message
+            gives the path and both shapes).
+    """
+    la: list[tuple[str, Any]] = []
+    lb: list[tuple[str, Any]] = []
+    _leaves(a, "out", la)
+    _leaves(b, "out", lb)
+    if [p for p, _ in la] != [p for p, _ in lb]:
+        raise CompareShapeError(f"output structures differ: {[p for p, _ in la][:8]} vs {[p for p, _ in lb][:8]}")
+    bit_equal, n_differ, numel, n_tensors = True, 0, 0, 0
+    max_abs, sum_abs = 0.0, 0.0
+    for (path, x), (_, y) in zip(la, lb):
+        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
+            raise CompareShapeError(f"{path}: tensor vs {type(y if isinstance(x, torch.Tensor) else x).__name__}")
+        if not isinstance(x, torch.Tensor):
+            if x != y:
+                bit_equal, n_differ = False, n_differ + 1
+            continue
+        if x.shape != y.shape:
+            raise CompareShapeError(f"{path}: shapes differ: {tuple(x.shape)} {x.dtype} vs {tuple(y.shape)} {y.dtype}")
+        n_tensors += 1
+        numel += x.numel()
+        mask = bits_differ(x, y)
+        n = int(mask.sum())
+        if n == 0 and x.dtype == y.dtype:
+            continue
+        bit_equal, n_differ = False, n_differ + n
+        if n:
+            wide = torch.complex128 if (x.is_complex() or y.is_complex()) else torch.float64
+            diff = (x.detach().cpu().to(wide) - y.detach().cpu().to(wide)).abs()
+            diff = torch.where(mask, diff, torch.zeros_like(diff))
+            m = float(diff.max())
+            max_abs = m if math.isnan(m) or math.isnan(max_abs) else max(max_abs, m)
+            sum_abs += float(diff.sum())
+    return ParityReport(bit_equal=bit_equal, max_abs=max_abs, mean_abs=sum_abs / numel if numel else 0.0,
+                        n_differ=n_differ, numel=numel, label=label, n_tensors=n_tensors)

@@ -6,13 +6,15 @@ recorded in a :class:`TorchGlobalState` snapshot that :func:`restore_state` puts
 
 Sources for the recipe: PyTorch "Reproducibility" notes
 (https://pytorch.org/docs/stable/notes/randomness.html), diffusers ``enable_full_determinism``
-(``diffusers/utils/testing_utils.py``), and the measurements in ``research/torch_probe.md`` section 4:
+(``diffusers/utils/testing_utils.py``), and these facts (figures and how to reproduce them in
+``docs/measurements.md``):
 
 * fp32 CPU output differs between 1 and 2 threads, so the thread count is part of the contract;
-* ``torch.use_deterministic_algorithms`` also flips ``torch._inductor.config.deterministic``, which is
-  part of the FX-graph cache key: toggling it makes ``torch.compile`` miss its cache and recompile;
+* ``torch.use_deterministic_algorithms`` also flips ``torch._inductor.config.deterministic``
+  (``torch/__init__.py``), which is part of the FX-graph cache key: toggling it makes ``torch.compile``
+  miss its cache and recompile;
 * ``torch.utils.deterministic.fill_uninitialized_memory`` (default True) NaN-fills ``torch.empty``
-  while deterministic algorithms are on (0.15 s per 256 MB on CPU).
+  while deterministic algorithms are on, which costs time in proportion to the memory allocated.
 
 TF32 flags: PyTorch >= 2.9 keeps both the legacy flags (``allow_tf32``,
 ``float32_matmul_precision``) and new per-backend ``fp32_precision`` values; mixing the two APIs
@@ -32,6 +34,8 @@ from typing import Any, Iterator
 
 import numpy as np
 import torch
+
+from .noise import check_seed
 
 __all__ = [
     "CUBLAS_DETERMINISTIC_VALUES",
@@ -54,7 +58,6 @@ __all__ = [
 
 #: Values of ``CUBLAS_WORKSPACE_CONFIG`` that PyTorch accepts as deterministic.
 CUBLAS_DETERMINISTIC_VALUES = (":4096:8", ":16:8")
-_MAX_SEED = 0xFFFF_FFFF_FFFF_FFFF
 # (backend, op) pairs of the per-backend fp32 precision API (torch >= 2.9), parents first.
 _FP32_PAIRS = (
     ("generic", "all"),
@@ -323,15 +326,6 @@ def restore_state(state: TorchGlobalState) -> None:
 # --------------------------------------------------------------------------- policy
 
 
-def _check_seed(seed: Any, name: str = "seed") -> int:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(seed).__name__}")
-    seed = int(seed)
-    if not 0 <= seed <= _MAX_SEED:
-        raise ValueError(f"{name} must be in [0, 2**64 - 1], got {seed}")
-    return seed
-
-
 @dataclass(frozen=True)
 class DeterminismPolicy:
     """What :func:`apply_policy` sets.
@@ -362,7 +356,7 @@ class DeterminismPolicy:
             if self.num_threads < 1:
                 raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
         if self.seed is not None:
-            _check_seed(self.seed)
+            check_seed(self.seed)
 
     def as_dict(self) -> dict[str, Any]:
         """The policy's fields as a plain JSON-safe dict."""
@@ -412,7 +406,7 @@ def seed_everything(seed: int) -> None:
     NumPy's legacy seeder only takes 32 bits, so it gets ``seed % 2**32``.
     Raises: ``TypeError``/``ValueError`` unless ``0 <= seed <= 2**64 - 1``.
     """
-    seed = _check_seed(seed)
+    seed = check_seed(seed)
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # CPU default generator, plus CUDA/MPS/XPU lazily

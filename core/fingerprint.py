@@ -1,7 +1,7 @@
 """Environment fingerprint: everything outside the workflow that can change output bits.
 
-The fields follow the measurements in ``research/torch_probe.md`` (implications §1): torch version,
-thread count (fp32 CPU output differs between 1 and 2 threads), CPU vector ISA, GPU, the global
+Fields: torch version, thread count (fp32 CPU output differs between 1 and 2 threads:
+``docs/measurements.md``, ``scripts/measure_cpu.py``), CPU vector ISA, GPU, the global
 determinism/TF32 flags, plus what the caller adds (dtype, attention backend, compile mode, seeds ...).
 Host names, paths and times are deliberately not included, so equal environments give equal digests.
 """

@@ -2,7 +2,7 @@
 
 A digest is SHA-256 over a ``f"{dtype}|{tuple(shape)}|"`` header followed by the tensor's raw bytes
 in C order. The header matters: without it, zeros of shape (1,16,128,128) and (1,32,64,128), or fp32
-and fp16 zeros of matching byte size, hash the same (``research/torch_probe.md`` §9). Digests are
+and fp16 zeros of matching byte size, hash the same (``tests/core/test_hashing.py``). Digests are
 *bit* identity, which is not ``torch.equal``: ``0.0`` and ``-0.0`` hash differently, and two NaNs with
 the same bit pattern hash the same.
 """

@@ -2,7 +2,7 @@
 
 All noise is drawn on the CPU from private ``torch.Generator`` objects, so it is the same on every
 machine and leaves ``torch.get_rng_state()`` untouched (ComfyUI's ``comfy.sample.prepare_noise``
-reseeds the *global* generator via ``torch.manual_seed``; see ``research/comfyui_internals.md`` §5).
+reseeds the *global* generator via ``torch.manual_seed``: ComfyUI 0.8.0 ``comfy/sample.py``).
 
 A private CPU generator seeded with ``torch.Generator().manual_seed(seed)`` produces the same stream
 as the default CPU generator after ``torch.manual_seed(seed)`` (``torch.manual_seed`` seeds the
@@ -11,21 +11,38 @@ default CPU generator with exactly that call, plus the accelerators), which is w
 """
 from __future__ import annotations
 
+import numbers
 from typing import Literal, Sequence
 
 import torch
 
-__all__ = ["NOISE_MODES", "CPUNoiseSampler", "seeded_noise"]
+__all__ = ["MAX_SEED", "NOISE_MODES", "CPUNoiseSampler", "check_seed", "seeded_noise"]
 
 NOISE_MODES = ("incremental", "comfy")
-_MAX_SEED = 0xFFFF_FFFF_FFFF_FFFF
+#: Largest seed ComfyUI's seed widgets allow and ``torch.Generator.manual_seed`` takes: ``2**64 - 1``.
+MAX_SEED = 0xFFFF_FFFF_FFFF_FFFF
 
 
-def _check_seed(seed: object) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-    if not 0 <= seed <= _MAX_SEED:
-        raise ValueError(f"seed must be in [0, 2**64 - 1], got {seed}")
+def check_seed(seed: object, *, count: int = 1, name: str = "seed") -> int:
+    """``seed`` as a Python ``int``, checked so that ``seed .. seed + count - 1`` are all valid seeds.
+
+    The one seed check of the pack (noise, determinism policies, pipeline generators). ``count`` is the
+    number of consecutive seeds the caller derives (``seed + i`` per batch item); ``name`` names the
+    argument in the messages. Accepts ``int`` and NumPy integers, not ``bool``.
+
+    Raises:
+        TypeError: ``seed`` is not an integer. ValueError: ``seed < 0`` or ``seed + count - 1`` above
+            :data:`MAX_SEED` (``2**64 - 1``), or ``count < 1``.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(seed).__name__}")
+    seed = int(seed)
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    if not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"{name} must be in [0, 2**64 - 1], got {seed}")
+    if seed + count - 1 > MAX_SEED:
+        raise ValueError(f"{name} + batch index exceeds 2**64 - 1 ({name}={seed}, {count} seeds)")
     return seed
 
 
@@ -91,7 +108,7 @@ def seeded_noise(
         TypeError: ``seed`` is not an int.
     """
     dims = _check_shape(shape)
-    seed = _check_seed(seed)
+    seed = check_seed(seed)
     if mode not in NOISE_MODES:
         raise ValueError(f"mode must be one of {NOISE_MODES}, got {mode!r}")
     inds = _check_batch_index(batch_index, dims[0])
@@ -99,8 +116,7 @@ def seeded_noise(
 
     if mode == "incremental":
         offsets = inds if inds is not None else range(dims[0])
-        if seed + max(offsets) > _MAX_SEED:
-            raise ValueError(f"seed + batch index exceeds 2**64 - 1 (seed={seed})")
+        check_seed(seed, count=max(offsets) + 1)
         items = [torch.randn(item_shape, dtype=dtype, generator=_generator(seed + k)) for k in offsets]
         return torch.cat(items, dim=0)
 
@@ -144,7 +160,7 @@ class CPUNoiseSampler:
     def __init__(self, x_like: torch.Tensor, seed: int, *, per_item: bool = False) -> None:
         if not isinstance(x_like, torch.Tensor):
             raise TypeError(f"x_like must be a torch.Tensor, got {type(x_like).__name__}")
-        self.seed = _check_seed(seed)
+        self.seed = check_seed(seed)
         self.shape = tuple(x_like.shape)
         self.dtype = x_like.dtype
         self.device = x_like.device
@@ -152,8 +168,7 @@ class CPUNoiseSampler:
         if self.per_item:
             if len(self.shape) == 0 or self.shape[0] < 1:
                 raise ValueError(f"per_item needs a non-empty batch dimension, got shape {self.shape}")
-            if self.seed + self.shape[0] - 1 > _MAX_SEED:
-                raise ValueError(f"seed + batch index exceeds 2**64 - 1 (seed={self.seed})")
+            check_seed(self.seed, count=self.shape[0])
             self.generators = [_generator(self.seed + i) for i in range(self.shape[0])]
         else:
             self.generators = [_generator(self.seed)]

@@ -93,12 +93,12 @@ def comfyui_path() -> Path:
     return Path(os.environ.get("COMFYUI_PATH", str(Path.home() / "comfy" / "ComfyUI"))).expanduser()
 
 
-def import_comfy() -> None:
-    """Make ``comfy`` importable in this process, forced to CPU, without parsing ``sys.argv``.
+def import_comfy(cpu: bool = True) -> None:
+    """Make ``comfy`` importable in this process without parsing ``sys.argv``, forced to CPU by default.
 
-    Inserts :func:`comfyui_path` into ``sys.path`` and sets ``comfy.cli_args.args.cpu = True`` before
-    ``comfy.model_management`` is imported. Raises ``FileNotFoundError`` when ComfyUI is absent and
-    ``RuntimeError`` when ``comfy.model_management`` was already imported without ``cpu``.
+    Inserts :func:`comfyui_path` into ``sys.path`` and, when ``cpu``, sets ``comfy.cli_args.args.cpu =
+    True`` before ``comfy.model_management`` is imported. Raises ``FileNotFoundError`` when ComfyUI is
+    absent and ``RuntimeError`` when ``comfy.model_management`` was already imported without ``cpu``.
     """
     root = comfyui_path()
     if not (root / "comfy").is_dir():
@@ -108,6 +108,8 @@ def import_comfy() -> None:
     import comfy.options  # noqa: F401  (argument parsing stays disabled: cli_args parses [])
     from comfy.cli_args import args
 
+    if not cpu:
+        return
     if "comfy.model_management" in sys.modules:
         if not args.cpu:
             raise RuntimeError("comfy.model_management was imported before args.cpu could be set")

@@ -1,12 +1,8 @@
-"""Pinned PyTorch SDPA backends: select, probe, and a ComfyUI-compatible attention function.
+"""Pinned PyTorch SDPA backends: select (:func:`sdpa_context`) and probe (:func:`check_sdpa_backend`).
 
-``sdpa_attention`` takes the same arguments as ComfyUI's ``attention_pytorch`` (``q, k, v`` as
-``[B, L, heads * dim_head]``, or ``[B, heads, L, dim_head]`` with ``skip_reshape=True``), so a ComfyUI
-adapter can use it as a ``transformer_options["optimized_attention_override"]`` replacement.
-
-Measured on CPU (torch_probe.md §8): only ``math`` and ``flash`` run; ``auto`` dispatches to flash
-(bit-equal to it); math != flash bitwise (max |d| ~3e-7 fp32, ~2e-3 bf16); both are run-to-run
-deterministic. The backend therefore belongs in the output fingerprint.
+Measured on CPU (``tests/core/test_optimize_attention.py``, figures in ``docs/measurements.md``): only
+``auto``, ``math`` and ``flash`` run; ``auto`` dispatches to flash (bit-equal to it); math != flash
+bitwise. The backend therefore belongs in the output fingerprint.
 """
 from __future__ import annotations
 
@@ -16,7 +12,6 @@ from typing import Any, ContextManager
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 __all__ = [
@@ -26,7 +21,6 @@ __all__ = [
     "check_sdpa_backend",
     "available_sdpa_backends",
     "clear_sdpa_backend_cache",
-    "sdpa_attention",
 ]
 
 SDPA_BACKENDS: tuple[str, ...] = ("auto", "math", "efficient", "flash", "cudnn")
@@ -96,7 +90,7 @@ def available_sdpa_backends(
 ) -> list[str]:
     """Names from :data:`SDPA_BACKENDS` that actually run a tiny SDPA call ``[1, 2, 16, head_dim]`` on
     ``device`` in ``dtype`` (results cached per ``(name, device, dtype, head_dim)``). Empty when the
-    device itself is unusable. On this repo's CPU test machine: ``["auto", "math", "flash"]``.
+    device itself is unusable (CPU: see ``docs/measurements.md``).
     Real shapes can still hit per-shape kernel limits (e.g. head_dim caps of fused GPU kernels)."""
     dev = _norm_device(device)
     return [n for n in SDPA_BACKENDS if _probe(n, dev, dtype, head_dim) is None]
@@ -127,63 +121,3 @@ def check_sdpa_backend(
 def clear_sdpa_backend_cache() -> None:
     """Forget the cached probe results of :func:`check_sdpa_backend` / :func:`available_sdpa_backends`."""
     _PROBE_CACHE.clear()
-
-
-def sdpa_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    heads: int,
-    mask: Tensor | None = None,
-    backend: str = "auto",
-    *,
-    attn_precision: Any = None,
-    skip_reshape: bool = False,
-    skip_output_reshape: bool = False,
-    **kwargs: Any,
-) -> Tensor:
-    """Multi-head scaled-dot-product attention with ComfyUI ``attention_pytorch`` argument semantics.
-
-    Inputs: ``q`` ``[B, Lq, heads*dim_head]``, ``k``/``v`` ``[B, Lk, heads*dim_head]`` (the last dim is
-    split into ``(heads, dim_head)`` by a view, so non-contiguous slices such as the outputs of
-    :func:`~.qkv.fused_project` work); with ``skip_reshape=True`` they are already
-    ``[B, heads, L, dim_head]``. ``mask``: bool or additive float, broadcastable to
-    ``[B, heads, Lq, Lk]``; a 2-D mask gets a batch dim, a 3-D mask a heads dim. Output:
-    ``[B, Lq, heads*dim_head]``, or ``[B, heads, Lq, dim_head]`` with ``skip_output_reshape=True``; dtype
-    of ``q``. Scale is ``1/sqrt(dim_head)``, no dropout, not causal.
-
-    ``backend`` is pinned with :func:`sdpa_context`. ``attn_precision`` and other keyword arguments
-    (``transformer_options`` ...) are accepted and ignored, as ComfyUI's SDPA path does. Unlike ComfyUI
-    it never splits huge batches (ComfyUI's ``SDP_BATCH_LIMIT`` only matters for B > 2**15).
-    Raises ``ValueError`` when the width is not divisible by ``heads`` or the name is unknown, and
-    :class:`UnsupportedBackendError` when a pinned backend cannot run these inputs.
-    """
-    _validate(backend)
-    if skip_reshape:
-        b, _, _, dim_head = q.shape
-    else:
-        b, _, width = q.shape
-        if width % heads:
-            raise ValueError(f"q width {width} is not divisible by heads={heads}")
-        dim_head = width // heads
-        q, k, v = (t.view(b, -1, heads, dim_head).transpose(1, 2) for t in (q, k, v))
-    if mask is not None:
-        if mask.dim() == 2:
-            mask = mask.unsqueeze(0)
-        if mask.dim() == 3:
-            mask = mask.unsqueeze(1)
-    try:
-        with sdpa_context(backend):
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=False)
-    except RuntimeError as e:
-        if backend == "auto":
-            raise
-        working = available_sdpa_backends(q.device, q.dtype, head_dim=int(dim_head))
-        raise UnsupportedBackendError(
-            f"SDPA backend {backend!r} cannot run q{tuple(q.shape)} {q.dtype} on {q.device}: "
-            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}. "
-            f"Backends that work there: {', '.join(working) or 'none'}."
-        ) from e
-    if not skip_output_reshape:
-        out = out.transpose(1, 2).reshape(b, -1, heads * dim_head)
-    return out

@@ -4,10 +4,9 @@ Same conversion as ``Module.to(memory_format=torch.channels_last)`` (what ComfyU
 ``--force-channels-last`` does), restricted to parameters and done per parameter so the Parameter
 objects keep their identity (``.data`` is replaced). Values are unchanged; only strides change.
 
-Measured on CPU (research notes, torch_probe.md §7): 5-33 % faster for UNet/VAE, **not** bit-equal
-(conv and GroupNorm pick different kernels; e.g. conv3x3 128ch 64x64 fp32 max |d| 3.3e-6), run-to-run
-bit-equal. So channels_last belongs in the output fingerprint. Convert before compiling: changed
-strides change Dynamo guards.
+Measured on CPU (``tests/core/test_optimize_layout.py``, figures in ``docs/measurements.md``): **not**
+bit-equal (conv and GroupNorm pick different kernels), run-to-run bit-equal. So channels_last belongs in
+the output fingerprint. Convert before compiling: changed strides change Dynamo guards.
 """
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 
 Technique credit: diffusers ``Attention.fuse_projections`` / ``fuse_qkv_projections`` (one ``Linear(K, 3N)``
 instead of three ``Linear(K, N)``; for cross-attention only K and V are fused because Q reads a different
-input). diffusers *adds* ``to_qkv``/``to_kv`` layers next to the originals (+7-15 % parameters on tiny
-UNet/Flux). Here the fused weight is built once and the existing ``to_q.weight``/``to_k.weight``/... are
+input). diffusers *adds* ``to_qkv``/``to_kv`` layers next to the originals (more parameters:
+``docs/measurements.md``). Here the fused weight is built once and the existing ``to_q.weight``/``to_k.weight``/... are
 re-pointed at slices of it, so:
 
 * no extra memory is kept (the old separate storages are released),
@@ -16,9 +16,9 @@ Any operation that gives a projection new storage (``module.to(other_dtype)``, a
 with ``setattr``) silently breaks the sharing; :func:`is_fused` detects that by checking storage pointers,
 and :func:`fused_project` then falls back to the separate projections and records that it did.
 
-Parity (measured on CPU): fp32 fused == unfused bit-for-bit. bf16 is hardware-dependent: bit-equal on
-this repo's AVX512-BF16 test CPU (torch 2.14.1, K up to 3072), but research on an AMX CPU (torch 2.13)
-found one-ulp differences in ~1e-4 of elements at K >= 1280. Fusion belongs in the fingerprint.
+Parity (measured on CPU by ``tests/core/test_optimize_qkv.py``, figures in ``docs/measurements.md``):
+fp32 fused == unfused bit-for-bit; bf16 at in_features 1280 differs by one ulp in ~1e-4 of the elements
+(hardware-dependent). Fusion belongs in the fingerprint.
 Inside ``torch.compile`` see :func:`fused_project` for what is not checked.
 """
 from __future__ import annotations
@@ -370,9 +370,8 @@ def fused_project(
     Call :func:`release_stale_fusions_` eagerly before each compiled run; dropping a stale record
     changes what Dynamo guarded on, so the next compiled call retraces onto the separate path.
 
-    Bit parity with the separate projections is measured, not assumed: fp32 on CPU is bit-equal; bf16
-    was bit-equal on this repo's AVX512-BF16 test CPU but research on an AMX CPU found one-ulp
-    differences at in_features >= 1280, so treat fusion as part of the output fingerprint.
+    Bit parity with the separate projections is measured, not assumed (module docstring): fp32 on CPU
+    is bit-equal; bf16 is not at large in_features, so treat fusion as part of the output fingerprint.
     """
     compiling = torch.compiler.is_compiling()
     stats = attn.__dict__.get(_STATS_ATTR) if compiling else qkv_stats(attn)

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 import torch
 
-from .load import denoiser_of, module_components
+from .load import module_components
 from .optimize import PipelineStateError
 from .state import get_state
 
@@ -145,12 +145,3 @@ def load_lora(pipe: Any, source: str | Path | Mapping[str, torch.Tensor], adapte
                         seconds, note)
     state.lora_events.append(report.as_dict())
     return report
-
-
-def denoiser_has_lora(pipe: Any) -> bool:
-    """True when the denoiser carries at least one LoRA adapter."""
-    name, _ = denoiser_of(pipe)
-    return name in adapter_components(pipe)
-
-
-__all__ += ["denoiser_has_lora"]

@@ -3,7 +3,7 @@
 Order (structural changes first, compilation last, because Dynamo guards on module structure, processor
 objects and weight strides): QKV fusion -> channels_last -> attention backend -> VAE slicing/tiling ->
 ``torch.compile``. Sources: diffusers ``fuse_qkv_projections`` / ``compile_repeated_blocks`` /
-``set_attention_backend`` (0.42) and the CPU measurements in ``research/torch_probe.md`` sections 2, 3, 7, 8.
+``set_attention_backend`` (0.42). How each step changes output bits: ``docs/measurements.md``.
 
 Everything here changes the pipeline in place and is not undone: load a fresh pipeline for a baseline.
 """
@@ -171,8 +171,7 @@ def optimize_pipeline(pipe: Any, options: PipelineOptions) -> OptimizeReport:
     """Apply ``options`` to ``pipe`` in place and return what was applied to which components.
 
     Order: QKV fusion (denoiser, then VAE) -> channels_last (denoiser, VAE) -> attention backend ->
-    VAE slicing -> VAE tiling -> compile (denoiser only; VAEs declare no repeated blocks and regional
-    compilation of them reuses nothing, research §2). Compilation is lazy: it happens at the first
+    VAE slicing -> VAE tiling -> compile (denoiser only: diffusers' VAEs declare no ``_repeated_blocks``). Compilation is lazy: it happens at the first
     :func:`~.run.generate` (use :func:`~.run.warmup`), which also records compile time and recompiles in
     :data:`~..registry.REGISTRY`.
 

@@ -12,6 +12,7 @@ import torch
 
 from ..determinism import DeterminismPolicy, deterministic
 from ..fingerprint import environment_fingerprint, fingerprint_digest
+from ..noise import check_seed
 from ..optimize.attention import sdpa_context
 from ..registry import REGISTRY, CompileRecord
 from .load import count_params, denoiser_of, module_components
@@ -19,23 +20,19 @@ from .state import peek_state
 
 __all__ = ["generate", "warmup", "WarmupResult", "compile_record", "pipeline_report", "image_generators"]
 
-_MAX_SEED = 2**64 - 1
-
 
 def image_generators(seed: int, batch: int) -> list[torch.Generator]:
     """``batch`` CPU generators, generator ``i`` seeded with ``seed + i``.
 
     diffusers' ``randn_tensor`` draws item ``i`` of a batch from ``generator[i]`` when given a list, so
     image ``i``'s initial noise (and any per-step noise) equals that of a batch-1 run at ``seed + i``.
-    Raises ``ValueError`` for ``batch < 1`` or seeds outside ``[0, 2**64 - 1]``.
+    Raises ``ValueError`` for ``batch < 1`` or seeds outside ``[0, 2**64 - 1]`` and ``TypeError`` for a
+    non-integer seed (:func:`~..noise.check_seed`).
     """
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
-    if seed < 0 or seed + batch - 1 > _MAX_SEED:
-        raise ValueError(f"seeds {seed}..{seed + batch - 1} must lie in [0, 2**64 - 1]")
-    return [torch.Generator(device="cpu").manual_seed(int(seed) + i) for i in range(batch)]
+    seed = check_seed(seed, count=batch)
+    return [torch.Generator(device="cpu").manual_seed(seed + i) for i in range(batch)]
 
 
 def compile_record(pipe: Any) -> CompileRecord | None:

@@ -66,12 +66,9 @@ def main() -> None:
     import comfy.ldm.modules.attention, comfy.patcher_extension, comfy_api.latest, folder_paths  # noqa: E401,F401
     import latent_preview  # noqa: F401
     out: dict[str, Any] = {"before_pack": snapshot()}
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("steadfast", ROOT / "__init__.py",
-                                                  submodule_search_locations=[str(ROOT)])
-    pack = importlib.util.module_from_spec(spec)
-    sys.modules["steadfast"] = pack
-    spec.loader.exec_module(pack)
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from _steadfast_import import import_steadfast
+    import_steadfast(ROOT)
     import comfy.sd
     from steadfast.nodes.determinism_node import SteadfastDeterminismSetup
     from steadfast.nodes.hash_node import SteadfastHash

@@ -1,4 +1,4 @@
-"""compare(): bytes decide identity; differences are measured, located and reported."""
+"""compare() / compare_outputs(): bytes decide identity; differences are measured, located and reported."""
 from __future__ import annotations
 
 import json
@@ -6,8 +6,9 @@ import math
 
 import pytest
 import torch
+from torch import nn
 
-from steadfast.core.compare import CompareShapeError, compare, diff_heatmap
+from steadfast.core.compare import CompareShapeError, compare, compare_outputs, diff_heatmap
 
 
 def _image(seed=0, shape=(2, 8, 8, 3)):
@@ -157,3 +158,98 @@ def test_heatmap_image_absolute_scale_and_location():
     assert int((heat.sum(-1) > 0).sum()) == 1
     heat_n = diff_heatmap(a, b, kind="image", normalize=True)
     assert torch.allclose(heat_n[0, 2, 1], torch.tensor([1.0, 1.0, 0.0]))
+
+
+# --------------------------------------------------------------------------- compare_outputs
+def _t(seed=0, shape=(3, 4), dtype=torch.float32):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def test_identical_outputs_are_bit_equal():
+    a = _t()
+    rep = compare_outputs(a, a.clone(), label="same")
+    assert rep.bit_equal and rep.max_abs == 0.0 and rep.mean_abs == 0.0 and rep.n_differ == 0
+    assert rep.numel == 12 and rep.n_tensors == 1
+    assert rep.as_text() == "same: bit-equal (12 elements, 1 tensor(s))"
+    assert json.loads(json.dumps(rep.as_dict()))["bit_equal"] is True
+
+
+def test_one_ulp_difference_is_counted_with_magnitude():
+    a = _t()
+    b = a.clone()
+    b[1, 2] = torch.nextafter(b[1, 2], torch.tensor(float("inf")))
+    d = float((b[1, 2].double() - a[1, 2].double()).abs())
+    rep = compare_outputs(a, b)
+    assert not rep.bit_equal and rep.n_differ == 1
+    assert rep.max_abs == pytest.approx(d) and rep.mean_abs == pytest.approx(d / 12)
+    assert "NOT bit-equal, 1/12 differ" in rep.as_text()
+
+
+def test_signed_zero_differs_but_equal_nan_bits_match():
+    z = compare_outputs(torch.tensor([0.0, 1.0]), torch.tensor([-0.0, 1.0]))
+    assert torch.equal(torch.tensor([0.0]), torch.tensor([-0.0]))  # torch.equal would miss it
+    assert not z.bit_equal and z.n_differ == 1 and z.max_abs == 0.0
+    n = torch.tensor([float("nan"), 2.0])
+    rep = compare_outputs(n, n.clone())
+    assert rep.bit_equal and rep.max_abs == 0.0
+    vs_number = compare_outputs(n, torch.tensor([1.0, 2.0]))
+    assert not vs_number.bit_equal and vs_number.max_abs != vs_number.max_abs  # nan reported, not hidden
+
+
+def test_dtype_and_layout():
+    a = _t()
+    as64 = compare_outputs(a, a.double())
+    assert not as64.bit_equal and as64.max_abs == 0.0 and as64.n_differ == 0  # same values, other dtype
+    bf = _t(dtype=torch.bfloat16)
+    bf2 = bf.clone()
+    bf2[0, 0] = -bf2[0, 0]
+    rep = compare_outputs(bf, bf2)
+    assert rep.n_differ == 1 and rep.max_abs == pytest.approx(2 * abs(float(bf[0, 0])))
+    x = torch.randn(1, 3, 4, 4)
+    assert compare_outputs(x, x.contiguous(memory_format=torch.channels_last)).bit_equal  # bytes in C order
+    assert compare_outputs(torch.tensor([True, False]), torch.tensor([True, True])).n_differ == 1
+
+
+def test_nested_outputs():
+    a, b = _t(0), _t(1)
+    rep = compare_outputs((a, {"x": b, "n": 3}), (a.clone(), {"x": b.clone(), "n": 3}))
+    assert rep.bit_equal and rep.n_tensors == 2 and rep.numel == 24
+    b2 = b.clone()
+    b2[0, 0] += 1.0
+    rep = compare_outputs([a, b], [a, b2])
+    assert not rep.bit_equal and rep.n_differ == 1 and rep.max_abs == pytest.approx(1.0, rel=1e-6)
+    assert not compare_outputs((a, 3), (a, 4)).bit_equal
+
+
+def test_structure_and_shape_mismatch_raise():
+    a = _t()
+    with pytest.raises(CompareShapeError, match=r"shapes differ: \(3, 4\).*\(4, 3\)"):
+        compare_outputs(a, a.T.contiguous())
+    with pytest.raises(CompareShapeError, match="structures differ"):
+        compare_outputs((a, a), (a,))
+    with pytest.raises(CompareShapeError, match="structures differ"):
+        compare_outputs({"a": a}, {"b": a})
+    with pytest.raises(CompareShapeError, match="tensor vs"):
+        compare_outputs(a, 3)
+    assert issubclass(CompareShapeError, ValueError)
+
+
+def test_compare_outputs_reports_a_reordered_reduction_of_a_real_model():
+    model = nn.Sequential(nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 8)).requires_grad_(False)
+    gen = torch.Generator().manual_seed(0)
+    for p in model.parameters():
+        p.copy_(torch.randn(p.shape, generator=gen) / 16)
+    x = torch.randn(4, 256, generator=gen)
+
+    def reordered(t):  # same math, different summation order in the first layer
+        w, b = model[0].weight, model[0].bias
+        h = (t[:, :128] @ w[:, :128].T + t[:, 128:] @ w[:, 128:].T) + b
+        return model[2](model[1](h))
+
+    ref = model(x)
+    assert compare_outputs(ref, model(x)).bit_equal  # run-to-run
+    rep = compare_outputs(ref, reordered(x), label="split-K")
+    print(rep.as_text())
+    assert rep.max_abs < 1e-4  # float rounding only; equality is reported, not assumed
+    other = compare_outputs(ref, model(torch.randn(4, 256, generator=gen)))
+    assert not other.bit_equal and other.max_abs > 1e-3  # output depends on input

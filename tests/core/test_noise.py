@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from steadfast.core.hashing import tensor_digest
-from steadfast.core.noise import CPUNoiseSampler, seeded_noise
+from steadfast.core.noise import MAX_SEED, CPUNoiseSampler, check_seed, seeded_noise
 
 COMFY = Path(os.environ.get("COMFYUI_PATH", Path.home() / "comfy" / "ComfyUI")).expanduser()
 
@@ -191,6 +191,30 @@ def test_seeded_noise_rejects_bad_input(shape, seed, kwargs):
 def test_seeded_noise_rejects_non_int_seed():
     with pytest.raises(TypeError):
         seeded_noise((1, 4, 8, 8), 1.0)
+
+
+def test_check_seed_is_the_one_seed_check():
+    import numpy as np
+
+    from steadfast.core.determinism import DeterminismPolicy
+    from steadfast.core.pipelines.run import image_generators
+
+    assert MAX_SEED == 2**64 - 1
+    assert check_seed(np.uint64(MAX_SEED)) == MAX_SEED and type(check_seed(np.int32(7))) is int
+    assert check_seed(MAX_SEED - 3, count=4) == MAX_SEED - 3
+    with pytest.raises(ValueError, match=r"seed \+ batch index exceeds"):
+        check_seed(MAX_SEED - 3, count=5)
+    with pytest.raises(TypeError, match="policy seed must be an int, got bool"):
+        check_seed(True, name="policy seed")
+    # every caller gives the same errors
+    for call in (lambda s: seeded_noise((1, 4, 2, 2), s), lambda s: DeterminismPolicy(seed=s),
+                 lambda s: image_generators(s, 1), lambda s: CPUNoiseSampler(torch.zeros(1), s)):
+        with pytest.raises(ValueError, match=r"seed must be in \[0, 2\*\*64 - 1\], got -1"):
+            call(-1)
+        with pytest.raises(TypeError, match="seed must be an int, got float"):
+            call(1.0)
+    with pytest.raises(ValueError, match="exceeds"):
+        image_generators(MAX_SEED, 2)
 
 
 # ----------------------------------------------------------------------------- CPUNoiseSampler

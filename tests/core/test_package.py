@@ -12,6 +12,11 @@ COMFY_MODULES = {"comfy", "comfy_api", "comfy_extras", "comfy_execution", "folde
                  "execution", "latent_preview", "node_helpers"}
 
 
+# a fresh interpreter imports the checkout as package ``steadfast`` (scripts/_steadfast_import.py)
+IMPORT_PACK = (f"import os, sys\nsys.path.insert(0, {str(ROOT / 'scripts')!r})\n"
+               "from _steadfast_import import import_steadfast\nm = import_steadfast()\n")
+
+
 def _imported_top_levels(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
     names: set[str] = set()
@@ -31,11 +36,7 @@ def test_core_imports_nothing_from_comfyui():
 
 
 def test_pack_imports_without_comfyui_and_sets_cublas_config():
-    code = (
-        "import importlib.util, os, sys\n"
-        f"root = {str(ROOT)!r}\n"
-        "spec = importlib.util.spec_from_file_location('steadfast', root + '/__init__.py', submodule_search_locations=[root])\n"
-        "m = importlib.util.module_from_spec(spec); sys.modules['steadfast'] = m; spec.loader.exec_module(m)\n"
+    code = IMPORT_PACK + (
         "import steadfast.core.hashing, steadfast.core.registry, steadfast.core.determinism\n"
         "assert not hasattr(m, 'comfy_entrypoint'), 'node adapters loaded without ComfyUI'\n"
         "assert m.WEB_DIRECTORY == './js'\n"
@@ -50,11 +51,7 @@ def test_pack_imports_without_comfyui_and_sets_cublas_config():
 
 
 def test_existing_cublas_config_is_kept():
-    code = (
-        "import importlib.util, os, sys\n"
-        f"root = {str(ROOT)!r}\n"
-        "spec = importlib.util.spec_from_file_location('steadfast', root + '/__init__.py', submodule_search_locations=[root])\n"
-        "m = importlib.util.module_from_spec(spec); sys.modules['steadfast'] = m; spec.loader.exec_module(m)\n"
+    code = IMPORT_PACK + (
         "print(os.environ['CUBLAS_WORKSPACE_CONFIG'])\n"
     )
     env = {**os.environ, "CUBLAS_WORKSPACE_CONFIG": ":16:8"}

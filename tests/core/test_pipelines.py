@@ -144,7 +144,7 @@ def test_generate_argument_errors(sd_ref):
         generate(pipe, "x", output_type="pil", **G)
     with pytest.raises(ValueError, match="batch"):
         generate(pipe, "x", batch=0, **G)
-    with pytest.raises(ValueError, match="seeds"):
+    with pytest.raises(ValueError, match="seed must be in"):
         generate(pipe, "x", seed=-1, **G)
     with pytest.raises(ValueError, match="takes no"):
         generate(pipe, "x", extra={"no_such_argument": 1}, **G)
@@ -227,7 +227,8 @@ def test_flux_uses_diffusers_dispatcher_and_keeps_global_backend(flux_dir):
     assert att.details["diffusers_backend"] == "_native_math" and att.details["dispatch_modules"] == 4
     assert _AttentionBackendRegistry.get_active_backend()[0] == before
     growth = rep.step("qkv_fusion").details["components"]["transformer"]["growth_pct"]
-    assert growth > 5  # research: +15.5 % on a tiny Flux
+    print(f"diffusers fuse_qkv_projections parameter growth, tiny Flux: {growth:.1f} %")
+    assert growth > 5  # diffusers keeps to_q/k/v and adds to_qkv
     comp = rep.step("compile")
     assert comp.details["kind"] == "regional"
     assert comp.details["block_classes"] == {"FluxTransformerBlock": 2, "FluxSingleTransformerBlock": 2}
