@@ -39,6 +39,8 @@ class RunRecord:
         compile: the compile state ("off", or a dict: status, graphs, recompiles with reasons, ...).
         recompiles_this_run: recompiles counted during this run (0 when not compiled).
         seconds: wall time of the sampling call (s); None when not measured.
+        model: what was sampled: ``digest`` (64-hex SHA-256 over the diffusion model's weights as sampled,
+            :mod:`core.model_identity`), ``tensors``, ``bytes``, and where known ``file`` / ``file_size`` (bytes).
         details: path-specific facts (MODEL: per-step noise source, QKV fusion counters; pipeline:
             prompt, source, dtype, LoRA, optimizations, fingerprint digest).
 
@@ -63,6 +65,7 @@ class RunRecord:
     recompiles_this_run: int = 0
     seconds: float | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

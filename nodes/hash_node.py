@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from ..core import hashing
+from ..core import explain, hashing
 
 
 class HashMismatchError(RuntimeError):
@@ -31,13 +31,25 @@ class SteadfastHash(io.ComfyNode):
                                  tooltip="Raise an error when the hash differs from 'expected', failing the prompt."),
                 io.Boolean.Input("raw_float", default=False, optional=True,
                                  tooltip="Also hash the IMAGE's raw float32 values (stricter than 8-bit pixels)."),
+                io.String.Input("run_record", optional=True, force_input=True,
+                                tooltip="Link Seeded Sampler's run_record here: on a mismatch every recorded field "
+                                        "that differs from expected_record is listed."),
+                io.String.Input("expected_record", default="", multiline=True, optional=True,
+                                tooltip="The reference run's record (JSON), e.g. pinned from a run with the node's "
+                                        "'Pin hash and record' menu entry. Empty = no explanation."),
             ],
             outputs=[io.String.Output(display_name="hash",
                                       tooltip="The image hash if an image is connected, else the latent hash.")],
         )
 
     @classmethod
-    def validate_inputs(cls, expected: str = "", fail_on_mismatch: bool = False) -> bool | str:
+    def validate_inputs(cls, expected: str = "", fail_on_mismatch: bool = False,
+                        expected_record: str = "") -> bool | str:
+        if (expected_record or "").strip():
+            try:
+                explain.parse_record(expected_record)
+            except ValueError as e:
+                return f"expected_record: {e}"
         # ComfyUI drops an output node that fails validation and still runs the other outputs. A check
         # that must fail the prompt (fail_on_mismatch) is therefore not rejected here: execute() raises.
         if fail_on_mismatch is True:
@@ -50,11 +62,24 @@ class SteadfastHash(io.ComfyNode):
 
     @classmethod
     def execute(cls, image=None, latent=None, expected: str = "", fail_on_mismatch: bool = False,
-                raw_float: bool = False) -> io.NodeOutput:
+                raw_float: bool = False, run_record: str | None = None, expected_record: str = "") -> io.NodeOutput:
         result = hashing.hash_inputs(image=image, latent=latent, raw_float=raw_float)
         check = hashing.check_expected(result.primary, expected)
-        text = result.as_text() + ("\n" + check.as_text() if check.checked else "")
-        ui_out = {"text": [text], "steadfast_hash": [{"hash": result.primary, "match": check.status}]}
+        why = mismatch_explanation(check, run_record, expected_record)
+        text = result.as_text() + ("\n" + check.as_text() if check.checked else "") + (f"\n{why}" if why else "")
+        ui_out = {"text": [text], "steadfast_hash": [{"hash": result.primary, "match": check.status,
+                                                      "explanation": why, "record": run_record or ""}]}
         if fail_on_mismatch and check.checked and not check.match:
-            raise HashMismatchError(check.as_text())
+            raise HashMismatchError(check.as_text() + (f"\n{why}" if why else ""))
         return io.NodeOutput(result.primary, ui=ui_out)
+
+
+def mismatch_explanation(check: hashing.HashCheck, run_record: str | None, expected_record: str) -> str:
+    """On a mismatch: the recorded fields that differ (:func:`core.explain.explain`), or what is missing to say."""
+    if not check.checked or check.match:
+        return ""
+    if not (expected_record or "").strip():
+        return "no expected_record given: nothing to explain the mismatch with"
+    if not run_record:
+        return "link Seeded Sampler's run_record to this node to explain the mismatch"
+    return explain.explain(expected_record, run_record).as_text()

@@ -14,6 +14,7 @@ import latent_preview
 
 from ..core import determinism, fingerprint, hashing, noise
 from ..core.run_record import RunRecord
+from . import identity
 from .model_patches import compile_state, qkv_counters, steadfast_options
 
 BATCH_SEED_MODES = ["incremental", "comfy"]
@@ -64,6 +65,7 @@ class SteadfastSeededSampler(io.ComfyNode):
                                tooltip="incremental: item i uses seed + i, so item i of a batch equals a single run at "
                                        "seed + i. comfy: ComfyUI's own batch noise stream, bit-identical to KSampler's."),
             ],
+            hidden=[io.Hidden.prompt, io.Hidden.unique_id],  # to name the model file in the run record
             not_idempotent=True,  # two identical sampler nodes in one workflow must both run (determinism check)
             outputs=[io.Latent.Output(display_name="LATENT", tooltip="The denoised latent."),
                      io.String.Output(display_name="run_record",
@@ -97,6 +99,7 @@ class SteadfastSeededSampler(io.ComfyNode):
             if not during:
                 during["num_threads"] = torch.get_num_threads()
                 during["flags"] = determinism.snapshot_state(load_inductor=True).as_dict()
+                during["model"] = identity.model_identity_of(model)  # the weights as sampled (patches applied)
             return preview(step, x0_pred, x, total_steps)
 
         qkv_before = qkv_counters(model)
@@ -126,6 +129,7 @@ class SteadfastSeededSampler(io.ComfyNode):
             channels_last=opts.get("channels_last", False),
             compile=compiled,
             determinism=opts.get("last_determinism") or opts.get("determinism") or "not set (Determinism Setup not used)",
+            **identity.versions(),
         )
         if during:  # the process state after sampling may differ (the policy is restored)
             fp["num_threads"], fp["flags"] = during["num_threads"], during["flags"]
@@ -137,6 +141,10 @@ class SteadfastSeededSampler(io.ComfyNode):
             sampler=sampler_name, scheduler=scheduler,
             output="latent", output_shape=list(samples.shape), output_sha256=hashing.tensor_digest(samples),
             fingerprint=fp, compile=compiled,
+            model={**{k: v for k, v in (during.get("model") or identity.model_identity_of(model)).items()
+                      if k != "cached"},
+                   **identity.model_file(cls.hidden.prompt if cls.hidden else None,
+                                         cls.hidden.unique_id if cls.hidden else None)},
             recompiles_this_run=(compiled.get("recompiles_this_run") or 0) if isinstance(compiled, dict) else 0,
             seconds=round(seconds, 4),
             details={"per_step_noise": "cpu" if cpu_noise else "sampler default", "qkv_fusion": qkv_state,
