@@ -26,7 +26,18 @@ function migrateOptimizeWidgets(node, info) {
   });
 }
 
-const MATCH_COLORS = { match: "#2e7d32", mismatch: "#c62828", unchecked: null };
+// Colours show the state of the LAST RUN in this session: kept on the node object (never serialized), drawn as a
+// frame in onDrawForeground, so a loaded workflow or a dropped PNG shows no old green/red before anything ran.
+const STATE_COLORS = { match: "#2e7d32", mismatch: "#c62828", expected: "#b7791f" };
+const LINE_PX = 14;
+const CHAR_PX = 6.7; // monospace 11 px
+
+// Height for ``text`` in a box ``width`` px wide: its lines, wrapped, at most 30 (then the box scrolls).
+function textHeight(text, width) {
+  const perRow = Math.max(10, Math.floor((width - 36) / CHAR_PX));
+  const rows = (text || "").split("\n").reduce((n, line) => n + Math.max(1, Math.ceil(line.length / perRow)), 0);
+  return Math.min(30, Math.max(2, rows)) * LINE_PX + 12;
+}
 
 const INFO = "steadfast_info";
 
@@ -43,7 +54,7 @@ function addInfoWidget(node) {
       getValue: () => el.value,
       setValue: (v) => { el.value = v ?? ""; },
       serialize: false,
-      getMinHeight: () => 64,
+      getMinHeight: () => textHeight(el.value, node.size[0]),
     });
     w.serialize = false; // never saved into widgets_values: saved workflows stay loadable
     return w;
@@ -53,12 +64,33 @@ function addInfoWidget(node) {
   return w;
 }
 
+// The report box grows with its text (up to 30 lines, then it scrolls), so no line is cut off.
 function showText(node, text) {
   const w = node.widgets?.find((x) => x.name === INFO) ?? addInfoWidget(node);
   w.value = text;
   const [minW, minH] = node.computeSize();
   node.setSize([Math.max(node.size[0], minW), Math.max(node.size[1], minH)]);
   node.setDirtyCanvas(true, true);
+}
+
+function setState(node, state) {
+  node.steadfast_state = state ?? null; // transient: not part of the workflow
+  node.setDirtyCanvas(true, true);
+}
+
+// "Pin hash and record": copy the last run's hash and run record into expected / expected_record, so the saved
+// workflow (and the PNG ComfyUI saves with it) carries its own proof. Returns false when nothing ran yet.
+function pin(node) {
+  const last = node.steadfast_last;
+  if (!last?.hash) return false;
+  const set = (name, value) => {
+    const w = node.widgets?.find((x) => x.name === name);
+    if (w) { w.value = value; w.callback?.(value); }
+  };
+  set("expected", last.hash);
+  if (last.record) set("expected_record", last.record);
+  node.setDirtyCanvas(true, true);
+  return true;
 }
 
 app.registerExtension({
@@ -72,6 +104,30 @@ app.registerExtension({
         migrateOptimizeWidgets(this, info);
       };
     }
+    if (nodeData.name === "SteadfastHash") {
+      nodeType.prototype.steadfastPin = function () { return pin(this); };
+      const getExtraMenuOptions = nodeType.prototype.getExtraMenuOptions;
+      nodeType.prototype.getExtraMenuOptions = function (canvas, options) {
+        getExtraMenuOptions?.apply(this, arguments);
+        options.push({
+          content: "Pin hash and record (Steadfast)",
+          disabled: !this.steadfast_last?.hash,
+          callback: () => pin(this),
+        });
+      };
+    }
+    const onDrawForeground = nodeType.prototype.onDrawForeground;
+    nodeType.prototype.onDrawForeground = function (ctx) {
+      onDrawForeground?.apply(this, arguments);
+      const color = STATE_COLORS[this.steadfast_state];
+      if (!color || this.flags?.collapsed) return;
+      ctx.save();
+      ctx.strokeStyle = color;
+      ctx.lineWidth = 4;
+      const th = window.LiteGraph?.NODE_TITLE_HEIGHT ?? 30;
+      ctx.strokeRect(-2, -th - 2, this.size[0] + 4, this.size[1] + th + 4);
+      ctx.restore();
+    };
     const onExecuted = nodeType.prototype.onExecuted;
     nodeType.prototype.onExecuted = function (message) {
       onExecuted?.apply(this, arguments);
@@ -79,11 +135,11 @@ app.registerExtension({
       if (text) showText(this, text);
       const h = message?.steadfast_hash?.[0];
       if (h) {
-        const c = MATCH_COLORS[h.match];
-        this.bgcolor = c ?? undefined;
+        this.steadfast_last = { hash: h.hash, record: h.record || "" };
+        setState(this, h.match === "unchecked" ? null : h.match);
       }
       const cmp = message?.steadfast_compare?.[0];
-      if (cmp) this.bgcolor = cmp.identical ? MATCH_COLORS.match : MATCH_COLORS.mismatch;
+      if (cmp) setState(this, cmp.identical ? "match" : (cmp.expected_to_differ ? "expected" : "mismatch"));
     };
   },
 });

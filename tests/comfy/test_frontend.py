@@ -49,7 +49,7 @@ CHROMIUM = os.environ.get("STEADFAST_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 TINY_CKPT_NAME = tiny_sd15.CHECKPOINT_NAME
-MATCH_GREEN, MISMATCH_RED = "#2e7d32", "#c62828"  # js/steadfast.js MATCH_COLORS
+STATES = ("match", "mismatch", "expected")  # js/steadfast.js STATE_COLORS: last-run state, never serialized
 
 
 def _browser_missing() -> str | None:
@@ -235,9 +235,8 @@ def test_template_loads_and_converts_back_to_api_twin(page: Any, object_info: di
     load_template(page, name)
     check_round_trip(page, api_twin(name), object_info, name)
     assert not overlapping_nodes(page), f"{name}: nodes overlap once the frontend has sized them"
-    filled = filled_optional_widgets(api_twin(name), object_info)
-    if filled:
-        print(f"{name}: optional widgets absent from the twin, sent at their defaults: {filled}")
+    # The twin is exactly what "Export (API)" gives: no optional widget left out (the frontend sends them all).
+    assert filled_optional_widgets(api_twin(name), object_info) == {}, name
 
 
 def test_converter_handles_linked_widgets_and_controls(page: Any, object_info: dict[str, Any]) -> None:
@@ -298,17 +297,42 @@ def test_run_from_browser_shows_hash_and_compare(page: Any, comfy_server: ComfyS
         "?.widgets?.find(w => w.name === 'steadfast_info')?.value === text)", arg=want, timeout=30_000)
     shown = page.evaluate(
         "(ids) => ids.map(id => { const n = window.app.graph.getNodeById(+id);"
-        " return {bgcolor: n.bgcolor ?? null, info: n.widgets.find(w => w.name === 'steadfast_info').value} })",
+        " const w = n.widgets.find(w => w.name === 'steadfast_info'); const el = w.element;"
+        " return {state: n.steadfast_state ?? null, bgcolor: n.bgcolor ?? null, info: w.value,"
+        " cut: el ? el.scrollHeight - el.clientHeight : null} })",
         [hash_id, cmp_id])
     assert [s["info"] for s in shown] == [want[hash_id], want[cmp_id]]
     identical = outputs[cmp_id]["steadfast_compare"][0]["identical"]
-    assert shown[1]["bgcolor"] == (MATCH_GREEN if identical else MISMATCH_RED)
-    assert outputs[hash_id]["steadfast_hash"][0]["match"] == "unchecked" and shown[0]["bgcolor"] is None
+    assert shown[1]["state"] == ("match" if identical else "mismatch") and shown[1]["bgcolor"] is None
+    assert outputs[hash_id]["steadfast_hash"][0]["match"] == "unchecked" and shown[0]["state"] is None
+    assert all(s["cut"] is not None and s["cut"] <= 2 for s in shown), shown  # report boxes fit their text
     assert not overlapping_nodes(page), "nodes grown by the run (info boxes, previews) overlap"
 
     # The info widget is display-only: neither the saved workflow nor the prompt change.
     assert page.evaluate("() => window.app.graph.serialize().nodes.map(n => [n.id, n.widgets_values])") == saved_before
     assert prompt_core(frontend_prompt(page)) == expected_prompt(twin, object_info)
+    assert "steadfast_state" not in json.dumps(page.evaluate("() => window.app.graph.serialize()"))
+
+    # Pin: the node's menu entry copies the last hash and run record into expected / expected_record.
+    menu = page.evaluate("(id) => { const n = window.app.graph.getNodeById(+id); const o = [];"
+                         " n.getExtraMenuOptions(window.app.canvas, o); return o.map(x => x?.content) }", hash_id)
+    assert "Pin hash and record (Steadfast)" in menu
+    assert page.evaluate("(id) => window.app.graph.getNodeById(+id).steadfastPin()", hash_id) is True
+    pinned = page.evaluate("(id) => Object.fromEntries(window.app.graph.getNodeById(+id).widgets"
+                           ".map(w => [w.name, w.value]))", hash_id)
+    digest = outputs[hash_id]["steadfast_hash"][0]["hash"]
+    assert pinned["expected"] == digest and json.loads(pinned["expected_record"])["seeds"]
+    # The proof travels with the workflow; the colour does not: reloaded, nothing is shown before a run.
+    saved = page.evaluate("() => window.app.graph.serialize()")
+    page.evaluate("async (wf) => { await window.app.loadGraphData(wf) }", saved)
+    reloaded = page.evaluate("(id) => { const n = window.app.graph.getNodeById(+id); return {state: "
+                             "n.steadfast_state ?? null, expected: n.widgets.find(w => w.name === 'expected').value} }",
+                             hash_id)
+    assert reloaded == {"state": None, "expected": digest}
+    comfy_server.free()
+    page.evaluate("async () => { await window.app.queuePrompt(0, 1) }")
+    page.wait_for_function("(id) => window.app.graph.getNodeById(+id)?.steadfast_state === 'match'", arg=hash_id,
+                           timeout=120_000)
 
     page.evaluate("(id) => { const c = window.app.canvas; c.ds.scale = 1; c.centerOnNode(c.graph.getNodeById(+id));"
                   " c.setDirty(true, true) }", hash_id)
