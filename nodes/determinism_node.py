@@ -12,6 +12,7 @@ class SteadfastDeterminismSetup(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="SteadfastDeterminismSetup",
+            is_output_node=True,  # its report is shown again when ComfyUI answers from cache
             display_name="Determinism Setup (Steadfast)",
             category="Steadfast",
             description="Returns a copy of the model that samples under a deterministic torch configuration "

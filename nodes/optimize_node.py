@@ -21,6 +21,7 @@ class SteadfastOptimizeModel(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="SteadfastOptimizeModel",
+            is_output_node=True,  # its report is shown again when ComfyUI answers from cache
             display_name="Optimize Model (Steadfast)",
             category="Steadfast",
             description="Returns a copy of the model with speed optimizations. Each may change output bits: use "

@@ -30,6 +30,7 @@ class SteadfastPipelineOptimize(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="SteadfastPipelineOptimize",
+            is_output_node=True,  # its report is shown again when ComfyUI answers from cache
             display_name="Pipeline Optimize (Steadfast)",
             category="Steadfast",
             description="Returns a copy of a diffusers pipeline (sharing its weights) with diffusers-native speed "
@@ -94,6 +95,7 @@ class SteadfastPipelineDeterminismSetup(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="SteadfastPipelineDeterminismSetup",
+            is_output_node=True,  # its report is shown again when ComfyUI answers from cache
             display_name="Pipeline Determinism Setup (Steadfast)",
             category="Steadfast",
             description="Returns the pipeline carrying a deterministic torch configuration (deterministic "

@@ -111,6 +111,7 @@ class SteadfastPipelineWarmup(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="SteadfastPipelineWarmup",
+            is_output_node=True,  # its report is shown again when ComfyUI answers from cache
             display_name="Pipeline Warmup (Steadfast)",
             category="Steadfast",
             description="Runs one short throw-away generation per target size (with the pipeline's LoRA and "

@@ -38,6 +38,7 @@ class SteadfastWarmup(io.ComfyNode):
     def define_schema(cls) -> io.Schema:
         return io.Schema(
             node_id="SteadfastWarmup",
+            is_output_node=True,  # its report is shown again when ComfyUI answers from cache
             display_name="Warmup (Steadfast)",
             category="Steadfast",
             description="Runs one sampling step at the target size so torch.compile compiles here. A model already "
