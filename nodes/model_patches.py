@@ -32,7 +32,7 @@ from comfy.patcher_extension import CallbacksMP, WrappersMP
 from ..core import compile_cache, determinism, registry
 from ..core.compile import CompileOptions, swap_in
 from ..core.optimize import attention as sdpa
-from ..core.optimize import layout, qkv
+from ..core.optimize import layout, qkv, qkv_project
 
 log = logging.getLogger("steadfast")
 
@@ -130,7 +130,7 @@ class FusedQKVCrossAttention(torch.nn.Module):
         object.__setattr__(self, "inner", inner)  # not a registered child: no duplicate parameters
 
     def forward(self, x, context=None, value=None, mask=None, transformer_options={}):
-        q, k, v = qkv.fused_project(self.inner, x, context, value)
+        q, k, v = qkv_project.fused_project(self.inner, x, context, value)
         if mask is None:
             out = comfy_attention.optimized_attention(q, k, v, self.heads, attn_precision=self.attn_precision,
                                                       transformer_options=transformer_options)

@@ -18,13 +18,13 @@ from steadfast.core.optimize.qkv import (
     find_fusable_attention,
     fuse_all_qkv_,
     fuse_qkv_,
-    fused_project,
     is_fused,
     qkv_stats,
     release_stale_fusions_,
     unfuse_all_qkv_,
     unfuse_qkv_,
 )
+from steadfast.core.optimize.qkv_project import fused_project
 
 
 class Attn(nn.Module):
