@@ -1,0 +1,34 @@
+"""The newcomer's maps match the code: docs/architecture.md names every Python module of the shipped tree (and
+no module that does not exist), and the README's folder table names every top-level folder that is tracked."""
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = ("core", "nodes", "headless")
+
+
+def tracked(*paths: str) -> list[str]:
+    out = subprocess.run(["git", "ls-files", *paths], cwd=ROOT, capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
+def test_architecture_names_every_module_and_only_real_ones() -> None:
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    modules = {f for f in tracked(*SHIPPED) if f.endswith(".py")}
+    assert modules, "git ls-files found no modules"
+    missing = sorted(m for m in modules if f"`{m}`" not in doc)
+    assert not missing, f"modules not described in docs/architecture.md: {missing}"
+    named = set(re.findall(r"`((?:core|nodes|headless)/[\w/]+\.py)`", doc))
+    ghosts = sorted(n for n in named if not (ROOT / n).is_file())
+    assert not ghosts, f"docs/architecture.md names modules that do not exist: {ghosts}"
+
+
+def test_readme_folder_table_names_every_top_level_folder() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    folders = {f.split("/")[0] for f in tracked() if "/" in f}
+    assert {"core", "nodes", "tests"} <= folders
+    rows = set(re.findall(r"^\| `([\w.-]+)/` \|", readme, flags=re.M))
+    assert rows == folders, f"README folder table: missing {sorted(folders - rows)}, extra {sorted(rows - folders)}"
