@@ -183,7 +183,11 @@ class ComfyClient:
 
     # ------------------------------------------------------------------ prompts
     def queue(self, prompt: Mapping[str, Any], extra_data: Mapping[str, Any] | None = None) -> str:
-        """``POST /prompt`` an API-format graph; returns the prompt id. Raises :class:`PromptRejected` on 400."""
+        """``POST /prompt`` an API-format graph; returns the prompt id.
+
+        Raises :class:`PromptRejected` on 400, and also when ComfyUI accepted the prompt with ``node_errors``
+        (it then runs only the outputs that validated).
+        """
         body: dict[str, Any] = {"prompt": prompt, "client_id": self.client_id}
         if extra_data:
             body["extra_data"] = dict(extra_data)
@@ -198,6 +202,13 @@ class ComfyClient:
                     payload = {"error": raw.decode("utf-8", "replace")}
                 raise PromptRejected(payload.get("error"), payload.get("node_errors")) from None
             raise
+        if answer.get("node_errors"):
+            # ComfyUI answers 200 when at least one output node validates and runs only those: a workflow
+            # whose Hash (or any other node) is invalid must not pass as a shorter, partial run.
+            raise PromptRejected({"type": "partially_rejected",
+                                  "message": "ComfyUI queued only the outputs that validated "
+                                             f"(prompt {answer.get('prompt_id')}); fix the nodes named in node_errors"},
+                                 answer["node_errors"])
         return str(answer["prompt_id"])
 
     def wait(self, prompt_id: str, timeout: float = 300.0, poll: float = 0.1) -> dict[str, Any]:
