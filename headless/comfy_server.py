@@ -266,6 +266,8 @@ class ComfyServer(ComfyClient):
         startup_timeout: seconds to wait for ``GET /system_stats``.
         keep_base: keep the base directory after :meth:`close` (it is printed in errors; handy for debugging).
         env: extra environment variables for the server process (e.g. an operator's ``STEADFAST_COMPILE_CACHE``).
+        node_packs: ``{folder name: path}`` of extra custom node packs symlinked into ``custom_nodes/``
+            (e.g. a test-only pack).
 
     Attributes after :meth:`start`: ``base_dir``, ``port``, ``url``, ``log_path``, ``process``.
     """
@@ -282,6 +284,7 @@ class ComfyServer(ComfyClient):
         startup_timeout: float = 120.0,
         keep_base: bool = False,
         env: Mapping[str, str] | None = None,
+        node_packs: Mapping[str, str | os.PathLike[str]] | None = None,
     ) -> None:
         root = Path(comfyui).expanduser().resolve() if comfyui is not None else find_comfyui()
         if root is None or not (root / "main.py").is_file():
@@ -295,6 +298,7 @@ class ComfyServer(ComfyClient):
         self.startup_timeout = startup_timeout
         self.keep_base = keep_base
         self.env = dict(env or {})
+        self.node_packs = {name: Path(p).expanduser().resolve() for name, p in (node_packs or {}).items()}
         self.client_id = uuid.uuid4().hex
         self.base_dir: Path | None = None
         self.port: int | None = None
@@ -323,6 +327,8 @@ class ComfyServer(ComfyClient):
         (base / "custom_nodes").mkdir()
         if self.load_pack:
             (base / "custom_nodes" / PACK_DIR_NAME).symlink_to(REPO_ROOT, target_is_directory=True)
+        for name, path in self.node_packs.items():
+            (base / "custom_nodes" / name).symlink_to(path, target_is_directory=True)
         self._link(base, "checkpoints", self.checkpoints)
         self._link(base, "loras", self.loras)
         for sub in ("input", "output", "temp", "user"):

@@ -4,7 +4,8 @@ from __future__ import annotations
 from comfy_api.latest import io, ui
 
 from ..core import determinism
-from .model_patches import add_determinism
+from .batch_invariance import add_batch_invariance
+from .model_patches import add_determinism, steadfast_options
 
 
 class SteadfastDeterminismSetup(io.ComfyNode):
@@ -29,6 +30,11 @@ class SteadfastDeterminismSetup(io.ComfyNode):
                 io.Int.Input("num_threads", default=0, min=0, max=1024,
                              tooltip="CPU threads for torch while sampling. fp32 CPU results differ between thread counts, "
                                      "so the count is pinned and recorded. 0 = pin the current count."),
+                io.Boolean.Input("batch_invariant", default=True, optional=True,
+                                 tooltip="On: every batch item and every conditioning is evaluated alone (batch 1) and "
+                                         "attention never chunks by free memory, so the bits depend only on the "
+                                         "workflow: item i of a batch equals a batch-1 run at seed + i, on a busy or a "
+                                         "quiet machine. Costs speed on large batches. Off: ComfyUI's own batching."),
             ],
             outputs=[
                 io.Model.Output(display_name="MODEL", tooltip="A clone of the model carrying the policy."),
@@ -37,10 +43,14 @@ class SteadfastDeterminismSetup(io.ComfyNode):
         )
 
     @classmethod
-    def execute(cls, model, strict: bool, allow_tf32: bool, num_threads: int) -> io.NodeOutput:
+    def execute(cls, model, strict: bool, allow_tf32: bool, num_threads: int,
+                batch_invariant: bool = True) -> io.NodeOutput:
         policy = determinism.DeterminismPolicy(strict=strict, allow_tf32=allow_tf32,
                                                num_threads=num_threads or None)
         m = model.clone()
         add_determinism(m, policy)
-        report = determinism.describe_policy(policy)
+        rows = add_batch_invariance(m, batch_invariant)
+        steadfast_options(m)["batch_invariant"] = rows
+        report = determinism.describe_policy(policy) + "\nbatch-invariant sampling: " + (
+            "on (" + "; ".join(rows.values()) + ")" if isinstance(rows, dict) else rows)
         return io.NodeOutput(m, report, ui=ui.PreviewText(report))

@@ -68,6 +68,8 @@ def tiny_ckpt(comfyui_path: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 @pytest.fixture(scope="session")
 def comfy_server(comfyui_path: Path, tiny_ckpt: Path) -> Iterator[ComfyServer]:
     """One ComfyUI server for the session, with this pack loaded and the tiny checkpoint available as
-    ``steadfast_tiny_sd15.safetensors``. Stopped (process group killed) at session end."""
-    with ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path) as server:
+    ``steadfast_tiny_sd15.safetensors``, and the test-only node pack ``squeeze_pack`` (nodes that make ComfyUI
+    see little free memory). Stopped (process group killed) at session end."""
+    with ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path,
+                     node_packs={"steadfast_test_squeeze": Path(__file__).parent / "squeeze_pack"}) as server:
         yield server
