@@ -48,6 +48,23 @@ def _per_item_brownian(latent: torch.Tensor, sigmas: torch.Tensor, seed: int):
                                     seed=[seed + i for i in range(latent.shape[0])], cpu=True)
 
 
+def _attention_of(opts: dict) -> str:
+    """The attention that ran: Optimize Model's SDPA backend, else SDPA pinned by batch invariance, else ComfyUI's."""
+    chosen = opts.get("attention")
+    if chosen is not None:
+        return chosen
+    if isinstance(opts.get("batch_invariant"), dict):
+        return "pytorch_sdpa:auto (pinned by batch_invariant: ComfyUI's own choice chunks by free memory)"
+    return "comfy default"
+
+
+def _dtype_of(model) -> str:
+    """The diffusion model's weight dtype, plus the compute dtype when it differs (``manual_cast_dtype``)."""
+    weights = str(model.model.get_dtype())
+    cast = model.get_model_object("manual_cast_dtype")
+    return weights if cast is None or str(cast) == weights else f"{weights} (compute {cast})"
+
+
 class SteadfastSeededSampler(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -141,8 +158,8 @@ class SteadfastSeededSampler(io.ComfyNode):
         batch = latent.shape[0]
         fp = fingerprint.environment_fingerprint(
             device=str(model.load_device),
-            dtype=str(model.model.get_dtype()),
-            attention=opts.get("attention", "comfy default"),
+            dtype=_dtype_of(model),
+            attention=_attention_of(opts),
             qkv_fusion=opts.get("qkv_fusion", 0),
             channels_last=opts.get("channels_last", False),
             compile=compiled,
