@@ -23,6 +23,18 @@ CHROMIUM = os.environ.get("STEADFAST_CHROMIUM", "/usr/bin/chromium")
 SIZE = (768, 512)
 
 
+def _content_box(img, margin: int = 24) -> tuple[int, int, int, int]:
+    """The box around everything that is not canvas background (the top-left pixel's colour), plus a margin."""
+    from PIL import ImageChops, Image
+    background = Image.new("RGB", img.size, img.getpixel((0, 0)))
+    box = ImageChops.difference(img, background).convert("L").point(lambda v: 255 if v > 16 else 0).getbbox()
+    if box is None:
+        return (0, 0, *img.size)
+    left, top, right, bottom = box
+    return (max(0, left - margin), max(0, top - margin), min(img.width, right + margin),
+            min(img.height, bottom + margin))
+
+
 def main() -> int:
     from PIL import Image
     from playwright.sync_api import sync_playwright
@@ -30,12 +42,13 @@ def main() -> int:
     folder = ROOT / "example_workflows"
     with ComfyServer() as server, sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": 1500, "height": 1000})
+        page = browser.new_page(viewport={"width": 2600, "height": 1400})
         page.goto(server.url + "/", wait_until="domcontentloaded")
         page.wait_for_function("() => !!(window.app && window.app.graph && window.app.canvas)", timeout=60_000)
         page.keyboard.press("Escape")  # the template dialog opens by itself on a first visit
-        page.evaluate("async () => { try { await window.app.extensionManager.setting.set("
-                      "'Comfy.Minimap.Visible', false) } catch (e) {} }")
+        for setting in ("Comfy.Minimap.Visible", "Comfy.Graph.CanvasInfo"):  # no minimap, no FPS corner text
+            page.evaluate("async (k) => { try { await window.app.extensionManager.setting.set(k, false) }"
+                          " catch (e) {} }", setting)
         for wf in sorted(folder.glob("*.json")):
             page.evaluate("async (wf) => { await window.app.loadGraphData(wf) }", json.loads(wf.read_text()))
             page.evaluate("() => { document.querySelectorAll('[role=dialog]').forEach(d => d.remove());"
@@ -46,6 +59,7 @@ def main() -> int:
             data = page.evaluate("() => { const c = window.app.canvas; c.draw(true, true);"
                                  " return c.canvas.toDataURL('image/png') }")
             img = Image.open(io.BytesIO(base64.b64decode(data.split(",", 1)[1]))).convert("RGB")
+            img = img.crop(_content_box(img))
             img.thumbnail(SIZE)
             out = wf.with_suffix(".jpg")
             img.save(out, "JPEG", quality=85, optimize=True)

@@ -206,12 +206,19 @@ def test_workflow_templates_listed_and_served(comfy_server: ComfyServer) -> None
     for name in TEMPLATES:
         served = comfy_server.get(f"/api/workflow_templates/{PACK_DIR_NAME}/{name}.json")
         assert served == json.loads((WORKFLOWS / f"{name}.json").read_text()), name
+        # the card image the template browser shows: a real JPEG thumbnail, small enough to ship
+        jpg, _ = comfy_server._request("GET", f"/api/workflow_templates/{PACK_DIR_NAME}/{name}.jpg", None)
+        assert jpg == (WORKFLOWS / f"{name}.jpg").read_bytes() and jpg[:3] == b"\xff\xd8\xff", name
+        assert len(jpg) < 60_000, (name, len(jpg))
 
 
 def test_template_browser_shows_our_pack(page: Any) -> None:
     dialog = open_template_browser(page)
     for name in TEMPLATES:
         dialog.get_by_text(name, exact=True).first.wait_for(state="visible")
+        thumb = dialog.locator(f'img[src*="{name}.jpg"]').first
+        thumb.wait_for(state="visible")  # the browser fetched and shows our thumbnail for the card
+        assert thumb.evaluate("img => img.complete && img.naturalWidth") > 0, name
     assert dialog.get_by_text(f"Showing {len(TEMPLATES)} of {len(TEMPLATES)} templates").is_visible()
 
 
