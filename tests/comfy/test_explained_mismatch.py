@@ -65,7 +65,7 @@ def reference(comfy_server: ComfyServer) -> dict[str, Any]:
     ({"compile": "regional"}, "fingerprint.compile"),
     ({"seed": 6}, "seeds: [5] -> [6]"),
     ({"other_model": True}, "model.digest"),
-    ({"dtype": "bf16"}, "fingerprint.dtype: torch.float32 -> torch.float32 (compute torch.bfloat16)"),
+    ({"dtype": "bf16"}, 'fingerprint.dtype: "torch.float32" -> "torch.float32 (compute torch.bfloat16)"'),
 ])
 def test_each_change_names_its_field(comfy_server: ComfyServer, reference: dict[str, Any], change, field) -> None:
     entry = run(comfy_server, graph(**{**BASE, **change}, expected=reference["hash"],

@@ -248,3 +248,18 @@ def test_lora_does_not_leak_into_the_shared_model(lora_runs: dict[str, Any]) -> 
     """Optimize applies the LoRA to the shared weights in place (fused q/k/v are views of them) and
     ComfyUI restores them after: the plain model must then give the bits of a freshly loaded one."""
     assert lora_runs["plain_after_lora"] == lora_runs["plain_fresh"]
+
+
+def test_compare_tells_a_difference_by_design_from_a_failure(comfy_server: ComfyServer) -> None:
+    """SDPA math (optimized side) vs flash (baseline, pinned by batch_invariant) differ in the last bits. With both
+    run records linked (as the template does), Compare calls it expected (amber) and names the setting; without
+    them it cannot tell and reports a plain difference (red)."""
+    wf = optimized(attention="math", compile="off", qkv_fusion=False)
+    unlinked = add(wf, "SteadfastCompare", latent_a=["6", 0], latent_b=["7", 0])
+    entry = run(comfy_server, wf)
+    linked = compare_of(entry, "14")
+    assert not linked["identical"], "SDPA math and flash gave identical latents: nothing to classify"
+    assert linked["expected_to_differ"] is True
+    assert "different, as expected" in text(entry, "14") and "fingerprint.attention" in text(entry, "14")
+    plain = compare_of(entry, unlinked)
+    assert plain["expected_to_differ"] is False and "DIFFERENT" in text(entry, unlinked)
