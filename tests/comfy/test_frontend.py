@@ -155,6 +155,22 @@ def page(browser_ok: None, comfy_server: ComfyServer) -> Iterator[Any]:
             browser.close()
 
 
+@pytest.fixture(autouse=True)
+def screenshot_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A failed browser test leaves a screenshot of the page (and the page errors) in the artifacts folder."""
+    yield
+    report = getattr(request.node, "rep_call", None)
+    if report is None or not report.failed or "page" not in request.fixturenames:
+        return
+    from conftest import artifacts_dir
+    pg = request.getfixturevalue("page")
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in request.node.name)
+    shot = artifacts_dir() / f"frontend-{safe}.png"
+    pg.screenshot(path=str(shot), full_page=True)
+    (shot.with_suffix(".errors.txt")).write_text("\n".join(pg.steadfast_errors) or "no page errors\n")
+    print(f"screenshot of the failed page: {shot}")
+
+
 def open_template_browser(page: Any) -> Any:
     """Open ComfyUI's template dialog (the first visit opens it by itself) on our pack's category; returns it."""
     dialog = page.get_by_role("dialog").filter(has_text="Templates")
