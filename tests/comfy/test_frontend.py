@@ -232,10 +232,17 @@ def test_template_browser_shows_our_pack(page: Any) -> None:
     dialog = open_template_browser(page)
     for name in TEMPLATES:
         dialog.get_by_text(name, exact=True).first.wait_for(state="visible")
-        thumb = dialog.locator(f'img[src*="{name}.jpg"]').first
-        thumb.wait_for(state="visible")  # the browser fetched and shows our thumbnail for the card
-        assert thumb.evaluate("img => img.complete && img.naturalWidth") > 0, name
     assert dialog.get_by_text(f"Showing {len(TEMPLATES)} of {len(TEMPLATES)} templates").is_visible()
+    # every card shows its thumbnail: the frontend fetches <name>.jpg and shows it (as a blob: URL), so the loaded
+    # images are ours when their sizes are those of example_workflows/*.jpg (a missing one shows no image)
+    from PIL import Image
+    want = sorted(Image.open(WORKFLOWS / f"{name}.jpg").size for name in TEMPLATES)
+    page.wait_for_function(
+        "(n) => [...document.querySelectorAll('[role=dialog] img')].filter(i => i.complete && i.naturalWidth).length >= n",
+        arg=len(TEMPLATES))
+    shown = page.evaluate("() => [...document.querySelectorAll('[role=dialog] img')]"
+                          ".filter(i => i.complete && i.naturalWidth).map(i => [i.naturalWidth, i.naturalHeight])")
+    assert sorted(tuple(x) for x in shown) == want, shown
 
 
 def check_round_trip(page: Any, api: dict[str, Any], object_info: dict[str, Any], what: str) -> None:
