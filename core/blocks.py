@@ -31,6 +31,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import torch_compat
+
 __all__ = [
     "COMFY_REPEATED_BLOCKS",
     "REGIONAL_UNSUPPORTED",
@@ -293,11 +295,6 @@ def _refusal(root: nn.Module, path: str) -> str | None:
     return None
 
 
-def _recompile_limit() -> int:
-    cfg = torch._dynamo.config
-    return int(getattr(cfg, "recompile_limit", None) or getattr(cfg, "cache_size_limit", 8))
-
-
 def safe_to_swap(root: nn.Module, paths: Sequence[str], *, recompile_limit: int | None = None) -> SwapCheck:
     """Check that each block at ``paths`` (dotted, relative to ``root``) can be swapped for a compiled wrapper.
 
@@ -307,7 +304,7 @@ def safe_to_swap(root: nn.Module, paths: Sequence[str], *, recompile_limit: int 
     contains ``isinstance(x, C)`` for a class ``C`` in the block's MRO (heuristic; a file without
     available source is not scanned). Blocks of one class with different structure (child types,
     parameter shapes, bool/str/float attributes) are counted as variants; more variants than
-    ``recompile_limit`` (default: ``torch._dynamo.config.recompile_limit``) gives a warning: Dynamo
+    ``recompile_limit`` (default: :func:`core.torch_compat.recompile_limit`) gives a warning: Dynamo
     would run the surplus blocks eagerly. Int attributes are not compared, so an int that forward
     branches on (Wan VACE's ``block_id``) is not seen. Raises ``ValueError`` for an empty or unknown path.
     """
@@ -323,7 +320,7 @@ def safe_to_swap(root: nn.Module, paths: Sequence[str], *, recompile_limit: int 
         block = root.get_submodule(path)
         sigs.setdefault(type(block).__name__, set()).add(_signature(block))
     variants = {k: len(v) for k, v in sigs.items()}
-    limit = _recompile_limit() if recompile_limit is None else recompile_limit
+    limit = torch_compat.recompile_limit() if recompile_limit is None else recompile_limit
     warnings = [f"{n} structurally different {k} blocks > recompile_limit={limit}: Dynamo would run the "
                 f"surplus ones eagerly" for k, n in variants.items() if n > limit]
     return SwapCheck(safe=safe, refused=refused, variants=variants, warnings=warnings)

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
+
+from . import torch_compat
 
 log = logging.getLogger("steadfast.compile")
 
@@ -37,8 +38,6 @@ __all__ = [
     "skip_guards_on",
     "TransformerOptionsGuardFilter",
     "comfy_guard_filter",
-    "supports_guard_filter_fn",
-    "inductor_mode_options",
     "find_repeated_blocks",
     "repeated_block_groups",
     "declared_repeated_blocks",
@@ -47,42 +46,6 @@ __all__ = [
     "compile_full",
     "swap_in",
 ]
-
-
-def supports_guard_filter_fn() -> bool:
-    """Whether this torch accepts ``torch.compile(options={"guard_filter_fn": fn})``.
-
-    Feature-detected (not a version check): Dynamo's ``_optimize`` must take a ``guard_filter_fn``
-    argument, which ``torch.compile`` fills from ``options`` (torch >= 2.8-ish; present in 2.13/2.14).
-    """
-    try:
-        from torch._dynamo import eval_frame
-    except ImportError:  # pragma: no cover - torch without dynamo
-        return False
-    target = getattr(eval_frame, "_optimize", None) or getattr(eval_frame, "optimize", None)
-    if target is None:  # pragma: no cover
-        return False
-    try:
-        return "guard_filter_fn" in inspect.signature(target).parameters
-    except (TypeError, ValueError):  # pragma: no cover
-        return False
-
-
-def inductor_mode_options(mode: str, dynamic: bool | None = None) -> dict[str, Any] | None:
-    """The inductor config that ``torch.compile(mode=mode)`` applies, or ``None`` if not exposed.
-
-    Uses ``torch._inductor.list_mode_options(mode, dynamic)`` (feature-detected), which is exactly
-    what torch's inductor wrapper applies for ``mode``. ``"default"`` gives ``{}``.
-    Raises ``ValueError`` for a mode torch does not know.
-    """
-    try:
-        from torch._inductor import list_mode_options
-    except ImportError:  # pragma: no cover
-        return None
-    try:
-        return dict(list_mode_options(mode, dynamic))
-    except RuntimeError as e:  # "Unrecognized mode=..."
-        raise ValueError(str(e)) from e
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,7 +151,7 @@ class CompileOptions:
     "aot_eager", or any registered backend. ``mode``: an inductor preset ("default",
     "max-autotune-no-cudagraphs", ...) or None. ``dynamic``: None = automatic dynamic after the first
     shape change, True = symbolic shapes from the start, False = one graph per shape.
-    ``options``: inductor config overrides (``torch._inductor.list_options()``).
+    ``options``: inductor config overrides (the names inductor's ``list_options()`` gives).
     ``contiguous_inputs`` (used by :func:`compile_blocks`, so also by a registry "full" compile whose
     one path is the whole diffusion model; not by :func:`compile_full`): give every tensor argument of a
     compiled block dense row-major strides *before* Dynamo sees it (:func:`contiguous_inputs_hook`,
@@ -198,9 +161,9 @@ class CompileOptions:
     ``x.flatten(2).transpose(1, 2)``; diffusers' Flux single blocks a sliced ``hidden_states``). A copy
     moves values exactly (no arithmetic), so outputs are unchanged; dense tensors pass through
     untouched (no copy). Not passed to ``torch.compile``.
-    ``specialize_ints`` (used by :func:`compile_blocks` too): trace compiled blocks with
-    ``torch._dynamo.config.specialize_int=True`` (patched around each call of a compiled block, restored
-    after it). Python ints are then constants with ordinary guards, which ``guard_filter_fn`` can
+    ``specialize_ints`` (used by :func:`compile_blocks` too): trace compiled blocks with Dynamo's
+    ``specialize_int`` config on (:func:`core.torch_compat.specialize_int`, torch's ``config.patch`` around
+    each call of a compiled block). Python ints are then constants with ordinary guards, which ``guard_filter_fn`` can
     drop. Without it, with ``dynamic=None``/``True`` an int that changes between blocks (ComfyUI's
     ``transformer_options["block"]`` index) becomes symbolic and is specialised through shape-env
     guards that no guard filter sees: one graph per distinct value (measured on an SDXL-layout UNet:
@@ -223,7 +186,7 @@ class CompileOptions:
 
         torch refuses ``mode`` together with ``options``. When both are needed (explicit
         ``options``, or a ``guard_filter_fn``, which travels inside ``options``) and the backend is
-        inductor, the preset's config (:func:`inductor_mode_options`) is merged into ``options``
+        inductor, the preset's config (:func:`core.torch_compat.inductor_mode_options`) is merged into ``options``
         (explicit options win) and ``mode`` is dropped: the same config torch would apply.
         When this torch does not support guard filters the filter is left out and a warning logged.
 
@@ -232,7 +195,7 @@ class CompileOptions:
         """
         options: dict[str, Any] = dict(self.options or {})
         if guard_filter_fn is not None:
-            if supports_guard_filter_fn():
+            if torch_compat.supports_guard_filter_fn():
                 options["guard_filter_fn"] = guard_filter_fn
             else:  # pragma: no cover - old torch
                 log.warning("this torch has no guard_filter_fn support; compiling without the guard filter")
@@ -243,9 +206,7 @@ class CompileOptions:
                     f"torch.compile takes either mode or options; cannot merge mode={mode!r} into options "
                     f"for backend {self.backend!r} (only inductor modes are known config presets)"
                 )
-            preset = inductor_mode_options(mode, self.dynamic)
-            if preset is None:  # pragma: no cover
-                raise ValueError(f"cannot combine mode={mode!r} with options: list_mode_options unavailable")
+            preset = torch_compat.inductor_mode_options(mode, self.dynamic)
             options = {**preset, **options}
             mode = None
         return {
@@ -398,8 +359,8 @@ def contiguous_inputs_hook(module: nn.Module, args: tuple, kwargs: dict) -> tupl
 
 
 class _SpecializeInts:
-    """Calls ``fn`` (an ``OptimizedModule``'s dynamo-wrapped forward) with
-    ``torch._dynamo.config.specialize_int=True``, restored afterwards (also on errors)."""
+    """Calls ``fn`` (an ``OptimizedModule``'s dynamo-wrapped forward) inside
+    :func:`core.torch_compat.specialize_int` (torch's ``config.patch``: restored after, also on errors)."""
 
     __slots__ = ("fn",)
 
@@ -407,14 +368,8 @@ class _SpecializeInts:
         self.fn = fn
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        cfg = torch._dynamo.config
-        if cfg.specialize_int:
+        with torch_compat.specialize_int():
             return self.fn(*args, **kwargs)
-        cfg.specialize_int = True
-        try:
-            return self.fn(*args, **kwargs)
-        finally:
-            cfg.specialize_int = False
 
 
 def compile_blocks(root: nn.Module, paths: Sequence[str], options: CompileOptions,
@@ -425,8 +380,8 @@ def compile_blocks(root: nn.Module, paths: Sequence[str], options: CompileOption
     ``root`` is not modified. With ``options.contiguous_inputs`` (default) each compiled module gets
     :func:`contiguous_inputs_hook` as a forward pre-hook, so strided inputs do not cost an extra
     graph (measured on ComfyUI's Wan and SD3: the first block's strided input recompiled once).
-    With ``options.specialize_ints`` (default) its forward runs under
-    ``torch._dynamo.config.specialize_int=True`` (see :class:`CompileOptions`). Raises
+    With ``options.specialize_ints`` (default) its forward runs with Dynamo's ``specialize_int`` on
+    (see :class:`CompileOptions`). Raises
     ``ValueError`` for an empty path (compile the whole model with :func:`compile_full`), a
     duplicate, or a path that does not name a submodule.
     """

@@ -26,7 +26,7 @@ Global state: :meth:`CompileCache.activate` sets ``TORCHINDUCTOR_CACHE_DIR`` and
 ``TRITON_CACHE_DIR`` (``<path>/triton``, as torch's own ``fresh_cache`` does) only for the duration
 of a ``with`` block (around Steadfast's compiled calls) and restores the previous values (or their
 absence) afterwards; when the directory differs from the one inductor last saw it clears inductor's
-memoised paths (``torch._inductor.utils.clear_caches``, what ``fresh_cache`` does). Caveat: the
+memoised paths (:func:`core.torch_compat.clear_inductor_caches`, what ``fresh_cache`` does). Caveat: the
 variables are process-wide, so an inductor compile in another thread during that window also uses
 this directory. This module imports nothing from ComfyUI.
 """
@@ -41,7 +41,6 @@ import logging
 import os
 import platform
 import re
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -49,6 +48,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+
+from . import torch_compat
 
 log = logging.getLogger("steadfast.compile_cache")
 
@@ -81,15 +82,6 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _ENV_LOCK = threading.RLock()
 _last_dir: list[str | None] = [None]  # the directory inductor last compiled into under our activation
 T = TypeVar("T")
-
-
-def _clear_inductor_memo() -> None:
-    """Drop inductor's memoised cache paths (only when inductor is loaded; private API, detected)."""
-    utils = sys.modules.get("torch._inductor.utils")
-    clear = getattr(utils, "clear_caches", None)
-    if callable(clear):
-        with contextlib.suppress(Exception):
-            clear()
 
 
 def _pack_version() -> str:
@@ -148,7 +140,7 @@ def cache_key_fields(device: torch.device | str | None = None, pack_version: str
     cuda = torch.version.cuda
     return {
         "format": CACHE_FORMAT,
-        "torch": torch.__version__ + (f" cuda{cuda}" if cuda else ""),
+        "torch": torch.version.__version__ + (f" cuda{cuda}" if cuda else ""),
         "triton": _triton_version(),
         "python": f"{platform.python_implementation()} {platform.python_version_tuple()[0]}."
                   f"{platform.python_version_tuple()[1]}",
@@ -278,7 +270,7 @@ class CompileCache:
                 os.environ[INDUCTOR_ENV] = target
                 os.environ[TRITON_ENV] = triton
                 if _last_dir[0] != target:
-                    _clear_inductor_memo()
+                    torch_compat.clear_inductor_caches()
                     _last_dir[0] = target
             self.activations += 1
         try:
@@ -327,7 +319,7 @@ def _move_aside(cache: CompileCache, reason: str) -> str:
     target = cache.root / f"{cache.key}.bad-{int(time.time() * 1000)}"
     try:
         with _ENV_LOCK:
-            _clear_inductor_memo()
+            torch_compat.clear_inductor_caches()
             _last_dir[0] = None
         os.replace(cache.path, target)
         cache.path.mkdir(parents=True, exist_ok=True)

@@ -10,8 +10,8 @@ Sources for the recipe: PyTorch "Reproducibility" notes
 ``docs/measurements.md``):
 
 * fp32 CPU output differs between 1 and 2 threads, so the thread count is part of the contract;
-* ``torch.use_deterministic_algorithms`` also flips ``torch._inductor.config.deterministic``
-  (``torch/__init__.py``), which is part of the FX-graph cache key: toggling it makes ``torch.compile``
+* ``torch.use_deterministic_algorithms`` also flips inductor's ``deterministic`` config
+  (``torch/__init__.py``; :func:`core.torch_compat.inductor_deterministic`), which is part of the FX-graph cache key: toggling it makes ``torch.compile``
   miss its cache and recompile;
 * ``torch.utils.deterministic.fill_uninitialized_memory`` (default True) NaN-fills ``torch.empty``
   while deterministic algorithms are on, which costs time in proportion to the memory allocated.
@@ -28,13 +28,13 @@ import contextlib
 import dataclasses
 import os
 import random
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import numpy as np
 import torch
 
+from . import torch_compat
 from .noise import check_seed
 
 __all__ = [
@@ -166,7 +166,7 @@ class TorchGlobalState:
     ``None`` means "not available in this torch build" or, for the legacy TF32 getters, "unreadable
     because legacy and new fp32-precision APIs were mixed". ``fp32_precision`` holds the per-backend
     values of the new API as ``(("cuda.matmul", "ieee"), ...)`` (empty before torch 2.9).
-    ``inductor_deterministic`` is reporting-only (read when ``torch._inductor.config`` is loaded) and
+    ``inductor_deterministic`` is reporting-only (read when inductor's config is loaded) and
     is excluded from equality because loading that module is itself a side effect of
     ``torch.use_deterministic_algorithms``.
     """
@@ -204,43 +204,30 @@ def _try(getter: Any) -> Any:
 
 
 def _read_fp32_precision() -> tuple[tuple[str, str], ...]:
-    getter = getattr(torch._C, "_get_fp32_precision_getter", None)
-    if getter is None:
+    if not torch_compat.has_fp32_precision_api():  # before torch 2.9: no per-backend values to record
         return ()
     out = []
     for backend, op in _FP32_PAIRS:
-        value = _try(lambda b=backend, o=op: getter(b, o))
+        value = _try(lambda b=backend, o=op: torch_compat.get_fp32_precision(b, o))
         if value is not None:
-            out.append((f"{backend}.{op}", str(value)))
+            out.append((f"{backend}.{op}", value))
     return tuple(out)
 
 
 def _set_fp32_precision(values: dict[str, str]) -> None:
-    setter = getattr(torch._C, "_set_fp32_precision_setter", None)
-    if setter is None:
+    if not values:
         return
     for backend, op in _FP32_PAIRS:  # parents first, so explicit leaf values win
         key = f"{backend}.{op}"
         if key in values:
-            setter(backend, op, values[key])
-
-
-def _read_inductor_deterministic(load: bool) -> bool | None:
-    cfg = sys.modules.get("torch._inductor.config")
-    if cfg is None and load:
-        try:
-            import torch._inductor.config as cfg  # noqa: PLC0415 - 1 s import, only on request
-        except ImportError:
-            return None
-    value = getattr(cfg, "deterministic", None) if cfg is not None else None
-    return bool(value) if value is not None else None
+            torch_compat.set_fp32_precision(backend, op, values[key])
 
 
 def snapshot_state(*, load_inductor: bool = False) -> TorchGlobalState:
     """Read all determinism-related global torch flags (no side effects unless ``load_inductor``).
 
     Args:
-        load_inductor: import ``torch._inductor.config`` (about 1 s the first time) to read
+        load_inductor: import inductor's config (about 1 s the first time) to read
             ``inductor_deterministic`` even when nothing has loaded it yet.
     """
     matmul = torch.backends.cuda.matmul
@@ -270,7 +257,7 @@ def snapshot_state(*, load_inductor: bool = False) -> TorchGlobalState:
         allow_fp16_accumulation=_try(lambda: bool(matmul.allow_fp16_accumulation)),
         fill_uninitialized_memory=fill,
         num_threads=torch.get_num_threads(),
-        inductor_deterministic=_read_inductor_deterministic(load_inductor),
+        inductor_deterministic=torch_compat.inductor_deterministic(load=load_inductor),
     )
 
 
@@ -286,8 +273,9 @@ def restore_state(state: TorchGlobalState) -> None:
 
     Order matters for TF32: ``allow_tf32`` first, then ``float32_matmul_precision`` (which overrides
     it), then the exact per-backend ``fp32_precision`` values. ``torch.use_deterministic_algorithms``
-    rewrites ``torch._inductor.config.deterministic``; if the snapshot had read a different inductor
-    value, that value is written back so the compile cache key is what it was.
+    rewrites inductor's ``deterministic`` config; if the snapshot had read a different inductor value, that
+    value is written back (:func:`core.torch_compat.set_inductor_deterministic`) so the compile cache key is
+    what it was.
     """
     torch.use_deterministic_algorithms(
         state.deterministic_algorithms, warn_only=state.deterministic_warn_only
@@ -318,9 +306,7 @@ def restore_state(state: TorchGlobalState) -> None:
     if torch.get_num_threads() != state.num_threads:
         torch.set_num_threads(state.num_threads)
     if state.inductor_deterministic is not None:
-        cfg = sys.modules.get("torch._inductor.config")
-        if cfg is not None and getattr(cfg, "deterministic", None) != state.inductor_deterministic:
-            cfg.deterministic = state.inductor_deterministic
+        torch_compat.set_inductor_deterministic(state.inductor_deterministic)
 
 
 # --------------------------------------------------------------------------- policy
@@ -382,7 +368,7 @@ def apply_policy(policy: DeterminismPolicy) -> TorchGlobalState:
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
     torch.backends.cudnn.allow_tf32 = tf32
-    if not tf32:  # nothing may inherit TF32 from a parent ("generic"/"all") setting
+    if not tf32 and torch_compat.has_fp32_precision_api():  # nothing may inherit TF32 from a parent setting
         _set_fp32_precision({f"{b}.{o}": "ieee" for b, o in _FP32_LEAVES})
     matmul = torch.backends.cuda.matmul
     for name in ("allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction",
@@ -506,7 +492,7 @@ def describe_policy(policy: DeterminismPolicy) -> str:
     lines.append("Not guaranteed:" if limits else "Not guaranteed: nothing known")
     lines += [f"  - {item}" for item in limits]
     lines.append("Note: switching deterministic algorithms on changes torch.compile's cache key "
-                 "(torch._inductor.config.deterministic), so compiled graphs recompile once.")
+                 f"({torch_compat.INDUCTOR_DETERMINISTIC_SETTING}), so compiled graphs recompile once.")
     return "\n".join(lines)
 
 
@@ -533,7 +519,7 @@ def make_report(policy: DeterminismPolicy, previous: TorchGlobalState | None = N
         if applied.get(key) != want:
             ng.append(f"{key} should be {want!r} but reads {applied.get(key)!r}")
     report.notes.append(
-        "torch.use_deterministic_algorithms also sets torch._inductor.config.deterministic, which "
+        f"torch.use_deterministic_algorithms also sets {torch_compat.INDUCTOR_DETERMINISTIC_SETTING}, which "
         "is part of torch.compile's cache key: toggling it causes cache misses / recompiles")
     if previous is not None and previous.deterministic_algorithms != state.deterministic_algorithms:
         report.notes.append("deterministic algorithms were switched on by this policy: compiled "

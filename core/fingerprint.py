@@ -89,7 +89,7 @@ def environment_fingerprint(**extra: Any) -> dict[str, Any]:
     """
     fp: dict[str, Any] = {
         "fingerprint_version": FINGERPRINT_VERSION,
-        "torch": torch.__version__,
+        "torch": torch.version.__version__,
         "python": platform.python_version(),
         "numpy": np.__version__,
         "platform": platform.platform(),

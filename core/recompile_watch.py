@@ -15,7 +15,7 @@ Three things make Dynamo compile a block again although the model and the inputs
 * **parameters replaced by new tensors** (:class:`ParamIdentity`): ComfyUI's ModelPatcher applies
   LoRA with ``set_attr_param`` (a new ``nn.Parameter``) unless ``weight_inplace_update`` is set;
   every new Parameter object can fail a guard (ComfyUI research notes, section 3.1).
-* **cache entries per code object** (:func:`cache_entry_count`): all ``torch.compile`` wrappers of
+* **cache entries per code object** (:func:`core.torch_compat.cache_entry_count`): all ``torch.compile`` wrappers of
   one ``forward`` share Dynamo's per-code-object cache and its ``recompile_limit`` (measured: the
   entries of two backends add up to the same limit), so the true distance to the limit is the
   number of entries on the code object, not a per-model count.
@@ -24,7 +24,6 @@ This module imports nothing from ComfyUI and changes no global state.
 """
 from __future__ import annotations
 
-import json
 import re
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
@@ -34,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import torch_compat
 from .determinism import snapshot_state
 
 __all__ = [
@@ -49,7 +49,6 @@ __all__ = [
     "explain_guard",
     "ParamIdentity",
     "code_of",
-    "cache_entry_count",
 ]
 
 # Dynamo's GLOBAL_STATE field name -> the fingerprint fields that can explain it (most specific first).
@@ -83,15 +82,6 @@ class FlagChange:
         return f"{self.name} {self.before} -> {self.now}"
 
 
-def _dynamo_state() -> dict[str, Any]:
-    """Dynamo's own ``GlobalStateGuard`` state as a dict ({} when this torch does not expose it)."""
-    try:
-        from torch._C._dynamo.guards import GlobalStateGuard
-        return dict(json.loads(GlobalStateGuard().__getstate__()))
-    except (ImportError, AttributeError, TypeError, ValueError, RuntimeError):  # pragma: no cover
-        return {}
-
-
 def guarded_flags() -> dict[str, Any]:
     """Fingerprint of the process-global torch settings compiled code depends on (JSON-safe dict).
 
@@ -99,11 +89,11 @@ def guarded_flags() -> dict[str, Any]:
     ``inductor_deterministic`` (``fp32_precision`` as a ``{"backend.op": value}`` dict), plus
     ``grad_mode``, ``inference_mode``, ``default_dtype`` (e.g. ``"torch.float32"``), ``autocast``
     (the devices with autocast on) and ``torch_function`` (Dynamo's torch-function state).
-    Reading it has no side effects (``torch._inductor`` is not imported); about 50 us.
+    Reading it has no side effects (inductor is not imported); about 50 us.
     """
     state = snapshot_state(load_inductor=False).as_dict()
     state.pop("inductor_deterministic", None)
-    dyn = _dynamo_state()
+    dyn = torch_compat.dynamo_global_state()
     autocast = dyn.get("autocast_state", {})
     state["grad_mode"] = torch.is_grad_enabled()
     state["inference_mode"] = torch.is_inference_mode_enabled()
@@ -248,21 +238,3 @@ def code_of(module: Any) -> Any:
     mod = getattr(module, "_orig_mod", module)
     fwd = getattr(type(mod), "forward", None)
     return getattr(fwd, "__code__", None)
-
-
-def cache_entry_count(code: Any) -> int | None:
-    """Number of Dynamo cache entries (compiled variants) on ``code``, or None if unavailable.
-
-    Uses ``torch._dynamo.eval_frame._debug_get_cache_entry_list`` (feature-detected; a debug API).
-    Dynamo stops compiling ``code`` once this reaches ``torch._dynamo.config.recompile_limit``.
-    """
-    try:
-        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-    except ImportError:  # pragma: no cover
-        return None
-    if code is None:
-        return None
-    try:
-        return len(_debug_get_cache_entry_list(code))
-    except (TypeError, RuntimeError):  # pragma: no cover
-        return None

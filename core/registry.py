@@ -6,16 +6,14 @@ returns the same record and compiles nothing again.
 
 Numbers come from torch's own reporting, not guesses:
 
-* recompile reasons: Dynamo's ``recompiles`` log artifact (logger
-  ``torch._dynamo.guards.__recompiles``), enabled like ``torch._logging.set_logs(recompiles=True)``
-  and captured by a handler with ``propagate=False`` so stderr stays quiet;
-* recompile-limit fallbacks (Dynamo silently runs that frame eagerly): the warning Dynamo logs on
-  ``torch._dynamo.convert_frame``;
-* graphs, graph breaks and cache hits: deltas of ``torch._dynamo.utils.counters``.
+* recompile reasons: Dynamo's ``recompiles`` log artifact, and recompile-limit fallbacks (Dynamo
+  silently runs that frame eagerly): the warning Dynamo logs, both captured by the log tap
+  (:func:`core.torch_compat.install_recompile_log_tap`, quiet on stderr);
+* graphs, graph breaks and cache hits: deltas of Dynamo's counters (:func:`core.torch_compat.dynamo_counters`).
 
 Events are attributed to the record made active by ``with REGISTRY.track(record, shape=...)``
-around each compiled call (per thread). The global logging change is recorded and undone by
-:meth:`CompileRegistry.close`. Sources: ``/work/shared/research/torch_probe.md`` section 6.
+around each compiled call (per thread). The first tracked call installs the log tap; :meth:`CompileRegistry.close`
+removes it (torch's logging state as it was before). Sources: ``/work/shared/research/torch_probe.md`` section 6.
 Caveat: counters are process-global, so compiles running concurrently in another thread during a
 tracked call would be attributed to it. This module imports nothing from ComfyUI.
 """
@@ -23,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
 import threading
 import time
@@ -34,51 +31,23 @@ from typing import Any
 
 import torch
 
+from . import torch_compat
 from .compile import CompileOptions, GuardFilterFn, compile_blocks
-from .recompile_watch import (ParamIdentity, cache_entry_count, code_of, describe_flag_changes, dynamo_global_state_names,
+from .recompile_watch import (ParamIdentity, code_of, describe_flag_changes, dynamo_global_state_names,
                               explain_global_state, explain_guard, guarded_flags)
 
 log = logging.getLogger("steadfast.registry")
 
-RECOMPILES_LOGGER = "torch._dynamo.guards.__recompiles"
-CONVERT_FRAME_LOGGER = "torch._dynamo.convert_frame"
 _MAX_UNATTRIBUTED = 50
 _MAX_RUN_LOG = 50
 _MAX_FLAG_STATES = 32
 _REASON_LINE = re.compile(r"^\s*-\s*(?:\d+/\d+:\s*)?(.*)$")
 
-__all__ = ["RecompileError", "CompileRecord", "CompileRegistry", "REGISTRY", "recompile_limit"]
+__all__ = ["RecompileError", "CompileRecord", "CompileRegistry", "REGISTRY"]
 
 
 class RecompileError(RuntimeError):
     """A strict record recompiled after warm-up; the message names the guard that failed."""
-
-
-def recompile_limit() -> int | None:
-    """``torch._dynamo.config.recompile_limit`` (older name ``cache_size_limit``), or None."""
-    cfg = torch._dynamo.config
-    for name in ("recompile_limit", "cache_size_limit"):
-        value = getattr(cfg, name, None)
-        if isinstance(value, int):
-            return value
-    return None
-
-
-def _counter_snapshot() -> dict[str, int]:
-    """Flattened copy of the Dynamo counters the registry attributes (monotonic until cleared)."""
-    from torch._dynamo.utils import counters
-
-    snap = {
-        "unique_graphs": counters["stats"]["unique_graphs"],
-        "calls_captured": counters["stats"]["calls_captured"],
-        "fxgraph_cache_hit": counters["inductor"]["fxgraph_cache_hit"],
-        "fxgraph_cache_miss": counters["inductor"]["fxgraph_cache_miss"],
-        "autograd_cache_hit": counters["aot_autograd"]["autograd_cache_hit"],
-        "autograd_cache_miss": counters["aot_autograd"]["autograd_cache_miss"],
-    }
-    for reason, n in counters["graph_break"].items():
-        snap[f"graph_break:{reason}"] = n
-    return snap
 
 
 def _delta(after: Mapping[str, int], before: Mapping[str, int]) -> dict[str, int]:
@@ -179,9 +148,8 @@ class CompileRecord:
         out: dict[str, int] = {}
         for mod in self.block_modules().values():
             code = code_of(mod)
-            n = cache_entry_count(code)
-            if n is not None:
-                out[f"{type(mod).__name__}.{code.co_name}"] = n
+            if code is not None:
+                out[f"{type(mod).__name__}.{code.co_name}"] = torch_compat.cache_entry_count(code)
         return out
 
     def matches(self, model: Any, options: CompileOptions, blocks: Sequence[str],
@@ -238,7 +206,7 @@ class CompileRecord:
             "warm_targets": [list(t) for t in sorted(self.warm_targets)],
             "compile_flags": self.compile_flags, "last_run": self.last_run, "run_log": list(self.run_log),
             "compile_cache": self.compile_cache, "params_replaced": self.params_replaced,
-            "cache_entries": self.cache_entries(), "recompile_limit": recompile_limit(),
+            "cache_entries": self.cache_entries(), "recompile_limit": torch_compat.recompile_limit(),
         }
 
     def as_text(self) -> str:
@@ -278,25 +246,6 @@ class _Frame:
     recompiles: list[dict[str, Any]] = field(default_factory=list)
 
 
-class _LogTap(logging.Handler):
-    """Routes Dynamo's recompile / recompile-limit log records to the registry."""
-
-    def __init__(self, registry: CompileRegistry, kind: str) -> None:
-        super().__init__(level=logging.DEBUG)
-        self._registry = registry
-        self._kind = kind
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            msg = record.getMessage()
-        except Exception:  # pragma: no cover - malformed record
-            return
-        if self._kind == "recompile":
-            self._registry._on_recompile(msg)
-        elif "hit config." in msg:
-            self._registry._on_limit_hit(msg)
-
-
 class CompileRegistry:
     """Weak map model -> :class:`CompileRecord`, plus attribution of Dynamo events to records.
 
@@ -309,7 +258,7 @@ class CompileRegistry:
         self._lock = threading.RLock()
         self._local = threading.local()
         self._unattributed: list[dict[str, Any]] = []
-        self._tap_state: dict[str, Any] | None = None
+        self._tap: torch_compat.RecompileLogTap | None = None
         self._tap_note = "not installed (installed by the first tracked call)"
         self._flag_states: list[dict[str, Any]] = []  # flag fingerprints compiled code exists for
 
@@ -449,7 +398,7 @@ class CompileRegistry:
                 self._remember_flags(record, flags)
         if record._params is None:
             record._params = ParamIdentity.capture(record.block_modules())
-        frame = _Frame(record, _counter_snapshot())
+        frame = _Frame(record, torch_compat.dynamo_counters())
         stack.append(frame)
         t0 = time.perf_counter()
         failed = False
@@ -464,7 +413,7 @@ class CompileRegistry:
         finally:
             seconds = time.perf_counter() - t0
             stack.pop()
-            delta = _delta(_counter_snapshot(), frame.before)
+            delta = _delta(torch_compat.dynamo_counters(), frame.before)
             own = {k: max(0, v - frame.children.get(k, 0)) for k, v in delta.items()}
             if stack:  # the enclosing frame must not count these again
                 parent = stack[-1].children
@@ -492,9 +441,7 @@ class CompileRegistry:
 
     def _check_limit(self, record: CompileRecord) -> None:
         """Warn once per record and code object when Dynamo's cache entries near ``recompile_limit``."""
-        limit = recompile_limit()
-        if limit is None:
-            return
+        limit = torch_compat.recompile_limit()
         texts = []
         with self._lock:
             for name, n in record.cache_entries().items():
@@ -502,7 +449,7 @@ class CompileRegistry:
                     record._warned_functions.add(name)
                     last = record.recompiles[-1]["reason"] if record.recompiles else "n/a"
                     text = (f"{record.label}: {name} has {n} compiled variant(s) in this process, "
-                            f"torch._dynamo.config.recompile_limit={limit}; {max(0, limit - n)} more and Dynamo "
+                            f"{torch_compat.RECOMPILE_LIMIT_SETTING}={limit}; {max(0, limit - n)} more and Dynamo "
                             f"runs it EAGERLY (different numerics) or fails with fullgraph. Last reason: {last}")
                     record.warnings.append(text)
                     texts.append(text)
@@ -562,12 +509,12 @@ class CompileRegistry:
             rec.updated = event["time"]
             fn = event["function"] or "?"
             rec._per_function[fn] = count = rec._per_function.get(fn, 0) + 1
-            limit = recompile_limit()
+            limit = torch_compat.recompile_limit()
             entries_known = bool(rec.cache_entries())
-            if not entries_known and limit is not None and count >= limit - 2 and fn not in rec._warned_functions:
+            if not entries_known and count >= limit - 2 and fn not in rec._warned_functions:
                 rec._warned_functions.add(fn)
                 warn_text = (f"{rec.label}: {count} recompiles of {fn} seen, close to "
-                             f"torch._dynamo.config.recompile_limit={limit}; past it Dynamo runs that block "
+                             f"{torch_compat.RECOMPILE_LIMIT_SETTING}={limit}; past it Dynamo runs that block "
                              f"EAGERLY (different numerics) or fails with fullgraph. "
                              f"Last reason: {event['reason']}")
                 rec.warnings.append(warn_text)
@@ -593,67 +540,18 @@ class CompileRegistry:
     # ---- logging tap --------------------------------------------------------------------------
     def _install_tap(self) -> None:
         with self._lock:
-            if self._tap_state is not None:
-                return
-            try:
-                from torch._logging import _internal as tlog
-                state = tlog.log_state
-                prev_levels = dict(state.log_qname_to_level)
-                prev_artifacts = set(state.artifact_names)
-            except (ImportError, AttributeError) as e:  # pragma: no cover - other torch layout
-                self._tap_note = f"recompile logging unavailable: {e}"
-                self._tap_state = {"installed": False}
-                return
-            rec_logger = logging.getLogger(RECOMPILES_LOGGER)
-            cf_logger = logging.getLogger(CONVERT_FRAME_LOGGER)
-            saved = {"installed": True, "levels": prev_levels, "artifacts": prev_artifacts,
-                     "changed_state": False, "propagate": rec_logger.propagate, "level": rec_logger.level}
-            if "TORCH_LOGS" in os.environ:  # set_logs is ignored then; use what the user asked for
-                enabled = "recompiles" in prev_artifacts or "recompiles_verbose" in prev_artifacts
-                self._tap_note = ("TORCH_LOGS is set: recompile reasons "
-                                  + ("captured" if enabled else "NOT captured (add 'recompiles' to TORCH_LOGS)"))
-            elif "recompiles" not in prev_artifacts:
-                if not prev_levels and not prev_artifacts:
-                    torch._logging.set_logs(recompiles=True)  # the public way, from a default state
-                else:  # keep the user's other settings: add the artifact to the current state
-                    state.enable_artifact("recompiles")
-                    tlog._init_logs()
-                saved["changed_state"] = True
-                self._tap_note = "recompile logging enabled by Steadfast (restored by REGISTRY.close())"
-            else:
-                self._tap_note = "recompile logging was already enabled"
-            rec_handler, cf_handler = _LogTap(self, "recompile"), _LogTap(self, "limit")
-            rec_logger.addHandler(rec_handler)
-            rec_logger.propagate = False
-            cf_logger.addHandler(cf_handler)
-            saved["handlers"] = (rec_handler, cf_handler)
-            self._tap_state = saved
+            if self._tap is None:
+                self._tap = torch_compat.install_recompile_log_tap(self._on_recompile, self._on_limit_hit)
+                self._tap_note = self._tap.note
 
     def close(self) -> None:
-        """Remove the log handlers and restore torch's logging state as it was before the tap.
-
-        Records are kept. A later :meth:`track` installs the tap again.
-        """
+        """Remove the log tap (:func:`core.torch_compat.remove_recompile_log_tap`: torch's logging state as it
+        was before). Records are kept. A later :meth:`track` installs the tap again."""
         with self._lock:
-            saved, self._tap_state = self._tap_state, None
+            tap, self._tap = self._tap, None
             self._tap_note = "closed"
-            if not saved or not saved.get("installed"):
-                return
-            rec_logger = logging.getLogger(RECOMPILES_LOGGER)
-            rec_handler, cf_handler = saved["handlers"]
-            rec_logger.removeHandler(rec_handler)
-            logging.getLogger(CONVERT_FRAME_LOGGER).removeHandler(cf_handler)
-            if saved["changed_state"]:
-                from torch._logging import _internal as tlog
-                if not saved["levels"] and not saved["artifacts"]:
-                    torch._logging.set_logs()
-                else:
-                    tlog.log_state.clear()
-                    tlog.log_state.log_qname_to_level.update(saved["levels"])
-                    tlog.log_state.artifact_names.update(saved["artifacts"])
-                    tlog._init_logs()
-            rec_logger.propagate = saved["propagate"]
-            rec_logger.setLevel(saved["level"])
+            if tap is not None:
+                torch_compat.remove_recompile_log_tap(tap)
 
     @property
     def recompile_logging(self) -> str:
@@ -670,8 +568,8 @@ class CompileRegistry:
         """JSON-serialisable state: torch version, limits, tap state, records, unattributed events."""
         with self._lock:
             return {
-                "torch": torch.__version__,
-                "recompile_limit": recompile_limit(),
+                "torch": torch.version.__version__,
+                "recompile_limit": torch_compat.recompile_limit(),
                 "recompile_logging": self._tap_note,
                 "records": [r.as_dict() for r in self.records()],
                 "unattributed": [dict(e) for e in self._unattributed],

@@ -29,7 +29,7 @@ import comfy.ldm.modules.attention as comfy_attention
 import comfy.model_management
 from comfy.patcher_extension import CallbacksMP, WrappersMP
 
-from ..core import compile_cache, determinism, registry
+from ..core import compile_cache, determinism, registry, torch_compat
 from ..core.compile import CompileOptions, swap_in
 from ..core.optimize import attention as sdpa
 from ..core.optimize import layout, qkv, qkv_project
@@ -228,18 +228,6 @@ def add_channels_last(model) -> None:
 # compiled blocks in for one apply_model call. Compiled callables live in the registry record of
 # the underlying BaseModel, so re-executing the node or cloning the model never compiles again.
 # --------------------------------------------------------------------------------------------
-def is_compile_error(exc: BaseException) -> bool:
-    """True for errors raised by torch.compile itself (Dynamo tracing, a backend compiler, inductor's
-    code generation or C++ build), for which running the block eagerly is the right fallback."""
-    try:
-        from torch._dynamo.exc import FailOnRecompileLimitHit, TorchDynamoException
-    except ImportError:  # pragma: no cover - torch without dynamo
-        return False
-    if isinstance(exc, (TorchDynamoException, FailOnRecompileLimitHit)):
-        return True
-    return type(exc).__module__.startswith(("torch._dynamo", "torch._inductor"))
-
-
 def client_writable_dirs() -> tuple[str, ...]:
     """Folders that ComfyUI's HTTP API lets clients write: input (``/upload/*``), output, temp, and the
     per-user folders under the user directory (``/userdata``). A compile cache may never overlap them."""
@@ -308,11 +296,11 @@ def add_compile(model, record: registry.CompileRecord, mode: str,
 
         n_messages = len(cache.messages) if cache is not None else 0
         try:
-            return compile_cache.run_cached(cache, call, retry_if=is_compile_error)
+            return compile_cache.run_cached(cache, call, retry_if=torch_compat.is_compile_error)
         except registry.RecompileError:
             raise
         except Exception as e:
-            if not is_compile_error(e) or record.options.get("fullgraph"):  # fullgraph: a graph break is an error
+            if not torch_compat.is_compile_error(e) or record.options.get("fullgraph"):  # fullgraph: a graph break is an error
                 raise
             # compile failure: fall back to eager, visibly
             record.fail(f"{type(e).__name__}: {cache.redact(str(e)) if cache is not None else e}")

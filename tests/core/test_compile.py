@@ -22,12 +22,11 @@ from steadfast.core.compile import (
     compile_full,
     declared_repeated_blocks,
     find_repeated_blocks,
-    inductor_mode_options,
     repeated_block_groups,
     skip_guards_on,
-    supports_guard_filter_fn,
     swap_in,
 )
+from steadfast.core.torch_compat import inductor_mode_options, supports_guard_filter_fn
 
 EAGER = CompileOptions(backend="eager", dynamic=False)
 

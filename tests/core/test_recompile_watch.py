@@ -14,10 +14,11 @@ from torch._dynamo.utils import counters
 
 from steadfast.core import determinism
 from steadfast.core.compile import CompileOptions
-from steadfast.core.recompile_watch import (ParamIdentity, cache_entry_count, closest_changes, code_of,
+from steadfast.core.recompile_watch import (ParamIdentity, closest_changes, code_of,
                                             describe_flag_changes, dynamo_global_state_names, flag_changes,
                                             fingerprint_fields_for, guarded_flags)
 from steadfast.core.registry import CompileRegistry, RecompileError
+from steadfast.core.torch_compat import cache_entry_count
 
 STATIC = CompileOptions(backend="eager", dynamic=False)
 
