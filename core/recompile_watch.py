@@ -1,4 +1,4 @@
-"""Why a compiled block would recompile: global-flag fingerprints, parameter identity, cache entries.
+"""Why a compiled block recompiles: global-flag fingerprints, parameter identity, Dynamo's messages explained.
 
 Three things make Dynamo compile a block again although the model and the inputs look the same:
 
@@ -20,7 +20,8 @@ Three things make Dynamo compile a block again although the model and the inputs
   entries of two backends add up to the same limit), so the true distance to the limit is the
   number of entries on the code object, not a per-model count.
 
-This module imports nothing from ComfyUI and changes no global state.
+It also reads Dynamo's recompile messages (:func:`parse_recompile`, :func:`parse_limit_hit`) and explains them
+(:func:`explain_recompile`). This module imports nothing from ComfyUI and changes no global state.
 """
 from __future__ import annotations
 
@@ -49,6 +50,9 @@ __all__ = [
     "explain_guard",
     "ParamIdentity",
     "code_of",
+    "parse_recompile",
+    "parse_limit_hit",
+    "explain_recompile",
 ]
 
 # Dynamo's GLOBAL_STATE field name -> the fingerprint fields that can explain it (most specific first).
@@ -238,3 +242,51 @@ def code_of(module: Any) -> Any:
     mod = getattr(module, "_orig_mod", module)
     fwd = getattr(type(mod), "forward", None)
     return getattr(fwd, "__code__", None)
+
+
+# ---------------------------------------------------------------------------------------------- Dynamo messages
+_REASON_LINE = re.compile(r"^\s*-\s*(?:\d+/\d+:\s*)?(.*)$")
+
+
+def parse_recompile(message: str) -> dict[str, Any]:
+    """Split Dynamo's ``"Recompiling function F in FILE:LINE ... - 0/1: reason"`` log message.
+
+    Returns ``{"function": "F in FILE:LINE" or "", "reason": first reason (the whole message if none),
+    "reasons": [every reason line]}``.
+    """
+    lines = message.splitlines()
+    head = lines[0] if lines else message
+    function = head.removeprefix("Recompiling function ").strip() if head.startswith("Recompiling") else ""
+    reasons = [m.group(1).strip() for line in lines[1:] if (m := _REASON_LINE.match(line))]
+    reasons = [r for r in reasons if r]
+    return {"function": function, "reason": reasons[0] if reasons else message.strip(), "reasons": reasons}
+
+
+def parse_limit_hit(message: str) -> dict[str, Any]:
+    """Dynamo's recompile-limit warning (it then runs the frame eagerly) as
+    ``{"kind": "recompile_limit", "limit": first line, "function", "reason"}``."""
+    lines = [ln.strip() for ln in message.splitlines()]
+    function = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("function:")), "")
+    reason = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("last reason:")), "")
+    return {"kind": "recompile_limit", "limit": lines[0] if lines else message, "function": function,
+            "reason": _REASON_LINE.sub(r"\1", "- " + reason) if reason else message}
+
+
+def explain_recompile(event: dict[str, Any], known: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``event`` (from :func:`parse_recompile`) with a readable ``reason`` where the raw one hides the cause.
+
+    A ``GLOBAL_STATE changed`` guard is compared with the closest fingerprint in ``known`` (those compiled code
+    exists for) and the current :func:`guarded_flags`: ``cause="global_flag"``, ``flag_changes`` and e.g.
+    ``"global flag changed since compile: deterministic_algorithms False -> True"``; guards
+    :func:`explain_guard` knows get their ``cause``. The raw text moves to ``guard``. Returns the same dict.
+    """
+    names = [n for r in event["reasons"] for n in dynamo_global_state_names(r)]
+    if names:
+        changes = explain_global_state(known, guarded_flags(), names)
+        event["cause"], event["guard"] = "global_flag", event["reason"]
+        event["flag_changes"] = [c.as_text() for c in changes]
+        event["reason"] = (describe_flag_changes(changes) if changes else
+                           "global flag changed since compile: " + ", ".join(dict.fromkeys(names)))
+    elif (hint := explain_guard(event["reason"])) is not None:
+        event["cause"], event["guard"], event["reason"] = hint[0], event["reason"], hint[1]
+    return event

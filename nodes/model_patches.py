@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import time
 from typing import Any, Callable
 
 import torch
@@ -30,6 +29,7 @@ import comfy.model_management
 from comfy.patcher_extension import CallbacksMP, WrappersMP
 
 from ..core import compile_cache, determinism, registry, torch_compat
+from ..core.compile_record import CompileRecord
 from ..core.compile import CompileOptions, swap_in
 from ..core.optimize import attention as sdpa
 from ..core.optimize import layout, qkv, qkv_project
@@ -268,7 +268,7 @@ def open_compile_cache(backend: str, name: str = "") -> tuple[compile_cache.Comp
     return cache, line
 
 
-def add_compile(model, record: registry.CompileRecord, mode: str,
+def add_compile(model, record: CompileRecord, mode: str,
                 cache: compile_cache.CompileCache | None = None, strict: bool = False) -> None:
     """Register the compile wrappers for ``record`` (created by :func:`registry.REGISTRY.get_or_create`).
 
@@ -284,7 +284,7 @@ def add_compile(model, record: registry.CompileRecord, mode: str,
     """
 
     def apply_model_wrapper(executor, *args, **kwargs):
-        if record.disabled:
+        if record.stats.disabled:
             return executor(*args, **kwargs)
         x = args[0] if args else kwargs.get("x")
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else None
@@ -303,13 +303,12 @@ def add_compile(model, record: registry.CompileRecord, mode: str,
             if not torch_compat.is_compile_error(e) or record.options.get("fullgraph"):  # fullgraph: a graph break is an error
                 raise
             # compile failure: fall back to eager, visibly
-            record.fail(f"{type(e).__name__}: {cache.redact(str(e)) if cache is not None else e}")
+            registry.REGISTRY.disable(record, f"{type(e).__name__}: {cache.redact(str(e)) if cache is not None else e}")
             log.warning("Steadfast: compile failed for %s, running it EAGER from now on: %s", record.label, e)
             return executor(*args, **kwargs)
         finally:
             if cache is not None and len(cache.messages) != n_messages:  # the cache was moved aside: say so
-                record.compile_cache = cache.as_dict()
-                record.warnings.extend(cache.messages[n_messages:])
+                registry.REGISTRY.note_compile_cache(record, cache.as_dict(), cache.messages[n_messages:])
 
     def outer_sample_wrapper(executor, *args, **kwargs):
         with registry.REGISTRY.run(record):
@@ -321,7 +320,7 @@ def add_compile(model, record: registry.CompileRecord, mode: str,
     model.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, KEY_COMPILE, outer_sample_wrapper)
     model.weight_inplace_update = True  # LoRA patches keep Parameter identity -> no recompiles
     if cache is not None:
-        record.compile_cache = cache.as_dict()
+        registry.REGISTRY.note_compile_cache(record, cache.as_dict())
     steadfast_options(model)["compile"] = {"mode": mode, "record_created": record.created, **record.summary()}
 
 
@@ -333,11 +332,11 @@ def compile_state(model) -> dict | str:
     rec = registry.REGISTRY.get(model.model)
     if rec is not None and rec.created == snap.get("record_created"):
         state = {"mode": snap["mode"], **rec.summary(), "weight_inplace_update": bool(model.weight_inplace_update)}
-        if rec.compile_cache is not None:
-            state["compile_cache"] = rec.compile_cache["name"]
-            state["cache_state"] = dict(rec.cache_state)
-        if rec.fallbacks:
-            state["fallbacks"] = [f.get("reason", "") for f in rec.fallbacks[-3:]]
+        if rec.stats.compile_cache is not None:
+            state["compile_cache"] = rec.stats.compile_cache["name"]
+            state["cache_state"] = dict(rec.stats.cache_state)
+        if rec.stats.fallbacks:
+            state["fallbacks"] = [f.get("reason", "") for f in rec.stats.fallbacks[-3:]]
         return state
     return snap
 
@@ -350,9 +349,3 @@ def compile_options(backend: str, mode: str, dynamic: str, fullgraph: bool) -> C
         dynamic={"auto": None, "true": True, "false": False}[dynamic],
         fullgraph=fullgraph,
     )
-
-
-def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0

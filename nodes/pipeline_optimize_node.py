@@ -11,6 +11,7 @@ from comfy_api.latest import io, ui
 from ..core import determinism
 from ..core.pipelines import PipelineOptions, compile_record
 from ..core.pipelines.handle import optimized_handle
+from ..core.registry import REGISTRY
 from . import optimize_inputs as oi
 from .pipeline_nodes import DiffusersPipeline, as_handle
 
@@ -79,7 +80,7 @@ class SteadfastPipelineOptimize(io.ComfyNode):
         if opts.compile != "off":
             rec = compile_record(new.pipe)
             if rec is not None:
-                rec.strict = strict_recompiles
+                REGISTRY.set_strict(rec, strict_recompiles)
             lines.append(f"compiles lazily on the first run or in Pipeline Warmup; record: "
                          f"{rec.as_text() if rec else 'none'}")
             if strict_recompiles:
