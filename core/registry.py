@@ -26,8 +26,9 @@ from typing import Any
 import torch
 
 from . import torch_compat
-from .compile import CompileOptions, GuardFilterFn, compile_blocks
+from .compile import CompileOptions, compile_blocks
 from .compile_record import CompileRecord, CompileStats, normalise_shape
+from .guard_filters import GuardFilterFn
 from .recompile_watch import ParamIdentity, explain_recompile, guarded_flags, parse_limit_hit, parse_recompile
 
 log = logging.getLogger("steadfast.registry")

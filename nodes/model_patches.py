@@ -91,7 +91,7 @@ def comfy_attention_passthrough(func: Callable, *args, **kwargs):
     """``optimized_attention_override`` that calls ComfyUI's own choice (``func``) unchanged.
 
     Installed for compiled models with ``attention=comfy``, so every compiled call of ours carries an
-    override that Dynamo guards on (:func:`core.compile.comfy_guard_filter` keeps those guards): a
+    override that Dynamo guards on (:func:`core.guard_filters.comfy_guard_filter` keeps those guards): a
     graph traced with an SDPA override is never reused for ComfyUI's attention, or the other way round.
     """
     return func(*args, **kwargs)

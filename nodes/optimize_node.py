@@ -10,7 +10,7 @@ from comfy_api.latest import io, ui
 import comfy.model_management
 
 from ..core import blocks, registry
-from ..core.compile import comfy_guard_filter
+from ..core.guard_filters import comfy_guard_filter
 from ..core.optimize import attention as sdpa
 from . import model_patches as mp
 from . import optimize_inputs as oi

@@ -18,7 +18,8 @@ import torch
 from torch._dynamo.utils import counters
 
 from tiny_modules import Tiny, block_paths
-from steadfast.core.compile import CompileOptions, skip_guards_on, swap_in
+from steadfast.core.compile import CompileOptions, swap_in
+from steadfast.core.guard_filters import SkipGuardsOn
 from steadfast.core.compile_record import CompileRecord, CompileStats
 from steadfast.core.registry import REGISTRY, CompileRegistry, RecompileError
 
@@ -110,13 +111,13 @@ def test_first_call_warms_and_records(reg):
 
 def test_reregister_same_model_reuses_record_without_compiling(reg):
     m = Tiny(n=3)
-    rec, created = register(reg, m, guard_filter_fn=skip_guards_on())
+    rec, created = register(reg, m, guard_filter_fn=SkipGuardsOn())
     x = torch.randn(1, 4, 8)
     call(reg, m, rec, x)
     graphs = counters["stats"]["unique_graphs"]
     assert graphs == 1
     equal = CompileOptions(backend="eager", dynamic=False)  # a distinct but equal object
-    again, created2 = register(reg, m, equal, guard_filter_fn=skip_guards_on())
+    again, created2 = register(reg, m, equal, guard_filter_fn=SkipGuardsOn())
     assert again is rec and not created2  # equal options + equal filter -> same record
     assert all(again.compiled[p] is rec.compiled[p] for p in rec.compiled)
     call(reg, m, again, x)
