@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .determinism import snapshot_state
+from .torch_state import snapshot_state
 
 __all__ = ["FINGERPRINT_VERSION", "environment_fingerprint", "fingerprint_digest"]
 

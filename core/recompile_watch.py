@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from . import torch_compat
-from .determinism import snapshot_state
+from .torch_state import snapshot_state
 
 __all__ = [
     "DYNAMO_GUARDED",
@@ -89,7 +89,7 @@ class FlagChange:
 def guarded_flags() -> dict[str, Any]:
     """Fingerprint of the process-global torch settings compiled code depends on (JSON-safe dict).
 
-    Keys: every field of :func:`core.determinism.snapshot_state` except the reporting-only
+    Keys: every field of :func:`core.torch_state.snapshot_state` except the reporting-only
     ``inductor_deterministic`` (``fp32_precision`` as a ``{"backend.op": value}`` dict), plus
     ``grad_mode``, ``inference_mode``, ``default_dtype`` (e.g. ``"torch.float32"``), ``autocast``
     (the devices with autocast on) and ``torch_function`` (Dynamo's torch-function state).

@@ -29,6 +29,7 @@ import comfy.model_management
 from comfy.patcher_extension import CallbacksMP, WrappersMP
 
 from ..core import compile_cache, determinism, registry, torch_compat
+from ..core.determinism_policy import DeterminismPolicy
 from ..core.compile_record import CompileRecord
 from ..core.compile import CompileOptions, swap_in
 from ..core.optimize import attention as sdpa
@@ -51,7 +52,7 @@ def steadfast_options(model) -> dict:
 # --------------------------------------------------------------------------------------------
 # Determinism: an OUTER_SAMPLE wrapper that applies the policy around one sampling call.
 # --------------------------------------------------------------------------------------------
-def add_determinism(model, policy: determinism.DeterminismPolicy) -> None:
+def add_determinism(model, policy: DeterminismPolicy) -> None:
     """Apply ``policy`` around every sampling call of ``model`` (a clone) and restore after it."""
 
     def wrapper(executor, *args, **kwargs):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io, ui
 
-from ..core import determinism
+from ..core import determinism_policy
 from ..core.pipelines import PipelineOptions, compile_record
 from ..core.pipelines.handle import optimized_handle
 from ..core.registry import REGISTRY
@@ -121,6 +121,6 @@ class SteadfastPipelineDeterminismSetup(io.ComfyNode):
     @classmethod
     def execute(cls, pipeline, strict: bool, allow_tf32: bool, num_threads: int) -> io.NodeOutput:
         handle = as_handle(pipeline, "Pipeline Determinism Setup")
-        policy = determinism.DeterminismPolicy(strict=strict, allow_tf32=allow_tf32, num_threads=num_threads or None)
-        report = determinism.describe_policy(policy)
+        policy = determinism_policy.DeterminismPolicy(strict=strict, allow_tf32=allow_tf32, num_threads=num_threads or None)
+        report = determinism_policy.describe_policy(policy)
         return io.NodeOutput(handle.replace(determinism=policy), report, ui=ui.PreviewText(report))

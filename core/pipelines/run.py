@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..determinism import DeterminismPolicy, deterministic
+from ..determinism import deterministic
+from ..determinism_policy import DeterminismPolicy
 from ..fingerprint import environment_fingerprint, fingerprint_digest
 from ..noise import check_seed
 from ..optimize.attention import sdpa_context

@@ -15,7 +15,8 @@ import torch
 
 import tiny_pipelines as tp
 from steadfast.core.compare import compare
-from steadfast.core.determinism import DeterminismPolicy, snapshot_state
+from steadfast.core.determinism_policy import DeterminismPolicy
+from steadfast.core.torch_state import snapshot_state
 from steadfast.core.hashing import hash_image
 from steadfast.core.pipelines import (
     LoraLoadError,

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch._dynamo.utils import counters
 
-from steadfast.core import determinism
+from steadfast.core import torch_state
 from steadfast.core.compile import CompileOptions
 from steadfast.core.recompile_watch import (ParamIdentity, closest_changes, code_of,
                                             describe_flag_changes, dynamo_global_state_names, flag_changes,
@@ -45,11 +45,11 @@ class Net(nn.Module):
 
 @pytest.fixture(autouse=True)
 def _fresh():
-    state = determinism.snapshot_state()
+    state = torch_state.snapshot_state()
     torch._dynamo.reset()
     counters.clear()
     yield
-    determinism.restore_state(state)
+    torch_state.restore_state(state)
     torch._dynamo.reset()
     counters.clear()
 

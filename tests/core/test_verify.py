@@ -16,7 +16,7 @@ import torch
 
 import tiny_pipelines as tp
 from steadfast.core.cli import main
-from steadfast.core.determinism import DeterminismPolicy
+from steadfast.core.determinism_policy import DeterminismPolicy
 from steadfast.core.hashing import hash_image
 from steadfast.core.pipelines import generate
 from steadfast.core.verify import SCHEMA, VerifySettings, config_names, parse_configs, run_verify
