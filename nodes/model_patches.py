@@ -28,7 +28,7 @@ import comfy.ldm.modules.attention as comfy_attention
 import comfy.model_management
 from comfy.patcher_extension import CallbacksMP, WrappersMP
 
-from ..core import compile_cache, determinism, registry, torch_compat
+from ..core import compile_cache, compile_cache_location, determinism, registry, torch_compat
 from ..core.determinism_policy import DeterminismPolicy
 from ..core.compile_record import CompileRecord
 from ..core.compile import CompileOptions, swap_in
@@ -247,16 +247,16 @@ def open_compile_cache(backend: str, name: str = "") -> tuple[compile_cache.Comp
     Only inductor writes a cache (None for other backends). ``name`` (node input) picks a cache under the
     operator's root (``$STEADFAST_COMPILE_CACHE``, else ``<ComfyUI user dir>/steadfast/compile_cache``);
     ``""`` = ``default``, ``off`` = inductor's own temporary folder. Raises
-    :class:`core.compile_cache.CacheRefused` for a path instead of a name, or a root/name that overlaps a
+    :class:`core.compile_cache_location.CacheRefused` for a path instead of a name, or a root/name that overlaps a
     folder HTTP clients can write. The report line never contains an absolute path.
     """
-    chosen = compile_cache.check_name(name)  # CacheRefused for a path, before anything else
+    chosen = compile_cache_location.check_name(name)  # CacheRefused for a path, before anything else
     if backend != "inductor":
         return None, f"compile cache: not used by backend {backend}"
     if chosen is None:
         return None, "compile cache: off (node input); inductor's default directory applies"
     import folder_paths
-    root, source = compile_cache.resolve_root(folder_paths.get_user_directory())
+    root, source = compile_cache_location.resolve_root(folder_paths.get_user_directory())
     if root is None:
         return None, f"compile cache: off ({source}); inductor's default directory applies"
     device = comfy.model_management.get_torch_device()
