@@ -20,7 +20,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -299,14 +299,3 @@ def remove_recompile_log_tap(tap: RecompileLogTap) -> None:
             internal._init_logs()
     rec_logger.propagate = tap.propagate
     rec_logger.setLevel(tap.level)
-
-
-@contextlib.contextmanager
-def recompile_log_tap(on_recompile: Callable[[str], None],
-                      on_limit_hit: Callable[[str], None]) -> Iterator[RecompileLogTap]:
-    """:func:`install_recompile_log_tap` on entry, :func:`remove_recompile_log_tap` on exit (also on errors)."""
-    tap = install_recompile_log_tap(on_recompile, on_limit_hit)
-    try:
-        yield tap
-    finally:
-        remove_recompile_log_tap(tap)

@@ -167,6 +167,7 @@ def test_log_tap_forwards_messages_and_is_removed_exactly(monkeypatch) -> None:
     before = _logging_state()
     seen: dict[str, list[str]] = {"recompile": [], "limit": []}
     tap = tc.install_recompile_log_tap(seen["recompile"].append, seen["limit"].append)
+    assert tap.changed_state and "enabled by Steadfast" in tap.note
     assert "recompiles" in tlog.log_state.artifact_names and logging.getLogger(tc.RECOMPILES_LOGGER).propagate is False
     logging.getLogger(tc.RECOMPILES_LOGGER).debug("Recompiling function %s", "forward")
     logging.getLogger(tc.CONVERT_FRAME_LOGGER).warning("torch._dynamo hit config.recompile_limit (8)")
@@ -180,17 +181,15 @@ def test_log_tap_forwards_messages_and_is_removed_exactly(monkeypatch) -> None:
     assert len(seen["recompile"]) == 1
 
 
-def test_log_tap_context_manager_restores_on_errors_and_respects_torch_logs(monkeypatch) -> None:
-    monkeypatch.delenv("TORCH_LOGS", raising=False)
-    before = _logging_state()
-    with pytest.raises(RuntimeError, match="inside"):
-        with tc.recompile_log_tap(lambda m: None, lambda m: None) as tap:
-            assert tap.changed_state and "enabled by Steadfast" in tap.note
-            raise RuntimeError("inside")
-    assert _logging_state() == before
+def test_log_tap_respects_torch_logs(monkeypatch) -> None:
     monkeypatch.setenv("TORCH_LOGS", "+dynamo")  # torch ignores set_logs then: the tap must not touch the state
-    with tc.recompile_log_tap(lambda m: None, lambda m: None) as tap:
+    before = _logging_state()
+    tap = tc.install_recompile_log_tap(lambda m: None, lambda m: None)
+    try:
         assert not tap.changed_state and "NOT captured" in tap.note
+        assert logging.getLogger(tc.RECOMPILES_LOGGER).propagate is False
+    finally:
+        tc.remove_recompile_log_tap(tap)
     assert _logging_state() == before
 
 
@@ -198,6 +197,9 @@ def test_a_failing_callback_is_reported_not_raised(capsys) -> None:
     def broken(message: str) -> None:
         raise ValueError("callback bug")
 
-    with tc.recompile_log_tap(broken, broken):
+    tap = tc.install_recompile_log_tap(broken, broken)
+    try:
         logging.getLogger(tc.RECOMPILES_LOGGER).debug("Recompiling function forward")
+    finally:
+        tc.remove_recompile_log_tap(tap)
     assert "callback bug" in capsys.readouterr().err  # logging's handleError prints the traceback
