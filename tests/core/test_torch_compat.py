@@ -160,11 +160,35 @@ def _logging_state() -> tuple:
             logger.level, list(logger.handlers), list(logging.getLogger(tc.CONVERT_FRAME_LOGGER).handlers))
 
 
-def test_log_tap_forwards_messages_and_is_removed_exactly(monkeypatch) -> None:
+@pytest.fixture
+def default_torch_logging(monkeypatch):
+    """torch's logging state at its default for one test (no artifact, no level), put back as it was after it.
+
+    Earlier tests may have left the process-wide registry's tap installed (the ``recompiles`` artifact on):
+    it is removed first (the registry's next tracked call installs it again)."""
     from torch._logging import _internal as tlog
 
+    from steadfast.core.registry import REGISTRY
+
+    REGISTRY.close()
     monkeypatch.delenv("TORCH_LOGS", raising=False)
+    levels, artifacts = dict(tlog.log_state.log_qname_to_level), set(tlog.log_state.artifact_names)
+    torch._logging.set_logs()
+    yield
+    if not levels and not artifacts:
+        torch._logging.set_logs()
+    else:
+        tlog.log_state.clear()
+        tlog.log_state.log_qname_to_level.update(levels)
+        tlog.log_state.artifact_names.update(artifacts)
+        tlog._init_logs()
+
+
+def test_log_tap_forwards_messages_and_is_removed_exactly(default_torch_logging) -> None:
+    from torch._logging import _internal as tlog
+
     before = _logging_state()
+    assert before[0] == {} and before[1] == set()
     seen: dict[str, list[str]] = {"recompile": [], "limit": []}
     tap = tc.install_recompile_log_tap(seen["recompile"].append, seen["limit"].append)
     assert tap.changed_state and "enabled by Steadfast" in tap.note
@@ -181,7 +205,21 @@ def test_log_tap_forwards_messages_and_is_removed_exactly(monkeypatch) -> None:
     assert len(seen["recompile"]) == 1
 
 
-def test_log_tap_respects_torch_logs(monkeypatch) -> None:
+def test_log_tap_keeps_the_users_other_settings(default_torch_logging) -> None:
+    from torch._logging import _internal as tlog
+
+    torch._logging.set_logs(dynamo=logging.INFO)  # a user's own setting, not the default
+    before = _logging_state()
+    tap = tc.install_recompile_log_tap(lambda m: None, lambda m: None)
+    try:
+        assert tap.changed_state and "recompiles" in tlog.log_state.artifact_names
+        assert tlog.log_state.log_qname_to_level == before[0]  # the user's level is kept
+    finally:
+        tc.remove_recompile_log_tap(tap)
+    assert _logging_state() == before
+
+
+def test_log_tap_respects_torch_logs(default_torch_logging, monkeypatch) -> None:
     monkeypatch.setenv("TORCH_LOGS", "+dynamo")  # torch ignores set_logs then: the tap must not touch the state
     before = _logging_state()
     tap = tc.install_recompile_log_tap(lambda m: None, lambda m: None)
@@ -193,7 +231,7 @@ def test_log_tap_respects_torch_logs(monkeypatch) -> None:
     assert _logging_state() == before
 
 
-def test_a_failing_callback_is_reported_not_raised(capsys) -> None:
+def test_a_failing_callback_is_reported_not_raised(default_torch_logging, capsys) -> None:
     def broken(message: str) -> None:
         raise ValueError("callback bug")
 
