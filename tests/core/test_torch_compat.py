@@ -126,9 +126,11 @@ def test_inductor_deterministic_reads_only_when_loaded(monkeypatch) -> None:
         assert tc.set_inductor_deterministic(not previous) is False  # already that value: nothing written
     finally:
         cfg.deterministic = previous
-    monkeypatch.delitem(sys.modules, "torch._inductor.config")  # as in a process that never loaded inductor
-    assert tc.inductor_deterministic() is None
-    assert tc.set_inductor_deterministic(True) is False
+    with monkeypatch.context() as m:  # as in a process that never loaded inductor (nothing may import it here:
+        m.delitem(sys.modules, "torch._inductor.config")  # a second config module would outlive the test)
+        assert tc.inductor_deterministic() is None
+        assert tc.set_inductor_deterministic(True) is False
+    assert sys.modules["torch._inductor.config"] is cfg
     assert tc.inductor_deterministic(load=True) is bool(previous)  # load=True imports (here: finds) it
 
 
