@@ -46,7 +46,7 @@ class SteadfastDeterminismSetup(io.ComfyNode):
     def execute(cls, model, strict: bool, allow_tf32: bool, num_threads: int,
                 batch_invariant: bool = True) -> io.NodeOutput:
         policy = determinism_policy.DeterminismPolicy(strict=strict, allow_tf32=allow_tf32,
-                                               num_threads=num_threads or None)
+                                                      num_threads=num_threads or None)
         m = model.clone()
         add_determinism(m, policy)
         rows = add_batch_invariance(m, batch_invariant)

@@ -29,9 +29,9 @@ import comfy.model_management
 from comfy.patcher_extension import CallbacksMP, WrappersMP
 
 from ..core import compile_cache, compile_cache_location, determinism, registry, torch_compat
-from ..core.determinism_policy import DeterminismPolicy
-from ..core.compile_record import CompileRecord
 from ..core.compile import CompileOptions, swap_in
+from ..core.compile_record import CompileRecord
+from ..core.determinism_policy import DeterminismPolicy
 from ..core.optimize import attention as sdpa
 from ..core.optimize import layout, qkv, qkv_project
 
