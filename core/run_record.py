@@ -108,7 +108,8 @@ class RunRecord:
         """A few lines for the node's display: hash, seeds, what decided the bits, compile state
         (recompiles with reasons, warnings, and a compile failure loudly)."""
         seeds = self.seeds
-        lines = [f"{self.output} sha256 {self.output_sha256[:16]}…  seeds {seeds[:4]}{' …' if len(seeds) > 4 else ''}"]
+        more = " \u2026" if len(seeds) > 4 else ""  # an ellipsis; escaped, the source stays ASCII
+        lines = [f"{self.output} sha256 {self.output_sha256[:16]}\u2026  seeds {seeds[:4]}{more}"]
         fp = self.fingerprint
         if self.kind == "pipeline":
             d = self.details

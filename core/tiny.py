@@ -61,7 +61,7 @@ def _clip_tokenizer(out_dir: Path) -> Any:
 
 
 def _t5_tokenizer(out_dir: Path) -> Any:
-    """Unigram T5 tokenizer over printable ASCII (each character with and without the ``▁`` word prefix)."""
+    """Unigram T5 tokenizer over printable ASCII (each character with and without the U+2581 word prefix)."""
     from transformers import T5Tokenizer
 
     pieces: list[tuple[str, float]] = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -2.0)]

@@ -14,6 +14,7 @@ from .pipeline_optimize_node import SteadfastPipelineDeterminismSetup, Steadfast
 from .pipeline_sampler_node import SteadfastPipelineSampler, SteadfastPipelineWarmup
 from .routes import register_routes
 from .sampler_node import SteadfastSeededSampler
+from .vae_decode_node import SteadfastVAEDecode
 from .warmup_node import SteadfastWarmup
 
 NODES: list[type[io.ComfyNode]] = [
@@ -23,6 +24,7 @@ NODES: list[type[io.ComfyNode]] = [
     SteadfastWarmup,
     SteadfastHash,
     SteadfastCompare,
+    SteadfastVAEDecode,
     SteadfastLoadDiffusersPipeline,
     SteadfastPipelineLoRA,
     SteadfastPipelineDeterminismSetup,

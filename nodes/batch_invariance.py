@@ -121,3 +121,37 @@ def add_batch_invariance(model, on: bool) -> dict | str:
         return POLICY_OFF
     model.add_wrapper_with_key(WrappersMP.CALC_COND_BATCH, KEY_ROWS, per_row_calc_cond_batch)
     return dict(POLICY_ON)
+
+
+# --------------------------------------------------------------------------------------------
+# VAE decode: ComfyUI decodes as many items at once as free memory allows (``comfy/sd.py``,
+# ``VAE.decode``) and its split attention in the VAE slices by free memory too.
+# --------------------------------------------------------------------------------------------
+def _vae_attention_blocks(module: torch.nn.Module) -> list[str]:
+    """Names of the submodules that pick their attention function at build time (``optimized_attention``)."""
+    return [name for name, m in module.named_modules() if callable(getattr(m, "optimized_attention", None))]
+
+
+def decode_rows(vae, latent: torch.Tensor, on_item=None) -> torch.Tensor:
+    """Decode ``latent`` [N, C, h, w] (float) one item at a time with SDPA attention in the VAE.
+
+    Returns the IMAGE [N, H, W, 3] float32 in [0, 1] (as ComfyUI's ``VAEDecode``). Each item is decoded
+    with a batch of 1 and the VAE's attention blocks use ComfyUI's ``pytorch_attention`` (object patches on
+    a clone of the VAE's ModelPatcher, undone by ComfyUI when another patcher loads), so item i equals a
+    batch-1 decode whatever the batch and the free memory. ``on_item(i)`` is called after each item.
+    Not covered: when the decode runs out of memory ComfyUI itself retries tiled (it logs a warning).
+    """
+    import copy  # noqa: PLC0415
+    from comfy.ldm.modules.diffusionmodules.model import pytorch_attention  # noqa: PLC0415
+    pinned = copy.copy(vae)
+    pinned.patcher = vae.patcher.clone()
+    for name in _vae_attention_blocks(vae.first_stage_model):
+        pinned.patcher.add_object_patch(f"{name}.optimized_attention", pytorch_attention)
+    if latent.ndim == 5 and getattr(vae, "latent_dim", 2) == 2:
+        latent = latent[:, :, 0]
+    images = []
+    for i in range(latent.shape[0]):
+        images.append(pinned.decode(latent[i:i + 1]))
+        if on_item is not None:
+            on_item(i)
+    return torch.cat(images)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from ..core import compare
+from ..core import compare, explain
 
 
 class SteadfastCompare(io.ComfyNode):
@@ -21,6 +21,13 @@ class SteadfastCompare(io.ComfyNode):
                 io.Image.Input("image_b", optional=True, tooltip="Second IMAGE (same shape as image_a)."),
                 io.Latent.Input("latent_a", optional=True, tooltip="First LATENT (instead of images)."),
                 io.Latent.Input("latent_b", optional=True, tooltip="Second LATENT (same shape as latent_a)."),
+                io.String.Input("run_record_a", optional=True, force_input=True,
+                                tooltip="Run record of the sampler that made the first input. With both records "
+                                        "linked, a difference caused by a recorded setting known to change bits "
+                                        "(compile, attention backend, threads, dtype, ...) is reported as "
+                                        "'different, as expected' (amber), not as a failure (red)."),
+                io.String.Input("run_record_b", optional=True, force_input=True,
+                                tooltip="Run record of the sampler that made the second input."),
             ],
             outputs=[io.Boolean.Output(display_name="identical", tooltip="True when the bytes are identical."),
                      io.String.Output(display_name="report", tooltip="The comparison as text."),
@@ -29,7 +36,8 @@ class SteadfastCompare(io.ComfyNode):
         )
 
     @classmethod
-    def execute(cls, image_a=None, image_b=None, latent_a=None, latent_b=None) -> io.NodeOutput:
+    def execute(cls, image_a=None, image_b=None, latent_a=None, latent_b=None, run_record_a: str | None = None,
+                run_record_b: str | None = None) -> io.NodeOutput:
         if image_a is not None or image_b is not None:
             if image_a is None or image_b is None:
                 raise ValueError("Compare: connect both image_a and image_b (or both latents)")
@@ -50,5 +58,19 @@ class SteadfastCompare(io.ComfyNode):
         text = report.as_text()
         if not report.identical:
             text += f"\n{details['n_pixels_differ']} of {positions} pixels differ"
+            expected, why = expected_difference(run_record_a, run_record_b)
+            details["expected_to_differ"] = expected
+            text += "\n" + why
         ui_out = {"text": [text], "steadfast_compare": [details]}
         return io.NodeOutput(report.identical, text, heat, ui=ui_out)
+
+
+def expected_difference(record_a: str | None, record_b: str | None) -> tuple[bool, str]:
+    """``(expected, text)`` for two outputs that differ: expected when their run records differ in a field
+    known to change bits (``core.explain``); not expected when the records are missing or agree on all of those."""
+    if not record_a or not record_b:
+        return False, "DIFFERENT (link both run records to tell a difference by design from a failure)"
+    diffs = [d for d in explain.explain(record_a, record_b).diffs if d.known]
+    if not diffs:
+        return False, "DIFFERENT although no recorded setting known to change bits differs: a broken promise"
+    return True, "different, as expected: " + "; ".join(f"{d.field} ({d.why})" for d in diffs[:6])

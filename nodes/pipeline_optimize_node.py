@@ -113,14 +113,21 @@ class SteadfastPipelineDeterminismSetup(io.ComfyNode):
                 io.Int.Input("num_threads", default=0, min=0, max=1024,
                              tooltip="CPU threads for torch while the pipeline runs. fp32 CPU results differ between "
                                      "thread counts, so the count is pinned and recorded. 0 = pin the current count."),
+                io.Boolean.Input("batch_invariant", default=True, optional=True,
+                                 tooltip="On: Pipeline Sampler generates image by image (one batch-1 pipeline call "
+                                         "each), so image i equals a batch-1 run at seed + i. Off: one batched call "
+                                         "(faster; CPU kernels then see another batch and the last bits can differ)."),
             ],
             outputs=[DiffusersPipeline.Output(display_name="PIPELINE", tooltip="The pipeline carrying the policy."),
                      io.String.Output(display_name="report", tooltip="What will be set, and what cannot be guaranteed.")],
         )
 
     @classmethod
-    def execute(cls, pipeline, strict: bool, allow_tf32: bool, num_threads: int) -> io.NodeOutput:
+    def execute(cls, pipeline, strict: bool, allow_tf32: bool, num_threads: int,
+                batch_invariant: bool = True) -> io.NodeOutput:
         handle = as_handle(pipeline, "Pipeline Determinism Setup")
         policy = determinism_policy.DeterminismPolicy(strict=strict, allow_tf32=allow_tf32, num_threads=num_threads or None)
-        report = determinism_policy.describe_policy(policy)
-        return io.NodeOutput(handle.replace(determinism=policy), report, ui=ui.PreviewText(report))
+        report = determinism_policy.describe_policy(policy) + "\nbatch-invariant sampling: " + (
+            "on (image by image, batch-1 pipeline calls)" if batch_invariant else "off (one batched pipeline call)")
+        return io.NodeOutput(handle.replace(determinism=policy, batch_invariant=batch_invariant), report,
+                             ui=ui.PreviewText(report))

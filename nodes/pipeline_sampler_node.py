@@ -82,7 +82,8 @@ class SteadfastPipelineSampler(io.ComfyNode):
             with _policy(handle) as det:
                 t0 = time.perf_counter()
                 images = generate(pipe, prompt, negative_prompt, steps=steps, guidance=cfg, width=width,
-                                  height=height, seed=seed, batch=batch_size)
+                                  height=height, seed=seed, batch=batch_size,
+                                  batch_mode="sequential" if handle.batch_invariant else "batched")
                 seconds = time.perf_counter() - t0
                 report = pipeline_report(pipe)  # inside the policy: threads and flags as they were for the run
         env = report["environment"]
@@ -100,6 +101,8 @@ class SteadfastPipelineSampler(io.ComfyNode):
                      "lora": None if handle.lora is None else {"name": handle.lora.name, "rank": handle.lora.rank,
                                                                "max_rank": handle.lora.max_rank},
                      "lora_events": events, "optimize": report["optimize"],
+                     "batch_invariant": ("on: image by image, batch-1 pipeline calls" if handle.batch_invariant
+                                         else "off: one batched pipeline call; the last bits may depend on the batch"),
                      "fingerprint_digest": fingerprint_digest(env)},
         )
         text = record.as_json()

@@ -20,19 +20,49 @@ from .model_patches import compile_state, qkv_counters, steadfast_options
 BATCH_SEED_MODES = ["incremental", "comfy"]
 
 
-def _accepts_cpu_noise_sampler(sampler) -> bool:
-    """True when the k-diffusion sampler draws per-step noise from ``default_noise_sampler``.
+def _noise_kind(sampler) -> str:
+    """How a k-diffusion sampler draws its per-step noise: ``"none"``, ``"brownian"`` or ``"default"``.
 
-    Those samplers build the noise generator on the *sampling device*, so their output depends on the
-    device; we hand them a CPU noise sampler instead. BrownianTree SDE samplers (``dpmpp_sde``,
-    ``dpmpp_2m_sde``, ...) already draw on the CPU and are left alone, as are samplers without noise.
+    ``"default"``: from ``default_noise_sampler``, a generator on the *sampling device* over the whole
+    batch, so the output depends on the device and on the batch: we hand it a per-item CPU noise sampler.
+    ``"brownian"``: a ``BrownianTreeNoiseSampler`` (``dpmpp_sde``, ``dpmpp_2m_sde``, ``dpmpp_3m_sde`` and
+    their ``_gpu`` twins) seeded once for the whole batch: in ``incremental`` mode we hand it one tree per
+    item (seed + i), drawn on the CPU.
     """
     import inspect
     fn = getattr(sampler, "sampler_function", None)
     if fn is None or "noise_sampler" not in inspect.signature(fn).parameters:
-        return False
-    src_name = getattr(fn, "__name__", "")
-    return "sde" not in src_name or "er_sde" in src_name
+        return "none"
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        source = ""
+    return "brownian" if "BrownianTreeNoiseSampler" in source else "default"
+
+
+def _per_item_brownian(latent: torch.Tensor, sigmas: torch.Tensor, seed: int):
+    """One CPU Brownian tree per item, seeded ``seed + i`` (item i then equals a batch-1 run at seed + i)."""
+    from comfy.k_diffusion.sampling import BrownianTreeNoiseSampler
+    positive = sigmas[sigmas > 0]
+    return BrownianTreeNoiseSampler(latent, positive.min(), sigmas.max(),
+                                    seed=[seed + i for i in range(latent.shape[0])], cpu=True)
+
+
+def _attention_of(opts: dict) -> str:
+    """The attention that ran: Optimize Model's SDPA backend, else SDPA pinned by batch invariance, else ComfyUI's."""
+    chosen = opts.get("attention")
+    if chosen is not None:
+        return chosen
+    if isinstance(opts.get("batch_invariant"), dict):
+        return "pytorch_sdpa:auto (pinned by batch_invariant: ComfyUI's own choice chunks by free memory)"
+    return "comfy default"
+
+
+def _dtype_of(model) -> str:
+    """The diffusion model's weight dtype, plus the compute dtype when it differs (``manual_cast_dtype``)."""
+    weights = str(model.model.get_dtype())
+    cast = model.get_model_object("manual_cast_dtype")
+    return weights if cast is None or str(cast) == weights else f"{weights} (compute {cast})"
 
 
 class SteadfastSeededSampler(io.ComfyNode):
@@ -84,13 +114,18 @@ class SteadfastSeededSampler(io.ComfyNode):
                                 batch_index=batch_index)
 
         sampler = comfy.samplers.sampler_object(sampler_name)
-        cpu_noise = _accepts_cpu_noise_sampler(sampler)
-        if cpu_noise:
+        ks = comfy.samplers.KSampler(model, steps=steps, device=model.load_device, sampler=sampler_name,
+                                     scheduler=scheduler, denoise=denoise, model_options=model.model_options)
+        kind, per_step = _noise_kind(sampler), "sampler default"
+        if kind == "default":
             # ComfyUI's CPU default stream is seed + 1; matching it keeps CPU runs equal to KSampler's
             ns = noise.CPUNoiseSampler(latent, seed + 1, per_item=(batch_seed_mode == "incremental"))
             sampler.extra_options = {**sampler.extra_options, "noise_sampler": ns}
-        ks = comfy.samplers.KSampler(model, steps=steps, device=model.load_device, sampler=sampler_name,
-                                     scheduler=scheduler, denoise=denoise, model_options=model.model_options)
+            per_step = "cpu"
+        elif kind == "brownian" and batch_seed_mode == "incremental":
+            ns = _per_item_brownian(latent, ks.sigmas, seed)
+            sampler.extra_options = {**sampler.extra_options, "noise_sampler": ns}
+            per_step = "cpu brownian tree per item"
         preview = latent_preview.prepare_callback(model, steps)
         during: dict = {}
 
@@ -123,8 +158,8 @@ class SteadfastSeededSampler(io.ComfyNode):
         batch = latent.shape[0]
         fp = fingerprint.environment_fingerprint(
             device=str(model.load_device),
-            dtype=str(model.model.get_dtype()),
-            attention=opts.get("attention", "comfy default"),
+            dtype=_dtype_of(model),
+            attention=_attention_of(opts),
             qkv_fusion=opts.get("qkv_fusion", 0),
             channels_last=opts.get("channels_last", False),
             compile=compiled,
@@ -147,7 +182,7 @@ class SteadfastSeededSampler(io.ComfyNode):
                                          cls.hidden.unique_id if cls.hidden else None)},
             recompiles_this_run=(compiled.get("recompiles_this_run") or 0) if isinstance(compiled, dict) else 0,
             seconds=round(seconds, 4),
-            details={"per_step_noise": "cpu" if cpu_noise else "sampler default", "qkv_fusion": qkv_state,
+            details={"per_step_noise": per_step, "qkv_fusion": qkv_state,
                      "batch_invariant": opts.get("batch_invariant", "not set")},
         )
         text = record.as_json()

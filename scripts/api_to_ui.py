@@ -27,8 +27,10 @@ INFO_BOX_HEIGHT, PREVIEW_HEIGHT = 90, 220
 
 
 def is_widget(spec) -> bool:
+    """True when the frontend draws a widget for input ``spec`` (a ``forceInput`` STRING/INT/... is a socket only)."""
     t = spec[0]
-    return isinstance(t, list) or t in WIDGET_TYPES
+    opts = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
+    return (isinstance(t, list) or t in WIDGET_TYPES) and not opts.get("forceInput")
 
 
 def widget_default(spec):

@@ -120,7 +120,8 @@ class PipelineHandle:
     ``owned``: ``pipe`` is a Steadfast copy (from :func:`optimized_handle`), which LoRAs may be loaded
     into; a pipeline returned by a loader is not owned and is never modified. ``lora``: the LoRA to make
     active at run time (None: none). ``determinism``: a :class:`~..determinism_policy.DeterminismPolicy` applied
-    around each run of this value (None: none). ``notes``: what produced this value, for reports.
+    around each run of this value (None: none). ``batch_invariant``: generate image by image (each a
+    batch-1 pipeline call, so image i equals the batch-1 run at seed + i). ``notes``: what produced this value, for reports.
     """
 
     pipe: Any
@@ -129,6 +130,7 @@ class PipelineHandle:
     owned: bool = False
     lora: LoraSpec | None = None
     determinism: Any = None
+    batch_invariant: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def replace(self, **changes: Any) -> PipelineHandle:

@@ -73,3 +73,19 @@ def comfy_server(comfyui_path: Path, tiny_ckpt: Path) -> Iterator[ComfyServer]:
     with ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path,
                      node_packs={"steadfast_test_squeeze": Path(__file__).parent / "squeeze_pack"}) as server:
         yield server
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """Keep each phase's report on the item (``item.rep_call``...) so fixtures can act on a failure."""
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)
+
+
+def artifacts_dir() -> Path:
+    """Where tests leave files for a person to look at after a failure (``STEADFAST_ARTIFACTS``, default
+    ``test-artifacts/`` in the repository, ignored by git)."""
+    path = Path(os.environ.get("STEADFAST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -35,7 +35,8 @@ def build(*, seed: int = 42, prompt: str = PROMPT, lora: tuple[str, float] | Non
     model: list[Any] = ["ckpt", 0]
     if det is not None:
         wf["det"] = {"class_type": "SteadfastDeterminismSetup",
-                     "inputs": {"model": model, "strict": det, "allow_tf32": False, "num_threads": 0}}
+                     "inputs": {"model": model, "strict": det, "allow_tf32": False, "num_threads": 0,
+                                "batch_invariant": False}}  # only the torch flags differ from a plain run
         model = ["det", 0]
     if lora is not None:
         wf["lora"] = {"class_type": "LoraLoaderModelOnly",

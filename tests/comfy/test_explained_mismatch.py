@@ -19,10 +19,11 @@ from tiny_sd15 import CHECKPOINT_NAME
 
 pytestmark = pytest.mark.comfyui
 
-BASE = {"threads": 2, "attention": "auto", "compile": "off", "seed": 5, "other_model": False}
+BASE = {"threads": 2, "attention": "auto", "compile": "off", "seed": 5, "other_model": False, "dtype": "default"}
 
 
-def graph(threads: int, attention: str, compile: str, seed: int, other_model: bool, expected: str = "",
+def graph(threads: int, attention: str, compile: str, seed: int, other_model: bool, dtype: str = "default",
+          expected: str = "",
           expected_record: str = "", fail: bool = False) -> dict[str, Any]:
     wf: dict[str, Any] = {
         "ckpt": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": CHECKPOINT_NAME}},
@@ -34,6 +35,9 @@ def graph(threads: int, attention: str, compile: str, seed: int, other_model: bo
     if other_model:
         wf["sub"] = {"class_type": "ModelMergeSubtract", "inputs": {"model1": model, "model2": model, "multiplier": 0.01}}
         model = ["sub", 0]
+    if dtype != "default":
+        wf["dtype"] = {"class_type": "ModelComputeDtype", "inputs": {"model": model, "dtype": dtype}}
+        model = ["dtype", 0]
     wf["det"] = {"class_type": "SteadfastDeterminismSetup",
                  "inputs": {"model": model, "strict": True, "allow_tf32": False, "num_threads": threads}}
     wf["opt"] = {"class_type": "SteadfastOptimizeModel", "inputs": {
@@ -61,6 +65,7 @@ def reference(comfy_server: ComfyServer) -> dict[str, Any]:
     ({"compile": "regional"}, "fingerprint.compile"),
     ({"seed": 6}, "seeds: [5] -> [6]"),
     ({"other_model": True}, "model.digest"),
+    ({"dtype": "bf16"}, 'fingerprint.dtype: "torch.float32" -> "torch.float32 (compute torch.bfloat16)"'),
 ])
 def test_each_change_names_its_field(comfy_server: ComfyServer, reference: dict[str, Any], change, field) -> None:
     entry = run(comfy_server, graph(**{**BASE, **change}, expected=reference["hash"],

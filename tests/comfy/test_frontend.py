@@ -155,6 +155,22 @@ def page(browser_ok: None, comfy_server: ComfyServer) -> Iterator[Any]:
             browser.close()
 
 
+@pytest.fixture(autouse=True)
+def screenshot_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A failed browser test leaves a screenshot of the page (and the page errors) in the artifacts folder."""
+    yield
+    report = getattr(request.node, "rep_call", None)
+    if report is None or not report.failed or "page" not in request.fixturenames:
+        return
+    from conftest import artifacts_dir
+    pg = request.getfixturevalue("page")
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in request.node.name)
+    shot = artifacts_dir() / f"frontend-{safe}.png"
+    pg.screenshot(path=str(shot), full_page=True)
+    (shot.with_suffix(".errors.txt")).write_text("\n".join(pg.steadfast_errors) or "no page errors\n")
+    print(f"screenshot of the failed page: {shot}")
+
+
 def open_template_browser(page: Any) -> Any:
     """Open ComfyUI's template dialog (the first visit opens it by itself) on our pack's category; returns it."""
     dialog = page.get_by_role("dialog").filter(has_text="Templates")
@@ -206,6 +222,10 @@ def test_workflow_templates_listed_and_served(comfy_server: ComfyServer) -> None
     for name in TEMPLATES:
         served = comfy_server.get(f"/api/workflow_templates/{PACK_DIR_NAME}/{name}.json")
         assert served == json.loads((WORKFLOWS / f"{name}.json").read_text()), name
+        # the card image the template browser shows: a real JPEG thumbnail, small enough to ship
+        jpg, _ = comfy_server._request("GET", f"/api/workflow_templates/{PACK_DIR_NAME}/{name}.jpg", None)
+        assert jpg == (WORKFLOWS / f"{name}.jpg").read_bytes() and jpg[:3] == b"\xff\xd8\xff", name
+        assert len(jpg) < 60_000, (name, len(jpg))
 
 
 def test_template_browser_shows_our_pack(page: Any) -> None:
@@ -213,6 +233,16 @@ def test_template_browser_shows_our_pack(page: Any) -> None:
     for name in TEMPLATES:
         dialog.get_by_text(name, exact=True).first.wait_for(state="visible")
     assert dialog.get_by_text(f"Showing {len(TEMPLATES)} of {len(TEMPLATES)} templates").is_visible()
+    # every card shows its thumbnail: the frontend fetches <name>.jpg and shows it (as a blob: URL), so the loaded
+    # images are ours when their sizes are those of example_workflows/*.jpg (a missing one shows no image)
+    from PIL import Image
+    want = sorted(Image.open(WORKFLOWS / f"{name}.jpg").size for name in TEMPLATES)
+    page.wait_for_function(
+        "(n) => [...document.querySelectorAll('[role=dialog] img')].filter(i => i.complete && i.naturalWidth).length >= n",
+        arg=len(TEMPLATES))
+    shown = page.evaluate("() => [...document.querySelectorAll('[role=dialog] img')]"
+                          ".filter(i => i.complete && i.naturalWidth).map(i => [i.naturalWidth, i.naturalHeight])")
+    assert sorted(tuple(x) for x in shown) == want, shown
 
 
 def check_round_trip(page: Any, api: dict[str, Any], object_info: dict[str, Any], what: str) -> None:

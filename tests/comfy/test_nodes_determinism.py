@@ -79,7 +79,7 @@ def test_run_record_has_what_decides_the_bits(det_runs: dict[str, Any]) -> None:
     assert fp["num_threads"] >= 1 and fp["flags"]["num_threads"] == fp["num_threads"]
     assert fp["flags_measured"] == "during sampling"
     assert fp["flags"]["deterministic_algorithms"] is True  # Determinism Setup was in effect while sampling
-    assert fp["attention"] == "comfy default"
+    assert fp["attention"].startswith("pytorch_sdpa:auto (pinned by batch_invariant")  # Setup default
     assert fp["compile"] == "off" and fp["qkv_fusion"] == 0 and fp["channels_last"] is False
     assert (fp["device"], fp["dtype"]) == ("cpu", "torch.float32")
     applied = fp["determinism"]["applied"]

@@ -327,3 +327,23 @@ def test_pipeline_template_runs_and_repeats(server: ComfyServer) -> None:
         assert rec["output_sha256"] == hashes[-1]
     assert hashes[0] == hashes[1]
     assert "warm-up generation" in text(entry, kind["SteadfastPipelineWarmup"])
+
+
+@pytest.mark.parametrize("optimized", [False, True])
+def test_pipeline_batch_item_equals_single_run_at_seed_plus_i(server: ComfyServer, optimized: bool) -> None:
+    """Under Pipeline Determinism Setup (batch_invariant on by default) image i of a batch of 2 equals the
+    batch-1 image at seed + i, plain and with regional compile (eager backend)."""
+    wf: dict = {}
+    src = [add(wf, "SteadfastPipelineDeterminismSetup", pipeline=[loader(wf), 0], strict=True, allow_tf32=False,
+               num_threads=0), 0]
+    if optimized:
+        src = [optimize(wf, src), 0]
+    batch = sampler(wf, src, seed=3, batch_size=2)
+    items = [add(wf, "SteadfastHash", image=[add(wf, "ImageFromBatch", image=[batch, 0], batch_index=i, length=1), 0])
+             for i in range(2)]
+    singles = [after(sampler(wf, src, seed=3 + i)) for i in range(2)]
+    entry = run(server, wf, timeout=900)
+    got = [hash_of(entry, h) for h in items]
+    assert got == [hash_of(entry, h) for h in singles]
+    assert got[0] != got[1], "the two images are equal: the output ignores the seed"
+    assert record_of(entry, batch)["details"]["batch_invariant"].startswith("on:")

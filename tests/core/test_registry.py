@@ -151,7 +151,7 @@ def test_dynamic_true_avoids_recompiles_on_new_sizes(reg):
     rec, _ = register(reg, m, CompileOptions(backend="eager", dynamic=True))
     call(reg, m, rec, torch.randn(1, 4, 8))
     # measured: with dynamic=True the FIRST call already builds 2 graphs (the first block's input is
-    # a view of inp's output, the later ones are not: a guard on x._base fails once); see torch_probe §6
+    # a view of inp's output, the later ones are not: a guard on x._base fails once); see torch_probe section 6
     graphs_first, recompiles_first = rec.stats.graphs, len(rec.stats.recompiles)
     assert (graphs_first, recompiles_first) == (2, 1)  # observed on torch 2.14.1
     for t in (6, 9, 13):

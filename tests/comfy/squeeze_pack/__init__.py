@@ -61,16 +61,20 @@ class TestSqueezedVAEDecode:
     def INPUT_TYPES(cls):
         return {"required": {"samples": ("LATENT",), "vae": ("VAE",),
                              "free_mb": ("INT", {"default": 1, "min": 0, "max": 1 << 20,
-                                                 "tooltip": "Free memory ComfyUI sees while decoding (MiB)."})}}
+                                                 "tooltip": "Free memory ComfyUI sees while decoding (MiB)."}),
+                             "decoder": (["VAEDecode", "SteadfastVAEDecode"], {"tooltip": "The node to run."})}}
 
     RETURN_TYPES = ("IMAGE",)
     FUNCTION = "decode"
     CATEGORY = "testing"
 
-    def decode(self, samples, vae, free_mb: int):
+    def decode(self, samples, vae, free_mb: int, decoder: str = "VAEDecode"):
         import nodes
+        cls = nodes.NODE_CLASS_MAPPINGS[decoder]
         with squeezed(free_mb):
-            return nodes.VAEDecode().decode(vae, samples)
+            if decoder == "VAEDecode":
+                return cls().decode(vae, samples)
+            return (cls.execute(samples=samples, vae=vae).result[0],)
 
 
 NODE_CLASS_MAPPINGS = {"TestSqueezeFreeMemoryModel": TestSqueezeFreeMemoryModel,
