@@ -5,11 +5,11 @@ ComfyUI works too: the ComfyUI adapters are only loaded when ``comfy_api`` is im
 """
 from __future__ import annotations
 
-from .core import determinism as _determinism
+from .core import cublas_config as _cublas_config
 
 # CUBLAS_WORKSPACE_CONFIG only takes effect if it is set before cuBLAS starts, so set it as early as
 # ComfyUI lets a pack run code: at import. It is recorded, and reported by Determinism Setup.
-_determinism.ensure_cublas_workspace_config()
+_cublas_config.ensure_cublas_workspace_config()
 
 WEB_DIRECTORY = "./js"
 __version__ = "0.1.0"

@@ -14,10 +14,10 @@ the graph):
   parameter is drawn here from a generator seeded by its name. Input ``[1, 16, 64, 64]`` (1024 image
   tokens after 2x2 patches) + 32 text tokens.
 
-Compilation uses the pack's core code: ``core.compile.compile_full`` (whole model) or
-``core.compile.compile_blocks`` + ``swap_in`` on the blocks declared in ``core.blocks`` (regional), with
+Compilation uses the pack's core code: ``torch.compile`` with ``CompileOptions.to_kwargs`` (whole model) or
+``core.compile.compile_blocks`` + ``swap_in`` on the blocks ``core.blocks.choose_blocks`` picks (regional), with
 the Optimize node's default options (``nodes.model_patches.compile_options``: inductor, mode default,
-dynamic auto, fullgraph off) and its guard filter (``core.compile.comfy_guard_filter``).
+dynamic auto, fullgraph off) and its guard filter (``core.guard_filters.comfy_guard_filter``).
 
 Every measurement of a first call runs in a FRESH subprocess:
 
@@ -169,12 +169,18 @@ def build_model(name: str, sd15_side: int, flux: dict[str, Any] = FLUX_PARAMS) -
 def node_guard_filter() -> tuple[Any, str]:
     """``(guard_filter_fn, description)``: the filter the Optimize node passes for ComfyUI models.
 
-    ``core.compile.comfy_guard_filter()`` in the current pack; older layouts of the pack are tried after it.
+    ``core.guard_filters.comfy_guard_filter()`` in the current pack; older layouts of the pack are tried after it.
     """
+    try:
+        from steadfast.core import guard_filters
+    except ImportError:  # pragma: no cover - earlier layout (before core/guard_filters.py)
+        pass
+    else:
+        return guard_filters.comfy_guard_filter(), "core.guard_filters.comfy_guard_filter()"
     from steadfast.core import compile as core_compile
     from steadfast.nodes import model_patches as mp
 
-    if hasattr(core_compile, "comfy_guard_filter"):
+    if hasattr(core_compile, "comfy_guard_filter"):  # pragma: no cover - earlier layout
         return core_compile.comfy_guard_filter(), "core.compile.comfy_guard_filter()"
     if hasattr(mp, "CompileGuardFilter"):  # pragma: no cover - earlier layout
         return mp.CompileGuardFilter(), "nodes.model_patches.CompileGuardFilter()"
@@ -185,8 +191,10 @@ def make_runner(dm: Any, call: Callable[[Any], Any], mode: str) -> Callable[[], 
     """A zero-argument forward for ``mode`` in eager / regional / full, via the pack's core compile code.
 
     Compilation is lazy: it happens in the runner's first call."""
+    import torch
+
     from steadfast.core import blocks
-    from steadfast.core.compile import compile_blocks, compile_full, find_repeated_blocks, swap_in
+    from steadfast.core.compile import compile_blocks, swap_in
     from steadfast.nodes import model_patches as mp
 
     if mode == "eager":
@@ -194,7 +202,7 @@ def make_runner(dm: Any, call: Callable[[Any], Any], mode: str) -> Callable[[], 
     # the Optimize node's defaults (backend inductor, mode default, dynamic auto, fullgraph off) and guard filter
     options, guard = mp.compile_options("inductor", "default", "auto", False), node_guard_filter()[0]
     if mode == "regional":
-        paths = find_repeated_blocks(dm, blocks.declared_blocks_for(type(dm)))
+        paths = blocks.choose_blocks(dm).paths
         if not paths:
             raise RuntimeError(f"no repeated blocks declared/found in {type(dm).__name__}")
         compiled = compile_blocks(dm, paths, options, guard)
@@ -205,7 +213,7 @@ def make_runner(dm: Any, call: Callable[[Any], Any], mode: str) -> Callable[[], 
 
         return run_regional
     if mode == "full":
-        full = compile_full(dm, options, guard)
+        full = torch.compile(dm, **options.to_kwargs(guard))
         return lambda: call(full)
     raise ValueError(f"unknown mode {mode!r}")
 

@@ -269,7 +269,7 @@ def run_config(name: str, model: Any, sample: Callable[[Any], Any], images: int,
         s = record.summary()
         result["compile"] = {k: s[k] for k in ("status", "blocks", "graphs", "recompiles", "last_recompile",
                                                  "disabled", "first_call_seconds")}
-        result["compile"]["recompile_reasons"] = [r["reason"] for r in record.recompiles]
+        result["compile"]["recompile_reasons"] = [r["reason"] for r in record.stats.recompiles]
     if str(device).startswith("cuda"):
         result["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
     return result

@@ -127,7 +127,7 @@ def compile_note(record: Any) -> str:
     if record is None:
         return ""
     s = record.summary()
-    breaks = sum(record.graph_breaks.values())
+    breaks = sum(record.stats.graph_breaks.values())
     text = f"{s['blocks']} block(s), graphs {s['graphs']}, recompiles {s['recompiles']}, graph breaks {breaks}"
     if s["disabled"]:
         text += f", DISABLED (fell back to eager): {s['disabled']}"

@@ -112,7 +112,7 @@ def _verify(args: argparse.Namespace) -> int:
     _quiet_libraries()
     policy = None
     if args.deterministic:
-        from .determinism import DeterminismPolicy
+        from .determinism_policy import DeterminismPolicy
 
         policy = DeterminismPolicy(strict=True)
     settings = VerifySettings(

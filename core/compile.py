@@ -1,4 +1,4 @@
-"""Regional and full ``torch.compile`` without touching the model: options, block discovery, swap-in.
+"""Regional and full ``torch.compile`` without touching the model: options, lazy compiled blocks, swap-in.
 
 Regional compilation compiles each repeated block (a transformer block) separately instead of the
 whole network. Identical blocks run the same ``forward`` code object, so Dynamo's per-code-object
@@ -13,171 +13,24 @@ duration of a ``with`` block, as ComfyUI's ``apply_torch_compile_wrapper`` does 
 
 Two regional options keep a warmed model at one graph per structural block variant
 (:class:`CompileOptions`): ``contiguous_inputs`` (strided block inputs would add a graph) and
-``specialize_ints`` (ints that change between blocks would add graphs under dynamic shapes).
+``specialize_ints`` (ints that change between blocks would add graphs under dynamic shapes). Which blocks to
+compile: :func:`core.blocks.choose_blocks`; guard filters: :mod:`core.guard_filters`. A "full" compile is one
+block: the whole diffusion model as a path of its parent (ComfyUI's ``BaseModel.diffusion_model``).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
-import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-log = logging.getLogger("steadfast.compile")
+from . import torch_compat
+from .guard_filters import GuardFilterFn
 
-GuardFilterFn = Callable[[Sequence[Any]], Sequence[bool]]
-
-__all__ = [
-    "CompileOptions",
-    "SkipGuardsOn",
-    "skip_guards_on",
-    "TransformerOptionsGuardFilter",
-    "comfy_guard_filter",
-    "supports_guard_filter_fn",
-    "inductor_mode_options",
-    "find_repeated_blocks",
-    "repeated_block_groups",
-    "declared_repeated_blocks",
-    "compile_blocks",
-    "contiguous_inputs_hook",
-    "compile_full",
-    "swap_in",
-]
-
-
-def supports_guard_filter_fn() -> bool:
-    """Whether this torch accepts ``torch.compile(options={"guard_filter_fn": fn})``.
-
-    Feature-detected (not a version check): Dynamo's ``_optimize`` must take a ``guard_filter_fn``
-    argument, which ``torch.compile`` fills from ``options`` (torch >= 2.8-ish; present in 2.13/2.14).
-    """
-    try:
-        from torch._dynamo import eval_frame
-    except ImportError:  # pragma: no cover - torch without dynamo
-        return False
-    target = getattr(eval_frame, "_optimize", None) or getattr(eval_frame, "optimize", None)
-    if target is None:  # pragma: no cover
-        return False
-    try:
-        return "guard_filter_fn" in inspect.signature(target).parameters
-    except (TypeError, ValueError):  # pragma: no cover
-        return False
-
-
-def inductor_mode_options(mode: str, dynamic: bool | None = None) -> dict[str, Any] | None:
-    """The inductor config that ``torch.compile(mode=mode)`` applies, or ``None`` if not exposed.
-
-    Uses ``torch._inductor.list_mode_options(mode, dynamic)`` (feature-detected), which is exactly
-    what torch's inductor wrapper applies for ``mode``. ``"default"`` gives ``{}``.
-    Raises ``ValueError`` for a mode torch does not know.
-    """
-    try:
-        from torch._inductor import list_mode_options
-    except ImportError:  # pragma: no cover
-        return None
-    try:
-        return dict(list_mode_options(mode, dynamic))
-    except RuntimeError as e:  # "Unrecognized mode=..."
-        raise ValueError(str(e)) from e
-
-
-@dataclasses.dataclass(frozen=True)
-class SkipGuardsOn:
-    """Guard filter keeping every Dynamo guard whose name does NOT contain ``substring``.
-
-    Callable as ``guard_filter_fn(entries) -> list[bool]`` (``entries`` are Dynamo
-    ``GuardFilterEntry`` objects with a ``.name``). A dataclass rather than a closure so two filters
-    for the same substring compare equal (the registry reuses compiled blocks only for equal
-    settings). Source: ComfyUI's ``TorchCompileModel`` drops guards on ``transformer_options``,
-    whose entries (sigmas, block indices...) change every step and would otherwise recompile.
-
-    Dropping a guard is only safe for values that do not change the traced computation.
-    """
-
-    substring: str = "transformer_options"
-
-    def __call__(self, entries: Sequence[Any]) -> list[bool]:
-        return [self.substring not in getattr(e, "name", "") for e in entries]
-
-
-def skip_guards_on(substring: str = "transformer_options") -> SkipGuardsOn:
-    """A guard filter dropping guards whose name contains ``substring`` (see :class:`SkipGuardsOn`)."""
-    return SkipGuardsOn(substring)
-
-
-def _has_leaf(value: Any) -> bool:
-    """True when a (nested) dict/list/tuple holds anything that is not an empty container."""
-    if isinstance(value, dict):
-        return any(_has_leaf(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_has_leaf(v) for v in value)
-    return value is not None
-
-
-@dataclasses.dataclass(frozen=True)
-class TransformerOptionsGuardFilter:
-    """Guard filter for ComfyUI's ``transformer_options``: drops the volatile guards, keeps the ones that pick code.
-
-    :class:`SkipGuardsOn` (what ComfyUI's own ``TorchCompileModel`` does) drops *every* guard under
-    ``transformer_options``. Measured: on ComfyUI's own SD1.5 UNet (small, seeded), an ``attn2``
-    replace patch on one block added after warm-up was silently ignored (compiled vs eager-with-patch
-    max |d| 0.013, zero recompiles); on a synthetic block looking patches up by block index, the
-    graph traced for block 0 was reused for block 3. This filter keeps, for each traced frame:
-
-    * guards on the ``transformer_options`` dict itself (its key set: a ``patches`` /
-      ``patches_replace`` key appearing later forces a recompile instead of being ignored);
-    * every guard under a key in ``code_keys`` (``patches``, ``patches_replace``,
-      ``optimized_attention_override``: changing the attention function or a patch recompiles);
-    * ALL guards, when the traced ``transformer_options`` held any patch (non-empty ``patches`` /
-      ``patches_replace``): patches may read block indices, ``cond_or_uncond`` ..., so nothing is
-      assumed. Per-block patches then cost one graph per block (past ``recompile_limit`` Dynamo runs
-      the rest eagerly, which the registry reports) instead of wrong output.
-
-    Everything else under ``transformer_options`` (block indices, sigmas, cond_or_uncond, uuids,
-    shapes ...) is dropped, as before. A frozen dataclass: equal settings compare equal (the registry
-    reuses compiled blocks only for equal filters). Callable as ``guard_filter_fn(entries)``.
-    """
-
-    substring: str = "transformer_options"
-    code_keys: tuple[str, ...] = ("patches", "patches_replace", "optimized_attention_override")
-
-    def _key(self, name: str) -> str | None:
-        """First subscript after ``substring`` in a guard name ("" for the dict itself, None if absent)."""
-        i = name.find(self.substring)
-        if i < 0:
-            return None
-        rest = name[i + len(self.substring):].lstrip("']\")")
-        if not rest.startswith("["):
-            return ""
-        rest = rest[1:].lstrip("'\"")
-        return rest.split("'", 1)[0].split('"', 1)[0].split("]", 1)[0]
-
-    def _patched(self, entry: Any) -> bool:
-        key = self._key(getattr(entry, "name", ""))
-        if key is None or not getattr(entry, "has_value", False):
-            return False
-        value = entry.value
-        if key == "" and isinstance(value, dict):
-            return _has_leaf(value.get("patches")) or _has_leaf(value.get("patches_replace"))
-        return key in ("patches", "patches_replace") and _has_leaf(value)
-
-    def __call__(self, entries: Sequence[Any]) -> list[bool]:
-        if any(self._patched(e) for e in entries):
-            return [True] * len(entries)
-        keep = []
-        for e in entries:
-            key = self._key(getattr(e, "name", ""))
-            keep.append(key is None or key == "" or key in self.code_keys)
-        return keep
-
-
-def comfy_guard_filter() -> TransformerOptionsGuardFilter:
-    """The guard filter to use with ComfyUI models (see :class:`TransformerOptionsGuardFilter`)."""
-    return TransformerOptionsGuardFilter()
+__all__ = ["CompileOptions", "compile_blocks", "contiguous_inputs_hook", "swap_in"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,9 +41,9 @@ class CompileOptions:
     "aot_eager", or any registered backend. ``mode``: an inductor preset ("default",
     "max-autotune-no-cudagraphs", ...) or None. ``dynamic``: None = automatic dynamic after the first
     shape change, True = symbolic shapes from the start, False = one graph per shape.
-    ``options``: inductor config overrides (``torch._inductor.list_options()``).
-    ``contiguous_inputs`` (used by :func:`compile_blocks`, so also by a registry "full" compile whose
-    one path is the whole diffusion model; not by :func:`compile_full`): give every tensor argument of a
+    ``options``: inductor config overrides (the names inductor's ``list_options()`` gives).
+    ``contiguous_inputs`` (used by :func:`compile_blocks`, so also by a "full" compile whose one path is the
+    whole diffusion model): give every tensor argument of a
     compiled block dense row-major strides *before* Dynamo sees it (:func:`contiguous_inputs_hook`,
     a forward pre-hook on the ``OptimizedModule``, outside the compiled frame). Dynamo guards on
     strides, so a block that is sometimes handed a strided view would otherwise compile a second
@@ -198,9 +51,9 @@ class CompileOptions:
     ``x.flatten(2).transpose(1, 2)``; diffusers' Flux single blocks a sliced ``hidden_states``). A copy
     moves values exactly (no arithmetic), so outputs are unchanged; dense tensors pass through
     untouched (no copy). Not passed to ``torch.compile``.
-    ``specialize_ints`` (used by :func:`compile_blocks` too): trace compiled blocks with
-    ``torch._dynamo.config.specialize_int=True`` (patched around each call of a compiled block, restored
-    after it). Python ints are then constants with ordinary guards, which ``guard_filter_fn`` can
+    ``specialize_ints`` (used by :func:`compile_blocks` too): trace compiled blocks with Dynamo's
+    ``specialize_int`` config on (:func:`core.torch_compat.specialize_int`, torch's ``config.patch`` around
+    each call of a compiled block). Python ints are then constants with ordinary guards, which ``guard_filter_fn`` can
     drop. Without it, with ``dynamic=None``/``True`` an int that changes between blocks (ComfyUI's
     ``transformer_options["block"]`` index) becomes symbolic and is specialised through shape-env
     guards that no guard filter sees: one graph per distinct value (measured on an SDXL-layout UNet:
@@ -223,19 +76,19 @@ class CompileOptions:
 
         torch refuses ``mode`` together with ``options``. When both are needed (explicit
         ``options``, or a ``guard_filter_fn``, which travels inside ``options``) and the backend is
-        inductor, the preset's config (:func:`inductor_mode_options`) is merged into ``options``
+        inductor, the preset's config (:func:`core.torch_compat.inductor_mode_options`) is merged into ``options``
         (explicit options win) and ``mode`` is dropped: the same config torch would apply.
-        When this torch does not support guard filters the filter is left out and a warning logged.
-
-        Raises ``ValueError`` when ``mode`` and options must be combined for a non-inductor backend,
+        Raises :class:`core.torch_compat.TorchAPIMissing` when a filter is given and this torch does not take
+        guard filters, ``ValueError`` when ``mode`` and options must be combined for a non-inductor backend,
         or when the mode is unknown.
         """
         options: dict[str, Any] = dict(self.options or {})
         if guard_filter_fn is not None:
-            if supports_guard_filter_fn():
-                options["guard_filter_fn"] = guard_filter_fn
-            else:  # pragma: no cover - old torch
-                log.warning("this torch has no guard_filter_fn support; compiling without the guard filter")
+            if not torch_compat.supports_guard_filter_fn():
+                raise torch_compat.TorchAPIMissing(
+                    f"torch {torch.version.__version__} does not take torch.compile(options={{'guard_filter_fn': ...}}); "
+                    "Steadfast's guard filters need torch >= 2.8")
+            options["guard_filter_fn"] = guard_filter_fn
         mode = self.mode
         if mode is not None and options:
             if self.backend != "inductor":
@@ -243,9 +96,7 @@ class CompileOptions:
                     f"torch.compile takes either mode or options; cannot merge mode={mode!r} into options "
                     f"for backend {self.backend!r} (only inductor modes are known config presets)"
                 )
-            preset = inductor_mode_options(mode, self.dynamic)
-            if preset is None:  # pragma: no cover
-                raise ValueError(f"cannot combine mode={mode!r} with options: list_mode_options unavailable")
+            preset = torch_compat.inductor_mode_options(mode, self.dynamic)
             options = {**preset, **options}
             mode = None
         return {
@@ -265,83 +116,6 @@ class CompileOptions:
         return {"backend": self.backend, "mode": self.mode, "dynamic": self.dynamic,
                 "fullgraph": self.fullgraph, "options": opts, "contiguous_inputs": self.contiguous_inputs,
                 "specialize_ints": self.specialize_ints}
-
-
-# ---------------------------------------------------------------------------------------------
-# Which blocks
-# ---------------------------------------------------------------------------------------------
-def _outermost(paths: Iterator[str]) -> list[str]:
-    """Keep paths (in order) that are not inside an already kept path."""
-    kept: list[str] = []
-    for p in paths:
-        if not any(p.startswith(k + ".") for k in kept):
-            kept.append(p)
-    return kept
-
-
-def repeated_block_groups(root: nn.Module, min_repeats: int = 2) -> dict[str, list[str]]:
-    """Auto-discovered repeated blocks, grouped by class name: ``{class __name__: [dotted paths]}``.
-
-    A candidate is a child of an ``nn.ModuleList`` or ``nn.ModuleDict`` (Cosmos keeps its blocks in
-    one) whose class occurs at least ``min_repeats`` times in that container. Only outermost
-    candidates are kept (a container inside a chosen block is not searched again). Groups and paths
-    follow ``root.named_modules()`` order. ``nn.Sequential`` children are not candidates (layers of
-    one stage, e.g. Linear/GELU/Linear, not blocks).
-    """
-    if min_repeats < 1:
-        raise ValueError(f"min_repeats must be >= 1, got {min_repeats}")
-    candidates: list[tuple[str, str]] = []
-    for path, mod in root.named_modules():
-        if not isinstance(mod, (nn.ModuleList, nn.ModuleDict)):
-            continue
-        by_class: dict[str, list[str]] = {}
-        for name, child in mod.named_children():
-            by_class.setdefault(type(child).__name__, []).append(f"{path}.{name}" if path else name)
-        for cls_name, paths in by_class.items():
-            if len(paths) >= min_repeats:
-                candidates.extend((cls_name, p) for p in paths)
-    kept = set(_outermost(p for _, p in candidates))
-    groups: dict[str, list[str]] = {}
-    for cls_name, p in candidates:
-        if p in kept:
-            groups.setdefault(cls_name, []).append(p)
-    return groups
-
-
-def find_repeated_blocks(root: nn.Module, class_names: Sequence[str] | None = None,
-                         min_repeats: int = 2) -> list[str]:
-    """Dotted paths (relative to ``root``) of the blocks to compile regionally.
-
-    With ``class_names``: every submodule (not ``root`` itself) whose class ``__name__`` is listed,
-    outermost matches only (a match nested inside another match is skipped). Without: auto-discovery
-    via :func:`repeated_block_groups` (repeated same-class children of ``nn.ModuleList``s /
-    ``nn.ModuleDict``s, counted per container, no safety check); the choice is logged at INFO level.
-    Returns ``[]`` when nothing matches. Paths are in module order. For ComfyUI models use
-    :func:`core.blocks.choose_blocks`, which checks swap safety and picks the level the declared
-    table would (this function picks e.g. the UNet's ``input_blocks.N``, which cannot be swapped).
-    """
-    if class_names is not None:
-        wanted = set(class_names)
-        return _outermost(p for p, m in root.named_modules() if p and type(m).__name__ in wanted)
-    groups = repeated_block_groups(root, min_repeats)
-    if groups:
-        log.info("auto-discovered repeated blocks in %s: %s", type(root).__name__,
-                 ", ".join(f"{len(v)} x {k}" for k, v in groups.items()))
-    else:
-        log.info("no repeated blocks found in %s", type(root).__name__)
-    order = {p: i for i, (p, _) in enumerate(root.named_modules())}
-    return sorted((p for paths in groups.values() for p in paths), key=order.__getitem__)
-
-
-def declared_repeated_blocks(root: nn.Module) -> list[str]:
-    """Paths of the blocks named by ``root._repeated_blocks`` (diffusers' convention: class names).
-
-    Returns ``[]`` when the attribute is missing or empty (e.g. diffusers' SD3 transformer and VAEs).
-    """
-    names = getattr(root, "_repeated_blocks", None) or ()
-    if isinstance(names, str):
-        names = (names,)
-    return find_repeated_blocks(root, class_names=list(names)) if names else []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -398,8 +172,8 @@ def contiguous_inputs_hook(module: nn.Module, args: tuple, kwargs: dict) -> tupl
 
 
 class _SpecializeInts:
-    """Calls ``fn`` (an ``OptimizedModule``'s dynamo-wrapped forward) with
-    ``torch._dynamo.config.specialize_int=True``, restored afterwards (also on errors)."""
+    """Calls ``fn`` (an ``OptimizedModule``'s dynamo-wrapped forward) inside
+    :func:`core.torch_compat.specialize_int` (torch's ``config.patch``: restored after, also on errors)."""
 
     __slots__ = ("fn",)
 
@@ -407,14 +181,8 @@ class _SpecializeInts:
         self.fn = fn
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        cfg = torch._dynamo.config
-        if cfg.specialize_int:
+        with torch_compat.specialize_int():
             return self.fn(*args, **kwargs)
-        cfg.specialize_int = True
-        try:
-            return self.fn(*args, **kwargs)
-        finally:
-            cfg.specialize_int = False
 
 
 def compile_blocks(root: nn.Module, paths: Sequence[str], options: CompileOptions,
@@ -425,15 +193,15 @@ def compile_blocks(root: nn.Module, paths: Sequence[str], options: CompileOption
     ``root`` is not modified. With ``options.contiguous_inputs`` (default) each compiled module gets
     :func:`contiguous_inputs_hook` as a forward pre-hook, so strided inputs do not cost an extra
     graph (measured on ComfyUI's Wan and SD3: the first block's strided input recompiled once).
-    With ``options.specialize_ints`` (default) its forward runs under
-    ``torch._dynamo.config.specialize_int=True`` (see :class:`CompileOptions`). Raises
-    ``ValueError`` for an empty path (compile the whole model with :func:`compile_full`), a
+    With ``options.specialize_ints`` (default) its forward runs with Dynamo's ``specialize_int`` on
+    (see :class:`CompileOptions`). Raises
+    ``ValueError`` for an empty path (compile a whole model as a path of its parent), a
     duplicate, or a path that does not name a submodule.
     """
     out: dict[str, Callable[..., Any]] = {}
     for path in paths:
         if not path:
-            raise ValueError("empty block path: use compile_full() for the whole model")
+            raise ValueError("empty block path: compile a whole model as a path of its parent (e.g. 'diffusion_model')")
         if path in out:
             raise ValueError(f"duplicate block path {path!r}")
         try:
@@ -449,15 +217,6 @@ def compile_blocks(root: nn.Module, paths: Sequence[str], options: CompileOption
     return out
 
 
-def compile_full(root: nn.Module, options: CompileOptions,
-                 guard_filter_fn: GuardFilterFn | None = None) -> Callable[..., Any]:
-    """``torch.compile(root, **options.to_kwargs(guard_filter_fn))``: whole-model compile (lazy).
-
-    ``options.contiguous_inputs`` is not used here (a whole model gets its inputs from the sampler).
-    """
-    return torch.compile(root, **options.to_kwargs(guard_filter_fn))
-
-
 @contextlib.contextmanager
 def swap_in(root: nn.Module, compiled: Mapping[str, Callable[..., Any]]) -> Iterator[nn.Module]:
     """Temporarily replace ``root``'s submodules at the given paths by the compiled callables.
@@ -471,7 +230,7 @@ def swap_in(root: nn.Module, compiled: Mapping[str, Callable[..., Any]]) -> Iter
     targets = []
     for path, fn in compiled.items():
         if not path:
-            raise ValueError("cannot swap the root itself; call the compile_full() result instead")
+            raise ValueError("cannot swap the root itself; compile it as a path of its parent")
         parent_path, name = _split(path)
         try:
             parent = root.get_submodule(parent_path)

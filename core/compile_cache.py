@@ -8,10 +8,9 @@ PyTorch's "Compile Time Caching Configuration" tutorial). What stays is Dynamo t
 building and loading the ``.so`` files.
 
 This module owns one directory per *name* and *key* (:func:`cache_key_fields`: torch, triton, python,
-device, pack version): ``<root>/<name>/<key>``. The root is the operator's (``$STEADFAST_COMPILE_CACHE`` or
-ComfyUI's user directory); a workflow only picks a *name* (:func:`check_name`), never a path, because inductor
-and Triton load pickles and shared objects from there (:class:`CacheRefused`). A ``steadfast_cache.json`` manifest in it repeats the
-key fields; a directory whose manifest is unreadable or names other fields is moved aside (never
+device, pack version): ``<root>/<name>/<key>``. Where the root may be and which names a workflow may pick is
+:mod:`core.compile_cache_location` (inductor and Triton load pickles and shared objects from there). A
+``steadfast_cache.json`` manifest in it repeats the key fields; a directory whose manifest is unreadable or names other fields is moved aside (never
 deleted, never a crash) with a message, and a fresh one is used. Inductor itself skips corrupt
 cache entries with a warning and recompiles (its FX-graph lookup catches unpickling errors);
 :meth:`CompileCache.quarantine` is the last resort adapters call when a compile fails while the
@@ -26,7 +25,7 @@ Global state: :meth:`CompileCache.activate` sets ``TORCHINDUCTOR_CACHE_DIR`` and
 ``TRITON_CACHE_DIR`` (``<path>/triton``, as torch's own ``fresh_cache`` does) only for the duration
 of a ``with`` block (around Steadfast's compiled calls) and restores the previous values (or their
 absence) afterwards; when the directory differs from the one inductor last saw it clears inductor's
-memoised paths (``torch._inductor.utils.clear_caches``, what ``fresh_cache`` does). Caveat: the
+memoised paths (:func:`core.torch_compat.clear_inductor_caches`, what ``fresh_cache`` does). Caveat: the
 variables are process-wide, so an inductor compile in another thread during that window also uses
 this directory. This module imports nothing from ComfyUI.
 """
@@ -41,7 +40,6 @@ import logging
 import os
 import platform
 import re
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -50,46 +48,21 @@ from typing import Any, TypeVar
 
 import torch
 
+from . import torch_compat
+from .compile_cache_location import DEFAULT_NAME, CacheRefused, check_location, check_name
+
 log = logging.getLogger("steadfast.compile_cache")
 
-__all__ = [
-    "CACHE_ENV",
-    "INDUCTOR_ENV",
-    "MANIFEST",
-    "CACHE_FORMAT",
-    "DISABLED_VALUES",
-    "device_description",
-    "cache_key_fields",
-    "cache_key",
-    "CacheRefused",
-    "check_name",
-    "resolve_root",
-    "CompileCache",
-    "open_cache",
-    "caused_by_cache",
-    "run_cached",
-]
+__all__ = ["INDUCTOR_ENV", "TRITON_ENV", "MANIFEST", "CACHE_FORMAT", "device_description", "cache_key_fields",
+           "cache_key", "CompileCache", "open_cache", "caused_by_cache", "run_cached"]
 
-CACHE_ENV = "STEADFAST_COMPILE_CACHE"
 INDUCTOR_ENV = "TORCHINDUCTOR_CACHE_DIR"
 TRITON_ENV = "TRITON_CACHE_DIR"
 MANIFEST = "steadfast_cache.json"
 CACHE_FORMAT = 1
-DISABLED_VALUES = ("off", "none", "0", "false", "disabled")
-DEFAULT_NAME = "default"
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _ENV_LOCK = threading.RLock()
 _last_dir: list[str | None] = [None]  # the directory inductor last compiled into under our activation
 T = TypeVar("T")
-
-
-def _clear_inductor_memo() -> None:
-    """Drop inductor's memoised cache paths (only when inductor is loaded; private API, detected)."""
-    utils = sys.modules.get("torch._inductor.utils")
-    clear = getattr(utils, "clear_caches", None)
-    if callable(clear):
-        with contextlib.suppress(Exception):
-            clear()
 
 
 def _pack_version() -> str:
@@ -148,7 +121,7 @@ def cache_key_fields(device: torch.device | str | None = None, pack_version: str
     cuda = torch.version.cuda
     return {
         "format": CACHE_FORMAT,
-        "torch": torch.__version__ + (f" cuda{cuda}" if cuda else ""),
+        "torch": torch.version.__version__ + (f" cuda{cuda}" if cuda else ""),
         "triton": _triton_version(),
         "python": f"{platform.python_implementation()} {platform.python_version_tuple()[0]}."
                   f"{platform.python_version_tuple()[1]}",
@@ -168,76 +141,6 @@ def cache_key(fields: Mapping[str, Any]) -> str:
     slug = f"torch{torch_v}-{device[0]}-{device[1] if len(device) > 1 else ''}"
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", slug).strip("-_")
     return f"{slug}-{digest}"
-
-
-class CacheRefused(ValueError):
-    """A compile-cache name or root that would let a workflow choose where the server writes or loads from.
-
-    Inductor and Triton unpickle and ``dlopen`` what they find in their cache directory, so a workflow that
-    could point the cache at a folder it can write (ComfyUI's ``input/`` via ``POST /upload/image``,
-    ``output/``, ``temp/``, a user's ``/userdata`` folder) could run code in the server. The message never
-    contains an absolute path (it is shown to HTTP clients); the full path goes to the server log.
-    """
-
-
-def check_name(value: str | None) -> str | None:
-    """The cache *name* a workflow chose: ``""``/None -> ``"default"``, ``"off"`` etc. -> None (disabled).
-
-    A name is 1-64 characters of ``[A-Za-z0-9._-]``, starting with a letter or digit: never a path, never
-    ``..``. Raises :class:`CacheRefused` for anything else (absolute paths, ``../x``, ``a/b``, ``~``, ...).
-    """
-    text = "" if value is None else str(value).strip()
-    if text == "":
-        return DEFAULT_NAME
-    if text.lower() in DISABLED_VALUES:
-        return None
-    if not NAME_RE.fullmatch(text) or ".." in text:
-        raise CacheRefused(
-            f"compile_cache must be a cache NAME (letters, digits, '.', '_', '-'; at most 64; e.g. 'default' or "
-            f"'flux'), or 'off'; got {text[:80]!r}. Paths are refused: the cache root is set by the server's "
-            f"operator (${CACHE_ENV}), not by a workflow.")
-    return text
-
-
-def resolve_root(user_dir: str | os.PathLike[str] | None = None) -> tuple[Path | None, str]:
-    """The operator's cache root, and where it came from: ``(root or None when disabled, source text)``.
-
-    ``$STEADFAST_COMPILE_CACHE`` (set by whoever starts the server), else ``<user_dir>/steadfast/compile_cache``
-    (ComfyUI's user directory, passed by the adapter). ``off``/``none``/... in the variable disables the managed
-    cache. A workflow never sets the root; it picks a cache *name* under it (:func:`check_name`).
-    """
-    env = os.environ.get(CACHE_ENV, "").strip()
-    if env:
-        if env.lower() in DISABLED_VALUES:
-            return None, f"disabled by ${CACHE_ENV}"
-        return Path(env).expanduser(), f"${CACHE_ENV}"
-    if user_dir is None:
-        return None, "no cache root (no user directory and no $" + CACHE_ENV + ")"
-    return Path(user_dir).expanduser() / "steadfast" / "compile_cache", "ComfyUI user directory"
-
-
-def _inside(path: Path, folder: Path) -> bool:
-    return path == folder or folder in path.parents
-
-
-def _check_location(root: Path, name: str, forbidden: tuple[Path, ...]) -> Path:
-    """``<root>/<name>`` after symlinks are resolved; :class:`CacheRefused` when it escapes ``root``, lies in a
-    ``forbidden`` folder (or the root does), or exists as something other than a directory."""
-    real_root = root.resolve()
-    for folder in forbidden:
-        real = Path(os.path.realpath(folder))
-        if _inside(real_root, real) or _inside(real, real_root):
-            log.error("compile cache root %s overlaps %s (a folder clients can write): refused", real_root, real)
-            raise CacheRefused("the compile-cache root set by the operator overlaps a folder that HTTP clients can "
-                               "write (ComfyUI's input/output/temp or a user folder); refused (see the server log)")
-    target = root / name
-    if target.is_symlink() or (target.exists() and not target.is_dir()):
-        log.error("compile cache %s is a symlink or not a directory: refused", target)
-        raise CacheRefused(f"compile cache {name!r} is a link or not a folder; refused (see the server log)")
-    if not _inside(target.resolve(), real_root):
-        log.error("compile cache %s resolves outside its root %s: refused", target, real_root)
-        raise CacheRefused(f"compile cache {name!r} resolves outside the cache root; refused (see the server log)")
-    return target
 
 
 @dataclasses.dataclass
@@ -278,7 +181,7 @@ class CompileCache:
                 os.environ[INDUCTOR_ENV] = target
                 os.environ[TRITON_ENV] = triton
                 if _last_dir[0] != target:
-                    _clear_inductor_memo()
+                    torch_compat.clear_inductor_caches()
                     _last_dir[0] = target
             self.activations += 1
         try:
@@ -327,7 +230,7 @@ def _move_aside(cache: CompileCache, reason: str) -> str:
     target = cache.root / f"{cache.key}.bad-{int(time.time() * 1000)}"
     try:
         with _ENV_LOCK:
-            _clear_inductor_memo()
+            torch_compat.clear_inductor_caches()
             _last_dir[0] = None
         os.replace(cache.path, target)
         cache.path.mkdir(parents=True, exist_ok=True)
@@ -366,7 +269,8 @@ def open_cache(root: str | os.PathLike[str], name: str = DEFAULT_NAME, *,
                source: str = "", forbidden: tuple[str | os.PathLike[str], ...] = ()) -> CompileCache | None:
     """Open (create) the cache directory ``<root>/<name>/<key>`` for this environment.
 
-    ``root`` is the operator's (:func:`resolve_root`), ``name`` the workflow's choice (:func:`check_name`).
+    ``root`` is the operator's (:func:`~core.compile_cache_location.resolve_root`), ``name`` the workflow's choice
+    (:func:`~core.compile_cache_location.check_name`).
     ``forbidden``: folders HTTP clients can write (ComfyUI's input/output/temp, user folders); a root that
     overlaps one, a ``name`` that is a symlink, a file, or resolves outside ``root`` raise
     :class:`CacheRefused` before anything is created. ``fields`` default to :func:`cache_key_fields` for
@@ -383,7 +287,7 @@ def open_cache(root: str | os.PathLike[str], name: str = DEFAULT_NAME, *,
     except OSError as e:
         log.warning("compile cache root %s unusable (%s): running without the managed cache", base, e)
         return None
-    named = _check_location(base, name, tuple(Path(p) for p in forbidden))
+    named = check_location(base, name, tuple(Path(p) for p in forbidden))
     cache = CompileCache(root=named, key=cache_key(f), fields=f, source=source, name=name)
     try:
         cache.path.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .determinism import snapshot_state
+from .torch_state import snapshot_state
 
 __all__ = ["FINGERPRINT_VERSION", "environment_fingerprint", "fingerprint_digest"]
 
@@ -89,7 +89,7 @@ def environment_fingerprint(**extra: Any) -> dict[str, Any]:
     """
     fp: dict[str, Any] = {
         "fingerprint_version": FINGERPRINT_VERSION,
-        "torch": torch.__version__,
+        "torch": torch.version.__version__,
         "python": platform.python_version(),
         "numpy": np.__version__,
         "platform": platform.platform(),

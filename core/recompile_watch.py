@@ -1,4 +1,4 @@
-"""Why a compiled block would recompile: global-flag fingerprints, parameter identity, cache entries.
+"""Why a compiled block recompiles: global-flag fingerprints, parameter identity, Dynamo's messages explained.
 
 Three things make Dynamo compile a block again although the model and the inputs look the same:
 
@@ -15,16 +15,16 @@ Three things make Dynamo compile a block again although the model and the inputs
 * **parameters replaced by new tensors** (:class:`ParamIdentity`): ComfyUI's ModelPatcher applies
   LoRA with ``set_attr_param`` (a new ``nn.Parameter``) unless ``weight_inplace_update`` is set;
   every new Parameter object can fail a guard (ComfyUI research notes, section 3.1).
-* **cache entries per code object** (:func:`cache_entry_count`): all ``torch.compile`` wrappers of
+* **cache entries per code object** (:func:`core.torch_compat.cache_entry_count`): all ``torch.compile`` wrappers of
   one ``forward`` share Dynamo's per-code-object cache and its ``recompile_limit`` (measured: the
   entries of two backends add up to the same limit), so the true distance to the limit is the
   number of entries on the code object, not a per-model count.
 
-This module imports nothing from ComfyUI and changes no global state.
+It also reads Dynamo's recompile messages (:func:`parse_recompile`, :func:`parse_limit_hit`) and explains them
+(:func:`explain_recompile`). This module imports nothing from ComfyUI and changes no global state.
 """
 from __future__ import annotations
 
-import json
 import re
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
@@ -34,7 +34,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .determinism import snapshot_state
+from . import torch_compat
+from .torch_state import snapshot_state
 
 __all__ = [
     "DYNAMO_GUARDED",
@@ -49,7 +50,9 @@ __all__ = [
     "explain_guard",
     "ParamIdentity",
     "code_of",
-    "cache_entry_count",
+    "parse_recompile",
+    "parse_limit_hit",
+    "explain_recompile",
 ]
 
 # Dynamo's GLOBAL_STATE field name -> the fingerprint fields that can explain it (most specific first).
@@ -83,27 +86,18 @@ class FlagChange:
         return f"{self.name} {self.before} -> {self.now}"
 
 
-def _dynamo_state() -> dict[str, Any]:
-    """Dynamo's own ``GlobalStateGuard`` state as a dict ({} when this torch does not expose it)."""
-    try:
-        from torch._C._dynamo.guards import GlobalStateGuard
-        return dict(json.loads(GlobalStateGuard().__getstate__()))
-    except (ImportError, AttributeError, TypeError, ValueError, RuntimeError):  # pragma: no cover
-        return {}
-
-
 def guarded_flags() -> dict[str, Any]:
     """Fingerprint of the process-global torch settings compiled code depends on (JSON-safe dict).
 
-    Keys: every field of :func:`core.determinism.snapshot_state` except the reporting-only
+    Keys: every field of :func:`core.torch_state.snapshot_state` except the reporting-only
     ``inductor_deterministic`` (``fp32_precision`` as a ``{"backend.op": value}`` dict), plus
     ``grad_mode``, ``inference_mode``, ``default_dtype`` (e.g. ``"torch.float32"``), ``autocast``
     (the devices with autocast on) and ``torch_function`` (Dynamo's torch-function state).
-    Reading it has no side effects (``torch._inductor`` is not imported); about 50 us.
+    Reading it has no side effects (inductor is not imported); about 50 us.
     """
     state = snapshot_state(load_inductor=False).as_dict()
     state.pop("inductor_deterministic", None)
-    dyn = _dynamo_state()
+    dyn = torch_compat.dynamo_global_state()
     autocast = dyn.get("autocast_state", {})
     state["grad_mode"] = torch.is_grad_enabled()
     state["inference_mode"] = torch.is_inference_mode_enabled()
@@ -250,19 +244,49 @@ def code_of(module: Any) -> Any:
     return getattr(fwd, "__code__", None)
 
 
-def cache_entry_count(code: Any) -> int | None:
-    """Number of Dynamo cache entries (compiled variants) on ``code``, or None if unavailable.
+# ---------------------------------------------------------------------------------------------- Dynamo messages
+_REASON_LINE = re.compile(r"^\s*-\s*(?:\d+/\d+:\s*)?(.*)$")
 
-    Uses ``torch._dynamo.eval_frame._debug_get_cache_entry_list`` (feature-detected; a debug API).
-    Dynamo stops compiling ``code`` once this reaches ``torch._dynamo.config.recompile_limit``.
+
+def parse_recompile(message: str) -> dict[str, Any]:
+    """Split Dynamo's ``"Recompiling function F in FILE:LINE ... - 0/1: reason"`` log message.
+
+    Returns ``{"function": "F in FILE:LINE" or "", "reason": first reason (the whole message if none),
+    "reasons": [every reason line]}``.
     """
-    try:
-        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-    except ImportError:  # pragma: no cover
-        return None
-    if code is None:
-        return None
-    try:
-        return len(_debug_get_cache_entry_list(code))
-    except (TypeError, RuntimeError):  # pragma: no cover
-        return None
+    lines = message.splitlines()
+    head = lines[0] if lines else message
+    function = head.removeprefix("Recompiling function ").strip() if head.startswith("Recompiling") else ""
+    reasons = [m.group(1).strip() for line in lines[1:] if (m := _REASON_LINE.match(line))]
+    reasons = [r for r in reasons if r]
+    return {"function": function, "reason": reasons[0] if reasons else message.strip(), "reasons": reasons}
+
+
+def parse_limit_hit(message: str) -> dict[str, Any]:
+    """Dynamo's recompile-limit warning (it then runs the frame eagerly) as
+    ``{"kind": "recompile_limit", "limit": first line, "function", "reason"}``."""
+    lines = [ln.strip() for ln in message.splitlines()]
+    function = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("function:")), "")
+    reason = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("last reason:")), "")
+    return {"kind": "recompile_limit", "limit": lines[0] if lines else message, "function": function,
+            "reason": _REASON_LINE.sub(r"\1", "- " + reason) if reason else message}
+
+
+def explain_recompile(event: dict[str, Any], known: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``event`` (from :func:`parse_recompile`) with a readable ``reason`` where the raw one hides the cause.
+
+    A ``GLOBAL_STATE changed`` guard is compared with the closest fingerprint in ``known`` (those compiled code
+    exists for) and the current :func:`guarded_flags`: ``cause="global_flag"``, ``flag_changes`` and e.g.
+    ``"global flag changed since compile: deterministic_algorithms False -> True"``; guards
+    :func:`explain_guard` knows get their ``cause``. The raw text moves to ``guard``. Returns the same dict.
+    """
+    names = [n for r in event["reasons"] for n in dynamo_global_state_names(r)]
+    if names:
+        changes = explain_global_state(known, guarded_flags(), names)
+        event["cause"], event["guard"] = "global_flag", event["reason"]
+        event["flag_changes"] = [c.as_text() for c in changes]
+        event["reason"] = (describe_flag_changes(changes) if changes else
+                           "global flag changed since compile: " + ", ".join(dict.fromkeys(names)))
+    elif (hint := explain_guard(event["reason"])) is not None:
+        event["cause"], event["guard"], event["reason"] = hint[0], event["reason"], hint[1]
+    return event

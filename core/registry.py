@@ -1,273 +1,55 @@
 """Compile state per model: what was compiled, how long it took, graphs, recompiles and why.
 
-One :class:`CompileRecord` per underlying model object, held weakly (the record disappears with the
-model). Compiled callables live on the record, so re-registering the same model with equal settings
-returns the same record and compiles nothing again.
+One :class:`~core.compile_record.CompileRecord` per underlying model object, held weakly (it disappears with the
+model); re-registering the same model with equal settings returns the same record and compiles nothing again.
+A record's identity is frozen; its statistics (``record.stats``) are written here and nowhere else. Numbers come
+from torch's own reporting: recompile reasons and recompile-limit fallbacks from Dynamo's log messages (the log
+tap, :func:`core.torch_compat.install_recompile_log_tap`, quiet on stderr), graphs, graph breaks and cache hits
+from deltas of Dynamo's counters (:func:`core.torch_compat.dynamo_counters`).
 
-Numbers come from torch's own reporting, not guesses:
-
-* recompile reasons: Dynamo's ``recompiles`` log artifact (logger
-  ``torch._dynamo.guards.__recompiles``), enabled like ``torch._logging.set_logs(recompiles=True)``
-  and captured by a handler with ``propagate=False`` so stderr stays quiet;
-* recompile-limit fallbacks (Dynamo silently runs that frame eagerly): the warning Dynamo logs on
-  ``torch._dynamo.convert_frame``;
-* graphs, graph breaks and cache hits: deltas of ``torch._dynamo.utils.counters``.
-
-Events are attributed to the record made active by ``with REGISTRY.track(record, shape=...)``
-around each compiled call (per thread). The global logging change is recorded and undone by
-:meth:`CompileRegistry.close`. Sources: ``/work/shared/research/torch_probe.md`` section 6.
-Caveat: counters are process-global, so compiles running concurrently in another thread during a
-tracked call would be attributed to it. This module imports nothing from ComfyUI.
+Events go to the record made active by ``with REGISTRY.track(record, shape=...)`` around each compiled call (per
+thread). The first tracked call installs the log tap; :meth:`CompileRegistry.close` removes it. Sources:
+``/work/shared/research/torch_probe.md`` section 6. Caveat: counters are process-global, so compiles running
+concurrently in another thread during a tracked call would be attributed to it. No ComfyUI imports.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import re
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .compile import CompileOptions, GuardFilterFn, compile_blocks
-from .recompile_watch import (ParamIdentity, cache_entry_count, code_of, describe_flag_changes, dynamo_global_state_names,
-                              explain_global_state, explain_guard, guarded_flags)
+from . import torch_compat
+from .compile import CompileOptions, compile_blocks
+from .compile_record import CompileRecord, CompileStats, normalise_shape
+from .guard_filters import GuardFilterFn
+from .recompile_watch import ParamIdentity, explain_recompile, guarded_flags, parse_limit_hit, parse_recompile
 
 log = logging.getLogger("steadfast.registry")
 
-RECOMPILES_LOGGER = "torch._dynamo.guards.__recompiles"
-CONVERT_FRAME_LOGGER = "torch._dynamo.convert_frame"
 _MAX_UNATTRIBUTED = 50
 _MAX_RUN_LOG = 50
 _MAX_FLAG_STATES = 32
-_REASON_LINE = re.compile(r"^\s*-\s*(?:\d+/\d+:\s*)?(.*)$")
 
-__all__ = ["RecompileError", "CompileRecord", "CompileRegistry", "REGISTRY", "recompile_limit"]
+__all__ = ["RecompileError", "CompileRegistry", "REGISTRY"]
 
 
 class RecompileError(RuntimeError):
     """A strict record recompiled after warm-up; the message names the guard that failed."""
 
 
-def recompile_limit() -> int | None:
-    """``torch._dynamo.config.recompile_limit`` (older name ``cache_size_limit``), or None."""
-    cfg = torch._dynamo.config
-    for name in ("recompile_limit", "cache_size_limit"):
-        value = getattr(cfg, name, None)
-        if isinstance(value, int):
-            return value
-    return None
+class _PerThread(threading.local):
+    """Per thread: the stack of tracked calls and ``{id(record): run number}`` of the runs in progress."""
 
-
-def _counter_snapshot() -> dict[str, int]:
-    """Flattened copy of the Dynamo counters the registry attributes (monotonic until cleared)."""
-    from torch._dynamo.utils import counters
-
-    snap = {
-        "unique_graphs": counters["stats"]["unique_graphs"],
-        "calls_captured": counters["stats"]["calls_captured"],
-        "fxgraph_cache_hit": counters["inductor"]["fxgraph_cache_hit"],
-        "fxgraph_cache_miss": counters["inductor"]["fxgraph_cache_miss"],
-        "autograd_cache_hit": counters["aot_autograd"]["autograd_cache_hit"],
-        "autograd_cache_miss": counters["aot_autograd"]["autograd_cache_miss"],
-    }
-    for reason, n in counters["graph_break"].items():
-        snap[f"graph_break:{reason}"] = n
-    return snap
-
-
-def _delta(after: Mapping[str, int], before: Mapping[str, int]) -> dict[str, int]:
-    # max(0, .) protects against counters.clear() / dynamo.reset() in the middle of a call
-    return {k: max(0, v - before.get(k, 0)) for k, v in after.items() if v - before.get(k, 0) > 0}
-
-
-def _normalise_shape(shape: Any) -> tuple | None:
-    """Tensor / torch.Size / (nested) sequence of ints -> hashable (nested) tuple."""
-    if shape is None:
-        return None
-    if isinstance(shape, torch.Tensor):
-        return tuple(int(s) for s in shape.shape)
-    if isinstance(shape, (int,)):
-        return (int(shape),)
-    return tuple(_normalise_shape(s) if not isinstance(s, int) else int(s) for s in shape)
-
-
-def _sorted_shapes(shapes: set) -> list:
-    try:
-        return sorted(shapes)
-    except TypeError:  # mixed nesting: fall back to a stable textual order
-        return sorted(shapes, key=repr)
-
-
-def _parse_recompile(message: str) -> dict[str, Any]:
-    """Split Dynamo's 'Recompiling function F in FILE:LINE ... - 0/1: reason' message."""
-    lines = message.splitlines()
-    head = lines[0] if lines else message
-    function = head.removeprefix("Recompiling function ").strip() if head.startswith("Recompiling") else ""
-    reasons = [m.group(1).strip() for line in lines[1:] if (m := _REASON_LINE.match(line))]
-    reasons = [r for r in reasons if r]
-    return {"function": function, "reason": reasons[0] if reasons else message.strip(), "reasons": reasons}
-
-
-@dataclass(eq=False)
-class CompileRecord:
-    """Compile state of one model (mutable; read it through :meth:`as_dict` / :meth:`as_text`).
-
-    ``status`` is "cold" until the first tracked call finishes without error, then "warm".
-    ``first_call_seconds``: wall seconds of that call (compile + run). ``graphs``: Dynamo graphs
-    compiled inside tracked calls (recompiles included). ``recompiles``: ``{reason, reasons,
-    function, time (unix s), run, call}`` per recompile. ``fallbacks``: frames Dynamo gave up on
-    (recompile limit -> runs eagerly) and adapter-level fallbacks (:meth:`fail`). ``errors``:
-    exceptions raised inside tracked calls. ``cache_state``: fx-graph / autograd cache hit & miss
-    counts seen in tracked calls. ``compile_flags``: the global-flag fingerprint
-    (:func:`core.recompile_watch.guarded_flags`) at the first call, i.e. when the blocks compiled;
-    ``flag_states``: every fingerprint under which this record compiled graphs. ``last_run`` /
-    ``run_log``: per run (one sampling call) ``{run, calls, graphs, recompiles, reasons,
-    params_replaced}``. ``compile_cache``: the persistent cache used (set by adapters, see
-    :mod:`core.compile_cache`).
-    """
-
-    label: str
-    blocks: list[str]
-    options: dict[str, Any]
-    compiled: dict[str, Callable[..., Any]] = field(repr=False)
-    strict: bool = False
-    status: str = "cold"
-    first_call_seconds: float | None = None
-    graphs: int = 0
-    calls_captured: int = 0
-    recompiles: list[dict[str, Any]] = field(default_factory=list)
-    shapes_seen: set = field(default_factory=set)
-    calls: int = 0
-    runs: int = 0
-    fallbacks: list[dict[str, Any]] = field(default_factory=list)
-    errors: list[dict[str, Any]] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    graph_breaks: dict[str, int] = field(default_factory=dict)
-    cache_state: dict[str, int] = field(default_factory=dict)
-    disabled: bool = False
-    created: float = field(default_factory=time.time)
-    updated: float = field(default_factory=time.time)
-    # identity of what was compiled (not serialised)
-    _options_obj: CompileOptions | None = field(default=None, repr=False)
-    _guard_filter: Any = field(default=None, repr=False)
-    _model_ref: Any = field(default=None, repr=False)
-    warm_targets: set = field(default_factory=set)
-    _per_function: dict[str, int] = field(default_factory=dict, repr=False)
-    _warned_functions: set = field(default_factory=set, repr=False)
-    compile_flags: dict[str, Any] | None = None
-    flag_states: list[dict[str, Any]] = field(default_factory=list, repr=False)
-    last_run: dict[str, Any] | None = None
-    run_log: list[dict[str, Any]] = field(default_factory=list)
-    compile_cache: dict[str, Any] | None = None
-    params_replaced: int = 0
-    _params: ParamIdentity | None = field(default=None, repr=False)
-
-    def block_modules(self) -> dict[str, torch.nn.Module]:
-        """``{path: original module}`` of the compiled blocks (the modules Dynamo traces)."""
-        return {p: getattr(c, "_orig_mod", c) for p, c in self.compiled.items()
-                if isinstance(getattr(c, "_orig_mod", c), torch.nn.Module)}
-
-    def cache_entries(self) -> dict[str, int]:
-        """``{"Class.forward": Dynamo cache entries}`` of each distinct compiled ``forward`` in this
-        process (all records and backends share them; the recompile limit applies to this number)."""
-        out: dict[str, int] = {}
-        for mod in self.block_modules().values():
-            code = code_of(mod)
-            n = cache_entry_count(code)
-            if n is not None:
-                out[f"{type(mod).__name__}.{code.co_name}"] = n
-        return out
-
-    def matches(self, model: Any, options: CompileOptions, blocks: Sequence[str],
-                guard_filter_fn: Any) -> bool:
-        """True when this record compiled exactly ``blocks`` of this very ``model`` with these settings."""
-        alive = self._model_ref() if self._model_ref is not None else None
-        return (alive is model and self._options_obj == options and self.blocks == list(blocks)
-                and self._guard_filter == guard_filter_fn)
-
-    def mark_warm(self, target: tuple) -> None:
-        """Record that a warmup at ``target`` (e.g. the latent shape) finished on this record."""
-        self.warm_targets.add(tuple(target))
-        self.updated = time.time()
-
-    def is_warm_for(self, target: tuple) -> bool:
-        """True when this record is warm and was warmed up at ``target`` (and is not disabled)."""
-        return self.status == "warm" and not self.disabled and tuple(target) in self.warm_targets
-
-    def fail(self, message: str) -> None:
-        """Adapter fallback: stop using the compiled blocks (``disabled``) and record why."""
-        self.disabled = True
-        self.fallbacks.append({"kind": "disabled", "reason": message, "time": time.time(), "run": self.runs})
-        self.updated = time.time()
-
-    def summary(self) -> dict[str, Any]:
-        """Short JSON-serialisable summary (for run records / UI badges)."""
-        last = self.recompiles[-1]["reason"] if self.recompiles else None
-        run = self.last_run or {}
-        return {"label": self.label, "status": self.status, "blocks": len(self.blocks),
-                "backend": self.options.get("backend"), "first_call_seconds": self.first_call_seconds,
-                "graphs": self.graphs, "recompiles": len(self.recompiles), "last_recompile": last,
-                "disabled": self.disabled, "strict": self.strict, "run": run.get("run"),
-                "graphs_this_run": run.get("graphs"), "recompiles_this_run": run.get("recompiles"),
-                "recompile_reasons_this_run": list(run.get("reasons", [])),
-                "params_replaced_this_run": run.get("params_replaced"),
-                "warnings": list(self.warnings[-3:])}
-
-    def as_dict(self) -> dict[str, Any]:
-        """Everything, JSON-serialisable (shapes as sorted lists, times as unix seconds)."""
-        def listify(s: Any) -> Any:
-            return [listify(x) for x in s] if isinstance(s, tuple) else s
-
-        return {
-            "label": self.label, "status": self.status, "strict": self.strict, "disabled": self.disabled,
-            "blocks": list(self.blocks), "block_count": len(self.blocks), "options": dict(self.options),
-            "first_call_seconds": self.first_call_seconds, "graphs": self.graphs,
-            "calls_captured": self.calls_captured,
-            "recompiles": [dict(r) for r in self.recompiles],
-            "shapes_seen": [listify(s) for s in _sorted_shapes(self.shapes_seen)],
-            "calls": self.calls, "runs": self.runs,
-            "fallbacks": [dict(f) for f in self.fallbacks], "errors": [dict(e) for e in self.errors],
-            "warnings": list(self.warnings), "graph_breaks": dict(self.graph_breaks),
-            "cache_state": dict(self.cache_state), "created": self.created, "updated": self.updated,
-            "warm_targets": [list(t) for t in sorted(self.warm_targets)],
-            "compile_flags": self.compile_flags, "last_run": self.last_run, "run_log": list(self.run_log),
-            "compile_cache": self.compile_cache, "params_replaced": self.params_replaced,
-            "cache_entries": self.cache_entries(), "recompile_limit": recompile_limit(),
-        }
-
-    def as_text(self) -> str:
-        """One-line human summary: blocks, compile seconds, graphs, recompiles (+ last reason), status."""
-        parts = [f"{self.label}: {len(self.blocks)} block(s) compiled ({self.options.get('backend')})",
-                 self.status]
-        if self.first_call_seconds is not None:
-            parts.append(f"first call {self.first_call_seconds:.1f} s")
-        parts.append(f"{self.graphs} graph(s)")
-        rec = f"{len(self.recompiles)} recompile(s)"
-        if self.recompiles:
-            reason = self.recompiles[-1]["reason"]
-            rec += f" (last: {reason[:117] + '...' if len(reason) > 120 else reason})"
-        parts.append(rec)
-        if self.last_run is not None:
-            parts.append(f"run {self.last_run['run']}: {self.last_run['recompiles']} recompile(s), "
-                         f"{self.last_run['graphs']} graph(s)")
-        if self.strict:
-            parts.append("strict (a recompile after warm-up is an error)")
-        if self.graph_breaks:
-            parts.append(f"{sum(self.graph_breaks.values())} graph break(s)")
-        if self.fallbacks:
-            parts.append(f"{len(self.fallbacks)} fallback(s) to eager")
-        if self.disabled:
-            parts.append("DISABLED (running eager)")
-        text = "; ".join(parts)
-        if self.warnings:
-            text += "\nWARNING: " + self.warnings[-1]
-        return text
+    def __init__(self) -> None:
+        self.stack: list[_Frame] = []
+        self.runs: dict[int, int] = {}
 
 
 @dataclass
@@ -277,68 +59,57 @@ class _Frame:
     children: dict[str, int] = field(default_factory=dict)
     recompiles: list[dict[str, Any]] = field(default_factory=list)
 
-
-class _LogTap(logging.Handler):
-    """Routes Dynamo's recompile / recompile-limit log records to the registry."""
-
-    def __init__(self, registry: CompileRegistry, kind: str) -> None:
-        super().__init__(level=logging.DEBUG)
-        self._registry = registry
-        self._kind = kind
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            msg = record.getMessage()
-        except Exception:  # pragma: no cover - malformed record
-            return
-        if self._kind == "recompile":
-            self._registry._on_recompile(msg)
-        elif "hit config." in msg:
-            self._registry._on_limit_hit(msg)
+    def finish(self, parent: _Frame | None) -> dict[str, int]:
+        """This call's own counter increases (nested tracked calls excluded); all of them go to ``parent``."""
+        before = self.before  # only increases count: counters.clear() inside a call must not go negative
+        delta = {k: v - before.get(k, 0) for k, v in torch_compat.dynamo_counters().items() if v > before.get(k, 0)}
+        if parent is not None:  # the enclosing frame must not count these again
+            for k, v in delta.items():
+                parent.children[k] = parent.children.get(k, 0) + v
+        return {k: max(0, v - self.children.get(k, 0)) for k, v in delta.items()}
 
 
 class CompileRegistry:
-    """Weak map model -> :class:`CompileRecord`, plus attribution of Dynamo events to records.
+    """Weak map model -> :class:`CompileRecord`, attribution of Dynamo events to records, and every write to
+    a record's statistics.
 
     Thread-safe for reading (:meth:`as_json` from an HTTP handler) while a worker thread runs tracked
-    calls. The first :meth:`track` installs the recompile log tap (recorded; undone by :meth:`close`).
+    calls. The first :meth:`track` installs the recompile log tap; :meth:`close` removes it.
     """
 
     def __init__(self) -> None:
         self._records: weakref.WeakKeyDictionary[Any, CompileRecord] = weakref.WeakKeyDictionary()
         self._lock = threading.RLock()
-        self._local = threading.local()
+        self._local = _PerThread()
         self._unattributed: list[dict[str, Any]] = []
-        self._tap_state: dict[str, Any] | None = None
+        self._tap: torch_compat.RecompileLogTap | None = None
         self._tap_note = "not installed (installed by the first tracked call)"
         self._flag_states: list[dict[str, Any]] = []  # flag fingerprints compiled code exists for
 
     # ---- records ----------------------------------------------------------------------------
     def get_or_create(self, model: torch.nn.Module, options: CompileOptions, blocks: Sequence[str], *,
-                      key: Any = None, label: str | None = None,
-                      guard_filter_fn: GuardFilterFn | None = None,
-                      strict: bool = False) -> tuple[CompileRecord, bool]:
-        """The record for ``key`` (default: ``model``), compiling ``blocks`` of ``model`` if needed.
+                      key: Any = None, label: str | None = None, guard_filter_fn: GuardFilterFn | None = None,
+                      strict: bool = False, in_place: bool = False) -> tuple[CompileRecord, bool]:
+        """``(record, created)``: the record for ``key`` (default: ``model``), compiling ``blocks`` of ``model`` if needed.
 
-        Returns ``(record, created)``. An existing record is reused (``created=False``, same compiled
-        callables, nothing recompiled) when it was made for this same ``model`` object with equal
-        ``options``, ``blocks`` and guard filter; otherwise a new record replaces it. ``strict`` is
-        updated on reuse. ``key`` must be weak-referenceable; the record lives as long as the key.
-        The compiled callables must not reference ``key`` (they reference the blocks only).
-        Raises ``ValueError`` for unknown block paths (see :func:`compile_blocks`).
+        Reused (``created=False``, same compiled callables) when made for this same ``model`` object with equal
+        ``options``, ``blocks``, guard filter and ``in_place``, else replaced; ``strict`` is updated on reuse.
+        ``in_place``: the model compiled itself (diffusers' ``compile_repeated_blocks``): nothing is compiled here,
+        ``blocks`` are for reports. ``key`` must be weak-referenceable (the record lives as long as it) and not
+        referenced by the compiled callables. Raises ``ValueError`` for unknown block paths (:func:`compile_blocks`).
         """
         k = model if key is None else key
         with self._lock:
             rec = self._records.get(k)
-            if rec is not None and rec.matches(model, options, blocks, guard_filter_fn):
-                rec.strict = strict
+            if rec is not None and rec.matches(model, options, blocks, guard_filter_fn, in_place):
+                rec.stats.strict = strict
                 return rec, False
-            compiled = compile_blocks(model, blocks, options, guard_filter_fn)
+            compiled = {} if in_place else compile_blocks(model, blocks, options, guard_filter_fn)
             opts = options.as_dict()
             opts["guard_filter"] = None if guard_filter_fn is None else repr(guard_filter_fn)
-            rec = CompileRecord(label=label or type(model).__name__, blocks=list(blocks), options=opts,
-                                compiled=compiled, strict=strict, _options_obj=options,
-                                _guard_filter=guard_filter_fn, _model_ref=weakref.ref(model))
+            rec = CompileRecord(label=label or type(model).__name__, blocks=tuple(blocks), options=opts,
+                                compiled=compiled, compile_options=options, guard_filter=guard_filter_fn,
+                                model_ref=weakref.ref(model), in_place=in_place, stats=CompileStats(strict=strict))
             self._records[k] = rec
             return rec, True
 
@@ -346,11 +117,6 @@ class CompileRegistry:
         """The record for ``key`` (a model or explicit key), or None."""
         with self._lock:
             return self._records.get(key)
-
-    def forget(self, key: Any) -> bool:
-        """Drop the record of ``key``; returns whether there was one."""
-        with self._lock:
-            return self._records.pop(key, None) is not None
 
     def records(self) -> list[CompileRecord]:
         """Live records, oldest first."""
@@ -360,27 +126,45 @@ class CompileRegistry:
     def __len__(self) -> int:
         return len(self._records)
 
-    # ---- tracking ---------------------------------------------------------------------------
-    def _stack(self) -> list[_Frame]:
-        if not hasattr(self._local, "stack"):
-            self._local.stack = []
-            self._local.runs = {}
-        return self._local.stack
+    # ---- what adapters report ---------------------------------------------------------------
+    def set_strict(self, record: CompileRecord, strict: bool) -> bool:
+        """Set ``stats.strict`` (used by calls tracked without ``strict``); returns the previous setting."""
+        with self._lock:
+            previous, record.stats.strict, record.stats.updated = record.stats.strict, bool(strict), time.time()
+            return previous
 
+    def disable(self, record: CompileRecord, reason: str) -> None:
+        """Adapter fallback to eager: ``stats.disabled``, and ``reason`` as a ``kind="disabled"`` fallback."""
+        with self._lock:
+            record.stats.disabled = True
+            record.stats.fallbacks.append({"kind": "disabled", "reason": reason, "time": time.time(),
+                                           "run": record.stats.runs})
+            record.stats.updated = time.time()
+
+    def mark_warm(self, record: CompileRecord, target: tuple) -> None:
+        """Record that a warm-up at ``target`` (e.g. the latent shape) finished on ``record``."""
+        with self._lock:
+            record.stats.warm_targets.add(tuple(target))
+            record.stats.updated = time.time()
+
+    def note_compile_cache(self, record: CompileRecord, cache_view: Mapping[str, Any], messages: Sequence[str] = ()) -> None:
+        """Record the compile cache used (its client view) and ``messages`` about it (as warnings)."""
+        with self._lock:
+            record.stats.compile_cache = dict(cache_view)
+            record.stats.warnings.extend(messages)
+            record.stats.updated = time.time()
+
+    # ---- tracking ---------------------------------------------------------------------------
     @contextlib.contextmanager
     def run(self, record: CompileRecord) -> Iterator[int]:
-        """Mark one run (e.g. one sampling call) of ``record``; tracked calls inside belong to it.
-
-        Yields the run number (1-based). A :meth:`track` outside any run counts as a run of its own.
-        When the run ends, ``record.last_run`` (also appended to ``record.run_log``) holds its calls,
-        graphs, recompiles with reasons, and how many compiled-block parameters were replaced by new
-        tensor objects during it (``params_replaced``; 0 means in-place weight updates only).
-        """
-        self._stack()
+        """Mark one run (e.g. one sampling call) of ``record``; tracked calls inside belong to it. Yields the run
+        number (1-based); a :meth:`track` outside any run is a run of its own. At the end ``stats.last_run`` (and
+        ``run_log``) holds its calls, graphs, recompiles with reasons, and how many compiled-block parameters were
+        replaced by new tensor objects (``params_replaced``; 0 means in-place weight updates only)."""
         with self._lock:
-            record.runs += 1
-            number = record.runs
-            before = (record.calls, record.graphs)
+            record.stats.runs += 1
+            number = record.stats.runs
+            before = (record.stats.calls, record.stats.graphs)
         previous = self._local.runs.get(id(record))
         self._local.runs[id(record)] = number
         try:
@@ -394,26 +178,27 @@ class CompileRegistry:
 
     def _finish_run(self, record: CompileRecord, number: int, before: tuple[int, int]) -> None:
         """Store the per-run statistics of run ``number`` and check parameter identity."""
+        s = record.stats
         replaced: list[str] = []
-        if record._params is not None:
+        if s.params is not None:
             blocks = record.block_modules()
-            replaced = record._params.replaced(blocks)
+            replaced = s.params.replaced(blocks)
             if replaced:  # count each replacement once: compare later runs with the new objects
-                record._params = ParamIdentity.capture(blocks)
+                s.params = ParamIdentity.capture(blocks)
         with self._lock:
-            events = [r for r in record.recompiles if r.get("run") == number]
-            stats = {"run": number, "calls": record.calls - before[0], "graphs": record.graphs - before[1],
+            events = [r for r in s.recompiles if r.get("run") == number]
+            stats = {"run": number, "calls": s.calls - before[0], "graphs": s.graphs - before[1],
                      "recompiles": len(events), "reasons": [r["reason"] for r in events],
                      "params_replaced": len(replaced), "time": time.time()}
-            record.last_run = stats
-            record.run_log.append(stats)
-            del record.run_log[:-_MAX_RUN_LOG]
+            s.last_run = stats
+            s.run_log.append(stats)
+            del s.run_log[:-_MAX_RUN_LOG]
             if replaced:
-                record.params_replaced += len(replaced)
+                s.params_replaced += len(replaced)
                 text = (f"{record.label}: {len(replaced)} parameter(s) of the compiled blocks were replaced by new "
                         f"tensor objects in run {number} (e.g. {replaced[0]}); weight patches without in-place "
                         f"update (ModelPatcher.weight_inplace_update) can recompile")
-                record.warnings.append(text)
+                s.warnings.append(text)
         if replaced:
             log.warning(text)
 
@@ -421,35 +206,35 @@ class CompileRegistry:
     def track(self, record: CompileRecord, shape: Any = None, strict: bool | None = None) -> Iterator[CompileRecord]:
         """Attribute the compiles, recompiles and graph breaks happening inside to ``record``.
 
-        Wrap each call of the compiled model (``shape``: the input's shape, a Tensor, or nested
-        sequences of ints; recorded in ``shapes_seen``). The first call that finishes turns the record
-        "warm" and sets ``first_call_seconds``. An exception inside is recorded in ``errors`` and
-        re-raised. Nested tracking of the same record is a pass-through. Raises
-        :class:`RecompileError` on exit when ``strict`` (default: ``record.strict``; adapters pass the
-        setting of the model clone making the call) and a recompile happened in a call that started warm.
+        Wrap each call of the compiled model (``shape``: input shape, Tensor or nested ints, kept in
+        ``stats.shapes_seen``). The first call that finishes turns the record "warm" and sets
+        ``stats.first_call_seconds``; an exception inside is recorded in ``stats.errors`` and re-raised; nested
+        tracking of the same record is a pass-through. Raises :class:`RecompileError` on exit when ``strict``
+        (default ``stats.strict``; adapters pass their clone's setting) and a call that started warm recompiled.
         """
         self._install_tap()
-        stack = self._stack()
+        stack = self._local.stack
         if any(f.record is record for f in stack):
             yield record
             return
+        s = record.stats
         own_run = id(record) not in self._local.runs
         with self._lock:
-            before_run = (record.calls, record.graphs)
-            record.calls += 1
+            before_run = (s.calls, s.graphs)
+            s.calls += 1
             if own_run:
-                record.runs += 1
-            if (s := _normalise_shape(shape)) is not None:
-                record.shapes_seen.add(s)
-        started_warm = record.status == "warm"
-        if not started_warm and record.compile_flags is None:
+                s.runs += 1
+            if (shp := normalise_shape(shape)) is not None:
+                s.shapes_seen.add(shp)
+        started_warm = s.status == "warm"
+        if not started_warm and s.compile_flags is None:
             flags = guarded_flags()  # what the blocks are about to be compiled under
             with self._lock:
-                record.compile_flags = flags
+                s.compile_flags = flags
                 self._remember_flags(record, flags)
-        if record._params is None:
-            record._params = ParamIdentity.capture(record.block_modules())
-        frame = _Frame(record, _counter_snapshot())
+        if s.params is None:
+            s.params = ParamIdentity.capture(record.block_modules())
+        frame = _Frame(record, torch_compat.dynamo_counters())
         stack.append(frame)
         t0 = time.perf_counter()
         failed = False
@@ -458,202 +243,135 @@ class CompileRegistry:
         except BaseException as e:
             failed = True
             with self._lock:
-                record.errors.append({"error": f"{type(e).__name__}: {e}"[:2000], "time": time.time(),
-                                      "run": self._current_run(record), "call": record.calls})
+                s.errors.append({"error": f"{type(e).__name__}: {e}"[:2000], "time": time.time(),
+                                 "run": self._current_run(record), "call": s.calls})
             raise
         finally:
             seconds = time.perf_counter() - t0
             stack.pop()
-            delta = _delta(_counter_snapshot(), frame.before)
-            own = {k: max(0, v - frame.children.get(k, 0)) for k, v in delta.items()}
-            if stack:  # the enclosing frame must not count these again
-                parent = stack[-1].children
-                for k, v in delta.items():
-                    parent[k] = parent.get(k, 0) + v
+            own = frame.finish(stack[-1] if stack else None)
             self._apply(record, own, seconds, first=not started_warm and not failed)
             if own.get("unique_graphs", 0):
                 with self._lock:
                     self._remember_flags(record, guarded_flags())
                 self._check_limit(record)
             if own_run:
-                self._finish_run(record, record.runs, before_run)
-        if (record.strict if strict is None else strict) and started_warm and frame.recompiles:
+                self._finish_run(record, s.runs, before_run)
+        if (s.strict if strict is None else strict) and started_warm and frame.recompiles:
             r = frame.recompiles[0]
             raise RecompileError(f"{record.label}: recompiled after warm-up ({len(frame.recompiles)}x) in "
                                  f"{r['function'] or 'a compiled block'}: {r['reason']}")
 
     def _remember_flags(self, record: CompileRecord, flags: dict[str, Any]) -> None:
         """Note that compiled code exists for ``flags`` (per record and process-wide). Lock held."""
-        if flags not in record.flag_states:
-            record.flag_states.append(flags)
+        if flags not in record.stats.flag_states:
+            record.stats.flag_states.append(flags)
         if flags not in self._flag_states:
             self._flag_states.append(flags)
             del self._flag_states[:-_MAX_FLAG_STATES]
 
+    def _limit_warning(self, record: CompileRecord, name: str, text: str) -> str | None:  # lock held
+        """``text``, added to the record's warnings, the first time for ``name`` (a code object); else None."""
+        if name in record.stats.warned_functions:
+            return None
+        record.stats.warned_functions.add(name)
+        record.stats.warnings.append(text)
+        return text
+
     def _check_limit(self, record: CompileRecord) -> None:
         """Warn once per record and code object when Dynamo's cache entries near ``recompile_limit``."""
-        limit = recompile_limit()
-        if limit is None:
-            return
-        texts = []
+        limit, texts = torch_compat.recompile_limit(), []
         with self._lock:
             for name, n in record.cache_entries().items():
-                if n >= limit - 2 and name not in record._warned_functions:
-                    record._warned_functions.add(name)
-                    last = record.recompiles[-1]["reason"] if record.recompiles else "n/a"
-                    text = (f"{record.label}: {name} has {n} compiled variant(s) in this process, "
-                            f"torch._dynamo.config.recompile_limit={limit}; {max(0, limit - n)} more and Dynamo "
-                            f"runs it EAGERLY (different numerics) or fails with fullgraph. Last reason: {last}")
-                    record.warnings.append(text)
-                    texts.append(text)
-        for text in texts:
+                if n >= limit - 2:
+                    last = record.stats.recompiles[-1]["reason"] if record.stats.recompiles else "n/a"
+                    texts.append(self._limit_warning(record, name, (
+                        f"{record.label}: {name} has {n} compiled variant(s) in this process, "
+                        f"{torch_compat.RECOMPILE_LIMIT_SETTING}={limit}; {max(0, limit - n)} more and Dynamo "
+                        f"runs it EAGERLY (different numerics) or fails with fullgraph. Last reason: {last}")))
+        for text in filter(None, texts):
             log.warning(text)
 
     def _current_run(self, record: CompileRecord) -> int:
-        return getattr(self._local, "runs", {}).get(id(record), record.runs)
+        return self._local.runs.get(id(record), record.stats.runs)
 
     def _apply(self, record: CompileRecord, own: dict[str, int], seconds: float, first: bool) -> None:
         with self._lock:
-            record.graphs += own.get("unique_graphs", 0)
-            record.calls_captured += own.get("calls_captured", 0)
+            s = record.stats
+            s.graphs += own.get("unique_graphs", 0)
+            s.calls_captured += own.get("calls_captured", 0)
             for k, v in own.items():
                 if k.startswith("graph_break:"):
-                    reason = k.split(":", 1)[1]
-                    record.graph_breaks[reason] = record.graph_breaks.get(reason, 0) + v
+                    s.graph_breaks[k[12:]] = s.graph_breaks.get(k[12:], 0) + v
                 elif "cache_" in k:
-                    record.cache_state[k] = record.cache_state.get(k, 0) + v
-            if first and record.status == "cold":
-                record.status = "warm"
-                record.first_call_seconds = seconds
-            record.updated = time.time()
+                    s.cache_state[k] = s.cache_state.get(k, 0) + v
+            if first and s.status == "cold":
+                s.status = "warm"
+                s.first_call_seconds = seconds
+            s.updated = time.time()
 
     # ---- log events -------------------------------------------------------------------------
     def _active(self) -> _Frame | None:
-        stack = getattr(self._local, "stack", None)
-        return stack[-1] if stack else None
+        return self._local.stack[-1] if self._local.stack else None
+
+    def _unattributed_event(self, event: dict[str, Any]) -> None:
+        """Keep an event no tracked call was active for (the last ``_MAX_UNATTRIBUTED``); lock held."""
+        self._unattributed.append(event)
+        del self._unattributed[:-_MAX_UNATTRIBUTED]
 
     def _on_recompile(self, message: str) -> None:
-        event = _parse_recompile(message)
-        event["time"] = time.time()
         frame = self._active()
+        with self._lock:
+            known = list(frame.record.stats.flag_states if frame is not None else []) + list(self._flag_states)
+        event = explain_recompile(parse_recompile(message), known)
+        event["time"] = time.time()
         warn_text = None
-        names = [n for r in event["reasons"] for n in dynamo_global_state_names(r)]
-        if names:  # explain Dynamo's "GLOBAL_STATE changed: <name>" with the values
-            with self._lock:
-                known = list(frame.record.flag_states if frame is not None else []) + list(self._flag_states)
-            changes = explain_global_state(known, guarded_flags(), names)
-            event["cause"] = "global_flag"
-            event["guard"] = event["reason"]
-            event["flag_changes"] = [c.as_text() for c in changes]
-            event["reason"] = (describe_flag_changes(changes) if changes else
-                               "global flag changed since compile: " + ", ".join(dict.fromkeys(names)))
-        elif (hint := explain_guard(event["reason"])) is not None:
-            event["cause"], event["guard"], event["reason"] = hint[0], event["reason"], hint[1]
         with self._lock:
             if frame is None:
-                self._unattributed.append(event)
-                del self._unattributed[:-_MAX_UNATTRIBUTED]
-                return
-            rec = frame.record
+                return self._unattributed_event(event)
+            rec, s = frame.record, frame.record.stats
             event["run"] = self._current_run(rec)
-            event["call"] = rec.calls
-            rec.recompiles.append(event)
+            event["call"] = s.calls
+            s.recompiles.append(event)
             frame.recompiles.append(event)
-            rec.updated = event["time"]
+            s.updated = event["time"]
             fn = event["function"] or "?"
-            rec._per_function[fn] = count = rec._per_function.get(fn, 0) + 1
-            limit = recompile_limit()
-            entries_known = bool(rec.cache_entries())
-            if not entries_known and limit is not None and count >= limit - 2 and fn not in rec._warned_functions:
-                rec._warned_functions.add(fn)
-                warn_text = (f"{rec.label}: {count} recompiles of {fn} seen, close to "
-                             f"torch._dynamo.config.recompile_limit={limit}; past it Dynamo runs that block "
-                             f"EAGERLY (different numerics) or fails with fullgraph. "
-                             f"Last reason: {event['reason']}")
-                rec.warnings.append(warn_text)
+            s.per_function[fn] = count = s.per_function.get(fn, 0) + 1
+            limit = torch_compat.recompile_limit()
+            if not rec.cache_entries() and count >= limit - 2:  # no cache-entry count: count messages instead
+                warn_text = self._limit_warning(rec, fn, (
+                    f"{rec.label}: {count} recompiles of {fn} seen, close to "
+                    f"{torch_compat.RECOMPILE_LIMIT_SETTING}={limit}; past it Dynamo runs that block "
+                    f"EAGERLY (different numerics) or fails with fullgraph. Last reason: {event['reason']}"))
         if warn_text is not None:
             log.warning(warn_text)
 
     def _on_limit_hit(self, message: str) -> None:
         frame = self._active()
-        lines = [ln.strip() for ln in message.splitlines()]
-        function = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("function:")), "")
-        reason = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("last reason:")), "")
-        event = {"kind": "recompile_limit", "limit": lines[0] if lines else message, "function": function,
-                 "reason": _REASON_LINE.sub(r"\1", "- " + reason) if reason else message, "time": time.time()}
+        event = parse_limit_hit(message)
+        event["time"] = time.time()
         with self._lock:
             if frame is None:
-                self._unattributed.append(event)
-                del self._unattributed[:-_MAX_UNATTRIBUTED]
-                return
+                return self._unattributed_event(event)
             event["run"] = self._current_run(frame.record)
-            frame.record.fallbacks.append(event)
-            frame.record.updated = event["time"]
+            frame.record.stats.fallbacks.append(event)
+            frame.record.stats.updated = event["time"]
 
-    # ---- logging tap --------------------------------------------------------------------------
+    # ---- log tap ------------------------------------------------------------------------------
     def _install_tap(self) -> None:
         with self._lock:
-            if self._tap_state is not None:
-                return
-            try:
-                from torch._logging import _internal as tlog
-                state = tlog.log_state
-                prev_levels = dict(state.log_qname_to_level)
-                prev_artifacts = set(state.artifact_names)
-            except (ImportError, AttributeError) as e:  # pragma: no cover - other torch layout
-                self._tap_note = f"recompile logging unavailable: {e}"
-                self._tap_state = {"installed": False}
-                return
-            rec_logger = logging.getLogger(RECOMPILES_LOGGER)
-            cf_logger = logging.getLogger(CONVERT_FRAME_LOGGER)
-            saved = {"installed": True, "levels": prev_levels, "artifacts": prev_artifacts,
-                     "changed_state": False, "propagate": rec_logger.propagate, "level": rec_logger.level}
-            if "TORCH_LOGS" in os.environ:  # set_logs is ignored then; use what the user asked for
-                enabled = "recompiles" in prev_artifacts or "recompiles_verbose" in prev_artifacts
-                self._tap_note = ("TORCH_LOGS is set: recompile reasons "
-                                  + ("captured" if enabled else "NOT captured (add 'recompiles' to TORCH_LOGS)"))
-            elif "recompiles" not in prev_artifacts:
-                if not prev_levels and not prev_artifacts:
-                    torch._logging.set_logs(recompiles=True)  # the public way, from a default state
-                else:  # keep the user's other settings: add the artifact to the current state
-                    state.enable_artifact("recompiles")
-                    tlog._init_logs()
-                saved["changed_state"] = True
-                self._tap_note = "recompile logging enabled by Steadfast (restored by REGISTRY.close())"
-            else:
-                self._tap_note = "recompile logging was already enabled"
-            rec_handler, cf_handler = _LogTap(self, "recompile"), _LogTap(self, "limit")
-            rec_logger.addHandler(rec_handler)
-            rec_logger.propagate = False
-            cf_logger.addHandler(cf_handler)
-            saved["handlers"] = (rec_handler, cf_handler)
-            self._tap_state = saved
+            if self._tap is None:
+                self._tap = torch_compat.install_recompile_log_tap(self._on_recompile, self._on_limit_hit)
+                self._tap_note = self._tap.note
 
     def close(self) -> None:
-        """Remove the log handlers and restore torch's logging state as it was before the tap.
-
-        Records are kept. A later :meth:`track` installs the tap again.
-        """
+        """Remove the log tap (:func:`core.torch_compat.remove_recompile_log_tap`: torch's logging state as it
+        was before). Records are kept. A later :meth:`track` installs the tap again."""
         with self._lock:
-            saved, self._tap_state = self._tap_state, None
+            tap, self._tap = self._tap, None
             self._tap_note = "closed"
-            if not saved or not saved.get("installed"):
-                return
-            rec_logger = logging.getLogger(RECOMPILES_LOGGER)
-            rec_handler, cf_handler = saved["handlers"]
-            rec_logger.removeHandler(rec_handler)
-            logging.getLogger(CONVERT_FRAME_LOGGER).removeHandler(cf_handler)
-            if saved["changed_state"]:
-                from torch._logging import _internal as tlog
-                if not saved["levels"] and not saved["artifacts"]:
-                    torch._logging.set_logs()
-                else:
-                    tlog.log_state.clear()
-                    tlog.log_state.log_qname_to_level.update(saved["levels"])
-                    tlog.log_state.artifact_names.update(saved["artifacts"])
-                    tlog._init_logs()
-            rec_logger.propagate = saved["propagate"]
-            rec_logger.setLevel(saved["level"])
+            if tap is not None:
+                torch_compat.remove_recompile_log_tap(tap)
 
     @property
     def recompile_logging(self) -> str:
@@ -670,8 +388,8 @@ class CompileRegistry:
         """JSON-serialisable state: torch version, limits, tap state, records, unattributed events."""
         with self._lock:
             return {
-                "torch": torch.__version__,
-                "recompile_limit": recompile_limit(),
+                "torch": torch.version.__version__,
+                "recompile_limit": torch_compat.recompile_limit(),
                 "recompile_logging": self._tap_note,
                 "records": [r.as_dict() for r in self.records()],
                 "unattributed": [dict(e) for e in self._unattributed],

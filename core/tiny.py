@@ -110,7 +110,7 @@ def _prepare(out_dir: str | Path) -> Path:
 def _save(pipe: Any, out: Path, kind: str, seed: int) -> Path:
     pipe.save_pretrained(str(out), safe_serialization=True)
     (out / "steadfast_tiny.json").write_text(json.dumps(
-        {"kind": kind, "seed": seed, "version": TINY_VERSION, "torch": torch.__version__}, indent=1))
+        {"kind": kind, "seed": seed, "version": TINY_VERSION, "torch": torch.version.__version__}, indent=1))
     return out
 
 

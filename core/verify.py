@@ -30,7 +30,7 @@ from typing import Any, Sequence
 import torch
 
 from .compare import compare
-from .determinism import DeterminismPolicy
+from .determinism_policy import DeterminismPolicy
 from .fingerprint import environment_fingerprint, fingerprint_digest
 from .hashing import hash_image
 from .pipelines import (PipelineOptions, attention_names, compile_record, generate, load_pipeline,
@@ -159,7 +159,7 @@ class VerifySettings:
     ``size``: ``(width, height)`` in pixels (None: 64x64 for tiny pipelines, else the pipeline default).
     ``runs``: generations per configuration for self-consistency (>= 2). ``rounds``: benchmark rounds
     (0 skips the benchmark). ``out_dir``: where ``verify_report.json`` and ``verify_grid.png`` go.
-    ``policy``: run every generation under this :class:`~.determinism.DeterminismPolicy` (None: as is).
+    ``policy``: run every generation under this :class:`~.determinism_policy.DeterminismPolicy` (None: as is).
     """
 
     pipeline_dir: str | Path | None = None

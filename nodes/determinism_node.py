@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io, ui
 
-from ..core import determinism
+from ..core import determinism_policy
 from .batch_invariance import add_batch_invariance
 from .model_patches import add_determinism, steadfast_options
 
@@ -45,12 +45,12 @@ class SteadfastDeterminismSetup(io.ComfyNode):
     @classmethod
     def execute(cls, model, strict: bool, allow_tf32: bool, num_threads: int,
                 batch_invariant: bool = True) -> io.NodeOutput:
-        policy = determinism.DeterminismPolicy(strict=strict, allow_tf32=allow_tf32,
-                                               num_threads=num_threads or None)
+        policy = determinism_policy.DeterminismPolicy(strict=strict, allow_tf32=allow_tf32,
+                                                      num_threads=num_threads or None)
         m = model.clone()
         add_determinism(m, policy)
         rows = add_batch_invariance(m, batch_invariant)
         steadfast_options(m)["batch_invariant"] = rows
-        report = determinism.describe_policy(policy) + "\nbatch-invariant sampling: " + (
+        report = determinism_policy.describe_policy(policy) + "\nbatch-invariant sampling: " + (
             "on (" + "; ".join(rows.values()) + ")" if isinstance(rows, dict) else rows)
         return io.NodeOutput(m, report, ui=ui.PreviewText(report))

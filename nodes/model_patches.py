@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import time
 from typing import Any, Callable
 
 import torch
@@ -29,8 +28,10 @@ import comfy.ldm.modules.attention as comfy_attention
 import comfy.model_management
 from comfy.patcher_extension import CallbacksMP, WrappersMP
 
-from ..core import compile_cache, determinism, registry
+from ..core import compile_cache, compile_cache_location, determinism, registry, torch_compat
 from ..core.compile import CompileOptions, swap_in
+from ..core.compile_record import CompileRecord
+from ..core.determinism_policy import DeterminismPolicy
 from ..core.optimize import attention as sdpa
 from ..core.optimize import layout, qkv, qkv_project
 
@@ -51,7 +52,7 @@ def steadfast_options(model) -> dict:
 # --------------------------------------------------------------------------------------------
 # Determinism: an OUTER_SAMPLE wrapper that applies the policy around one sampling call.
 # --------------------------------------------------------------------------------------------
-def add_determinism(model, policy: determinism.DeterminismPolicy) -> None:
+def add_determinism(model, policy: DeterminismPolicy) -> None:
     """Apply ``policy`` around every sampling call of ``model`` (a clone) and restore after it."""
 
     def wrapper(executor, *args, **kwargs):
@@ -91,7 +92,7 @@ def comfy_attention_passthrough(func: Callable, *args, **kwargs):
     """``optimized_attention_override`` that calls ComfyUI's own choice (``func``) unchanged.
 
     Installed for compiled models with ``attention=comfy``, so every compiled call of ours carries an
-    override that Dynamo guards on (:func:`core.compile.comfy_guard_filter` keeps those guards): a
+    override that Dynamo guards on (:func:`core.guard_filters.comfy_guard_filter` keeps those guards): a
     graph traced with an SDPA override is never reused for ComfyUI's attention, or the other way round.
     """
     return func(*args, **kwargs)
@@ -228,18 +229,6 @@ def add_channels_last(model) -> None:
 # compiled blocks in for one apply_model call. Compiled callables live in the registry record of
 # the underlying BaseModel, so re-executing the node or cloning the model never compiles again.
 # --------------------------------------------------------------------------------------------
-def is_compile_error(exc: BaseException) -> bool:
-    """True for errors raised by torch.compile itself (Dynamo tracing, a backend compiler, inductor's
-    code generation or C++ build), for which running the block eagerly is the right fallback."""
-    try:
-        from torch._dynamo.exc import FailOnRecompileLimitHit, TorchDynamoException
-    except ImportError:  # pragma: no cover - torch without dynamo
-        return False
-    if isinstance(exc, (TorchDynamoException, FailOnRecompileLimitHit)):
-        return True
-    return type(exc).__module__.startswith(("torch._dynamo", "torch._inductor"))
-
-
 def client_writable_dirs() -> tuple[str, ...]:
     """Folders that ComfyUI's HTTP API lets clients write: input (``/upload/*``), output, temp, and the
     per-user folders under the user directory (``/userdata``). A compile cache may never overlap them."""
@@ -258,16 +247,16 @@ def open_compile_cache(backend: str, name: str = "") -> tuple[compile_cache.Comp
     Only inductor writes a cache (None for other backends). ``name`` (node input) picks a cache under the
     operator's root (``$STEADFAST_COMPILE_CACHE``, else ``<ComfyUI user dir>/steadfast/compile_cache``);
     ``""`` = ``default``, ``off`` = inductor's own temporary folder. Raises
-    :class:`core.compile_cache.CacheRefused` for a path instead of a name, or a root/name that overlaps a
+    :class:`core.compile_cache_location.CacheRefused` for a path instead of a name, or a root/name that overlaps a
     folder HTTP clients can write. The report line never contains an absolute path.
     """
-    chosen = compile_cache.check_name(name)  # CacheRefused for a path, before anything else
+    chosen = compile_cache_location.check_name(name)  # CacheRefused for a path, before anything else
     if backend != "inductor":
         return None, f"compile cache: not used by backend {backend}"
     if chosen is None:
         return None, "compile cache: off (node input); inductor's default directory applies"
     import folder_paths
-    root, source = compile_cache.resolve_root(folder_paths.get_user_directory())
+    root, source = compile_cache_location.resolve_root(folder_paths.get_user_directory())
     if root is None:
         return None, f"compile cache: off ({source}); inductor's default directory applies"
     device = comfy.model_management.get_torch_device()
@@ -280,7 +269,7 @@ def open_compile_cache(backend: str, name: str = "") -> tuple[compile_cache.Comp
     return cache, line
 
 
-def add_compile(model, record: registry.CompileRecord, mode: str,
+def add_compile(model, record: CompileRecord, mode: str,
                 cache: compile_cache.CompileCache | None = None, strict: bool = False) -> None:
     """Register the compile wrappers for ``record`` (created by :func:`registry.REGISTRY.get_or_create`).
 
@@ -296,7 +285,7 @@ def add_compile(model, record: registry.CompileRecord, mode: str,
     """
 
     def apply_model_wrapper(executor, *args, **kwargs):
-        if record.disabled:
+        if record.stats.disabled:
             return executor(*args, **kwargs)
         x = args[0] if args else kwargs.get("x")
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else None
@@ -308,20 +297,19 @@ def add_compile(model, record: registry.CompileRecord, mode: str,
 
         n_messages = len(cache.messages) if cache is not None else 0
         try:
-            return compile_cache.run_cached(cache, call, retry_if=is_compile_error)
+            return compile_cache.run_cached(cache, call, retry_if=torch_compat.is_compile_error)
         except registry.RecompileError:
             raise
         except Exception as e:
-            if not is_compile_error(e) or record.options.get("fullgraph"):  # fullgraph: a graph break is an error
+            if not torch_compat.is_compile_error(e) or record.options.get("fullgraph"):  # fullgraph: a graph break is an error
                 raise
             # compile failure: fall back to eager, visibly
-            record.fail(f"{type(e).__name__}: {cache.redact(str(e)) if cache is not None else e}")
+            registry.REGISTRY.disable(record, f"{type(e).__name__}: {cache.redact(str(e)) if cache is not None else e}")
             log.warning("Steadfast: compile failed for %s, running it EAGER from now on: %s", record.label, e)
             return executor(*args, **kwargs)
         finally:
             if cache is not None and len(cache.messages) != n_messages:  # the cache was moved aside: say so
-                record.compile_cache = cache.as_dict()
-                record.warnings.extend(cache.messages[n_messages:])
+                registry.REGISTRY.note_compile_cache(record, cache.as_dict(), cache.messages[n_messages:])
 
     def outer_sample_wrapper(executor, *args, **kwargs):
         with registry.REGISTRY.run(record):
@@ -333,7 +321,7 @@ def add_compile(model, record: registry.CompileRecord, mode: str,
     model.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, KEY_COMPILE, outer_sample_wrapper)
     model.weight_inplace_update = True  # LoRA patches keep Parameter identity -> no recompiles
     if cache is not None:
-        record.compile_cache = cache.as_dict()
+        registry.REGISTRY.note_compile_cache(record, cache.as_dict())
     steadfast_options(model)["compile"] = {"mode": mode, "record_created": record.created, **record.summary()}
 
 
@@ -345,11 +333,11 @@ def compile_state(model) -> dict | str:
     rec = registry.REGISTRY.get(model.model)
     if rec is not None and rec.created == snap.get("record_created"):
         state = {"mode": snap["mode"], **rec.summary(), "weight_inplace_update": bool(model.weight_inplace_update)}
-        if rec.compile_cache is not None:
-            state["compile_cache"] = rec.compile_cache["name"]
-            state["cache_state"] = dict(rec.cache_state)
-        if rec.fallbacks:
-            state["fallbacks"] = [f.get("reason", "") for f in rec.fallbacks[-3:]]
+        if rec.stats.compile_cache is not None:
+            state["compile_cache"] = rec.stats.compile_cache["name"]
+            state["cache_state"] = dict(rec.stats.cache_state)
+        if rec.stats.fallbacks:
+            state["fallbacks"] = [f.get("reason", "") for f in rec.stats.fallbacks[-3:]]
         return state
     return snap
 
@@ -362,9 +350,3 @@ def compile_options(backend: str, mode: str, dynamic: str, fullgraph: bool) -> C
         dynamic={"auto": None, "true": True, "false": False}[dynamic],
         fullgraph=fullgraph,
     )
-
-
-def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0

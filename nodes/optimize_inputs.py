@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from ..core import compile_cache as compile_cache_names
+from ..core import compile_cache_location
 from ..core.compile import CompileOptions
 from . import model_patches as mp
 
@@ -78,10 +78,10 @@ def strict_and_cache_inputs() -> list[io.Input]:
 
 def check_compile_cache(compile_cache: str) -> bool | str:
     """``validate_inputs`` result for the ``compile_cache`` widget: True, or why the name is refused
-    (:func:`core.compile_cache.check_name`: a name, never a path)."""
+    (:func:`core.compile_cache_location.check_name`: a name, never a path)."""
     try:
-        compile_cache_names.check_name(compile_cache)
-    except compile_cache_names.CacheRefused as e:
+        compile_cache_location.check_name(compile_cache)
+    except compile_cache_location.CacheRefused as e:
         return str(e)
     return True
 

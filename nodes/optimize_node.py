@@ -10,7 +10,7 @@ from comfy_api.latest import io, ui
 import comfy.model_management
 
 from ..core import blocks, registry
-from ..core.compile import comfy_guard_filter
+from ..core.guard_filters import comfy_guard_filter
 from ..core.optimize import attention as sdpa
 from . import model_patches as mp
 from . import optimize_inputs as oi
@@ -93,7 +93,7 @@ class SteadfastOptimizeModel(io.ComfyNode):
                 lines.append("WARNING: compiling with ComfyUI's own attention (sub_quad on CPU) graph-breaks and "
                              "recompiles often (measured: 15 graphs, 9 recompiles in 4 steps); pick an SDPA backend")
             lines.append(f"  {record.options}; {'new' if created else 'reused'} compile record "
-                         f"({record.status}); compiles lazily on the first run or in Warmup")
+                         f"({record.stats.status}); compiles lazily on the first run or in Warmup")
             if strict_recompiles:
                 lines.append("strict_recompiles: a recompile after warm-up fails the run, with its reason")
             if not created:  # what this model has compiled so far (recompiles with reasons, warnings)

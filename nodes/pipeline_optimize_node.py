@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from comfy_api.latest import io, ui
 
-from ..core import determinism
+from ..core import determinism_policy
 from ..core.pipelines import PipelineOptions, compile_record
 from ..core.pipelines.handle import optimized_handle
+from ..core.registry import REGISTRY
 from . import optimize_inputs as oi
 from .pipeline_nodes import DiffusersPipeline, as_handle
 
@@ -79,7 +80,7 @@ class SteadfastPipelineOptimize(io.ComfyNode):
         if opts.compile != "off":
             rec = compile_record(new.pipe)
             if rec is not None:
-                rec.strict = strict_recompiles
+                REGISTRY.set_strict(rec, strict_recompiles)
             lines.append(f"compiles lazily on the first run or in Pipeline Warmup; record: "
                          f"{rec.as_text() if rec else 'none'}")
             if strict_recompiles:
@@ -125,8 +126,8 @@ class SteadfastPipelineDeterminismSetup(io.ComfyNode):
     def execute(cls, pipeline, strict: bool, allow_tf32: bool, num_threads: int,
                 batch_invariant: bool = True) -> io.NodeOutput:
         handle = as_handle(pipeline, "Pipeline Determinism Setup")
-        policy = determinism.DeterminismPolicy(strict=strict, allow_tf32=allow_tf32, num_threads=num_threads or None)
-        report = determinism.describe_policy(policy) + "\nbatch-invariant sampling: " + (
+        policy = determinism_policy.DeterminismPolicy(strict=strict, allow_tf32=allow_tf32, num_threads=num_threads or None)
+        report = determinism_policy.describe_policy(policy) + "\nbatch-invariant sampling: " + (
             "on (image by image, batch-1 pipeline calls)" if batch_invariant else "off (one batched pipeline call)")
         return io.NodeOutput(handle.replace(determinism=policy, batch_invariant=batch_invariant), report,
                              ui=ui.PreviewText(report))

@@ -16,6 +16,7 @@ from ..core import determinism
 from ..core.fingerprint import fingerprint_digest
 from ..core.hashing import hash_image
 from ..core.pipelines import compile_record, generate, pipeline_report
+from ..core.registry import REGISTRY
 from ..core.pipelines import warmup as core_warmup
 from ..core.pipelines.handle import RUN_LOCK, PipelineHandle, prepare_run
 from ..core.run_record import RunRecord
@@ -77,7 +78,7 @@ class SteadfastPipelineSampler(io.ComfyNode):
         with RUN_LOCK:
             pipe, events = prepare_run(handle)
             rec = compile_record(pipe)
-            recompiles_before = len(rec.recompiles) if rec is not None else 0
+            recompiles_before = len(rec.stats.recompiles) if rec is not None else 0
             with _policy(handle) as det:
                 t0 = time.perf_counter()
                 images = generate(pipe, prompt, negative_prompt, steps=steps, guidance=cfg, width=width,
@@ -93,7 +94,7 @@ class SteadfastPipelineSampler(io.ComfyNode):
             sampler=type(getattr(pipe, "scheduler", None)).__name__, scheduler="pipeline's own",
             output="image", output_shape=list(images.shape), output_sha256=hash_image(images),
             fingerprint=env, compile=report["compile"] or "off",
-            recompiles_this_run=(len(rec.recompiles) - recompiles_before) if rec is not None else 0,
+            recompiles_this_run=(len(rec.stats.recompiles) - recompiles_before) if rec is not None else 0,
             seconds=round(seconds, 4),
             details={"prompt": prompt, "negative_prompt": negative_prompt, "pipeline": report["pipeline"],
                      "source": handle.source, "dtype": handle.dtype,
@@ -140,10 +141,9 @@ class SteadfastPipelineWarmup(io.ComfyNode):
         with RUN_LOCK:
             pipe, events = prepare_run(handle)
             rec = compile_record(pipe)
-            strict = rec.strict if rec is not None else False
-            try:  # compiling is what a warm-up is for: strict mode applies to the runs after it
-                if rec is not None:
-                    rec.strict = False
+            # compiling is what a warm-up is for: strict mode applies to the runs after it
+            strict = REGISTRY.set_strict(rec, False) if rec is not None else False
+            try:
                 for w, h in targets:
                     target = (batch_size, h, w)
                     if rec is not None and rec.is_warm_for(target):
@@ -153,7 +153,7 @@ class SteadfastPipelineWarmup(io.ComfyNode):
                     lines.append(f"warm-up generation at {list(target)} (batch, height, width): {res.seconds:.2f} s")
             finally:
                 if rec is not None:
-                    rec.strict = strict
+                    REGISTRY.set_strict(rec, strict)
             lines.append(rec.as_text() if rec is not None else "(pipeline is not compiled by Steadfast)")
         report = "\n".join(lines + events)
         return io.NodeOutput(handle, report, ui=ui.PreviewText(report))

@@ -12,7 +12,7 @@ import comfy.samplers
 import comfy.utils
 import latent_preview
 
-from ..core import determinism, fingerprint, hashing, noise
+from ..core import fingerprint, hashing, noise, torch_state
 from ..core.run_record import RunRecord
 from . import identity
 from .model_patches import compile_state, qkv_counters, steadfast_options
@@ -133,7 +133,7 @@ class SteadfastSeededSampler(io.ComfyNode):
             # Runs inside sampling, i.e. inside Determinism Setup's policy: record what was in effect.
             if not during:
                 during["num_threads"] = torch.get_num_threads()
-                during["flags"] = determinism.snapshot_state(load_inductor=True).as_dict()
+                during["flags"] = torch_state.snapshot_state(load_inductor=True).as_dict()
                 during["model"] = identity.model_identity_of(model)  # the weights as sampled (patches applied)
             return preview(step, x0_pred, x, total_steps)
 

@@ -102,5 +102,5 @@ def _warm_one(model, shape: tuple[int, ...], cfg: float, positive, negative) -> 
     if record is None:
         return positive, negative, (f"warmup step at latent {list(shape)}: {seconds:.2f} s "
                                     "(model is not compiled by Steadfast)")
-    record.mark_warm(shape)
+    REGISTRY.mark_warm(record, shape)
     return positive, negative, f"warmup step at latent {list(shape)}: {seconds:.2f} s\n{record.as_text()}"

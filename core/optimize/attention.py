@@ -113,7 +113,7 @@ def check_sdpa_backend(
     working = available_sdpa_backends(dev, dtype, head_dim=head_dim)
     works = ", ".join(working) if working else "none"
     raise UnsupportedBackendError(
-        f"SDPA backend {name!r} does not run on device {dev!r} with {dtype} (torch {torch.__version__}): "
+        f"SDPA backend {name!r} does not run on device {dev!r} with {dtype} (torch {torch.version.__version__}): "
         f"{err}. Backends that work there: {works}."
     )
 

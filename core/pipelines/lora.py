@@ -98,7 +98,7 @@ def load_lora(pipe: Any, source: str | Path | Mapping[str, torch.Tensor], adapte
 
     ``hotswap=True`` replaces the weights of the already loaded adapter ``adapter_name`` in place (see the
     module docstring); with :func:`prepare_lora_hotswap` done before compiling this causes no recompile,
-    which the compile record shows after the next call (``len(record.recompiles)`` unchanged).
+    which the compile record shows after the next call (``len(record.stats.recompiles)`` unchanged).
 
     Raises:
         LoraLoadError: ``peft`` missing, the pipeline has no ``load_lora_weights``, the file does not exist,

@@ -156,10 +156,8 @@ def _compile_step(pipe: Any, den: torch.nn.Module, den_name: str, opts: Pipeline
         classes[cls] = classes.get(cls, 0) + 1
     label = f"{type(pipe).__name__}.{den_name} ({kind}"
     label += f": {', '.join(f'{n} x {c}' for c, n in classes.items())})" if classes else ")"
-    # diffusers compiles in place (Module.compile), so the record holds no swap-in callables; its block
-    # list is filled in for reporting only.
-    record, _ = REGISTRY.get_or_create(den, copts, [], label=label)
-    record.blocks = list(paths)
+    # diffusers compiles in place (Module.compile): the record holds no swap-in callables, its blocks are for reports
+    record, _ = REGISTRY.get_or_create(den, copts, paths, label=label, in_place=True)
     get_state(pipe).record = record
     details = {"kind": kind, "component": den_name, "n_blocks": len(paths) if paths else 1,
                "block_classes": classes, "blocks": list(paths), **copts.as_dict(),

@@ -10,11 +10,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..determinism import DeterminismPolicy, deterministic
+from ..determinism import deterministic
+from ..determinism_policy import DeterminismPolicy
 from ..fingerprint import environment_fingerprint, fingerprint_digest
 from ..noise import check_seed
 from ..optimize.attention import sdpa_context
-from ..registry import REGISTRY, CompileRecord
+from ..compile_record import CompileRecord
+from ..registry import REGISTRY
 from .load import count_params, denoiser_of, module_components
 from .state import peek_state
 
@@ -36,7 +38,7 @@ def image_generators(seed: int, batch: int) -> list[torch.Generator]:
 
 
 def compile_record(pipe: Any) -> CompileRecord | None:
-    """The :class:`~..registry.CompileRecord` of ``pipe``'s compiled denoiser, or None when not compiled."""
+    """The :class:`~..compile_record.CompileRecord` of ``pipe``'s compiled denoiser, or None when not compiled."""
     state = peek_state(pipe)
     return state.record if state is not None else None
 
@@ -170,8 +172,8 @@ def warmup(pipe: Any, width: int | None = None, height: int | None = None, batch
     target = (batch, int(height or 0), int(width or 0))
     rec = compile_record(pipe)
     if rec is not None:
-        rec.mark_warm(target)
-        return WarmupResult(seconds, True, rec.status, rec.graphs, len(rec.recompiles), target)
+        REGISTRY.mark_warm(rec, target)
+        return WarmupResult(seconds, True, rec.stats.status, rec.stats.graphs, len(rec.stats.recompiles), target)
     return WarmupResult(seconds, False, None, 0, 0, target)
 
 

@@ -9,7 +9,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..registry import CompileRecord
+from ..compile_record import CompileRecord
 from .options import OptimizeReport
 
 __all__ = ["PipelineState", "get_state", "peek_state"]

@@ -14,12 +14,12 @@ Modes::
         (arch: sd15 sdxl flux sd3 wan)
 
 ``structure``: per architecture the declared blocks (:func:`core.blocks.choose_blocks`), their count
-against the count read from the model's own containers, auto-discovery (:func:`core.blocks.discover_blocks`)
-and :func:`core.blocks.safe_to_swap`. Nothing is allocated (meta tensors).
+against the count read from the model's own containers, auto-discovery (:func:`core.blocks.choose_blocks` with ``discover=True``)
+and :func:`core.block_safety.safe_to_swap`. Nothing is allocated (meta tensors).
 
 ``run``: a SMALL seeded instance (every parameter and float buffer written from one generator; ComfyUI
 layers skip weight init) is run eagerly, then with the chosen blocks compiled (``compile_blocks`` +
-``swap_in`` with :func:`comfy_guard_filter`, or ComfyUI-style ``skip_guards_on`` with ``filter=skip``)
+``swap_in`` with :func:`comfy_guard_filter`, or ComfyUI-style ``SkipGuardsOn`` with ``filter=skip``)
 ``--calls`` times, each call with a fresh sampler-like ``transformer_options`` (new sigma per step,
 cond_or_uncond, uuids, the node's SDPA ``optimized_attention_override``). Reported:
 blocks and counts, whether the output depends on the input, run-to-run equality of compiled outputs,
@@ -70,13 +70,9 @@ import torch  # noqa: E402
 import comfy.ops  # noqa: E402
 from comfy.ldm.modules import attention as comfy_attention  # noqa: E402
 from steadfast.core import blocks as sblocks  # noqa: E402
-from steadfast.core.compile import (  # noqa: E402
-    CompileOptions,
-    comfy_guard_filter,
-    compile_blocks,
-    skip_guards_on,
-    swap_in,
-)
+from steadfast.core.block_table import declared_blocks_for  # noqa: E402
+from steadfast.core.compile import CompileOptions, compile_blocks, swap_in  # noqa: E402
+from steadfast.core.guard_filters import SkipGuardsOn, comfy_guard_filter  # noqa: E402
 
 OPS = comfy.ops.disable_weight_init
 
@@ -239,14 +235,14 @@ def structure(arch: str) -> dict[str, Any]:
     t0 = time.perf_counter()
     model = _cls(module, name)(**kwargs, device="meta", operations=OPS)
     choice = sblocks.choose_blocks(model)
-    disc = sblocks.discover_blocks(model)
-    auto_check = sblocks.safe_to_swap(model, disc.paths)
+    auto = sblocks.choose_blocks(model, discover=True)
+    disc, auto_check = auto.discovery, auto.check
     return {
         "class": type(model).__name__,
         "params_M": round(sum(p.numel() for p in model.parameters()) / 1e6, 1),
         "how": choice.how,
         "reason": choice.reason,
-        "declared": list(sblocks.declared_blocks_for(type(model)) or ()),
+        "declared": list(declared_blocks_for(type(model)) or ()),
         "found": choice.classes,
         "expected": {k: c(model) for k, c in counters.items()},
         "paths": choice.paths,
@@ -422,7 +418,7 @@ def run(arch: str, options: CompileOptions, calls: int, guard_filter: str = "com
     n_seeded = seed_(model)
     inp, other = make_inputs(0), make_inputs(1)
     choice = sblocks.choose_blocks(model)
-    disc = sblocks.discover_blocks(model)
+    disc = sblocks.choose_blocks(model, discover=True).discovery
     res: dict[str, Any] = {"class": type(model).__name__, "how": choice.how, "found": choice.classes,
                            "expected": expected, "seeded_tensors": n_seeded, "variants": choice.check.variants,
                            "refused": choice.check.refused, "auto_equals_declared": disc.paths == choice.paths,
@@ -442,7 +438,7 @@ def run(arch: str, options: CompileOptions, calls: int, guard_filter: str = "com
             res["finite"] = bool(torch.isfinite(eager).all())
             res["depends_on_input"] = not torch.equal(eager, eager_other)
             res["eager_max_abs"] = float(eager.abs().max())
-            gfilter = comfy_guard_filter() if guard_filter == "comfy" else skip_guards_on("transformer_options")
+            gfilter = comfy_guard_filter() if guard_filter == "comfy" else SkipGuardsOn("transformer_options")
             compiled = compile_blocks(model, choice.paths, options, gfilter)
             outs, seconds, cpu_seconds, graphs, recompiles = [], [], [], [], []
             for step in range(calls):

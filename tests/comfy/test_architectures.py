@@ -16,7 +16,7 @@ What is measured (numbers come from the worker, nothing is assumed):
 * the two first-call recompile fixes (``CompileOptions.contiguous_inputs`` / ``specialize_ints``):
   without them the same models compile extra graphs (Dynamo's reasons are checked);
 * ``comfy_guard_filter``: a per-block attn2 patch added after warm-up is applied (ComfyUI-style
-  ``skip_guards_on`` silently ignores it; measured);
+  ``SkipGuardsOn`` silently ignores it; measured);
 * ``slow``: the same with ``backend="inductor"`` for Flux and Wan.
 """
 from __future__ import annotations
@@ -33,16 +33,10 @@ import torch
 from torch import nn
 from torch._dynamo.utils import counters
 
+from steadfast.core import block_safety, block_table
 from steadfast.core import blocks as sblocks
-from steadfast.core.compile import (
-    CompileOptions,
-    TransformerOptionsGuardFilter,
-    comfy_guard_filter,
-    compile_blocks,
-    contiguous_inputs_hook,
-    skip_guards_on,
-    swap_in,
-)
+from steadfast.core.compile import CompileOptions, compile_blocks, contiguous_inputs_hook, swap_in
+from steadfast.core.guard_filters import SkipGuardsOn, TransformerOptionsGuardFilter, comfy_guard_filter
 
 WORKER = Path(__file__).with_name("arch_worker.py")
 ARCHS = ["sd15", "sdxl", "flux", "sd3", "wan"]
@@ -194,7 +188,7 @@ def test_patch_added_after_warmup_is_applied(eager_runs: dict[str, Any], capsys)
     """An attn2 replace patch on one UNet block (as IPAdapter sets) added after the blocks were compiled.
 
     comfy_guard_filter keeps the guards that notice it: compiled == eager with the patch (recompiling,
-    possibly past the recompile limit, i.e. partly eager). ComfyUI-style skip_guards_on drops them: the
+    possibly past the recompile limit, i.e. partly eager). ComfyUI-style SkipGuardsOn drops them: the
     warm graph runs and the patch is silently ignored (measured, asserted here as the reason for the filter).
     """
     good, bad = eager_runs["sd15:patch=1"], eager_runs["sd15:patch=1,filter=skip"]
@@ -207,7 +201,7 @@ def test_patch_added_after_warmup_is_applied(eager_runs: dict[str, Any], capsys)
     _report("attn2 patch added after warm-up", {
         "comfy_guard_filter": f"max|d| vs eager+patch = {good['patch']['max_abs_vs_eager_patched']:.3g} "
                               f"({good['patch']['recompiles']} recompiles)",
-        "skip_guards_on": f"max|d| vs eager+patch = {bad['patch']['max_abs_vs_eager_patched']:.3g} (patch ignored)"},
+        "SkipGuardsOn": f"max|d| vs eager+patch = {bad['patch']['max_abs_vs_eager_patched']:.3g} (patch ignored)"},
         capsys)
 
 
@@ -234,13 +228,12 @@ def test_diffusers_flux_single_blocks_no_stride_recompile(dynamic: bool | None) 
     fresh tensor and the others a slice (stride[0] differs on a size-1 dim) -> one extra graph on the
     first call. ``contiguous_inputs`` removes it; outputs stay bit-equal to eager (eager backend)."""
     diffusers = pytest.importorskip("diffusers")
-    from steadfast.core.compile import declared_repeated_blocks
 
     torch.manual_seed(0)
     m = diffusers.FluxTransformer2DModel(
         patch_size=1, in_channels=16, num_layers=1, num_single_layers=3, attention_head_dim=16,
         num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=(4, 6, 6)).eval()
-    paths = declared_repeated_blocks(m)
+    paths = sblocks.choose_blocks(m, classes=m._repeated_blocks).paths  # diffusers' declaration
     assert len(paths) == 4
     graphs = {}
     with torch.inference_mode():
@@ -326,39 +319,39 @@ class Plain(nn.Module):
 def test_declared_blocks_for_walks_mro_and_qualified_names() -> None:
     Aura = type("MMDiT", (nn.Module,), {"__module__": "comfy.ldm.aura.mmdit"})
     Sd3 = type("MMDiT", (nn.Module,), {"__module__": "comfy.ldm.modules.diffusionmodules.mmdit"})
-    assert sblocks.declared_blocks_for(Aura) == ("MMDiTBlock", "DiTBlock")
-    assert sblocks.declared_blocks_for(Sd3) == ("JointBlock",)
-    assert sblocks.declared_blocks_for(type("OpenAISignatureMMDITWrapper", (Sd3,), {})) == ("JointBlock",)
+    assert block_table.declared_blocks_for(Aura) == ("MMDiTBlock", "DiTBlock")
+    assert block_table.declared_blocks_for(Sd3) == ("JointBlock",)
+    assert block_table.declared_blocks_for(type("OpenAISignatureMMDITWrapper", (Sd3,), {})) == ("JointBlock",)
     Wan = type("WanModel", (nn.Module,), {})
-    assert sblocks.declared_blocks_for(type("CameraWanModel", (Wan,), {})) == ("WanAttentionBlock",)
-    assert sblocks.declared_blocks_for(type("Unknown", (nn.Module,), {})) is None
+    assert block_table.declared_blocks_for(type("CameraWanModel", (Wan,), {})) == ("WanAttentionBlock",)
+    assert block_table.declared_blocks_for(type("Unknown", (nn.Module,), {})) is None
     cascade = type("StageC", (nn.Module,), {})
-    assert sblocks.declared_blocks_for(cascade) == ()
-    assert "isinstance" in sblocks.regional_unsupported_reason(cascade)
-    assert sblocks.regional_unsupported_reason(Wan) is None
+    assert block_table.declared_blocks_for(cascade) == ()
+    assert "isinstance" in block_table.regional_unsupported_reason(cascade)
+    assert block_table.regional_unsupported_reason(Wan) is None
 
 
 def test_safe_to_swap_refuses_isinstance_dispatch_and_counts_variants() -> None:
     d = Dispatcher()
-    check = sblocks.safe_to_swap(d, ["layers.0", "layers.1", "layers.2"])
+    check = block_safety.safe_to_swap(d, ["layers.0", "layers.1", "layers.2"])
     assert check.safe == ["layers.2"] and not check.ok
     assert "isinstance(..., DispatchedLeaf)" in check.refused["layers.0"]
     seq = nn.Module()
     seq.ts = nn.ModuleList([TimestepEmbedSequential(Leaf(), Leaf())])
-    assert "forward_timestep_embed" in sblocks.safe_to_swap(seq, ["ts.0.0"]).refused["ts.0.0"]
+    assert "forward_timestep_embed" in block_safety.safe_to_swap(seq, ["ts.0.0"]).refused["ts.0.0"]
     # structural variants: two widths of Leaf -> 2 graphs of Leaf.forward; warning past the limit
     mixed = nn.Module()
     mixed.blocks = nn.ModuleList([Leaf(8), Leaf(8), Leaf(16)])
-    check = sblocks.safe_to_swap(mixed, ["blocks.0", "blocks.1", "blocks.2"], recompile_limit=1)
+    check = block_safety.safe_to_swap(mixed, ["blocks.0", "blocks.1", "blocks.2"], recompile_limit=1)
     assert check.ok and check.variants == {"Leaf": 2} and len(check.warnings) == 1
-    assert sblocks.safe_to_swap(mixed, ["blocks.0", "blocks.1"]).warnings == []
+    assert block_safety.safe_to_swap(mixed, ["blocks.0", "blocks.1"]).warnings == []
     with pytest.raises(ValueError):
-        sblocks.safe_to_swap(mixed, ["blocks.7"])
+        block_safety.safe_to_swap(mixed, ["blocks.7"])
 
 
-def test_discover_blocks_descends_past_refused_unwraps_and_drops_small_groups() -> None:
+def test_discovery_descends_past_refused_unwraps_and_drops_small_groups() -> None:
     m = UNetModel()
-    disc = sblocks.discover_blocks(m)
+    disc = sblocks.choose_blocks(m, discover=True).discovery
     assert set(disc.refused) == {"input_blocks.0", "input_blocks.1"}  # UNetModel is a non-generic caller
     # one Leaf(32) per list, but repeated model-wide: found inside the refused outer blocks
     assert disc.paths == ["input_blocks.0.1.transformer_blocks.0", "input_blocks.1.1.transformer_blocks.0"]
@@ -368,12 +361,12 @@ def test_discover_blocks_descends_past_refused_unwraps_and_drops_small_groups() 
     assert choice.paths == disc.paths and choice.classes == {"Leaf": 2}
 
     p = Plain()
-    disc = sblocks.discover_blocks(p)
+    disc = sblocks.choose_blocks(p, discover=True).discovery
     assert disc.groups == {"Leaf": ["wrapped.0.block", "wrapped.1.block"]}  # Wrapper -> its only child
     assert disc.dropped == {"Linear": pytest.approx(16 / sum(t.numel() for t in p.parameters()), abs=1e-4)}
-    assert sblocks.discover_blocks(p, min_param_share=0.0).groups["Linear"] == ["tiny.0", "tiny.1"]
+    assert sblocks.choose_blocks(p, discover=True, min_param_share=0.0).discovery.groups["Linear"] == ["tiny.0", "tiny.1"]
     with pytest.raises(ValueError):
-        sblocks.discover_blocks(p, min_repeats=0)
+        sblocks.choose_blocks(p, discover=True, min_repeats=0)
 
 
 def test_choose_blocks_unknown_model_is_auto_discovered_and_reported() -> None:
@@ -506,7 +499,7 @@ def test_transformer_options_guard_filter_decisions() -> None:
     patched = dict(plain, patches_replace={"attn1": {("input", 1, 0): print}})
     entries[1] = Entry(names[1], patched)
     assert f(entries) == [True] * 6  # a patch may read anything: keep every guard
-    assert skip_guards_on()(entries) == [True, False, False, False, False, False]
+    assert SkipGuardsOn()(entries) == [True, False, False, False, False, False]
 
 
 def test_guard_filter_keeps_per_block_patches_correct() -> None:
@@ -518,7 +511,7 @@ def test_guard_filter_keeps_per_block_patches_correct() -> None:
         return 3.0 * x
 
     results = {}
-    for name, gfilter in (("comfy", comfy_guard_filter()), ("skip", skip_guards_on())):
+    for name, gfilter in (("comfy", comfy_guard_filter()), ("skip", SkipGuardsOn())):
         torch._dynamo.reset()
         with torch.inference_mode():
             x = torch.randn(2, 6, 8)

@@ -27,10 +27,9 @@ import _common
 _common.import_pack()
 import torch
 from steadfast.core import blocks
-from steadfast.core.compile import find_repeated_blocks
 
 dm, call = b.build_model("flux", 32)
-paths = find_repeated_blocks(dm, blocks.declared_blocks_for(type(dm)))
+paths = blocks.choose_blocks(dm).paths
 with torch.inference_mode():
     out = call(dm)
     again = call(dm)

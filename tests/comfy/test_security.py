@@ -19,6 +19,7 @@ from comfy_server import ComfyServer, PromptFailed, PromptRejected
 from tiny_sd15 import CHECKPOINT_NAME as TINY_CKPT_NAME
 from recompile_workflows import build
 from steadfast.core import compile_cache as cc
+from steadfast.core import compile_cache_location as loc
 
 pytestmark = pytest.mark.comfyui
 
@@ -81,7 +82,7 @@ def test_operator_root_inside_input_is_refused_and_poison_never_runs(comfyui_pat
     probe = ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path)
     probe.base_dir = probe._make_base()
     root = probe.base_dir / "input" / "cc"
-    probe.env = {cc.CACHE_ENV: str(root)}
+    probe.env = {loc.CACHE_ENV: str(root)}
     with probe as srv:
         _plant_poison(srv, marker, "cc")
         with pytest.raises(PromptFailed) as info:

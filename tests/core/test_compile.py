@@ -1,4 +1,5 @@
-"""Tests for core/compile.py: options, repeated-block discovery, lazy regional compile and swap-in.
+"""Tests for core/compile.py, core/guard_filters.py and core/blocks.py: options, guard filters, the block finder,
+lazy regional compile and swap-in.
 
 Plumbing tests use ``backend="eager"`` (Dynamo tracing only, no C++ compiler). One small inductor
 test shows the real thing: identical blocks share one graph and compiled output is run-to-run
@@ -14,20 +15,11 @@ import torch
 from torch import nn
 from torch._dynamo.utils import counters
 
-from tiny_modules import Block, Tiny
-from steadfast.core.compile import (
-    CompileOptions,
-    SkipGuardsOn,
-    compile_blocks,
-    compile_full,
-    declared_repeated_blocks,
-    find_repeated_blocks,
-    inductor_mode_options,
-    repeated_block_groups,
-    skip_guards_on,
-    supports_guard_filter_fn,
-    swap_in,
-)
+from tiny_modules import Block, Tiny, block_paths
+from steadfast.core.blocks import choose_blocks
+from steadfast.core.compile import CompileOptions, compile_blocks, swap_in
+from steadfast.core.guard_filters import SkipGuardsOn
+from steadfast.core.torch_compat import inductor_mode_options, supports_guard_filter_fn
 
 EAGER = CompileOptions(backend="eager", dynamic=False)
 
@@ -83,7 +75,7 @@ def test_to_kwargs_plain_and_fresh_dicts():
 
 def test_mode_merged_into_options_with_guard_filter():
     assert supports_guard_filter_fn()  # torch 2.13/2.14 in this venv
-    flt = skip_guards_on()
+    flt = SkipGuardsOn()
     preset = inductor_mode_options("max-autotune-no-cudagraphs")
     assert preset  # non-empty preset for this mode
     kw = CompileOptions(mode="max-autotune-no-cudagraphs", options={"max_autotune": False}).to_kwargs(flt)
@@ -103,9 +95,10 @@ def test_mode_merged_into_options_with_guard_filter():
 
 def test_skip_guards_on_filters_by_name_and_prevents_recompiles():
     Entry = namedtuple("Entry", "name")
-    flt = skip_guards_on("transformer_options")
+    flt = SkipGuardsOn("transformer_options")
     assert flt([Entry("L['x']"), Entry("L['transformer_options']['block']")]) == [True, False]
-    assert flt == SkipGuardsOn("transformer_options")  # equal filters -> registry can reuse compiles
+    assert flt == SkipGuardsOn() and hash(flt) == hash(SkipGuardsOn())  # equal filters -> registry can reuse compiles
+    assert flt != SkipGuardsOn("other")
 
     class UsesOptions(nn.Module):
         def __init__(self) -> None:
@@ -132,52 +125,55 @@ def test_skip_guards_on_filters_by_name_and_prevents_recompiles():
     assert graphs == {"no_filter": 3, "filter": 1}
 
 
-# ---- discovery -------------------------------------------------------------------------------
-def test_find_blocks_by_class_name_outermost_only():
+# ---- the block finder ------------------------------------------------------------------------
+def test_named_classes_outermost_only():
     m = Mixed()
-    assert find_repeated_blocks(m, ["Nested"]) == ["layers.0", "layers.1", "head"]
-    assert find_repeated_blocks(m, ["Other"]) == [
+    assert choose_blocks(m, classes=["Nested"]).paths == ["layers.0", "layers.1", "head"]
+    assert choose_blocks(m, classes=["Other"]).paths == [
         "layers.0.inner.0", "layers.0.inner.1", "layers.0.inner.2",
         "layers.1.inner.0", "layers.1.inner.1", "layers.1.inner.2", "layers.2",
         "head.inner.0", "head.inner.1", "head.inner.2",
     ]
     # Nested and its inner Others both match: only the outermost are kept
-    assert find_repeated_blocks(m, ["Nested", "Other"]) == ["layers.0", "layers.1", "layers.2", "head"]
-    assert find_repeated_blocks(m, ["Mixed"]) == []  # the root itself is never a block
-    assert find_repeated_blocks(m, []) == []
+    choice = choose_blocks(m, classes=["Nested", "Other"])
+    assert choice.how == "named" and choice.paths == ["layers.0", "layers.1", "layers.2", "head"]
+    assert choice.classes == {"Nested": 3, "Other": 1}
+    none = choose_blocks(m, classes=["Mixed"])  # the root itself is never a block, and there is no fallback
+    assert none.paths == [] and none.how == "named" and "Mixed" in none.reason
+    assert choose_blocks(m, classes=[]).paths == []
 
 
-def test_find_blocks_auto_discovery():
+def test_auto_discovery_counts_model_wide_and_drops_small_groups():
     m = Mixed()
-    # layers: 2x Nested qualifies, the lone Other does not; Nested's inner lists are inside a chosen
-    # block; head.inner (3x Other in a ModuleList) qualifies; single (1 Block) does not.
-    assert repeated_block_groups(m) == {"Nested": ["layers.0", "layers.1"],
-                                        "Other": ["head.inner.0", "head.inner.1", "head.inner.2"]}
-    assert find_repeated_blocks(m) == ["layers.0", "layers.1", "head.inner.0", "head.inner.1", "head.inner.2"]
-    assert find_repeated_blocks(m, min_repeats=3) == [
-        "layers.0.inner.0", "layers.0.inner.1", "layers.0.inner.2",
-        "layers.1.inner.0", "layers.1.inner.1", "layers.1.inner.2",
-        "head.inner.0", "head.inner.1", "head.inner.2",
-    ]
-    assert find_repeated_blocks(Tiny(n=4)) == [f"blocks.{i}" for i in range(4)]
-    with pytest.raises(ValueError):
-        repeated_block_groups(m, min_repeats=0)
+    # candidates are children of ModuleLists: 2x Nested and 10x Other model-wide qualify, the lone Block does
+    # not; the Others inside a chosen Nested are not searched again; an Other is a pure wrapper (its forward is
+    # ``return self.lin(x)``), so its Linear is what gets compiled
+    choice = choose_blocks(m)  # Mixed is not in the declared table
+    assert choice.how == "auto-discovered" and choice.reason is None
+    lins = ["layers.2.lin", "head.inner.0.lin", "head.inner.1.lin", "head.inner.2.lin"]
+    assert choice.discovery.groups == {"Nested": ["layers.0", "layers.1"], "Linear": lins}
+    assert choice.paths == ["layers.0", "layers.1", *lins] and choice.classes == {"Nested": 2, "Linear": 4}
+    assert choose_blocks(m, min_repeats=11).paths == []  # no class repeats 11 times
+    assert choose_blocks(Tiny(n=4)).paths == [f"blocks.{i}" for i in range(4)]
+    # a group under min_param_share of the parameters is left eager, and reported
+    small = choose_blocks(m, min_param_share=0.5)
+    assert small.paths == ["layers.0", "layers.1"] and set(small.discovery.dropped) == {"Linear"}
+    for bad in ({"min_repeats": 0}, {"min_param_share": 1.5}, {"classes": ["Block"], "discover": True}):
+        with pytest.raises(ValueError):
+            choose_blocks(m, **bad)
 
 
-def test_declared_repeated_blocks():
+def test_diffusers_style_declaration_by_class_names():
     m = Tiny(n=3)
-    assert declared_repeated_blocks(m) == []  # no attribute
-    m._repeated_blocks = []
-    assert declared_repeated_blocks(m) == []  # empty, as on diffusers' SD3 / VAEs
     m._repeated_blocks = ["Block"]  # diffusers convention: class names
-    assert declared_repeated_blocks(m) == ["blocks.0", "blocks.1", "blocks.2"]
+    assert choose_blocks(m, classes=m._repeated_blocks).paths == ["blocks.0", "blocks.1", "blocks.2"]
 
 
 # ---- compile + swap --------------------------------------------------------------------------
 def test_compile_blocks_is_lazy_and_does_not_mutate():
     m = Tiny(n=3)
     before = [id(b) for b in m.blocks]
-    compiled = compile_blocks(m, find_repeated_blocks(m), EAGER)
+    compiled = compile_blocks(m, block_paths(m), EAGER)
     assert list(compiled) == ["blocks.0", "blocks.1", "blocks.2"]
     assert [id(b) for b in m.blocks] == before
     assert all(c._orig_mod is m.blocks[i] for i, c in enumerate(compiled.values()))
@@ -215,11 +211,14 @@ def test_swap_in_uses_compiled_blocks_and_restores_even_on_error():
     assert all(a is b for a, b in zip(m.blocks, originals))
 
 
-def test_compile_full_eager_backend():
-    m = Tiny(n=2)
+def test_full_compile_is_one_block_of_the_parent():
+    root = nn.Module()
+    root.model = Tiny(n=2)
     x = torch.randn(1, 3, 8)
-    full = compile_full(m, EAGER)
-    assert torch.equal(full(x), m(x))
+    compiled = compile_blocks(root, ["model"], EAGER)  # as the Optimize node's compile=full ("diffusion_model")
+    with swap_in(root, compiled):
+        out = root.model(x)
+    assert torch.equal(out, root.model(x)) and root.model is not compiled["model"]
     assert counters["stats"]["unique_graphs"] == 1
 
 
@@ -230,7 +229,7 @@ def test_inductor_regional_shared_graph_and_run_to_run(capsys):
     x = torch.randn(1, 6, 8)
     with torch.inference_mode():
         eager = m(x)
-        compiled = compile_blocks(m, find_repeated_blocks(m), CompileOptions(dynamic=False))
+        compiled = compile_blocks(m, block_paths(m), CompileOptions(dynamic=False))
         t0 = time.perf_counter()
         with swap_in(m, compiled):
             first = m(x)

@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 
 from steadfast.core import compile_cache as cc
+from steadfast.core import compile_cache_location as loc
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    for k in (cc.INDUCTOR_ENV, cc.TRITON_ENV, cc.CACHE_ENV):
+    for k in (cc.INDUCTOR_ENV, cc.TRITON_ENV, loc.CACHE_ENV):
         monkeypatch.delenv(k, raising=False)
 
 
@@ -34,12 +35,12 @@ def test_key_separates_environments():
 
 
 def test_root_is_the_operators(clean_env, monkeypatch, tmp_path):
-    assert cc.resolve_root(tmp_path) == (tmp_path / "steadfast" / "compile_cache", "ComfyUI user directory")
-    assert cc.resolve_root(None)[0] is None
-    monkeypatch.setenv(cc.CACHE_ENV, str(tmp_path / "env"))
-    assert cc.resolve_root(tmp_path) == (tmp_path / "env", f"${cc.CACHE_ENV}")
-    monkeypatch.setenv(cc.CACHE_ENV, "none")
-    root, why = cc.resolve_root(tmp_path)
+    assert loc.resolve_root(tmp_path) == (tmp_path / "steadfast" / "compile_cache", "ComfyUI user directory")
+    assert loc.resolve_root(None)[0] is None
+    monkeypatch.setenv(loc.CACHE_ENV, str(tmp_path / "env"))
+    assert loc.resolve_root(tmp_path) == (tmp_path / "env", f"${loc.CACHE_ENV}")
+    monkeypatch.setenv(loc.CACHE_ENV, "none")
+    root, why = loc.resolve_root(tmp_path)
     assert root is None and "disabled" in why
 
 
@@ -143,7 +144,7 @@ print(json.dumps({"seconds": seconds, "hit": counters["inductor"]["fxgraph_cache
 
 
 def _child(root: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in (cc.INDUCTOR_ENV, cc.TRITON_ENV, cc.CACHE_ENV)}
+    env = {k: v for k, v in os.environ.items() if k not in (cc.INDUCTOR_ENV, cc.TRITON_ENV, loc.CACHE_ENV)}
     out = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), str(root)], capture_output=True, text=True,
                          env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -160,7 +161,7 @@ def test_fresh_process_hits_and_survives_corruption(tmp_path):
           f"ratio {cold['seconds'] / warm['seconds']:.1f}x")
 
     # Corrupt every cached file: graph entries (inductor skips them) and compiled .so (would crash)
-    (key_dir,) = [p for p in (tmp_path / cc.DEFAULT_NAME).iterdir() if p.is_dir() and ".bad-" not in p.name]
+    (key_dir,) = [p for p in (tmp_path / loc.DEFAULT_NAME).iterdir() if p.is_dir() and ".bad-" not in p.name]
     corrupted = 0
     for f in key_dir.rglob("*"):
         if f.is_file() and f.name != cc.MANIFEST and (f.suffix == ".so" or "fxgraph" in f.parts):
@@ -170,4 +171,4 @@ def test_fresh_process_hits_and_survives_corruption(tmp_path):
     healed = _child(tmp_path)
     assert healed["sum"] == cold["sum"]  # compiled again, same bits, no crash
     assert healed["hit"] == 0 and any("moved aside" in m for m in healed["messages"])
-    assert list((tmp_path / cc.DEFAULT_NAME).glob("*.bad-*"))
+    assert list((tmp_path / loc.DEFAULT_NAME).glob("*.bad-*"))

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from steadfast.core import compile_cache as cc
+from steadfast.core import compile_cache_location as loc
 
 ESCAPES = ["/tmp/x", "/", "..", "../input", "../../input/evil", "a/b", "a\\\\b", "~", "~root", ".hidden",
            "name/..", "x..y", "-dash", "", " ", "a" * 65, "c:\\\\temp", "input/", "%2e%2e"]
@@ -18,16 +19,16 @@ ESCAPES = ["/tmp/x", "/", "..", "../input", "../../input/evil", "a/b", "a\\\\b",
 
 @pytest.mark.parametrize("value", [v for v in ESCAPES if v.strip()])
 def test_paths_are_refused_as_names(value: str) -> None:
-    with pytest.raises(cc.CacheRefused) as info:
-        cc.check_name(value)
+    with pytest.raises(loc.CacheRefused) as info:
+        loc.check_name(value)
     msg = str(info.value)
     assert "NAME" in msg and "operator" in msg
 
 
 def test_plain_names_default_and_off() -> None:
-    assert cc.check_name("") == cc.check_name(None) == cc.check_name("  ") == "default"
-    assert cc.check_name("flux-dev_1.0") == "flux-dev_1.0"
-    assert cc.check_name("off") is None and cc.check_name("OFF") is None
+    assert loc.check_name("") == loc.check_name(None) == loc.check_name("  ") == "default"
+    assert loc.check_name("flux-dev_1.0") == "flux-dev_1.0"
+    assert loc.check_name("off") is None and loc.check_name("OFF") is None
 
 
 def _forbidden(base: Path) -> tuple[Path, ...]:
@@ -52,7 +53,7 @@ def test_cache_lives_under_root_and_name(tmp_path: Path) -> None:
 def test_root_inside_a_client_writable_folder_is_refused(tmp_path: Path, where: str) -> None:
     forbidden = _forbidden(tmp_path)
     root = tmp_path / where / "cc"
-    with pytest.raises(cc.CacheRefused) as info:
+    with pytest.raises(loc.CacheRefused) as info:
         cc.open_cache(root, "default", device="cpu", forbidden=forbidden)
     assert str(tmp_path) not in str(info.value)
     assert not (root / "default").exists()  # nothing created where a client could have planted files
@@ -60,7 +61,7 @@ def test_root_inside_a_client_writable_folder_is_refused(tmp_path: Path, where: 
 
 def test_root_containing_a_client_writable_folder_is_refused(tmp_path: Path) -> None:
     """Root = ComfyUI's base dir would make the name 'input' reach the upload folder."""
-    with pytest.raises(cc.CacheRefused):
+    with pytest.raises(loc.CacheRefused):
         cc.open_cache(tmp_path, "input", device="cpu", forbidden=_forbidden(tmp_path))
 
 
@@ -73,7 +74,7 @@ def test_symlinked_name_is_refused(tmp_path: Path) -> None:
     outside.mkdir()
     (root / "away").symlink_to(outside, target_is_directory=True)
     for name in ("evil", "away"):
-        with pytest.raises(cc.CacheRefused):
+        with pytest.raises(loc.CacheRefused):
             cc.open_cache(root, name, device="cpu", forbidden=forbidden)
     assert list(outside.iterdir()) == [] and list((tmp_path / "input").iterdir()) == []
 
@@ -83,7 +84,7 @@ def test_symlinked_root_into_input_is_refused(tmp_path: Path) -> None:
     link = tmp_path / "user" / "steadfast"
     link.parent.mkdir(parents=True, exist_ok=True)
     link.symlink_to(tmp_path / "input", target_is_directory=True)
-    with pytest.raises(cc.CacheRefused):
+    with pytest.raises(loc.CacheRefused):
         cc.open_cache(link / "compile_cache", "default", device="cpu", forbidden=forbidden)
 
 
@@ -91,12 +92,12 @@ def test_a_file_is_refused(tmp_path: Path) -> None:
     root = tmp_path / "root"
     root.mkdir()
     (root / "afile").write_text("not a folder")
-    with pytest.raises(cc.CacheRefused):
+    with pytest.raises(loc.CacheRefused):
         cc.open_cache(root, "afile", device="cpu")
 
 
 def test_open_cache_refuses_a_path_as_name(tmp_path: Path) -> None:
     for name in ("../x", str(tmp_path), "a/b"):
-        with pytest.raises(cc.CacheRefused):
+        with pytest.raises(loc.CacheRefused):
             cc.open_cache(tmp_path / "root", name, device="cpu")
     assert not (tmp_path / "x").exists()

@@ -1,9 +1,12 @@
 """Determinism policy: every global flag is set, read back, and restored exactly.
 
-Also covers ``core/fingerprint.py`` (it reports the same flags).
+Covers ``core/determinism.py`` (application), ``core/determinism_policy.py`` (policy, description, report),
+``core/torch_state.py`` (snapshot / restore), ``core/cublas_config.py`` and ``core/fingerprint.py`` (it reports
+the same flags).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -13,19 +16,15 @@ import numpy as np
 import pytest
 import torch
 
+from steadfast.core import cublas_config, torch_compat
 from steadfast.core import determinism as det
-from steadfast.core.determinism import (
-    DeterminismPolicy,
-    apply_policy,
-    deterministic,
-    restore_state,
-    seed_everything,
-    snapshot_state,
-)
+from steadfast.core.determinism import apply_policy, deterministic, seed_everything
+from steadfast.core.determinism_policy import DeterminismPolicy, describe_policy
+from steadfast.core.torch_state import restore_state, snapshot_state
 from steadfast.core.fingerprint import environment_fingerprint, fingerprint_digest
 
 matmul = torch.backends.cuda.matmul
-HAS_FP32_API = hasattr(torch._C, "_get_fp32_precision_getter")
+HAS_FP32_API = torch_compat.has_fp32_precision_api()
 
 
 @pytest.fixture(autouse=True)
@@ -211,22 +210,22 @@ def test_report_flags_bad_cublas_config(monkeypatch):
 
 def test_cublas_workspace_config_recorded_at_import():
     # the package __init__ calls ensure_cublas_workspace_config() before anything touches CUDA
-    record = det.cublas_config_record()
+    record = cublas_config.cublas_config_record()
     assert record is not None
-    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] in det.CUBLAS_DETERMINISTIC_VALUES
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] in cublas_config.CUBLAS_DETERMINISTIC_VALUES
     assert record.value == os.environ["CUBLAS_WORKSPACE_CONFIG"]
-    assert det.ensure_cublas_workspace_config() == det.cublas_config_effective()
+    assert cublas_config.ensure_cublas_workspace_config() == cublas_config.cublas_config_effective()
     if not torch.cuda.is_initialized() and not record.cuda_initialized_before:
-        assert det.cublas_config_effective() is True
+        assert cublas_config.cublas_config_effective() is True
     with pytest.raises(ValueError):
-        det.ensure_cublas_workspace_config(":1:1")
+        cublas_config.ensure_cublas_workspace_config(":1:1")
 
 
 def test_cublas_config_not_effective_when_changed(monkeypatch):
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":0:0")
-    assert det.cublas_config_effective() is False
+    assert cublas_config.cublas_config_effective() is False
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
-    assert det.cublas_config_effective() is False
+    assert cublas_config.cublas_config_effective() is False
 
 
 def _draws():
@@ -301,7 +300,9 @@ def test_fingerprint_fields_and_flags():
 def test_fingerprint_digest_is_stable_and_sensitive():
     fp = environment_fingerprint(dtype="fp32")
     digest = fingerprint_digest(fp)
-    assert len(digest) == 64 and int(digest, 16) >= 0
+    # the documented recipe, recomputed independently: SHA-256 of sorted, compact, ASCII JSON
+    canonical = json.dumps(fp, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    assert digest == hashlib.sha256(canonical.encode("ascii")).hexdigest()
     assert fingerprint_digest(dict(reversed(list(fp.items())))) == digest  # key order irrelevant
     assert fingerprint_digest(environment_fingerprint(dtype="fp32")) == digest
     assert fingerprint_digest(environment_fingerprint(dtype="fp16")) != digest
@@ -319,11 +320,11 @@ def test_fingerprint_rejects_collisions_and_unstable_values():
 
 def test_describe_policy_does_not_apply_anything():
     before = _raw_flags()
-    text = det.describe_policy(DeterminismPolicy(strict=False, allow_tf32=True))
+    text = describe_policy(DeterminismPolicy(strict=False, allow_tf32=True))
     assert _raw_flags() == before
     assert "warn_only=True" in text and "TF32: allowed" in text
     assert "thread count not pinned" in text
-    pinned = det.describe_policy(DeterminismPolicy(num_threads=1, seed=4))
+    pinned = describe_policy(DeterminismPolicy(num_threads=1, seed=4))
     assert "threads: pinned to 1" in pinned and "seed: 4" in pinned
     assert "Not guaranteed: nothing known" in pinned or torch.cuda.is_available()
 

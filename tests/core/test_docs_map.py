@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,6 +25,22 @@ def test_architecture_names_every_module_and_only_real_ones() -> None:
     named = set(re.findall(r"`((?:core|nodes|headless)/[\w/]+\.py)`", doc))
     ghosts = sorted(n for n in named if not (ROOT / n).is_file())
     assert not ghosts, f"docs/architecture.md names modules that do not exist: {ghosts}"
+
+
+def test_module_map_rows_are_the_module_docstrings() -> None:
+    """Each row's job is the first paragraph of its module's docstring (``scripts/module_map.py`` rewrites it)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import module_map
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    start, end = module_map.current_table(doc)
+    rows = doc[start:end].splitlines()[2:]
+    expected = module_map.table().splitlines()[2:]
+    assert len(rows) > 40 and "core/torch_compat.py" in module_map.table()
+    stale = sorted(set(rows) ^ set(expected))
+    assert rows == expected, f"run `python scripts/module_map.py`; rows that differ: {stale}"
 
 
 def test_readme_folder_table_names_every_top_level_folder() -> None:

@@ -196,7 +196,7 @@ def test_seeded_noise_rejects_non_int_seed():
 def test_check_seed_is_the_one_seed_check():
     import numpy as np
 
-    from steadfast.core.determinism import DeterminismPolicy
+    from steadfast.core.determinism_policy import DeterminismPolicy
     from steadfast.core.pipelines.run import image_generators
 
     assert MAX_SEED == 2**64 - 1

@@ -55,7 +55,7 @@ def test_optimized_copy_leaves_the_source_pipeline_as_it_was(sd_dir):
     assert not reused and h.owned and h.optimized and h.pipe is not base
     assert report.applied == ["qkv_fusion", "channels_last", "attention", "vae_tiling", "compile"]
     optimized = _run(h.pipe)
-    assert compile_record(h.pipe).status == "warm"
+    assert compile_record(h.pipe).stats.status == "warm"
     # the copy shares every weight except the conv weights channels-last rewrote
     shared, total = shared_tensor_count(base.unet, h.pipe.unet)
     n_conv = sum(1 for p in base.unet.parameters() if p.dim() == 4)

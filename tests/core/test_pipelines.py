@@ -15,7 +15,8 @@ import torch
 
 import tiny_pipelines as tp
 from steadfast.core.compare import compare
-from steadfast.core.determinism import DeterminismPolicy, snapshot_state
+from steadfast.core.determinism_policy import DeterminismPolicy
+from steadfast.core.torch_state import snapshot_state
 from steadfast.core.hashing import hash_image
 from steadfast.core.pipelines import (
     LoraLoadError,
@@ -282,15 +283,15 @@ def test_lora_hotswap_into_compiled_unet_does_not_recompile(sd_dir, tmp_path):
         prepare_lora_hotswap(pipe, 8)
     w = warmup(pipe, tp.SIZE, tp.SIZE, steps=tp.STEPS)
     rec = compile_record(pipe)
-    assert w.compiled and rec.status == "warm" and rec.graphs >= 1 and len(rec.blocks) == 8
+    assert w.compiled and rec.stats.status == "warm" and rec.stats.graphs >= 1 and len(rec.blocks) == 8
     img_a = generate(pipe, "a cat", seed=5, **G)
     assert compare(base, img_a).pct_pixels_differ > 50  # the LoRA acts
-    graphs, recompiles = rec.graphs, len(rec.recompiles)
+    graphs, recompiles = rec.stats.graphs, len(rec.stats.recompiles)
 
     swap = load_lora(pipe, lora_b, "style", hotswap=True)
     assert swap.hotswap and swap.compiled and swap.note == ""
     img_b = generate(pipe, "a cat", seed=5, **G)
-    assert len(rec.recompiles) == recompiles and rec.graphs == graphs  # no recompile, no new graph
+    assert len(rec.stats.recompiles) == recompiles and rec.stats.graphs == graphs  # no recompile, no new graph
     assert compare(img_a, img_b).pct_pixels_differ > 50  # B is active
     rep = compare(ref_b, img_b)
     print("hot-swapped B (compiled, eager backend) vs B loaded directly (eager):", rep.as_text())
@@ -325,10 +326,10 @@ def test_lora_hotswap_with_inductor_does_not_recompile(sd_dir):
     rec = compile_record(pipe)
     print(f"inductor warm-up {w.seconds:.1f} s: {rec.as_text()}")
     img_a = generate(pipe, "a cat", seed=5, **G)
-    graphs, recompiles = rec.graphs, len(rec.recompiles)
+    graphs, recompiles = rec.stats.graphs, len(rec.stats.recompiles)
     load_lora(pipe, lora_b, "style", hotswap=True)
     img_b = generate(pipe, "a cat", seed=5, **G)
-    assert len(rec.recompiles) == recompiles and rec.graphs == graphs
+    assert len(rec.stats.recompiles) == recompiles and rec.stats.graphs == graphs
     assert compare(img_a, img_b).pct_pixels_differ > 50
     rep = compare(ref_b, img_b)
     print("hot-swapped B (inductor) vs B eager:", rep.as_text())

@@ -12,12 +12,13 @@ import torch
 from torch import nn
 from torch._dynamo.utils import counters
 
-from steadfast.core import determinism
+from steadfast.core import torch_state
 from steadfast.core.compile import CompileOptions
-from steadfast.core.recompile_watch import (ParamIdentity, cache_entry_count, closest_changes, code_of,
+from steadfast.core.recompile_watch import (ParamIdentity, closest_changes, code_of,
                                             describe_flag_changes, dynamo_global_state_names, flag_changes,
                                             fingerprint_fields_for, guarded_flags)
 from steadfast.core.registry import CompileRegistry, RecompileError
+from steadfast.core.torch_compat import cache_entry_count
 
 STATIC = CompileOptions(backend="eager", dynamic=False)
 
@@ -44,11 +45,11 @@ class Net(nn.Module):
 
 @pytest.fixture(autouse=True)
 def _fresh():
-    state = determinism.snapshot_state()
+    state = torch_state.snapshot_state()
     torch._dynamo.reset()
     counters.clear()
     yield
-    determinism.restore_state(state)
+    torch_state.restore_state(state)
     torch._dynamo.reset()
     counters.clear()
 
@@ -87,21 +88,21 @@ def test_flag_change_is_the_recompile_reason(reg):
     with torch.no_grad():
         eager = m(x)
     assert torch.equal(call(reg, m, rec, x), eager)  # eager backend: same ATen ops, same bits
-    assert rec.compile_flags["deterministic_algorithms"] is False and rec.recompiles == []
+    assert rec.stats.compile_flags["deterministic_algorithms"] is False and rec.stats.recompiles == []
     torch.use_deterministic_algorithms(True)
     call(reg, m, rec, x)
-    (event,) = rec.recompiles
+    (event,) = rec.stats.recompiles
     assert event["reason"] == "global flag changed since compile: deterministic_algorithms False -> True"
     assert event["cause"] == "global_flag" and "GLOBAL_STATE changed: deterministic_algorithms" in event["guard"]
-    assert rec.last_run["recompiles"] == 1 and rec.last_run["reasons"] == [event["reason"]]
+    assert rec.stats.last_run["recompiles"] == 1 and rec.stats.last_run["reasons"] == [event["reason"]]
     torch.use_deterministic_algorithms(False)
     call(reg, m, rec, x)  # the graph compiled under the old flags is still cached
-    assert len(rec.recompiles) == 1 and rec.last_run["recompiles"] == 0 and rec.last_run["graphs"] == 0
+    assert len(rec.stats.recompiles) == 1 and rec.stats.last_run["recompiles"] == 0 and rec.stats.last_run["graphs"] == 0
     torch.set_float32_matmul_precision("high")  # Dynamo sees it as "allow_tf32"
     call(reg, m, rec, x)
-    assert rec.recompiles[-1]["reason"] == ("global flag changed since compile: "
+    assert rec.stats.recompiles[-1]["reason"] == ("global flag changed since compile: "
                                             "float32_matmul_precision highest -> high")
-    assert "recompile(s)" in rec.as_text() and f"run {rec.runs}: 1 recompile(s)" in rec.as_text()
+    assert "recompile(s)" in rec.as_text() and f"run {rec.stats.runs}: 1 recompile(s)" in rec.as_text()
 
 
 def test_strict_names_the_flag(reg):
@@ -123,11 +124,11 @@ def test_param_identity_in_place_vs_replaced(reg):
         m.blocks[0].lin.weight.copy_(m.blocks[0].lin.weight * 2)  # in place: same object (no recompile)
     assert ident.replaced({"b": m.blocks[0]}) == []
     call(reg, m, rec, x)
-    assert rec.last_run["params_replaced"] == 0 and rec.last_run["recompiles"] == 0
+    assert rec.stats.last_run["params_replaced"] == 0 and rec.stats.last_run["recompiles"] == 0
     m.blocks[1].lin.weight = nn.Parameter(m.blocks[1].lin.weight.detach().clone())  # what set_attr_param does
     call(reg, m, rec, x)
-    assert rec.last_run["params_replaced"] == 1 and rec.params_replaced == 1
-    assert any("replaced by new tensor objects" in w for w in rec.warnings)
+    assert rec.stats.last_run["params_replaced"] == 1 and rec.stats.params_replaced == 1
+    assert any("replaced by new tensor objects" in w for w in rec.stats.warnings)
 
 
 def test_warning_before_the_limit_counts_process_wide_entries(reg, caplog):
@@ -136,14 +137,14 @@ def test_warning_before_the_limit_counts_process_wide_entries(reg, caplog):
     assert code is Block.forward.__code__
     with torch._dynamo.config.patch(recompile_limit=5), caplog.at_level(logging.WARNING, "steadfast.registry"):
         call(reg, m, rec, torch.randn(2, 8))
-        assert cache_entry_count(code) == 1 and rec.warnings == []
+        assert cache_entry_count(code) == 1 and rec.stats.warnings == []
         # another model's record compiling the same forward adds entries to the same code object
         other, rec2 = compiled(reg)
         call(reg, other, rec2, torch.randn(3, 8))
         call(reg, other, rec2, torch.randn(4, 8))
-        assert cache_entry_count(code) == 3 and rec.warnings == []
-        assert rec2.warnings and "Block.forward has 3 compiled variant(s)" in rec2.warnings[0]
-        assert "recompile_limit=5" in rec2.warnings[0] and "2 more" in rec2.warnings[0]
+        assert cache_entry_count(code) == 3 and rec.stats.warnings == []
+        assert rec2.stats.warnings and "Block.forward has 3 compiled variant(s)" in rec2.stats.warnings[0]
+        assert "recompile_limit=5" in rec2.stats.warnings[0] and "2 more" in rec2.stats.warnings[0]
         assert rec.cache_entries() == {"Block.forward": 3}
     assert any("Block.forward has 3" in r.getMessage() for r in caplog.records)
     assert "WARNING: " in rec2.as_text()

@@ -31,3 +31,8 @@ class Tiny(nn.Module):
         for b in self.blocks:
             x = b(x)
         return self.out(x)
+
+
+def block_paths(model: Tiny) -> list[str]:
+    """Dotted paths of ``model``'s repeated blocks: ``["blocks.0", ...]``."""
+    return [f"blocks.{i}" for i in range(len(model.blocks))]

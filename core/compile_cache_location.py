@@ -1,0 +1,96 @@
+"""Where a compile cache may live: the operator's root, a workflow's cache *name*, and the checks that keep HTTP clients out.
+
+Inductor and Triton unpickle and ``dlopen`` what they find in their cache directory. So the root is the operator's
+(``$STEADFAST_COMPILE_CACHE`` or ComfyUI's user directory, :func:`resolve_root`); a workflow only picks a *name*
+under it (:func:`check_name`), never a path; and :func:`check_location` refuses a root that overlaps a folder HTTP
+clients can write (ComfyUI's input/output/temp, user folders), a name that is a link or a file, or one that
+resolves outside the root (:class:`CacheRefused`). Messages never contain an absolute path (they reach HTTP
+clients); the full path goes to the server log. Tests: ``tests/core/test_compile_cache_security.py`` and
+``tests/comfy/test_security.py``. No ComfyUI imports; changes nothing.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+
+log = logging.getLogger("steadfast.compile_cache")
+
+__all__ = ["CACHE_ENV", "DISABLED_VALUES", "DEFAULT_NAME", "CacheRefused", "check_name", "resolve_root",
+           "check_location"]
+
+CACHE_ENV = "STEADFAST_COMPILE_CACHE"
+DISABLED_VALUES = ("off", "none", "0", "false", "disabled")
+DEFAULT_NAME = "default"
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+class CacheRefused(ValueError):
+    """A compile-cache name or root that would let a workflow choose where the server writes or loads from.
+
+    Inductor and Triton unpickle and ``dlopen`` what they find in their cache directory, so a workflow that
+    could point the cache at a folder it can write (ComfyUI's ``input/`` via ``POST /upload/image``,
+    ``output/``, ``temp/``, a user's ``/userdata`` folder) could run code in the server. The message never
+    contains an absolute path (it is shown to HTTP clients); the full path goes to the server log.
+    """
+
+
+def check_name(value: str | None) -> str | None:
+    """The cache *name* a workflow chose: ``""``/None -> ``"default"``, ``"off"`` etc. -> None (disabled).
+
+    A name is 1-64 characters of ``[A-Za-z0-9._-]``, starting with a letter or digit: never a path, never
+    ``..``. Raises :class:`CacheRefused` for anything else (absolute paths, ``../x``, ``a/b``, ``~``, ...).
+    """
+    text = "" if value is None else str(value).strip()
+    if text == "":
+        return DEFAULT_NAME
+    if text.lower() in DISABLED_VALUES:
+        return None
+    if not NAME_RE.fullmatch(text) or ".." in text:
+        raise CacheRefused(
+            f"compile_cache must be a cache NAME (letters, digits, '.', '_', '-'; at most 64; e.g. 'default' or "
+            f"'flux'), or 'off'; got {text[:80]!r}. Paths are refused: the cache root is set by the server's "
+            f"operator (${CACHE_ENV}), not by a workflow.")
+    return text
+
+
+def resolve_root(user_dir: str | os.PathLike[str] | None = None) -> tuple[Path | None, str]:
+    """The operator's cache root, and where it came from: ``(root or None when disabled, source text)``.
+
+    ``$STEADFAST_COMPILE_CACHE`` (set by whoever starts the server), else ``<user_dir>/steadfast/compile_cache``
+    (ComfyUI's user directory, passed by the adapter). ``off``/``none``/... in the variable disables the managed
+    cache. A workflow never sets the root; it picks a cache *name* under it (:func:`check_name`).
+    """
+    env = os.environ.get(CACHE_ENV, "").strip()
+    if env:
+        if env.lower() in DISABLED_VALUES:
+            return None, f"disabled by ${CACHE_ENV}"
+        return Path(env).expanduser(), f"${CACHE_ENV}"
+    if user_dir is None:
+        return None, "no cache root (no user directory and no $" + CACHE_ENV + ")"
+    return Path(user_dir).expanduser() / "steadfast" / "compile_cache", "ComfyUI user directory"
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def check_location(root: Path, name: str, forbidden: tuple[Path, ...]) -> Path:
+    """``<root>/<name>`` after symlinks are resolved; :class:`CacheRefused` when it escapes ``root``, lies in a
+    ``forbidden`` folder (or the root does), or exists as something other than a directory."""
+    real_root = root.resolve()
+    for folder in forbidden:
+        real = Path(os.path.realpath(folder))
+        if _inside(real_root, real) or _inside(real, real_root):
+            log.error("compile cache root %s overlaps %s (a folder clients can write): refused", real_root, real)
+            raise CacheRefused("the compile-cache root set by the operator overlaps a folder that HTTP clients can "
+                               "write (ComfyUI's input/output/temp or a user folder); refused (see the server log)")
+    target = root / name
+    if target.is_symlink() or (target.exists() and not target.is_dir()):
+        log.error("compile cache %s is a symlink or not a directory: refused", target)
+        raise CacheRefused(f"compile cache {name!r} is a link or not a folder; refused (see the server log)")
+    if not _inside(target.resolve(), real_root):
+        log.error("compile cache %s resolves outside its root %s: refused", target, real_root)
+        raise CacheRefused(f"compile cache {name!r} resolves outside the cache root; refused (see the server log)")
+    return target

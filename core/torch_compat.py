@@ -1,0 +1,301 @@
+"""Every private torch API Steadfast uses (``torch._dynamo``, ``torch._inductor``, ``torch._logging``, ``torch._C``), in one place.
+
+No other module of ``core/`` or ``nodes/`` names ``torch._`` (``tests/core/test_torch_compat.py`` greps for it),
+so a torch upgrade that moves one of these APIs breaks here, with a :class:`TorchAPIMissing` that names the API,
+the torch version and what needs it, instead of deep inside a node. Every API is feature-detected when it is
+first used (no version checks); none is imported at module import time (``torch._dynamo`` and
+``torch._inductor`` take seconds to import and this module must stay cheap to import).
+
+Checked against torch 2.13 and 2.14. Config changes use torch's own ``config.patch`` context managers; the only
+global change this module makes on request is the recompile log tap (:func:`install_recompile_log_tap` /
+:func:`remove_recompile_log_tap`). This module imports nothing from ComfyUI.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import inspect
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = [
+    "TorchAPIMissing", "RECOMPILE_LIMIT_SETTING", "INDUCTOR_DETERMINISTIC_SETTING", "RECOMPILES_LOGGER",
+    "CONVERT_FRAME_LOGGER", "recompile_limit", "specialize_int", "dynamo_counters", "dynamo_global_state",
+    "cache_entry_count", "supports_guard_filter_fn", "inductor_mode_options", "is_compile_error",
+    "clear_inductor_caches", "has_fp32_precision_api", "get_fp32_precision", "set_fp32_precision",
+    "inductor_deterministic", "set_inductor_deterministic", "RecompileLogTap", "install_recompile_log_tap",
+    "remove_recompile_log_tap",
+]
+
+#: Names of the settings as messages to users should spell them.
+RECOMPILE_LIMIT_SETTING = "torch._dynamo.config.recompile_limit"
+INDUCTOR_DETERMINISTIC_SETTING = "torch._inductor.config.deterministic"
+#: Dynamo's loggers the recompile log tap listens on.
+RECOMPILES_LOGGER = "torch._dynamo.guards.__recompiles"
+CONVERT_FRAME_LOGGER = "torch._dynamo.convert_frame"
+_INDUCTOR_CONFIG = "torch._inductor.config"
+
+
+class TorchAPIMissing(RuntimeError):
+    """A private torch API Steadfast relies on does not exist in this torch build (moved or renamed)."""
+
+
+def _api(module: str, attr: str, purpose: str) -> Any:
+    """``module.attr``, imported on demand. Raises :class:`TorchAPIMissing` (naming ``purpose``) when absent."""
+    try:
+        value = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise TorchAPIMissing(f"{purpose} needs {module}.{attr}, which torch {torch.__version__} does not have "
+                              f"({type(e).__name__}: {e}); Steadfast is checked against torch 2.13/2.14") from e
+    return value
+
+
+# ---------------------------------------------------------------------------------------------- Dynamo
+def recompile_limit() -> int:
+    """Dynamo's per-code-object compile limit (``recompile_limit``; ``cache_size_limit`` before torch 2.7).
+
+    Past it Dynamo runs the frame eagerly (or fails with ``fullgraph``). Raises :class:`TorchAPIMissing`
+    when neither setting exists. Imports ``torch._dynamo`` (seconds, the first time).
+    """
+    cfg = _api("torch._dynamo", "config", "reading the recompile limit")
+    for name in ("recompile_limit", "cache_size_limit"):
+        value = getattr(cfg, name, None)
+        if isinstance(value, int):
+            return value
+    raise TorchAPIMissing(f"torch {torch.__version__}: {RECOMPILE_LIMIT_SETTING} (or cache_size_limit) is missing")
+
+
+def specialize_int() -> contextlib.AbstractContextManager[Any]:
+    """Context manager: ``torch._dynamo.config.specialize_int = True`` inside, the previous value after.
+
+    torch's own ``config.patch`` (restores on exceptions too; nests). Python ints traced inside become
+    constants with ordinary guards instead of symbolic sizes. Process-global while active.
+    """
+    cfg = _api("torch._dynamo", "config", "CompileOptions.specialize_ints")
+    return cfg.patch(specialize_int=True)
+
+
+def dynamo_counters() -> dict[str, int]:
+    """Flat copy of the Dynamo counters the compile registry attributes (monotonic until cleared).
+
+    Keys: ``unique_graphs``, ``calls_captured``, ``fxgraph_cache_hit`` / ``_miss``, ``autograd_cache_hit`` /
+    ``_miss`` and ``graph_break:<reason>`` per graph-break reason; values are counts.
+    """
+    counters = _api("torch._dynamo.utils", "counters", "counting compiled graphs")
+    snap = {
+        "unique_graphs": counters["stats"]["unique_graphs"],
+        "calls_captured": counters["stats"]["calls_captured"],
+        "fxgraph_cache_hit": counters["inductor"]["fxgraph_cache_hit"],
+        "fxgraph_cache_miss": counters["inductor"]["fxgraph_cache_miss"],
+        "autograd_cache_hit": counters["aot_autograd"]["autograd_cache_hit"],
+        "autograd_cache_miss": counters["aot_autograd"]["autograd_cache_miss"],
+    }
+    for reason, n in counters["graph_break"].items():
+        snap[f"graph_break:{reason}"] = n
+    return snap
+
+
+def dynamo_global_state() -> dict[str, Any]:
+    """The global state Dynamo's ``GLOBAL_STATE`` guard checks, as a dict (``GlobalStateGuard().__getstate__()``).
+
+    Keys include ``autocast_state`` (``{"enabled": [bool per device], ...}``), ``torch_function`` and
+    ``torch_function_all_disabled``. Cheap (a C call); does not import ``torch._dynamo``.
+    """
+    guard = _api("torch._C._dynamo.guards", "GlobalStateGuard", "explaining GLOBAL_STATE recompiles")
+    return dict(json.loads(guard().__getstate__()))
+
+
+def cache_entry_count(code: Any) -> int:
+    """Number of Dynamo cache entries (compiled variants) on the code object ``code``.
+
+    Dynamo stops compiling ``code`` once this reaches :func:`recompile_limit`. Uses the debug API
+    ``torch._dynamo.eval_frame._debug_get_cache_entry_list``. Raises ``TypeError`` when ``code`` is not a code
+    object and :class:`TorchAPIMissing` when the API is gone.
+    """
+    if not inspect.iscode(code):
+        raise TypeError(f"cache_entry_count needs a code object, got {type(code).__name__}")
+    entries = _api("torch._dynamo.eval_frame", "_debug_get_cache_entry_list", "counting Dynamo cache entries")
+    return len(entries(code))
+
+
+def supports_guard_filter_fn() -> bool:
+    """Whether ``torch.compile(options={"guard_filter_fn": fn})`` is understood by this torch.
+
+    Feature test: Dynamo's ``_optimize`` (``optimize`` in older torch) takes a ``guard_filter_fn`` argument
+    (torch >= 2.8; present in 2.13/2.14). Raises :class:`TorchAPIMissing` when neither function exists.
+    """
+    eval_frame = _api("torch._dynamo", "eval_frame", "guard filters")
+    target = getattr(eval_frame, "_optimize", None) or getattr(eval_frame, "optimize", None)
+    if target is None:
+        raise TorchAPIMissing(f"torch {torch.__version__}: torch._dynamo.eval_frame has no _optimize/optimize")
+    return "guard_filter_fn" in inspect.signature(target).parameters
+
+
+def is_compile_error(exc: BaseException) -> bool:
+    """True for errors raised by torch.compile itself: Dynamo tracing, a backend compiler, inductor's code
+    generation or C++ build (any exception class defined under ``torch._dynamo`` or ``torch._inductor``)."""
+    exc_mod = _api("torch._dynamo", "exc", "recognising compile errors")
+    if isinstance(exc, (exc_mod.TorchDynamoException, exc_mod.FailOnRecompileLimitHit)):
+        return True
+    return type(exc).__module__.startswith(("torch._dynamo", "torch._inductor"))
+
+
+# ---------------------------------------------------------------------------------------------- inductor
+def inductor_mode_options(mode: str, dynamic: bool | None = None) -> dict[str, Any]:
+    """The inductor config ``torch.compile(mode=mode)`` applies (``torch._inductor.list_mode_options``).
+
+    ``"default"`` gives ``{}``. Raises ``ValueError`` for a mode torch does not know and
+    :class:`TorchAPIMissing` when the function is gone. Imports ``torch._inductor`` (about 1 s the first time).
+    """
+    list_mode_options = _api("torch._inductor", "list_mode_options", "combining a compile mode with options")
+    try:
+        return dict(list_mode_options(mode, dynamic))
+    except RuntimeError as e:  # "Unrecognized mode=..."
+        raise ValueError(str(e)) from e
+
+
+def clear_inductor_caches() -> bool:
+    """Drop inductor's memoised cache paths (``torch._inductor.utils.clear_caches``), as torch's ``fresh_cache``
+    does after changing ``TORCHINDUCTOR_CACHE_DIR``. Only when inductor is loaded (nothing is memoised
+    otherwise); returns whether it cleared. Raises :class:`TorchAPIMissing` when loaded but the function is gone."""
+    if "torch._inductor.utils" not in sys.modules:
+        return False
+    _api("torch._inductor.utils", "clear_caches", "switching the compile cache directory")()
+    return True
+
+
+def inductor_deterministic(load: bool = False) -> bool | None:
+    """``torch._inductor.config.deterministic`` (part of inductor's FX-graph cache key).
+
+    ``None`` when inductor's config is not loaded and ``load`` is False (reading then has no side effects);
+    ``load=True`` imports it (about 1 s the first time). Raises :class:`TorchAPIMissing` when the setting is gone.
+    """
+    if sys.modules.get(_INDUCTOR_CONFIG) is None and not load:
+        return None
+    return bool(_api(_INDUCTOR_CONFIG, "deterministic", "reading inductor's deterministic flag"))
+
+
+def set_inductor_deterministic(value: bool) -> bool:
+    """Write ``torch._inductor.config.deterministic`` when inductor's config is loaded and differs; returns
+    whether it wrote (``torch.use_deterministic_algorithms`` rewrites it; restoring puts the old value back)."""
+    if sys.modules.get(_INDUCTOR_CONFIG) is None or inductor_deterministic() == bool(value):
+        return False
+    setattr(importlib.import_module(_INDUCTOR_CONFIG), "deterministic", bool(value))
+    return True
+
+
+# ---------------------------------------------------------------------------------------------- fp32 precision
+def has_fp32_precision_api() -> bool:
+    """Whether this torch has the per-backend fp32 precision API (torch >= 2.9, ``torch._C`` getter/setter)."""
+    return hasattr(torch._C, "_get_fp32_precision_getter") and hasattr(torch._C, "_set_fp32_precision_setter")
+
+
+def get_fp32_precision(backend: str, op: str) -> str:
+    """The fp32 precision of ``backend`` ("generic", "cuda", "mkldnn") for ``op`` ("all", "matmul", "conv",
+    "rnn"): "ieee", "tf32", "bf16" or "none" (inherit). Raises :class:`TorchAPIMissing` before torch 2.9 and
+    ``RuntimeError`` for a pair torch does not know."""
+    return str(_api("torch._C", "_get_fp32_precision_getter", "reading fp32 precision")(backend, op))
+
+
+def set_fp32_precision(backend: str, op: str, value: str) -> None:
+    """Set the fp32 precision of ``backend``/``op`` (see :func:`get_fp32_precision`). Raises
+    :class:`TorchAPIMissing` before torch 2.9 and ``RuntimeError`` for an unknown pair or value."""
+    _api("torch._C", "_set_fp32_precision_setter", "setting fp32 precision")(backend, op, value)
+
+
+# ---------------------------------------------------------------------------------------------- log tap
+class _Forward(logging.Handler):
+    """Passes each record's message to ``callback`` (only messages containing ``marker``, when given)."""
+
+    def __init__(self, callback: Callable[[str], None], marker: str | None = None) -> None:
+        super().__init__(level=logging.DEBUG)
+        self._callback, self._marker = callback, marker
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            msg = record.getMessage()
+            if self._marker is None or self._marker in msg:
+                self._callback(msg)
+        except Exception:  # noqa: BLE001 - logging's convention: report on stderr, never break the logger's caller
+            self.handleError(record)
+
+
+@dataclasses.dataclass
+class RecompileLogTap:
+    """An installed tap (see :func:`install_recompile_log_tap`); ``note`` says whether reasons are captured."""
+
+    note: str
+    handlers: tuple[logging.Handler, logging.Handler]
+    levels: dict[str, int]
+    artifacts: set[str]
+    changed_state: bool
+    propagate: bool
+    level: int
+    removed: bool = False
+
+
+def install_recompile_log_tap(on_recompile: Callable[[str], None],
+                              on_limit_hit: Callable[[str], None]) -> RecompileLogTap:
+    """Route Dynamo's recompile messages to ``on_recompile`` and its recompile-limit warnings to ``on_limit_hit``.
+
+    Enables torch's ``recompiles`` log artifact (``torch._logging.set_logs(recompiles=True)`` from a default
+    state, else added to the current state) unless ``TORCH_LOGS`` is set (torch then ignores ``set_logs``; the
+    note says whether the user's setting captures reasons). Adds a handler to ``RECOMPILES_LOGGER`` (with
+    ``propagate=False``, so stderr stays quiet) and one to ``CONVERT_FRAME_LOGGER`` (messages containing
+    "hit config."). Everything is recorded in the returned tap; :func:`remove_recompile_log_tap` undoes it.
+    Process-global. Raises :class:`TorchAPIMissing` when torch's logging state is not where it was.
+    """
+    internal = _api("torch._logging", "_internal", "capturing recompile reasons")
+    state = _api("torch._logging._internal", "log_state", "capturing recompile reasons")
+    levels, artifacts = dict(state.log_qname_to_level), set(state.artifact_names)
+    rec_logger, cf_logger = logging.getLogger(RECOMPILES_LOGGER), logging.getLogger(CONVERT_FRAME_LOGGER)
+    propagate, level = rec_logger.propagate, rec_logger.level
+    changed = False
+    if "TORCH_LOGS" in os.environ:
+        on = "recompiles" in artifacts or "recompiles_verbose" in artifacts
+        note = "TORCH_LOGS is set: recompile reasons " + ("captured" if on else
+                                                          "NOT captured (add 'recompiles' to TORCH_LOGS)")
+    elif "recompiles" not in artifacts:
+        if not levels and not artifacts:
+            torch._logging.set_logs(recompiles=True)  # the public way, from a default state
+        else:  # keep the user's other settings: add the artifact to the current state
+            state.enable_artifact("recompiles")
+            internal._init_logs()
+        changed = True
+        note = "recompile logging enabled by Steadfast (restored when the tap is removed)"
+    else:
+        note = "recompile logging was already enabled"
+    handlers = (_Forward(on_recompile), _Forward(on_limit_hit, marker="hit config."))
+    rec_logger.addHandler(handlers[0])
+    rec_logger.propagate = False
+    cf_logger.addHandler(handlers[1])
+    return RecompileLogTap(note, handlers, levels, artifacts, changed, propagate, level)
+
+
+def remove_recompile_log_tap(tap: RecompileLogTap) -> None:
+    """Undo :func:`install_recompile_log_tap`: remove both handlers, restore torch's logging state (levels,
+    artifacts) and the recompile logger's ``propagate`` and level. A second call does nothing."""
+    if tap.removed:
+        return
+    tap.removed = True
+    rec_logger = logging.getLogger(RECOMPILES_LOGGER)
+    rec_logger.removeHandler(tap.handlers[0])
+    logging.getLogger(CONVERT_FRAME_LOGGER).removeHandler(tap.handlers[1])
+    if tap.changed_state:
+        if not tap.levels and not tap.artifacts:
+            torch._logging.set_logs()
+        else:
+            internal = _api("torch._logging", "_internal", "restoring torch's logging state")
+            internal.log_state.clear()
+            internal.log_state.log_qname_to_level.update(tap.levels)
+            internal.log_state.artifact_names.update(tap.artifacts)
+            internal._init_logs()
+    rec_logger.propagate = tap.propagate
+    rec_logger.setLevel(tap.level)

@@ -1,0 +1,245 @@
+"""core/torch_compat.py is the only door to torch's private APIs, and each of its functions does what it says.
+
+The grep test reads every Python file of ``core/`` and ``nodes/``: only ``core/torch_compat.py`` may contain the
+text ``torch._`` (so ``torch.__version__`` is spelled ``torch.version.__version__`` elsewhere). The other tests
+fake a missing API with ``monkeypatch`` (restored after each test) and check the error names it.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from steadfast.core import torch_compat as tc
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPAT = ROOT / "core" / "torch_compat.py"
+
+
+def files_naming_private_torch(folders: tuple[str, ...] = ("core", "nodes")) -> dict[str, list[int]]:
+    """``{relative path: [line numbers]}`` of the files under ``folders`` that contain ``torch._``."""
+    hits: dict[str, list[int]] = {}
+    for folder in folders:
+        for f in sorted((ROOT / folder).rglob("*.py")):
+            lines = [i for i, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1) if "torch._" in line]
+            if lines:
+                hits[str(f.relative_to(ROOT))] = lines
+    return hits
+
+
+def test_only_torch_compat_names_private_torch() -> None:
+    hits = files_naming_private_torch()
+    assert "core/torch_compat.py" in hits  # the scanner finds the pattern where it must be
+    others = {f: lines for f, lines in hits.items() if f != "core/torch_compat.py"}
+    assert others == {}, f"private torch APIs outside core/torch_compat.py (file: lines): {others}"
+
+
+def test_missing_api_error_names_api_version_and_purpose(monkeypatch) -> None:
+    monkeypatch.delattr(torch._C, "_get_fp32_precision_getter")
+    assert tc.has_fp32_precision_api() is False
+    with pytest.raises(tc.TorchAPIMissing, match=r"reading fp32 precision needs torch\._C\._get_fp32_precision_getter"
+                                                 r", which torch 2\.\d+"):
+        tc.get_fp32_precision("cuda", "matmul")
+
+
+def test_recompile_limit_reads_either_name_or_fails(monkeypatch) -> None:
+    assert tc.recompile_limit() == torch._dynamo.config.recompile_limit
+    with torch._dynamo.config.patch(recompile_limit=3):
+        assert tc.recompile_limit() == 3
+    monkeypatch.setattr(torch._dynamo, "config", types.SimpleNamespace(cache_size_limit=5))
+    assert tc.recompile_limit() == 5  # the pre-2.7 name
+    monkeypatch.setattr(torch._dynamo, "config", types.SimpleNamespace())
+    with pytest.raises(tc.TorchAPIMissing, match="recompile_limit"):
+        tc.recompile_limit()
+
+
+def test_specialize_int_is_scoped_and_restored_on_errors() -> None:
+    cfg = torch._dynamo.config
+    before = cfg.specialize_int
+    assert before is False  # torch's default
+    with tc.specialize_int():
+        assert cfg.specialize_int is True
+        with tc.specialize_int():  # nests
+            assert cfg.specialize_int is True
+        assert cfg.specialize_int is True
+    assert cfg.specialize_int is before
+    with pytest.raises(KeyError):
+        with tc.specialize_int():
+            raise KeyError("boom")
+    assert cfg.specialize_int is before
+
+
+def test_counters_and_cache_entries_follow_a_compile() -> None:
+    torch._dynamo.reset()
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x * 2 + 1
+
+    before = tc.dynamo_counters()
+    assert {"unique_graphs", "calls_captured", "fxgraph_cache_hit", "autograd_cache_miss"} <= set(before)
+    assert tc.cache_entry_count(f.__code__) == 0
+    torch.compile(f, backend="eager", dynamic=False)(torch.ones(3))
+    assert tc.dynamo_counters()["unique_graphs"] == before["unique_graphs"] + 1
+    assert tc.cache_entry_count(f.__code__) == 1
+    torch.compile(f, backend="eager", dynamic=False)(torch.ones(4))  # a new static shape: a second entry
+    assert tc.cache_entry_count(f.__code__) == 2
+    with pytest.raises(TypeError, match="code object"):
+        tc.cache_entry_count(f)
+    torch._dynamo.reset()
+
+
+def test_global_state_tracks_a_flag() -> None:
+    assert tc.dynamo_global_state()["grad_mode"] is True
+    with torch.no_grad():
+        assert tc.dynamo_global_state()["grad_mode"] is False
+    assert "autocast_state" in tc.dynamo_global_state()
+
+
+def test_guard_filter_and_mode_options() -> None:
+    assert tc.supports_guard_filter_fn() is True  # torch 2.13/2.14
+    assert tc.inductor_mode_options("default") == {}
+    assert tc.inductor_mode_options("max-autotune-no-cudagraphs")["max_autotune"] is True
+    with pytest.raises(ValueError, match="Unrecognized mode"):
+        tc.inductor_mode_options("no-such-mode")
+
+
+def test_is_compile_error() -> None:
+    from torch._dynamo.exc import FailOnRecompileLimitHit, Unsupported
+
+    assert tc.is_compile_error(Unsupported("graph break"))
+    assert tc.is_compile_error(FailOnRecompileLimitHit("limit"))
+    assert not tc.is_compile_error(ValueError("user error"))
+    assert not tc.is_compile_error(RuntimeError("shape mismatch"))
+
+
+def test_inductor_deterministic_reads_only_when_loaded(monkeypatch) -> None:
+    import torch._inductor.config as cfg
+
+    assert tc.inductor_deterministic() is bool(cfg.deterministic)
+    previous = cfg.deterministic
+    try:
+        assert tc.set_inductor_deterministic(not previous) is True and cfg.deterministic is (not previous)
+        assert tc.set_inductor_deterministic(not previous) is False  # already that value: nothing written
+    finally:
+        cfg.deterministic = previous
+    with monkeypatch.context() as m:  # as in a process that never loaded inductor (nothing may import it here:
+        m.delitem(sys.modules, "torch._inductor.config")  # a second config module would outlive the test)
+        assert tc.inductor_deterministic() is None
+        assert tc.set_inductor_deterministic(True) is False
+    assert sys.modules["torch._inductor.config"] is cfg
+    assert tc.inductor_deterministic(load=True) is bool(previous)  # load=True imports (here: finds) it
+
+
+def test_fp32_precision_round_trip() -> None:
+    assert tc.has_fp32_precision_api()
+    before = tc.get_fp32_precision("mkldnn", "matmul")
+    other = "ieee" if before != "ieee" else "none"
+    try:
+        tc.set_fp32_precision("mkldnn", "matmul", other)
+        assert tc.get_fp32_precision("mkldnn", "matmul") == other
+    finally:
+        tc.set_fp32_precision("mkldnn", "matmul", before)
+    assert tc.get_fp32_precision("mkldnn", "matmul") == before
+
+
+def test_clear_inductor_caches_only_when_loaded(monkeypatch) -> None:
+    import torch._inductor.utils  # noqa: F401
+
+    assert tc.clear_inductor_caches() is True
+    monkeypatch.delitem(sys.modules, "torch._inductor.utils")
+    assert tc.clear_inductor_caches() is False
+
+
+def _logging_state() -> tuple:
+    from torch._logging import _internal as tlog
+
+    logger = logging.getLogger(tc.RECOMPILES_LOGGER)
+    return (dict(tlog.log_state.log_qname_to_level), set(tlog.log_state.artifact_names), logger.propagate,
+            logger.level, list(logger.handlers), list(logging.getLogger(tc.CONVERT_FRAME_LOGGER).handlers))
+
+
+@pytest.fixture
+def default_torch_logging(monkeypatch):
+    """torch's logging state at its default for one test (no artifact, no level), put back as it was after it.
+
+    Earlier tests may have left the process-wide registry's tap installed (the ``recompiles`` artifact on):
+    it is removed first (the registry's next tracked call installs it again)."""
+    from torch._logging import _internal as tlog
+
+    from steadfast.core.registry import REGISTRY
+
+    REGISTRY.close()
+    monkeypatch.delenv("TORCH_LOGS", raising=False)
+    levels, artifacts = dict(tlog.log_state.log_qname_to_level), set(tlog.log_state.artifact_names)
+    torch._logging.set_logs()
+    yield
+    if not levels and not artifacts:
+        torch._logging.set_logs()
+    else:
+        tlog.log_state.clear()
+        tlog.log_state.log_qname_to_level.update(levels)
+        tlog.log_state.artifact_names.update(artifacts)
+        tlog._init_logs()
+
+
+def test_log_tap_forwards_messages_and_is_removed_exactly(default_torch_logging) -> None:
+    from torch._logging import _internal as tlog
+
+    before = _logging_state()
+    assert before[0] == {} and before[1] == set()
+    seen: dict[str, list[str]] = {"recompile": [], "limit": []}
+    tap = tc.install_recompile_log_tap(seen["recompile"].append, seen["limit"].append)
+    assert tap.changed_state and "enabled by Steadfast" in tap.note
+    assert "recompiles" in tlog.log_state.artifact_names and logging.getLogger(tc.RECOMPILES_LOGGER).propagate is False
+    logging.getLogger(tc.RECOMPILES_LOGGER).debug("Recompiling function %s", "forward")
+    logging.getLogger(tc.CONVERT_FRAME_LOGGER).warning("torch._dynamo hit config.recompile_limit (8)")
+    logging.getLogger(tc.CONVERT_FRAME_LOGGER).warning("an unrelated convert_frame message")
+    assert seen == {"recompile": ["Recompiling function forward"], "limit": ["torch._dynamo hit config.recompile_limit (8)"]}
+    tc.remove_recompile_log_tap(tap)
+    assert _logging_state() == before
+    tc.remove_recompile_log_tap(tap)  # a second removal changes nothing
+    assert _logging_state() == before
+    logging.getLogger(tc.RECOMPILES_LOGGER).debug("after removal")
+    assert len(seen["recompile"]) == 1
+
+
+def test_log_tap_keeps_the_users_other_settings(default_torch_logging) -> None:
+    from torch._logging import _internal as tlog
+
+    torch._logging.set_logs(dynamo=logging.INFO)  # a user's own setting, not the default
+    before = _logging_state()
+    tap = tc.install_recompile_log_tap(lambda m: None, lambda m: None)
+    try:
+        assert tap.changed_state and "recompiles" in tlog.log_state.artifact_names
+        assert tlog.log_state.log_qname_to_level == before[0]  # the user's level is kept
+    finally:
+        tc.remove_recompile_log_tap(tap)
+    assert _logging_state() == before
+
+
+def test_log_tap_respects_torch_logs(default_torch_logging, monkeypatch) -> None:
+    monkeypatch.setenv("TORCH_LOGS", "+dynamo")  # torch ignores set_logs then: the tap must not touch the state
+    before = _logging_state()
+    tap = tc.install_recompile_log_tap(lambda m: None, lambda m: None)
+    try:
+        assert not tap.changed_state and "NOT captured" in tap.note
+        assert logging.getLogger(tc.RECOMPILES_LOGGER).propagate is False
+    finally:
+        tc.remove_recompile_log_tap(tap)
+    assert _logging_state() == before
+
+
+def test_a_failing_callback_is_reported_not_raised(default_torch_logging, capsys) -> None:
+    def broken(message: str) -> None:
+        raise ValueError("callback bug")
+
+    tap = tc.install_recompile_log_tap(broken, broken)
+    try:
+        logging.getLogger(tc.RECOMPILES_LOGGER).debug("Recompiling function forward")
+    finally:
+        tc.remove_recompile_log_tap(tap)
+    assert "callback bug" in capsys.readouterr().err  # logging's handleError prints the traceback
