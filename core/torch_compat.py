@@ -20,7 +20,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -31,7 +31,7 @@ __all__ = [
     "cache_entry_count", "supports_guard_filter_fn", "inductor_mode_options", "is_compile_error",
     "clear_inductor_caches", "has_fp32_precision_api", "get_fp32_precision", "set_fp32_precision",
     "inductor_deterministic", "set_inductor_deterministic", "RecompileLogTap", "install_recompile_log_tap",
-    "remove_recompile_log_tap",
+    "remove_recompile_log_tap", "compile_events",
 ]
 
 #: Names of the settings as messages to users should spell them.
@@ -58,6 +58,22 @@ def _api(module: str, attr: str, purpose: str) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------- Dynamo
+@contextlib.contextmanager
+def compile_events(on_compiled: Callable[[], None]) -> Iterator[None]:
+    """Call ``on_compiled()`` each time Dynamo finishes compiling a frame inside this block.
+
+    Uses ``torch._dynamo.callback.callback_handler`` (``register_end_callback`` / ``remove_end_callback``);
+    the callback is removed on exit, also after an error, and runs in the compiling thread, synchronously.
+    Raises :class:`TorchAPIMissing` when this torch has no compile callback handler.
+    """
+    handler = _api("torch._dynamo.callback", "callback_handler", "compile progress")
+    end = handler.register_end_callback(lambda _args: on_compiled())
+    try:
+        yield
+    finally:
+        handler.remove_end_callback(end)
+
+
 def recompile_limit() -> int:
     """Dynamo's per-code-object compile limit (``recompile_limit``; ``cache_size_limit`` before torch 2.7).
 

@@ -11,6 +11,7 @@ import comfy.sample
 import comfy.samplers
 import comfy.utils
 
+from ..core import torch_compat
 from ..core.registry import REGISTRY
 from ..core.sizes import parse_sizes
 
@@ -71,15 +72,38 @@ class SteadfastWarmup(io.ComfyNode):
         channels = latent_format.latent_channels
         down = getattr(latent_format, "spacial_downscale_ratio", 8)
         targets = [(width, height)] + [s for s in parse_sizes(sizes) if s != (width, height)]
-        pbar = comfy.utils.ProgressBar(len(targets))
+        progress = _CompileProgress(len(targets), model)
         reports = []
-        for i, (w, h) in enumerate(targets):
-            shape = (batch_size, channels, h // down, w // down)
-            positive, negative, text = _warm_one(model, shape, cfg, positive, negative)
-            reports.append(text)
-            pbar.update_absolute(i + 1, len(targets))
+        with torch_compat.compile_events(progress.compiled):
+            for i, (w, h) in enumerate(targets):
+                shape = (batch_size, channels, h // down, w // down)
+                positive, negative, text = _warm_one(model, shape, cfg, positive, negative)
+                reports.append(text)
+                progress.target_done(i)
         report = "\n".join(reports)
         return io.NodeOutput(model, report, ui=ui.PreviewText(report))
+
+
+class _CompileProgress:
+    """The node's progress bar while it compiles: each target size gets one slot per compiled block (an upper
+    bound on the graphs one warm step compiles); every graph Dynamo finishes moves the bar one slot, a finished
+    target fills its share. So a long cold compile shows movement instead of 0% until the end."""
+
+    def __init__(self, n_targets: int, model) -> None:
+        record = REGISTRY.get(model.model)
+        self.per_target = max(1, len(record.blocks) if record is not None else 1) + 1
+        self.total = n_targets * self.per_target
+        self.done = 0
+        self.bar = comfy.utils.ProgressBar(self.total)
+
+    def compiled(self) -> None:
+        target_end = (self.done // self.per_target + 1) * self.per_target
+        self.done = min(self.done + 1, target_end - 1)  # the last slot of a target is its finished step
+        self.bar.update_absolute(self.done, self.total)
+
+    def target_done(self, i: int) -> None:
+        self.done = (i + 1) * self.per_target
+        self.bar.update_absolute(self.done, self.total)
 
 
 def _warm_one(model, shape: tuple[int, ...], cfg: float, positive, negative) -> tuple[list, list, str]:

@@ -390,3 +390,19 @@ def test_old_optimize_widgets_values_load_by_name(page: Any, object_info: dict[s
     page.evaluate("async (wf) => { await window.app.loadGraphData(wf) }", workflow)
     check_round_trip(page, api, object_info, "old Optimize Model widgets_values")
 
+
+
+def test_warmup_shows_progress_while_it_compiles(page: Any, comfy_server: ComfyServer) -> None:
+    """The page receives Warmup's progress during the compile, not only 0% then 100%: every graph Dynamo
+    finishes moves the bar (inductor regional compile with SDPA math, a configuration no other test compiles)."""
+    wf = api_twin("warmup_then_generate")
+    wf["13"]["inputs"].update(attention="math", backend="inductor", compile="regional", qkv_fusion=False)
+    page.evaluate("() => { window.__steadfast_progress = []; window.app.api.addEventListener('progress',"
+                  " e => window.__steadfast_progress.push(e.detail)) }")
+    client_id = page.evaluate("() => window.app.api.clientId")
+    prompt_id = comfy_server.post("/prompt", {"prompt": wf, "client_id": client_id})["prompt_id"]
+    comfy_server.wait(prompt_id, timeout=600)
+    events = page.evaluate("() => window.__steadfast_progress")
+    warm = [(e["value"], e["max"]) for e in events if str(e.get("node")) == "15" and e.get("prompt_id") == prompt_id]
+    assert any(0 < v < m for v, m in warm), f"no progress between 0 and 100% while Warmup compiled: {warm}"
+    assert warm and warm[-1][0] == warm[-1][1], warm

@@ -243,3 +243,23 @@ def test_a_failing_callback_is_reported_not_raised(default_torch_logging, capsys
     finally:
         tc.remove_recompile_log_tap(tap)
     assert "callback bug" in capsys.readouterr().err  # logging's handleError prints the traceback
+
+
+def test_compile_events_count_each_compiled_frame_and_unregister() -> None:
+    """One callback per frame Dynamo compiles (a recompile for a new shape is another); none after the block."""
+    import torch
+    from steadfast.core import torch_compat
+
+    seen: list[int] = []
+
+    def f(x):
+        return torch.sin(x) + 1
+
+    compiled = torch.compile(f, backend="eager", dynamic=False)
+    with torch_compat.compile_events(lambda: seen.append(1)):
+        compiled(torch.ones(3))
+        compiled(torch.ones(3))      # cached: no compile
+        compiled(torch.ones(2, 2))   # another shape: a recompile
+    assert len(seen) == 2
+    compiled(torch.ones(5))          # compiles again, but the callback is gone
+    assert len(seen) == 2
