@@ -19,6 +19,25 @@ from pathlib import Path
 
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 
+# The template browser shows a custom node template's file name as its title (and, with - and _ as spaces, as its
+# description), so the UI templates carry readable names; their API twins keep short ones (tests, scripts, API use).
+TEMPLATE_TITLES = {
+    "determinism_check": "Determinism check - same seed twice, identical bytes",
+    "optimized_vs_baseline": "Optimized vs baseline - speed knobs and what they change",
+    "warmup_then_generate": "Warmup then generate - compile before the timed run",
+    "pipeline_generate": "Diffusers pipeline - load, optimize, warm up, generate",
+}
+
+
+def ui_template_name(api_name: str) -> str:
+    """The file stem of the UI template made from ``example_workflows/api/<api_name>.json``."""
+    return TEMPLATE_TITLES.get(api_name, api_name)
+
+
+def api_template_name(ui_name: str) -> str:
+    """The API twin's stem for a UI template stem (inverse of :func:`ui_template_name`)."""
+    return next((k for k, v in TEMPLATE_TITLES.items() if v == ui_name), ui_name)
+
 # Layout, in canvas pixels, matching ComfyUI frontend 1.35's LGraphNode.computeSize() (measured): a slot row is
 # 20, a widget 24 (a multi-line text box 54), plus 6 / 8 margins; the title bar (30) sits above ``pos``.
 NODE_WIDTH, COLUMN_STEP, ROW_GAP, TITLE_HEIGHT = 320, 360, 40, 30
@@ -135,7 +154,7 @@ def regenerate_all() -> list[Path]:
     with ComfyServer() as server:
         info = server.get("/object_info")
         for src in sorted((root / "api").glob("*.json")):
-            dst = root / src.name
+            dst = root / f"{ui_template_name(src.stem)}.json"
             dst.write_text(json.dumps(convert(json.loads(src.read_text()), info), indent=1) + "\n")
             written.append(dst)
     return written

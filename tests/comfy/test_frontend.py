@@ -32,6 +32,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -61,7 +62,7 @@ def _browser_missing() -> str | None:
 
 
 def api_twin(name: str) -> dict[str, Any]:
-    return json.loads((WORKFLOWS / "api" / f"{name}.json").read_text())
+    return json.loads((WORKFLOWS / "api" / f"{api_to_ui.api_template_name(name)}.json").read_text())
 
 
 def filled_optional_widgets(api: dict[str, Any], object_info: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -216,14 +217,15 @@ def frontend_prompt(page: Any) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------------------------- tests
 def test_workflow_templates_listed_and_served(comfy_server: ComfyServer) -> None:
-    assert TEMPLATES == ["determinism_check", "optimized_vs_baseline", "pipeline_generate", "warmup_then_generate"]
+    assert TEMPLATES == sorted(api_to_ui.TEMPLATE_TITLES.values())  # readable names in the template browser
+    assert sorted(api_to_ui.TEMPLATE_TITLES) == sorted(p.stem for p in (WORKFLOWS / "api").glob("*.json"))
     listed = comfy_server.get("/workflow_templates")
     assert sorted(listed.get(PACK_DIR_NAME, [])) == TEMPLATES, listed
     for name in TEMPLATES:
-        served = comfy_server.get(f"/api/workflow_templates/{PACK_DIR_NAME}/{name}.json")
+        served = comfy_server.get(f"/api/workflow_templates/{PACK_DIR_NAME}/{quote(name)}.json")
         assert served == json.loads((WORKFLOWS / f"{name}.json").read_text()), name
         # the card image the template browser shows: a real JPEG thumbnail, small enough to ship
-        jpg, _ = comfy_server._request("GET", f"/api/workflow_templates/{PACK_DIR_NAME}/{name}.jpg", None)
+        jpg, _ = comfy_server._request("GET", f"/api/workflow_templates/{PACK_DIR_NAME}/{quote(name)}.jpg", None)
         assert jpg == (WORKFLOWS / f"{name}.jpg").read_bytes() and jpg[:3] == b"\xff\xd8\xff", name
         assert len(jpg) < 60_000, (name, len(jpg))
 
@@ -292,7 +294,7 @@ def test_converter_handles_linked_widgets_and_controls(page: Any, object_info: d
 
 def test_run_from_browser_shows_hash_and_compare(page: Any, comfy_server: ComfyServer, object_info: dict[str, Any],
                                                  tmp_path: Path) -> None:
-    name = "determinism_check"
+    name = api_to_ui.ui_template_name("determinism_check")
     twin = api_twin(name)
     hash_id = next(i for i, n in twin.items() if n["class_type"] == "SteadfastHash")
     cmp_id = next(i for i, n in twin.items() if n["class_type"] == "SteadfastCompare")
