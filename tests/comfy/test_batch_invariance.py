@@ -82,10 +82,13 @@ def test_steadfast_bytes_ignore_free_memory(comfy_server: ComfyServer) -> None:
 
 
 def _batch_vs_singles(server: ComfyServer, batch: int, sampler: str, optimize: dict | None = None,
-                      ) -> tuple[list[tuple[str, str]], list[tuple[str, str]], dict, dict]:
-    """Hashes of the items of a batch-``batch`` run at seed 42 and of batch-1 runs at 42 + i."""
+                      patches=None) -> tuple[list[tuple[str, str]], list[tuple[str, str]], dict, dict]:
+    """Hashes of the items of a batch-``batch`` run at seed 42 and of batch-1 runs at 42 + i. ``patches(wf, model)``
+    may add nodes between Determinism Setup and Optimize Model and return the new model link."""
     wf = _base(batch=batch)
     model = ["5", 0]
+    if patches is not None:
+        model = patches(wf, model)
     if optimize is not None:
         model = [add(wf, "SteadfastOptimizeModel", model=model, **optimize), 0]
     single_latent = add(wf, "EmptyLatentImage", width=64, height=64, batch_size=1)
@@ -145,3 +148,30 @@ def test_combined_conditioning_is_refused_with_a_reason(comfy_server: ComfyServe
         run(comfy_server, wf)
     assert "BatchInvarianceError" in (info.value.exception_type or "")
     assert "batch_invariant off" in info.value.exception_message
+
+
+LORA_NAME = "steadfast_batch_invariance_lora.safetensors"
+
+
+@pytest.mark.slow
+def test_batch_invariance_composes_with_lora_block_patches_and_full_compile(
+        comfy_server: ComfyServer, tiny_ckpt, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """LoRA (weight patches), FreeU_V2 (a ControlNet-style patch on the UNet's output blocks), QKV fusion,
+    channels-last and full compile together: item i still equals seed + i, and the batch-1 runs after the batched
+    one recompile nothing (every model call has the same batch-1 shape)."""
+    from steadfast_workflows import build_lora
+    path = tmp_path_factory.mktemp("bi_lora") / LORA_NAME
+    build_lora(tiny_ckpt, path, seed=7)
+    comfy_server.link_models("loras", {LORA_NAME: path})
+
+    def patches(wf: dict, model: list) -> list:
+        lora = add(wf, "LoraLoaderModelOnly", model=model, lora_name=LORA_NAME, strength_model=1.0)
+        return [add(wf, "FreeU_V2", model=[lora, 0], b1=1.3, b2=1.4, s1=0.9, s2=0.2), 0]
+
+    optimize = dict(qkv_fusion=True, channels_last=True, attention="auto", compile="full", backend="eager",
+                    mode="default", dynamic="auto", fullgraph=False, strict_recompiles=False, compile_cache="")
+    items, singles, record, entry = _batch_vs_singles(comfy_server, 2, "euler_ancestral", optimize, patches)
+    assert items == singles and items[0] != items[1]
+    assert record["compile"]["mode"] == "full"
+    samplers = [k for k, v in entry["prompt"][2].items() if v["class_type"] == "SteadfastSeededSampler"]
+    assert sum(record_of(entry, k)["recompiles_this_run"] for k in samplers) == 0
