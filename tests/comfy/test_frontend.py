@@ -408,3 +408,22 @@ def test_warmup_shows_progress_while_it_compiles(page: Any, comfy_server: ComfyS
     warm = [(e["value"], e["max"]) for e in events if str(e.get("node")) == "15" and e.get("prompt_id") == prompt_id]
     assert any(0 < v < m for v, m in warm), f"no progress between 0 and 100% while Warmup compiled: {warm}"
     assert warm and warm[-1][0] == warm[-1][1], warm
+
+
+def test_compare_draws_expected_difference_apart_from_a_failure(page: Any) -> None:
+    """The three Compare outcomes the server reports (``identical``, ``expected_to_differ``: see
+    test_nodes_optimize's test_compare_tells_a_difference_by_design_from_a_failure) get three states, and so three
+    frame colours: green, amber (different by design), red (a broken promise). Fed as ComfyUI's 'executed'
+    message is, through the node's onExecuted."""
+    load_template(page, api_to_ui.ui_template_name("optimized_vs_baseline"))
+    states = page.evaluate("""() => {
+        const n = window.app.graph.nodes.find(x => x.type === 'SteadfastCompare');
+        const out = [];
+        for (const c of [{identical: true}, {identical: false, expected_to_differ: true},
+                         {identical: false, expected_to_differ: false}]) {
+            n.onExecuted({text: ['report'], steadfast_compare: [c]});
+            out.push(n.steadfast_state);
+        }
+        return out;
+    }""")
+    assert states == ["match", "expected", "mismatch"]
