@@ -8,6 +8,21 @@ from .batch_invariance import add_batch_invariance
 from .model_patches import add_determinism, steadfast_options
 
 
+def policy_inputs(during: str) -> list[io.Input]:
+    """The policy widgets Determinism Setup and Pipeline Determinism Setup share (``during``: when it applies)."""
+    return [
+        io.Boolean.Input("strict", default=True,
+                         tooltip="On: torch raises an error when an op has no deterministic implementation. "
+                                 "Off: torch only warns (warn_only) and the run may not be reproducible."),
+        io.Boolean.Input("allow_tf32", default=False,
+                         tooltip="Allow TF32 matmuls/convolutions on Ampere+ GPUs. Faster, but bits depend on the GPU "
+                                 "generation. Off for cross-machine reproducibility."),
+        io.Int.Input("num_threads", default=0, min=0, max=1024,
+                     tooltip=f"CPU threads for torch while {during}. fp32 CPU results differ between thread counts, "
+                             "so the count is pinned and recorded. 0 = pin the current count."),
+    ]
+
+
 class SteadfastDeterminismSetup(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -21,15 +36,7 @@ class SteadfastDeterminismSetup(io.ComfyNode):
                         "settings are applied only while this model samples and restored afterwards.",
             inputs=[
                 io.Model.Input("model", tooltip="The model to make deterministic. It is cloned, never modified."),
-                io.Boolean.Input("strict", default=True,
-                                 tooltip="On: torch raises an error when an op has no deterministic implementation. "
-                                         "Off: torch only warns (warn_only) and the run may not be reproducible."),
-                io.Boolean.Input("allow_tf32", default=False,
-                                 tooltip="Allow TF32 matmuls/convolutions on Ampere+ GPUs. Faster, but bits depend on the "
-                                         "GPU generation. Off for cross-machine reproducibility."),
-                io.Int.Input("num_threads", default=0, min=0, max=1024,
-                             tooltip="CPU threads for torch while sampling. fp32 CPU results differ between thread counts, "
-                                     "so the count is pinned and recorded. 0 = pin the current count."),
+                *policy_inputs("sampling"),
                 io.Boolean.Input("batch_invariant", default=True, optional=True,
                                  tooltip="On: every batch item and every conditioning is evaluated alone (batch 1) and "
                                          "attention never chunks by free memory, so the bits depend only on the "

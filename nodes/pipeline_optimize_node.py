@@ -13,6 +13,7 @@ from ..core.pipelines import PipelineOptions, compile_record
 from ..core.pipelines.handle import optimized_handle
 from ..core.registry import REGISTRY
 from . import optimize_inputs as oi
+from .determinism_node import policy_inputs
 from .pipeline_nodes import DiffusersPipeline, as_handle
 
 
@@ -104,15 +105,7 @@ class SteadfastPipelineDeterminismSetup(io.ComfyNode):
                         "Pipeline Sampler / Pipeline Warmup and restored afterwards. The input is not modified.",
             inputs=[
                 DiffusersPipeline.Input("pipeline", tooltip="The pipeline to run deterministically (not modified)."),
-                io.Boolean.Input("strict", default=True,
-                                 tooltip="On: torch raises an error when an op has no deterministic implementation. "
-                                         "Off: torch only warns (warn_only) and the run may not be reproducible."),
-                io.Boolean.Input("allow_tf32", default=False,
-                                 tooltip="Allow TF32 matmuls/convolutions on Ampere+ GPUs. Faster, but bits depend on "
-                                         "the GPU generation. Off for cross-machine reproducibility."),
-                io.Int.Input("num_threads", default=0, min=0, max=1024,
-                             tooltip="CPU threads for torch while the pipeline runs. fp32 CPU results differ between "
-                                     "thread counts, so the count is pinned and recorded. 0 = pin the current count."),
+                *policy_inputs("the pipeline runs"),
                 io.Boolean.Input("batch_invariant", default=True, optional=True,
                                  tooltip="On: Pipeline Sampler generates image by image (one batch-1 pipeline call "
                                          "each), so image i equals a batch-1 run at seed + i. Off: one batched call "
