@@ -22,7 +22,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["FieldDiff", "Explanation", "flatten", "explain", "parse_record"]
+__all__ = ["FieldDiff", "Explanation", "flatten", "explain", "parse_record", "expected_difference"]
 
 # Leaf patterns (regex on the dotted name) that differ run to run without changing the bits.
 _VOLATILE = re.compile(
@@ -136,3 +136,19 @@ def explain(reference: Mapping[str, Any] | str, now: Mapping[str, Any] | str) ->
                                bool(why), why))
     diffs.sort(key=lambda d: (not d.known, d.field))
     return Explanation(tuple(diffs))
+
+
+def expected_difference(record_a: Mapping[str, Any] | str | None,
+                        record_b: Mapping[str, Any] | str | None) -> tuple[bool, str]:
+    """``(expected, text)`` for two outputs whose bytes differ, from the run records that made them.
+
+    Expected when the records differ in a field known to change bits (named in ``text``, at most six); not
+    expected when a record is missing (nothing to tell by) or when they agree on every such field (a broken
+    promise). Raises ValueError when a record is not a JSON object (:func:`parse_record`).
+    """
+    if not record_a or not record_b:
+        return False, "DIFFERENT (link both run records to tell a difference by design from a failure)"
+    known = [d for d in explain(record_a, record_b).diffs if d.known]
+    if not known:
+        return False, "DIFFERENT although no recorded setting known to change bits differs: a broken promise"
+    return True, "different, as expected: " + "; ".join(f"{d.field} ({d.why})" for d in known[:6])

@@ -147,8 +147,6 @@ def decode_rows(vae, latent: torch.Tensor, on_item=None) -> torch.Tensor:
     pinned.patcher = vae.patcher.clone()
     for name in _vae_attention_blocks(vae.first_stage_model):
         pinned.patcher.add_object_patch(f"{name}.optimized_attention", pytorch_attention)
-    if latent.ndim == 5 and getattr(vae, "latent_dim", 2) == 2:
-        latent = latent[:, :, 0]
     images = []
     for i in range(latent.shape[0]):
         images.append(pinned.decode(latent[i:i + 1]))

@@ -58,19 +58,8 @@ class SteadfastCompare(io.ComfyNode):
         text = report.as_text()
         if not report.identical:
             text += f"\n{details['n_pixels_differ']} of {positions} pixels differ"
-            expected, why = expected_difference(run_record_a, run_record_b)
+            expected, why = explain.expected_difference(run_record_a, run_record_b)
             details["expected_to_differ"] = expected
             text += "\n" + why
         ui_out = {"text": [text], "steadfast_compare": [details]}
         return io.NodeOutput(report.identical, text, heat, ui=ui_out)
-
-
-def expected_difference(record_a: str | None, record_b: str | None) -> tuple[bool, str]:
-    """``(expected, text)`` for two outputs that differ: expected when their run records differ in a field
-    known to change bits (``core.explain``); not expected when the records are missing or agree on all of those."""
-    if not record_a or not record_b:
-        return False, "DIFFERENT (link both run records to tell a difference by design from a failure)"
-    diffs = [d for d in explain.explain(record_a, record_b).diffs if d.known]
-    if not diffs:
-        return False, "DIFFERENT although no recorded setting known to change bits differs: a broken promise"
-    return True, "different, as expected: " + "; ".join(f"{d.field} ({d.why})" for d in diffs[:6])

@@ -71,3 +71,19 @@ def test_bad_records_raise_clear_errors() -> None:
         explain.explain("{oops", _record())
     with pytest.raises(ValueError, match="JSON object"):
         explain.explain("[1, 2]", _record())
+
+
+def test_expected_difference_tells_design_from_failure() -> None:
+    ref = _record()
+    compiled = copy.deepcopy(ref)
+    compiled["fingerprint"]["compile"]["mode"] = "full"
+    expected, text = explain.expected_difference(json.dumps(ref), json.dumps(compiled))
+    assert expected is True and "fingerprint.compile.mode" in text and text.startswith("different, as expected")
+    # only a timing differs: nothing known to change bits, so a difference in the outputs breaks the promise
+    slower = copy.deepcopy(ref)
+    slower["fingerprint"]["compile"]["first_call_seconds"] = 99.0
+    assert explain.expected_difference(ref, slower) == (
+        False, "DIFFERENT although no recorded setting known to change bits differs: a broken promise")
+    assert explain.expected_difference(ref, None)[0] is False
+    with pytest.raises(ValueError):
+        explain.expected_difference("not json", ref)
