@@ -1,33 +1,17 @@
 """A managed, persistent torch.compile cache: the same compiled kernels across process restarts.
 
-Inductor keeps its FX-graph cache, AOT-autograd cache and compiled C++/Triton kernels under
-``TORCHINDUCTOR_CACHE_DIR`` (default ``/tmp/torchinductor_<user>``, often wiped). Pointing it at a
-persistent directory is what turns a cold start into a warm one: measured on this CPU for a
-regional Flux, 45 s -> 8.5 s first call in a new process (``research/torch_probe.md`` section 5;
-PyTorch's "Compile Time Caching Configuration" tutorial). What stays is Dynamo tracing, guard
-building and loading the ``.so`` files.
+Inductor keeps its FX-graph cache, AOT-autograd cache and compiled kernels under ``TORCHINDUCTOR_CACHE_DIR``
+(default ``/tmp/torchinductor_<user>``); pointing it at a persistent directory turns a cold start into a warm
+one (PyTorch's "Compile Time Caching Configuration" tutorial; figures in docs/benchmarks.md). One directory per
+workflow-chosen *name* and environment *key* (:func:`cache_key_fields`): ``<root>/<name>/<key>``; where the root
+may be and which names are allowed is :mod:`core.compile_cache_location`. A ``steadfast_cache.json`` manifest
+repeats the key fields; a directory whose manifest is unreadable or names other fields is moved aside (never
+deleted) with a message. Inductor skips a corrupt FX-graph entry itself, but a corrupt compiled ``.so`` fails the
+compile: :func:`run_cached` then moves the directory aside and retries once (``tests/core/test_compile_cache.py``).
 
-This module owns one directory per *name* and *key* (:func:`cache_key_fields`: torch, triton, python,
-device, pack version): ``<root>/<name>/<key>``. Where the root may be and which names a workflow may pick is
-:mod:`core.compile_cache_location` (inductor and Triton load pickles and shared objects from there). A
-``steadfast_cache.json`` manifest in it repeats the key fields; a directory whose manifest is unreadable or names other fields is moved aside (never
-deleted, never a crash) with a message, and a fresh one is used. Inductor itself skips corrupt
-cache entries with a warning and recompiles (its FX-graph lookup catches unpickling errors);
-:meth:`CompileCache.quarantine` is the last resort adapters call when a compile fails while the
-cache was active.
-
-Measured here (``tests/core/test_compile_cache.py``): a corrupt FX-graph or AOT-autograd entry is
-skipped by inductor (a logged warning, then a normal compile), but a corrupt compiled ``.so`` makes
-the compile fail (``BackendCompilerFailed: ImportError ... file too short``): :func:`run_cached`
-moves the directory aside and retries once, so that too costs a recompile, not a failure.
-
-Global state: :meth:`CompileCache.activate` sets ``TORCHINDUCTOR_CACHE_DIR`` and
-``TRITON_CACHE_DIR`` (``<path>/triton``, as torch's own ``fresh_cache`` does) only for the duration
-of a ``with`` block (around Steadfast's compiled calls) and restores the previous values (or their
-absence) afterwards; when the directory differs from the one inductor last saw it clears inductor's
-memoised paths (:func:`core.torch_compat.clear_inductor_caches`, what ``fresh_cache`` does). Caveat: the
-variables are process-wide, so an inductor compile in another thread during that window also uses
-this directory. This module imports nothing from ComfyUI.
+Global state: :meth:`CompileCache.activate` sets ``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_DIR`` for a
+``with`` block only and restores them (process-wide while active: a compile in another thread then uses this
+directory too). No ComfyUI imports.
 """
 from __future__ import annotations
 
@@ -43,6 +27,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -67,43 +52,25 @@ T = TypeVar("T")
 
 def _pack_version() -> str:
     package = (__package__ or "").rpartition(".")[0]
-    if not package:
-        return "unknown"
     try:
-        return str(getattr(importlib.import_module(package), "__version__", "unknown"))
+        return str(getattr(importlib.import_module(package), "__version__", "unknown")) if package else "unknown"
     except ImportError:  # pragma: no cover
         return "unknown"
 
 
 def _triton_version() -> str | None:
-    try:
-        from importlib.metadata import PackageNotFoundError, version
-    except ImportError:  # pragma: no cover
-        return None
     for dist in ("triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu"):
-        try:
+        with contextlib.suppress(PackageNotFoundError):
             return f"{dist} {version(dist)}"
-        except PackageNotFoundError:
-            continue
     return None
 
 
 def device_description(device: torch.device | str | None = None) -> str:
-    """What the generated kernels were built for: ``"cpu AVX512"`` or ``"cuda NVIDIA H100 80GB HBM3 sm90"``.
-
-    CPU: ``torch.backends.cpu.get_cpu_capability()`` (the vector ISA inductor targets). CUDA/ROCm:
-    device name and compute capability. Other device types: the type name. ``device`` defaults to
-    CUDA when available, else CPU.
-    """
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
+    """What kernels are built for: ``"cpu AVX512"`` (the ISA inductor targets) or ``"cuda <name> sm90"``.
+    ``device`` defaults to CUDA when available, else CPU; other device types give their type name."""
+    dev = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
     if dev.type == "cpu":
-        try:
-            isa = torch.backends.cpu.get_cpu_capability()
-        except (AttributeError, RuntimeError):  # pragma: no cover
-            isa = platform.machine()
-        return f"cpu {isa}"
+        return f"cpu {torch.backends.cpu.get_cpu_capability()}"
     if dev.type == "cuda" and torch.cuda.is_available():
         index = dev.index if dev.index is not None else torch.cuda.current_device()
         major, minor = torch.cuda.get_device_capability(index)
@@ -112,45 +79,28 @@ def device_description(device: torch.device | str | None = None) -> str:
 
 
 def cache_key_fields(device: torch.device | str | None = None, pack_version: str | None = None) -> dict[str, Any]:
-    """Everything compiled artifacts depend on that the directory name must separate.
-
-    ``{"format", "torch", "triton", "python", "device", "pack"}``: torch version (with its CUDA
-    build), triton distribution + version (None without triton), Python ``major.minor`` (bytecode),
-    :func:`device_description`, the pack version (defaults to this package's ``__version__``).
-    """
-    cuda = torch.version.cuda
-    return {
-        "format": CACHE_FORMAT,
-        "torch": torch.version.__version__ + (f" cuda{cuda}" if cuda else ""),
-        "triton": _triton_version(),
-        "python": f"{platform.python_implementation()} {platform.python_version_tuple()[0]}."
-                  f"{platform.python_version_tuple()[1]}",
-        "device": device_description(device),
-        "pack": pack_version or _pack_version(),
-    }
+    """What compiled artifacts depend on: ``{"format", "torch" (with its CUDA build), "triton" (None without),
+    "python" (implementation major.minor), "device" (:func:`device_description`), "pack" (version)}``."""
+    cuda, py = torch.version.cuda, platform.python_version_tuple()
+    return {"format": CACHE_FORMAT, "torch": torch.version.__version__ + (f" cuda{cuda}" if cuda else ""),
+            "triton": _triton_version(), "python": f"{platform.python_implementation()} {py[0]}.{py[1]}",
+            "device": device_description(device), "pack": pack_version or _pack_version()}
 
 
 def cache_key(fields: Mapping[str, Any]) -> str:
-    """Directory name for ``fields``: a readable slug plus 12 hex of SHA-256 of the canonical JSON.
-
-    E.g. ``"torch2.14.1-cpu-AVX512-3f2a9c01b7de"``. Only ``[A-Za-z0-9._-]`` characters.
-    """
+    """Directory name: a readable slug plus 12 hex of SHA-256 of the canonical JSON of ``fields``, e.g.
+    ``"torch2.14.1-cpu-AVX512-3f2a9c01b7de"`` (only ``[A-Za-z0-9._-]``)."""
     digest = hashlib.sha256(json.dumps(dict(fields), sort_keys=True, default=str).encode()).hexdigest()[:12]
     torch_v = str(fields.get("torch", "")).split("+")[0].split(" ")[0]
-    device = str(fields.get("device", "")).split(" ")
-    slug = f"torch{torch_v}-{device[0]}-{device[1] if len(device) > 1 else ''}"
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", slug).strip("-_")
+    device = str(fields.get("device", "")).split(" ") + [""]
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"torch{torch_v}-{device[0]}-{device[1]}").strip("-_")
     return f"{slug}-{digest}"
 
 
 @dataclasses.dataclass
 class CompileCache:
-    """One opened cache directory (see :func:`open_cache`).
-
-    ``root``: ``<operator root>/<name>``; ``path``: ``<root>/<key>`` (what ``TORCHINDUCTOR_CACHE_DIR`` is set
-    to), ``fields``: the key fields, ``messages``: what happened when it was opened (moved-aside directories
-    ...; no absolute paths: they reach HTTP clients), ``source``: where the root came from.
-    """
+    """One opened cache directory (:func:`open_cache`): ``path`` = ``<root>/<key>`` (``root`` is
+    ``<operator root>/<name>``). ``messages`` (what happened to it, no absolute paths: they reach HTTP clients)."""
 
     root: Path
     key: str
@@ -158,7 +108,6 @@ class CompileCache:
     source: str = ""
     name: str = DEFAULT_NAME
     messages: list[str] = dataclasses.field(default_factory=list)
-    activations: int = 0
 
     @property
     def path(self) -> Path:
@@ -166,83 +115,62 @@ class CompileCache:
 
     @contextlib.contextmanager
     def activate(self) -> Iterator[Path]:
-        """Set ``TORCHINDUCTOR_CACHE_DIR`` to :attr:`path` inside the block; restore it after.
-
-        The previous value (or its absence) is recorded and put back in ``finally``, also when
-        inductor rewrote the variable meanwhile (``cache_dir()`` writes its absolute path back).
-        Re-entrant: an inner activation of the same path changes nothing. Yields the path.
-        """
+        """``TORCHINDUCTOR_CACHE_DIR`` = :attr:`path` (and ``TRITON_CACHE_DIR`` = ``<path>/triton``, as torch's
+        ``fresh_cache`` does) inside the block; the previous values, or their absence, are restored in ``finally``.
+        Re-entrant. Inductor's memoised paths are cleared when the directory changes. Yields the path."""
         target = str(self.path.resolve())
-        triton = os.path.join(target, "triton")
         with _ENV_LOCK:
             previous = {k: os.environ.get(k) for k in (INDUCTOR_ENV, TRITON_ENV)}
             nested = previous[INDUCTOR_ENV] == target
             if not nested:
-                os.environ[INDUCTOR_ENV] = target
-                os.environ[TRITON_ENV] = triton
+                os.environ.update({INDUCTOR_ENV: target, TRITON_ENV: os.path.join(target, "triton")})
                 if _last_dir[0] != target:
                     torch_compat.clear_inductor_caches()
                     _last_dir[0] = target
-            self.activations += 1
         try:
             yield self.path
         finally:
             if not nested:
                 with _ENV_LOCK:
                     for k, v in previous.items():
-                        if v is None:
-                            os.environ.pop(k, None)
-                        else:
-                            os.environ[k] = v
+                        os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 
     def quarantine(self, reason: str) -> str:
-        """Move the whole key directory aside (``<key>.bad-<unix time>``), start an empty one.
-
-        For a compile that failed while this cache was active. Returns the message (also logged
-        and appended to :attr:`messages`); never raises (an unmovable directory is reported).
-        """
-        return _move_aside(self, reason)
+        """Move the key directory aside (``<key>.bad-<ms>``) and start an empty one; returns the message (also
+        logged and kept in :attr:`messages`). Never raises: an unmovable directory is reported."""
+        target = self.root / f"{self.key}.bad-{int(time.time() * 1000)}"
+        try:
+            with _ENV_LOCK:
+                torch_compat.clear_inductor_caches()
+                _last_dir[0] = None
+            os.replace(self.path, target)
+            self.path.mkdir(parents=True, exist_ok=True)
+            _write_manifest(self)
+            msg = f"compile cache {self.name!r}: {reason}; moved aside, starting empty"
+            log.warning("%s (%s -> %s)", msg, self.path, target)
+        except OSError as e:
+            msg = f"compile cache {self.name!r}: {reason}; could not move it aside ({type(e).__name__})"
+            log.warning("%s: %s", msg, e)
+        self.messages.append(msg := self.redact(msg))
+        return msg
 
     def redact(self, text: str) -> str:
-        """``text`` with this cache's absolute paths replaced by ``<compile cache 'name'>`` (for clients)."""
+        """``text`` with this cache's absolute paths replaced by ``<compile cache 'name'>``."""
         for p in sorted({str(self.path.resolve()), str(self.path), str(self.root.resolve()), str(self.root)},
                         key=len, reverse=True):
             text = text.replace(p, f"<compile cache {self.name!r}>")
         return text
 
     def as_dict(self) -> dict[str, Any]:
-        """What clients may see (``/steadfast/compile_state``, node text): name, root source, messages.
-
-        Never the absolute path nor the key (they would tell an attacker where to plant a poisoned cache).
-        """
+        """What clients may see: name, root source, messages; never the path or key (where to plant a cache)."""
         return {"name": self.name, "source": self.source, "messages": list(self.messages)}
 
 
 def _write_manifest(cache: CompileCache) -> None:
-    body = {"steadfast_compile_cache": CACHE_FORMAT, "key": cache.key, "fields": cache.fields,
-            "created": time.time()}
+    body = {"steadfast_compile_cache": CACHE_FORMAT, "key": cache.key, "fields": cache.fields, "created": time.time()}
     tmp = cache.path / f".{MANIFEST}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(body, indent=1, sort_keys=True), encoding="utf-8")
     os.replace(tmp, cache.path / MANIFEST)
-
-
-def _move_aside(cache: CompileCache, reason: str) -> str:
-    target = cache.root / f"{cache.key}.bad-{int(time.time() * 1000)}"
-    try:
-        with _ENV_LOCK:
-            torch_compat.clear_inductor_caches()
-            _last_dir[0] = None
-        os.replace(cache.path, target)
-        cache.path.mkdir(parents=True, exist_ok=True)
-        _write_manifest(cache)
-        msg = f"compile cache {cache.name!r}: {reason}; moved aside, starting empty"
-        log.warning("%s (%s -> %s)", msg, cache.path, target)
-    except OSError as e:
-        msg = f"compile cache {cache.name!r}: {reason}; could not move it aside ({type(e).__name__})"
-        log.warning("%s: %s", msg, e)
-    msg = cache.redact(msg)
-    cache.messages.append(msg)
-    return msg
 
 
 def _manifest_problem(cache: CompileCache) -> str | None:
@@ -256,27 +184,23 @@ def _manifest_problem(cache: CompileCache) -> str | None:
         return f"unreadable manifest ({type(e).__name__}: {e})"
     if not isinstance(body, dict) or body.get("steadfast_compile_cache") != CACHE_FORMAT:
         return "manifest of another format"
-    stored = body.get("fields")
-    if stored != json.loads(json.dumps(cache.fields, default=str)):
-        diff = sorted(k for k in set(stored or {}) | set(cache.fields)
-                      if (stored or {}).get(k) != cache.fields.get(k)) if isinstance(stored, dict) else ["fields"]
-        return f"made for another environment (differs in {', '.join(diff)})"
-    return None
+    stored, wanted = body.get("fields"), json.loads(json.dumps(cache.fields, default=str))
+    if stored == wanted:
+        return None
+    diff = sorted(k for k in {*stored, *wanted} if stored.get(k) != wanted.get(k)) if isinstance(stored, dict) else ["fields"]
+    return f"made for another environment (differs in {', '.join(diff)})"
 
 
 def open_cache(root: str | os.PathLike[str], name: str = DEFAULT_NAME, *,
                device: torch.device | str | None = None, fields: Mapping[str, Any] | None = None,
                source: str = "", forbidden: tuple[str | os.PathLike[str], ...] = ()) -> CompileCache | None:
-    """Open (create) the cache directory ``<root>/<name>/<key>`` for this environment.
+    """Open (create) ``<root>/<name>/<key>`` for this environment (``fields`` default to :func:`cache_key_fields`).
 
-    ``root`` is the operator's (:func:`~core.compile_cache_location.resolve_root`), ``name`` the workflow's choice
-    (:func:`~core.compile_cache_location.check_name`).
-    ``forbidden``: folders HTTP clients can write (ComfyUI's input/output/temp, user folders); a root that
-    overlaps one, a ``name`` that is a symlink, a file, or resolves outside ``root`` raise
-    :class:`CacheRefused` before anything is created. ``fields`` default to :func:`cache_key_fields` for
-    ``device``. A directory whose manifest is corrupt or names other fields is moved aside with a message
-    (in ``messages`` and the log). Returns None, with a logged warning, when the directory cannot be
-    created or written (read-only disk ...): callers then run without the managed cache.
+    ``root`` is the operator's, ``name`` the workflow's (:func:`~core.compile_cache_location.check_name`).
+    Raises :class:`CacheRefused` before creating anything for a name that is not a plain name, a root overlapping
+    a ``forbidden`` folder (folders HTTP clients can write), or a name that is a link, a file or escapes the root.
+    A corrupt or foreign manifest is moved aside with a message. Returns None, with a logged warning, when the
+    directory cannot be created or written (callers then run without the managed cache).
     """
     if check_name(name) != name:
         raise CacheRefused(f"compile cache name {name!r} is not a plain name")
@@ -284,38 +208,29 @@ def open_cache(root: str | os.PathLike[str], name: str = DEFAULT_NAME, *,
     f = dict(fields) if fields is not None else cache_key_fields(device)
     try:
         base.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        log.warning("compile cache root %s unusable (%s): running without the managed cache", base, e)
-        return None
-    named = check_location(base, name, tuple(Path(p) for p in forbidden))
-    cache = CompileCache(root=named, key=cache_key(f), fields=f, source=source, name=name)
-    try:
+        named = check_location(base, name, tuple(Path(p) for p in forbidden))
+        cache = CompileCache(root=named, key=cache_key(f), fields=f, source=source, name=name)
         cache.path.mkdir(parents=True, exist_ok=True)
-        problem = _manifest_problem(cache)
-        if problem is not None:
-            _move_aside(cache, problem)
+        if (problem := _manifest_problem(cache)) is not None:
+            cache.quarantine(problem)
         elif not (cache.path / MANIFEST).exists():
             _write_manifest(cache)
         probe = cache.path / f".write-probe-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        log.warning("compile cache under %s unusable (%s): running without the managed cache", named, e)
+        log.warning("compile cache under %s/%s unusable (%s): running without the managed cache", base, name, e)
         return None
     return cache
 
 
 def caused_by_cache(exc: BaseException, cache: CompileCache) -> bool:
-    """True when ``exc`` or an exception in its cause/context chain names a file inside the cache.
-
-    E.g. ``BackendCompilerFailed`` wrapping ``ImportError: <cache>/xx/yy.so: file too short``.
-    """
-    marker = str(cache.path.resolve())
-    seen: set[int] = set()
-    e: BaseException | None = exc
+    """True when ``exc`` or an exception in its cause/context chain names a file inside the cache (e.g.
+    ``BackendCompilerFailed`` wrapping ``ImportError: <cache>/xx/yy.so: file too short``)."""
+    marker, seen, e = str(cache.path.resolve()), set(), exc
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if marker in str(e) or any(marker in str(a) for a in getattr(e, "args", ())):
+        if marker in str(e) or any(marker in str(a) for a in e.args):
             return True
         e = e.__cause__ or e.__context__
     return False
@@ -323,13 +238,9 @@ def caused_by_cache(exc: BaseException, cache: CompileCache) -> bool:
 
 def run_cached(cache: CompileCache | None, fn: Callable[[], T], *,
                retry_if: Callable[[BaseException], bool] = lambda e: True) -> T:
-    """``fn()`` with ``cache`` active (just ``fn()`` when ``cache`` is None).
-
-    When ``fn`` raises an exception for which ``retry_if(e)`` is true (adapters pass "is a compile
-    error") and that names a file inside the cache (:func:`caused_by_cache`, e.g. a corrupt ``.so``),
-    the cache directory is moved aside with a message (:meth:`CompileCache.quarantine`) and ``fn``
-    is called once more with an empty cache. Any other exception, or a second failure, propagates.
-    """
+    """``fn()`` with ``cache`` active (plain ``fn()`` for None). When it raises an exception for which
+    ``retry_if(e)`` holds (adapters pass "is a compile error") and that names a file inside the cache, the cache
+    is quarantined and ``fn`` runs once more with an empty one; anything else, or a second failure, propagates."""
     if cache is None:
         return fn()
     try:

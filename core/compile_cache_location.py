@@ -1,12 +1,12 @@
-"""Where a compile cache may live: the operator's root, a workflow's cache *name*, and the checks that keep HTTP clients out.
+"""Where a compile cache may live: the operator's root, a workflow's cache *name*, and the checks that keep
+HTTP clients out.
 
-Inductor and Triton unpickle and ``dlopen`` what they find in their cache directory. So the root is the operator's
-(``$STEADFAST_COMPILE_CACHE`` or ComfyUI's user directory, :func:`resolve_root`); a workflow only picks a *name*
-under it (:func:`check_name`), never a path; and :func:`check_location` refuses a root that overlaps a folder HTTP
-clients can write (ComfyUI's input/output/temp, user folders), a name that is a link or a file, or one that
-resolves outside the root (:class:`CacheRefused`). Messages never contain an absolute path (they reach HTTP
-clients); the full path goes to the server log. Tests: ``tests/core/test_compile_cache_security.py`` and
-``tests/comfy/test_security.py``. No ComfyUI imports; changes nothing.
+Inductor and Triton unpickle and ``dlopen`` what they find in their cache directory. So the root is the
+operator's (``$STEADFAST_COMPILE_CACHE`` or ComfyUI's user directory, :func:`resolve_root`); a workflow only picks
+a *name* under it (:func:`check_name`), never a path; :func:`check_location` refuses a root that overlaps a folder
+HTTP clients can write, a name that is a link or a file, or one that resolves outside the root. Messages never
+contain an absolute path (they reach HTTP clients); the full path goes to the server log. Tests:
+``tests/core/test_compile_cache_security.py``, ``tests/comfy/test_security.py``. No ComfyUI imports.
 """
 from __future__ import annotations
 
@@ -27,48 +27,35 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 class CacheRefused(ValueError):
-    """A compile-cache name or root that would let a workflow choose where the server writes or loads from.
-
-    Inductor and Triton unpickle and ``dlopen`` what they find in their cache directory, so a workflow that
-    could point the cache at a folder it can write (ComfyUI's ``input/`` via ``POST /upload/image``,
-    ``output/``, ``temp/``, a user's ``/userdata`` folder) could run code in the server. The message never
-    contains an absolute path (it is shown to HTTP clients); the full path goes to the server log.
-    """
+    """A cache name or root that would let a workflow choose where the server writes or loads code from (e.g.
+    ComfyUI's ``input/`` via ``POST /upload/image``). The message never contains an absolute path."""
 
 
 def check_name(value: str | None) -> str | None:
     """The cache *name* a workflow chose: ``""``/None -> ``"default"``, ``"off"`` etc. -> None (disabled).
 
-    A name is 1-64 characters of ``[A-Za-z0-9._-]``, starting with a letter or digit: never a path, never
-    ``..``. Raises :class:`CacheRefused` for anything else (absolute paths, ``../x``, ``a/b``, ``~``, ...).
+    1-64 characters of ``[A-Za-z0-9._-]`` starting with a letter or digit, no ``..``. Raises
+    :class:`CacheRefused` for anything else (absolute paths, ``../x``, ``a/b``, ``~``, ...).
     """
     text = "" if value is None else str(value).strip()
-    if text == "":
-        return DEFAULT_NAME
     if text.lower() in DISABLED_VALUES:
         return None
-    if not NAME_RE.fullmatch(text) or ".." in text:
+    if text and (not NAME_RE.fullmatch(text) or ".." in text):
         raise CacheRefused(
             f"compile_cache must be a cache NAME (letters, digits, '.', '_', '-'; at most 64; e.g. 'default' or "
             f"'flux'), or 'off'; got {text[:80]!r}. Paths are refused: the cache root is set by the server's "
             f"operator (${CACHE_ENV}), not by a workflow.")
-    return text
+    return text or DEFAULT_NAME
 
 
 def resolve_root(user_dir: str | os.PathLike[str] | None = None) -> tuple[Path | None, str]:
-    """The operator's cache root, and where it came from: ``(root or None when disabled, source text)``.
-
-    ``$STEADFAST_COMPILE_CACHE`` (set by whoever starts the server), else ``<user_dir>/steadfast/compile_cache``
-    (ComfyUI's user directory, passed by the adapter). ``off``/``none``/... in the variable disables the managed
-    cache. A workflow never sets the root; it picks a cache *name* under it (:func:`check_name`).
-    """
+    """``(root or None when disabled, where it came from)``: ``$STEADFAST_COMPILE_CACHE`` (``off``/... disables),
+    else ``<user_dir>/steadfast/compile_cache`` (ComfyUI's user directory, passed by the adapter)."""
     env = os.environ.get(CACHE_ENV, "").strip()
     if env:
-        if env.lower() in DISABLED_VALUES:
-            return None, f"disabled by ${CACHE_ENV}"
-        return Path(env).expanduser(), f"${CACHE_ENV}"
+        return (None, f"disabled by ${CACHE_ENV}") if env.lower() in DISABLED_VALUES else (Path(env).expanduser(), f"${CACHE_ENV}")
     if user_dir is None:
-        return None, "no cache root (no user directory and no $" + CACHE_ENV + ")"
+        return None, f"no cache root (no user directory and no ${CACHE_ENV})"
     return Path(user_dir).expanduser() / "steadfast" / "compile_cache", "ComfyUI user directory"
 
 
@@ -77,11 +64,10 @@ def _inside(path: Path, folder: Path) -> bool:
 
 
 def check_location(root: Path, name: str, forbidden: tuple[Path, ...]) -> Path:
-    """``<root>/<name>`` after symlinks are resolved; :class:`CacheRefused` when it escapes ``root``, lies in a
-    ``forbidden`` folder (or the root does), or exists as something other than a directory."""
+    """``<root>/<name>``; :class:`CacheRefused` when the root overlaps a ``forbidden`` folder (after symlinks),
+    or the name is a link, not a directory, or resolves outside ``root``."""
     real_root = root.resolve()
-    for folder in forbidden:
-        real = Path(os.path.realpath(folder))
+    for real in (Path(os.path.realpath(f)) for f in forbidden):
         if _inside(real_root, real) or _inside(real, real_root):
             log.error("compile cache root %s overlaps %s (a folder clients can write): refused", real_root, real)
             raise CacheRefused("the compile-cache root set by the operator overlaps a folder that HTTP clients can "

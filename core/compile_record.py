@@ -1,11 +1,9 @@
-"""One model's compile record: what was compiled (immutable) and what happened since (statistics kept by the registry).
+"""One model's compile record: what was compiled (frozen) and what happened since (statistics).
 
-A :class:`CompileRecord` is a frozen dataclass: its identity (label, block paths, options, the lazy compiled
-callables, a weak reference to the model) never changes after :meth:`core.registry.CompileRegistry.get_or_create`
-made it; re-registering with other settings makes a new record. Everything that changes while the model runs
-lives in ``record.stats`` (:class:`CompileStats`), which only :class:`core.registry.CompileRegistry` methods write
-(``tests/core/test_registry.py`` greps the tree for writes elsewhere). Readers use ``record.stats.<field>`` or the
-JSON / text views here. This module imports nothing from ComfyUI and changes no global state.
+A :class:`CompileRecord`'s identity never changes after :meth:`core.registry.CompileRegistry.get_or_create`
+made it; other settings make a new record. ``record.stats`` (:class:`CompileStats`) is written only by
+:class:`core.registry.CompileRegistry` methods (``tests/core/test_registry.py`` greps for writes elsewhere).
+No ComfyUI imports; no global state.
 """
 from __future__ import annotations
 
@@ -26,37 +24,24 @@ __all__ = ["CompileStats", "CompileRecord", "normalise_shape"]
 
 def normalise_shape(shape: Any) -> tuple | None:
     """Tensor / torch.Size / (nested) sequence of ints -> hashable (nested) tuple of ints; None stays None."""
-    if shape is None:
-        return None
+    if shape is None or isinstance(shape, int):
+        return shape if shape is None else (shape,)
     if isinstance(shape, torch.Tensor):
-        return tuple(int(s) for s in shape.shape)
-    if isinstance(shape, int):
-        return (int(shape),)
-    return tuple(normalise_shape(s) if not isinstance(s, int) else int(s) for s in shape)
-
-
-def _sorted_shapes(shapes: set) -> list:
-    try:
-        return sorted(shapes)
-    except TypeError:  # mixed nesting: a stable textual order instead
-        return sorted(shapes, key=repr)
+        shape = shape.shape
+    return tuple(int(s) if isinstance(s, int) else normalise_shape(s) for s in shape)
 
 
 @dataclass(eq=False)
 class CompileStats:
-    """What happened to one record since it was made. Written only by :class:`core.registry.CompileRegistry`.
+    """What happened to one record since it was made (written only by the registry).
 
-    ``strict``: a recompile in a call that started warm raises (updated on reuse). ``status``: "cold" until the
-    first tracked call finishes without error, then "warm". ``first_call_seconds``: wall seconds of that call
-    (compile + run). ``graphs``: Dynamo graphs compiled inside tracked calls (recompiles included).
-    ``recompiles``: ``{reason, reasons, function, time (unix s), run, call}`` per recompile (plus ``cause``,
-    ``guard``, ``flag_changes`` when explained). ``fallbacks``: frames Dynamo gave up on (recompile limit -> runs
-    eagerly) and adapter fallbacks (``kind="disabled"``). ``errors``: exceptions raised inside tracked calls.
-    ``cache_state``: fx-graph / autograd cache hit & miss counts. ``compile_flags``: the global-flag fingerprint
-    (:func:`core.recompile_watch.guarded_flags`) at the first call; ``flag_states``: every fingerprint under
-    which this record compiled graphs. ``last_run`` / ``run_log``: per run ``{run, calls, graphs, recompiles,
-    reasons, params_replaced, time}``. ``compile_cache``: the persistent cache's client view
-    (:meth:`core.compile_cache.CompileCache.as_dict`). ``disabled``: the adapter runs the model eagerly.
+    ``status``: "cold" until a tracked call finishes without error, then "warm" (``first_call_seconds``: wall
+    seconds of that call, compile included). ``graphs``: Dynamo graphs compiled in tracked calls. ``recompiles``:
+    ``{reason, reasons, function, time (unix s), run, call}`` (+ ``cause``, ``guard``, ``flag_changes`` when
+    explained). ``fallbacks``: frames Dynamo runs eagerly (recompile limit) and adapter fallbacks
+    (``kind="disabled"``). ``compile_flags``: :func:`core.recompile_watch.guarded_flags` at the first call;
+    ``flag_states``: every fingerprint this record compiled under. ``last_run`` / ``run_log``: per run ``{run,
+    calls, graphs, recompiles, reasons, params_replaced, time}``. ``strict``: a recompile after warm-up raises.
     """
 
     strict: bool = False
@@ -82,20 +67,18 @@ class CompileStats:
     run_log: list[dict[str, Any]] = field(default_factory=list)
     compile_cache: dict[str, Any] | None = None
     params_replaced: int = 0
-    params: ParamIdentity | None = field(default=None, repr=False)  # parameter objects at the first call
-    per_function: dict[str, int] = field(default_factory=dict, repr=False)  # recompiles per function name
-    warned_functions: set = field(default_factory=set, repr=False)  # limit warnings already given
+    params: ParamIdentity | None = field(default=None, repr=False)
+    warned_functions: set = field(default_factory=set, repr=False)
 
 
 @dataclass(frozen=True, eq=False)
 class CompileRecord:
-    """What was compiled for one model (immutable), plus its :class:`CompileStats` (``stats``).
+    """What was compiled for one model, plus its :class:`CompileStats`. Equality is identity.
 
-    ``label``: human name. ``blocks``: dotted block paths compiled (``in_place``: compiled by the model itself,
-    e.g. diffusers' ``compile_repeated_blocks``; ``compiled`` is then empty and ``blocks`` are for reports).
-    ``options``: JSON view of the :class:`core.compile.CompileOptions` (plus ``guard_filter``).
-    ``compiled``: ``{path: lazy torch.compile wrapper}`` for :func:`core.compile.swap_in`. ``created``: unix s.
-    Equality is identity (records are keys of per-thread run bookkeeping).
+    ``blocks``: dotted paths compiled; ``compiled``: ``{path: lazy torch.compile wrapper}`` for
+    :func:`core.compile.swap_in` (empty when ``in_place``: the model compiled itself, e.g. diffusers'
+    ``compile_repeated_blocks``). ``options``: JSON view of the :class:`~core.compile.CompileOptions` plus
+    ``guard_filter``. ``created``: unix s.
     """
 
     label: str
@@ -110,36 +93,30 @@ class CompileRecord:
     stats: CompileStats = field(default_factory=CompileStats)
 
     def block_modules(self) -> dict[str, torch.nn.Module]:
-        """``{path: original module}`` of the compiled blocks (the modules Dynamo traces)."""
-        return {p: getattr(c, "_orig_mod", c) for p, c in self.compiled.items()
-                if isinstance(getattr(c, "_orig_mod", c), torch.nn.Module)}
+        """``{path: original module}`` of the compiled blocks (what Dynamo traces)."""
+        mods = {p: getattr(c, "_orig_mod", c) for p, c in self.compiled.items()}
+        return {p: m for p, m in mods.items() if isinstance(m, torch.nn.Module)}
 
     def cache_entries(self) -> dict[str, int]:
-        """``{"Class.forward": Dynamo cache entries}`` of each distinct compiled ``forward`` in this
-        process (all records and backends share them; the recompile limit applies to this number)."""
-        out: dict[str, int] = {}
-        for mod in self.block_modules().values():
-            code = code_of(mod)
-            if code is not None:
-                out[f"{type(mod).__name__}.{code.co_name}"] = torch_compat.cache_entry_count(code)
-        return out
+        """``{"Class.forward": Dynamo cache entries}`` per distinct compiled ``forward``, process-wide (all records
+        and backends share them; the recompile limit applies to this number)."""
+        return {f"{type(m).__name__}.{code.co_name}": torch_compat.cache_entry_count(code)
+                for m in self.block_modules().values() if (code := code_of(m)) is not None}
 
     def matches(self, model: Any, options: CompileOptions, blocks: Sequence[str], guard_filter_fn: Any,
                 in_place: bool = False) -> bool:
         """True when this record compiled exactly ``blocks`` of this very ``model`` with these settings."""
-        alive = self.model_ref() if self.model_ref is not None else None
-        return (alive is model and self.compile_options == options and self.blocks == tuple(blocks)
-                and self.guard_filter == guard_filter_fn and self.in_place == in_place)
+        return ((self.model_ref() if self.model_ref else None) is model and self.compile_options == options
+                and self.blocks == tuple(blocks) and self.guard_filter == guard_filter_fn and self.in_place == in_place)
 
     def is_warm_for(self, target: tuple) -> bool:
-        """True when this record is warm, not disabled, and was warmed up at ``target`` (e.g. a latent shape)."""
+        """Warm, not disabled, and warmed up at ``target`` (e.g. a latent shape)."""
         s = self.stats
         return s.status == "warm" and not s.disabled and tuple(target) in s.warm_targets
 
     def summary(self) -> dict[str, Any]:
-        """Short JSON-serialisable summary (for run records / UI badges)."""
-        s = self.stats
-        run = s.last_run or {}
+        """Short JSON view for run records and node badges (this run's graphs and recompiles included)."""
+        s, run = self.stats, self.stats.last_run or {}
         return {"label": self.label, "status": s.status, "blocks": len(self.blocks),
                 "backend": self.options.get("backend"), "first_call_seconds": s.first_call_seconds,
                 "graphs": s.graphs, "recompiles": len(s.recompiles),
@@ -147,30 +124,23 @@ class CompileRecord:
                 "disabled": s.disabled, "strict": s.strict, "run": run.get("run"),
                 "graphs_this_run": run.get("graphs"), "recompiles_this_run": run.get("recompiles"),
                 "recompile_reasons_this_run": list(run.get("reasons", [])),
-                "params_replaced_this_run": run.get("params_replaced"), "warnings": list(s.warnings[-3:])}
+                "params_replaced_this_run": run.get("params_replaced"), "warnings": s.warnings[-3:]}
 
     def as_dict(self) -> dict[str, Any]:
         """Everything, JSON-serialisable (shapes as sorted lists, times as unix seconds)."""
-        def listify(v: Any) -> Any:
-            return [listify(x) for x in v] if isinstance(v, tuple) else v
-
         s = self.stats
-        return {
-            "label": self.label, "status": s.status, "strict": s.strict, "disabled": s.disabled,
-            "blocks": list(self.blocks), "block_count": len(self.blocks), "in_place": self.in_place,
-            "options": dict(self.options), "first_call_seconds": s.first_call_seconds, "graphs": s.graphs,
-            "calls_captured": s.calls_captured, "recompiles": [dict(r) for r in s.recompiles],
-            "shapes_seen": [listify(x) for x in _sorted_shapes(s.shapes_seen)], "calls": s.calls, "runs": s.runs,
-            "fallbacks": [dict(f) for f in s.fallbacks], "errors": [dict(e) for e in s.errors],
-            "warnings": list(s.warnings), "graph_breaks": dict(s.graph_breaks), "cache_state": dict(s.cache_state),
-            "created": self.created, "updated": s.updated, "warm_targets": [list(t) for t in sorted(s.warm_targets)],
-            "compile_flags": s.compile_flags, "last_run": s.last_run, "run_log": list(s.run_log),
-            "compile_cache": s.compile_cache, "params_replaced": s.params_replaced,
-            "cache_entries": self.cache_entries(), "recompile_limit": torch_compat.recompile_limit(),
-        }
+        skip = {"params", "warned_functions", "flag_states", "shapes_seen", "warm_targets"}
+        out = {k: v for k, v in vars(s).items() if k not in skip}
+        out = {k: (list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v) for k, v in out.items()}
+        out.update(label=self.label, blocks=list(self.blocks), block_count=len(self.blocks), in_place=self.in_place,
+                   options=dict(self.options), created=self.created, cache_entries=self.cache_entries(),
+                   recompile_limit=torch_compat.recompile_limit(),
+                   shapes_seen=[_listify(x) for x in _sorted(s.shapes_seen)],
+                   warm_targets=sorted(list(t) for t in s.warm_targets))
+        return out
 
     def as_text(self) -> str:
-        """One-line human summary: blocks, compile seconds, graphs, recompiles (+ last reason), status."""
+        """One-line human summary: blocks, first call, graphs, recompiles (+ last reason), status."""
         s = self.stats
         parts = [f"{self.label}: {len(self.blocks)} block(s) compiled ({self.options.get('backend')})", s.status]
         if s.first_call_seconds is not None:
@@ -184,15 +154,19 @@ class CompileRecord:
         if s.last_run is not None:
             parts.append(f"run {s.last_run['run']}: {s.last_run['recompiles']} recompile(s), "
                          f"{s.last_run['graphs']} graph(s)")
-        if s.strict:
-            parts.append("strict (a recompile after warm-up is an error)")
-        if s.graph_breaks:
-            parts.append(f"{sum(s.graph_breaks.values())} graph break(s)")
-        if s.fallbacks:
-            parts.append(f"{len(s.fallbacks)} fallback(s) to eager")
-        if s.disabled:
-            parts.append("DISABLED (running eager)")
-        text = "; ".join(parts)
-        if s.warnings:
-            text += "\nWARNING: " + s.warnings[-1]
-        return text
+        flags = [(s.strict, "strict (a recompile after warm-up is an error)"),
+                 (s.graph_breaks, f"{sum(s.graph_breaks.values())} graph break(s)"),
+                 (s.fallbacks, f"{len(s.fallbacks)} fallback(s) to eager"), (s.disabled, "DISABLED (running eager)")]
+        text = "; ".join(parts + [t for on, t in flags if on])
+        return text + ("\nWARNING: " + s.warnings[-1] if s.warnings else "")
+
+
+def _listify(v: Any) -> Any:
+    return [_listify(x) for x in v] if isinstance(v, tuple) else v
+
+
+def _sorted(shapes: set) -> list:
+    try:
+        return sorted(shapes)
+    except TypeError:  # mixed nesting: a stable textual order instead
+        return sorted(shapes, key=repr)
