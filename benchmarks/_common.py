@@ -247,3 +247,9 @@ class OthersMeter:
             return
         mine = _tree_cpu_s() - self._c0
         self.share = min(1.0, max(0.0, (b1 - self._b0 - mine) / (wall * (os.cpu_count() or 1))))
+
+
+def print_footer(t_start: float) -> None:
+    """The last line of every benchmark: load average, CPU pressure and total wall time since ``t_start``."""
+    print(f"load average at end: {loadavg()}; CPU pressure at end: {cpu_pressure()}; "
+          f"total wall time: {time.perf_counter() - t_start:.0f} s")

@@ -526,8 +526,7 @@ def main(argv: list[str] | None = None) -> int:
           "other processes meanwhile (the benchmark's own process tree, inductor's compile workers and compilers "
           "included, does not count; 0% = the benchmark had the machine to itself). "
           "fxgraph hit/miss: inductor FX-graph cache counters after the first call.")
-    print(f"load average at end: {_common.loadavg()}; CPU pressure at end: {_common.cpu_pressure()}; "
-          f"total wall time: {time.perf_counter() - t_start:.0f} s")
+    _common.print_footer(t_start)
     return 0
 
 

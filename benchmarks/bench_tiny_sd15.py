@@ -282,8 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\nspeedup = baseline time / config time (> 1 is faster). sample = one comfy.sample.sample call; "
           "step min = fastest single sampler step (steps 2..N of every timed sample, from the sampler callback; "
           "one UNet call on batch 2 plus the euler update), the least load-sensitive number.")
-    print(f"load average at end: {_common.loadavg()}; CPU pressure at end: {_common.cpu_pressure()}; "
-          f"total wall time: {time.perf_counter() - t_start:.0f} s")
+    _common.print_footer(t_start)
     return 0
 
 
