@@ -17,6 +17,7 @@ import platform
 import re
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -152,7 +153,6 @@ def fmt_d(x: float) -> str:
 
 def others_share_now(window_s: float = 2.0) -> float | None:
     """Share of all cores that other processes used during ``window_s`` seconds of sleep (None without /proc)."""
-    import time
 
     with OthersMeter() as m:
         time.sleep(window_s)
@@ -168,7 +168,6 @@ def wait_for_quiet(max_wait_s: float, threshold: float = 0.05, window_s: float =
     """
     if max_wait_s <= 0:
         return ""
-    import time
 
     t0 = time.monotonic()
     while True:
@@ -232,14 +231,12 @@ class OthersMeter:
         self.share: float | None = None
 
     def __enter__(self) -> "OthersMeter":
-        import time
 
         self._t0, self._b0 = time.perf_counter(), _cpu_busy_s()
         self._c0 = _tree_cpu_s() if self._b0 is not None else 0.0
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        import time
 
         wall = time.perf_counter() - self._t0
         b1 = _cpu_busy_s()
