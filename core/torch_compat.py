@@ -31,7 +31,7 @@ __all__ = [
     "cache_entry_count", "supports_guard_filter_fn", "inductor_mode_options", "is_compile_error",
     "clear_inductor_caches", "has_fp32_precision_api", "get_fp32_precision", "set_fp32_precision",
     "inductor_deterministic", "set_inductor_deterministic", "RecompileLogTap", "install_recompile_log_tap",
-    "remove_recompile_log_tap", "compile_events",
+    "remove_recompile_log_tap", "compile_events", "PROBE_CPU_ISA_ENV", "trusted_cpu_isa",
 ]
 
 #: Names of the settings as messages to users should spell them.
@@ -96,6 +96,27 @@ def specialize_int() -> contextlib.AbstractContextManager[Any]:
     """
     cfg = _api("torch._dynamo", "config", "CompileOptions.specialize_ints")
     return cfg.patch(specialize_int=True)
+
+
+#: Set to 1 by an operator whose C++ compiler cannot build every vector ISA the CPU reports.
+PROBE_CPU_ISA_ENV = "STEADFAST_PROBE_CPU_ISA"
+
+
+def trusted_cpu_isa() -> contextlib.AbstractContextManager[Any]:
+    """Context manager: inductor's ``cpp.vec_isa_ok = True`` inside (torch's ``config.patch``), unless
+    ``$STEADFAST_PROBE_CPU_ISA`` is 1.
+
+    By default inductor checks each vector ISA the CPU reports (AVX512, AVX2 ...) by building and ``dlopen``-ing a
+    C++ test program in a subprocess, once per cache folder. With the flag the base checks trust the CPU's flags
+    (its sub-feature probes, VNNI/BF16/AMX, still run): the same ISA list and pick when the compiler builds them
+    all, in 1.7 s instead of 8.0 s on a 2-core CPU (``tests/core/test_torch_compat.py`` measures and compares
+    both); a compiler that cannot build an ISA makes the compile fail loudly (then set the variable). Caveat:
+    inductor memoises the list for the process, so it stays in force for later compiles in the process.
+    """
+    if os.environ.get(PROBE_CPU_ISA_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+        return contextlib.nullcontext()
+    cfg = _api("torch._inductor", "config", "skipping inductor's CPU ISA probes")
+    return cfg.patch({"cpp.vec_isa_ok": True})
 
 
 def dynamo_counters() -> dict[str, int]:

@@ -263,3 +263,49 @@ def test_compile_events_count_each_compiled_frame_and_unregister() -> None:
     assert len(seen) == 2
     compiled(torch.ones(5))          # compiles again, but the callback is gone
     assert len(seen) == 2
+
+
+_ISA_CHILD = r"""
+import json, os, sys, time
+sys.path.insert(0, sys.argv[1])
+from _steadfast_import import import_steadfast
+import_steadfast()
+import steadfast.core.torch_compat as tc
+import torch._inductor.config as config
+from torch._inductor import cpu_vec_isa
+t0 = time.perf_counter()
+with tc.trusted_cpu_isa():
+    trusted = config.cpp.vec_isa_ok
+    isas = [str(i) for i in cpu_vec_isa.valid_vec_isa_list()]
+    pick = str(cpu_vec_isa.pick_vec_isa())
+print(json.dumps({"trusted": trusted, "after": config.cpp.vec_isa_ok, "isas": isas, "pick": pick,
+                  "seconds": time.perf_counter() - t0}))
+"""
+
+
+def _isa_child(tmp_path: Path, probe: bool) -> dict:
+    import json
+    import os
+    import subprocess
+
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / ("probe" if probe else "trust"))}
+    env.pop(tc.PROBE_CPU_ISA_ENV, None)
+    if probe:
+        env[tc.PROBE_CPU_ISA_ENV] = "1"
+    out = subprocess.run([sys.executable, "-c", _ISA_CHILD, str(ROOT / "scripts")], env=env, capture_output=True,
+                         text=True, timeout=600, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_trusted_cpu_isa_gives_the_probed_isa_list_without_building(tmp_path: Path) -> None:
+    """Fresh processes, empty cache folders: trusting the CPU's flags picks the ISA inductor's probes pick."""
+    trusted, probed = _isa_child(tmp_path, probe=False), _isa_child(tmp_path, probe=True)
+    assert trusted["trusted"] is True and trusted["after"] is None  # scoped: torch's default (None) after
+    assert probed["trusted"] is None  # STEADFAST_PROBE_CPU_ISA=1: inductor probes as by default
+    assert trusted["isas"] == probed["isas"] and trusted["pick"] == probed["pick"]
+    # the base probe of every ISA is skipped; inductor still builds its sub-feature probes (VNNI, BF16, AMX)
+    built = {k: len(list((tmp_path / k).rglob("*.so"))) for k in ("trust", "probe")}
+    if len(probed["isas"]) > 1:
+        assert built["trust"] < built["probe"], built
+    print(f"ISA list {probed['isas']}: {built} test programs built, {trusted['seconds']:.1f} s vs "
+          f"{probed['seconds']:.1f} s")

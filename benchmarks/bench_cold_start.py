@@ -1,0 +1,119 @@
+"""First run of a workflow in a fresh ComfyUI: Steadfast's regional compile vs core's TorchCompileModel.
+
+The tiny SD1.5-architecture checkpoint (``headless/tiny_sd15.py``) through stock nodes (CheckpointLoaderSimple,
+CLIPTextEncode, EmptyLatentImage, KSampler euler, VAEDecode, PreviewImage), the MODEL passed through one of:
+
+* ``eager``: nothing (ComfyUI's own attention);
+* ``core``: core ComfyUI's ``TorchCompileModel`` (backend inductor: the whole diffusion model);
+* ``steadfast``: ``SteadfastOptimizeModel`` (compile regional, inductor, SDPA auto; the node's defaults otherwise);
+* ``steadfast-probe``: the same with ``STEADFAST_PROBE_CPU_ISA=1`` (inductor probes every CPU vector ISA by
+  building and loading a C++ test program, as it does by default; see ``core.torch_compat.trusted_cpu_isa``).
+
+Each (config, cache state) runs in a FRESH server process: ``cold`` with empty inductor and Steadfast cache
+folders (the first compile ever on the machine), ``warm`` with the folders the cold server left (a restart).
+The first prompt's wall seconds (queue -> done: model load, compile, sampling, decode) is the number; a second
+prompt with another seed gives the steady-state time. Ratios are printed against ``core`` for the same cache state.
+
+Usage: ``python benchmarks/bench_cold_start.py [--configs eager,core,steadfast,steadfast-probe] [--steps 4]
+[--side 256] [--repeats 1]``
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
+
+_common._scripts_on_path()
+from comfy_server import ComfyServer  # noqa: E402
+
+tiny_sd15 = _common.tiny_sd15_module()
+CKPT = "steadfast_tiny_sd15.safetensors"
+
+
+def workflow(config: str, seed: int, steps: int, side: int) -> dict[str, Any]:
+    """The API-format prompt for ``config`` (see the module docstring)."""
+    wf: dict[str, Any] = {
+        "1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": CKPT}},
+        "2": {"class_type": "CLIPTextEncode", "inputs": {"text": "a lighthouse at dusk", "clip": ["1", 1]}},
+        "3": {"class_type": "CLIPTextEncode", "inputs": {"text": "", "clip": ["1", 1]}},
+        "4": {"class_type": "EmptyLatentImage", "inputs": {"width": side, "height": side, "batch_size": 1}},
+        "6": {"class_type": "KSampler", "inputs": {
+            "model": ["5", 0] if config != "eager" else ["1", 0], "seed": seed, "steps": steps, "cfg": 7.0,
+            "sampler_name": "euler", "scheduler": "normal", "positive": ["2", 0], "negative": ["3", 0],
+            "latent_image": ["4", 0], "denoise": 1.0}},
+        "7": {"class_type": "VAEDecode", "inputs": {"samples": ["6", 0], "vae": ["1", 2]}},
+        "8": {"class_type": "PreviewImage", "inputs": {"images": ["7", 0]}},
+    }
+    if config == "core":
+        wf["5"] = {"class_type": "TorchCompileModel", "inputs": {"model": ["1", 0], "backend": "inductor"}}
+    elif config.startswith("steadfast"):
+        wf["5"] = {"class_type": "SteadfastOptimizeModel", "inputs": {
+            "model": ["1", 0], "qkv_fusion": False, "channels_last": False, "attention": "auto",
+            "compile": "regional", "backend": "inductor", "mode": "default", "dynamic": "auto",
+            "fullgraph": False}}
+    return wf
+
+
+def one_server(config: str, caches: Path, ckpt: Path, steps: int, side: int) -> tuple[float, float]:
+    """``(first prompt s, second prompt s)`` in a fresh server whose caches live under ``caches``."""
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"), "STEADFAST_COMPILE_CACHE": str(caches / "steadfast")}
+    if config == "steadfast-probe":
+        env["STEADFAST_PROBE_CPU_ISA"] = "1"
+    with ComfyServer({CKPT: ckpt}, env=env) as server:
+        times = []
+        for seed in (1, 2):
+            t0 = time.perf_counter()
+            server.run(workflow(config, seed, steps, side), timeout=900)
+            times.append(time.perf_counter() - t0)
+    return times[0], times[1]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--configs", default="eager,core,steadfast,steadfast-probe")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--side", type=int, default=256, help="image side in pixels (latent side / 8)")
+    ap.add_argument("--repeats", type=int, default=1)
+    args = ap.parse_args()
+    t_start = time.perf_counter()
+    _common.print_header("Cold and warm first run in ComfyUI: Steadfast regional vs core TorchCompileModel",
+                         {"steps": args.steps, "side": args.side, "repeats": args.repeats})
+    ckpt = tiny_sd15.cached_tiny_sd15(in_subprocess=True)
+    configs = args.configs.split(",")
+    results: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for _ in range(args.repeats):
+        for config in configs:
+            with tempfile.TemporaryDirectory(prefix=f"bench_cold_{config}_") as tmp:
+                for state in ("cold", "warm"):
+                    results.setdefault((config, state), []).append(one_server(config, Path(tmp), ckpt, args.steps,
+                                                                              args.side))
+                    print(f"  {config} {state}: first {results[config, state][-1][0]:.1f} s, "
+                          f"second {results[config, state][-1][1]:.2f} s", flush=True)
+    rows = []
+    for (config, state), runs in results.items():
+        first = statistics.median(r[0] for r in runs)
+        second = statistics.median(r[1] for r in runs)
+        core = results.get(("core", state))
+        ratio = first / statistics.median(r[0] for r in core) if core else None
+        cold = results.get((config, "cold"))
+        rows.append([config, state, f"{first:.1f}", ", ".join(f"{r[0]:.1f}" for r in runs), f"{second:.2f}",
+                     f"{ratio:.2f}" if ratio is not None else "n/a",
+                     f"{first / statistics.median(r[0] for r in cold):.2f}" if state == "warm" and cold else "-"])
+    print()
+    print(_common.markdown_table(["config", "cache", "first prompt s (median)", "each repeat", "second prompt s",
+                                  "first / core's first", "warm / cold"], rows))
+    print("\nfirst prompt = wall seconds queue -> done in a fresh server (checkpoint load, compile, sampling, decode); "
+          "second prompt = the same workflow with another seed in the same server (no compile).")
+    _common.print_footer(t_start)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
