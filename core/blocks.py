@@ -25,9 +25,8 @@ __all__ = ["COMFY_REPEATED_BLOCKS", "REGIONAL_UNSUPPORTED", "NON_GENERIC_PARENTS
            "SwapCheck", "choose_blocks", "declaration", "safe_to_swap", "swap_refusal"]
 
 _FLUX = ("DoubleStreamBlock", "SingleStreamBlock")
-#: ``{model class: block classes}`` by ``__name__`` (``"module.QualName"`` where two classes share a name; outermost
-#: match wins). Comments: the parent's generic call in ComfyUI v0.8.0 ``comfy/ldm/``; built on the meta device by
-#: ``tests/comfy/test_architectures.py``.
+#: ``{model class: block classes}`` by ``__name__`` (``"module.QualName"`` where two share a name); outermost match
+#: wins. Comments: the parent's generic call in ComfyUI v0.8.0 ``comfy/ldm/`` (tests/comfy/test_architectures.py).
 COMFY_REPEATED_BLOCKS: dict[str, tuple[str, ...]] = {
     "UNetModel": ("BasicTransformerBlock",),  # SD1/2/XL/SVD: attention.py SpatialTransformer `block(x, context=)`
     "Flux": _FLUX,  # Flux.1/2/Kontext: flux/model.py forward_orig `block(img=, txt=, vec=, pe=)`, `block(img, vec=)`
@@ -35,9 +34,8 @@ COMFY_REPEATED_BLOCKS: dict[str, tuple[str, ...]] = {
     "ChromaRadiance": _FLUX,  # chroma_radiance/model.py: same loops; per-pixel NerfGLUBlocks left out on purpose
     "HunyuanVideo": _FLUX,  # hunyuan_video/model.py forward_orig `block(img=, txt=)`; 2 TokenRefiners left out
     "Hunyuan3Dv2": _FLUX,  # hunyuan3d/model.py Hunyuan3Dv2.forward: flux blocks, plain calls
-    # SD3/3.5: mmdit.py forward_core_with_concat `self.joint_blocks[i](context, x, c=)`; pre_only last: 2-3 graphs
-    "comfy.ldm.modules.diffusionmodules.mmdit.MMDiT": ("JointBlock",),
-    "OpenAISignatureMMDITWrapper": ("JointBlock",),
+    "comfy.ldm.modules.diffusionmodules.mmdit.MMDiT": ("JointBlock",),  # SD3: mmdit.py `self.joint_blocks[i](..)`
+    "OpenAISignatureMMDITWrapper": ("JointBlock",),  # as SD3; pre_only last block, SD3.5 attn blocks: 2-3 graphs
     "comfy.ldm.aura.mmdit.MMDiT": ("MMDiTBlock", "DiTBlock"),  # AuraFlow: `layer(c, x, global_cond)`, `layer(cx, ..)`
     "WanModel": ("WanAttentionBlock",),  # wan/model.py forward_orig `block(x, e=e0, ...)`; 1st x strided
     "VaceWanModel": ("WanAttentionBlock",),  # VaceWanAttentionBlocks: int block_id, a graph each: left out
@@ -59,15 +57,12 @@ COMFY_REPEATED_BLOCKS: dict[str, tuple[str, ...]] = {
     "Kandinsky5": ("TransformerEncoderBlock", "TransformerDecoderBlock"),  # kandinsky5/model.py `block(...)`
     "OmniGen2Transformer2DModel": ("OmniGen2TransformerBlock",),  # omnigen/omnigen2.py `layer(hidden_states, ..)`
 }
-_CASCADE = "_down_encode/_up_decode dispatch on isinstance(block, ResBlock/AttnBlock/TimestepBlock)"
 #: Callers that do not call (some of) their children generically: ``{caller class: reason}``.
 NON_GENERIC_PARENTS: dict[str, str] = {
-    "UNetModel": "UNetModel._forward passes input/middle/output blocks to forward_timestep_embed, which "
-                 "iterates them (an OptimizedModule is not iterable) and dispatches on isinstance",
-    "TimestepEmbedSequential": "openaimodel.forward_timestep_embed dispatches on isinstance(layer, "
-                               "VideoResBlock/TimestepBlock/SpatialVideoTransformer/SpatialTransformer/Upsample)",
-    "StageC": f"cascade/stage_c.py {_CASCADE}",
-    "StageB": f"cascade/stage_b.py {_CASCADE}",
+    "UNetModel": "UNetModel._forward hands its blocks to forward_timestep_embed (iterates them, isinstance dispatch)",
+    "TimestepEmbedSequential": "openaimodel.forward_timestep_embed dispatches on isinstance(layer, TimestepBlock/...)",
+    "StageC": "cascade/stage_c.py _down_encode/_up_decode dispatch on isinstance(block, ResBlock/AttnBlock/...)",
+    "StageB": "cascade/stage_b.py _down_encode/_up_decode dispatch on isinstance(block, ResBlock/AttnBlock/...)",
 }
 #: Models whose repeated blocks cannot be swapped: ``{model class: reason}``.
 REGIONAL_UNSUPPORTED = {k: f"Stable Cascade {k}: {NON_GENERIC_PARENTS[k]}; use a full compile"
@@ -117,12 +112,10 @@ def swap_refusal(root: nn.Module, path: str) -> str | None:
     if type(caller).__name__ in NON_GENERIC_PARENTS:
         return f"called by {where}: {NON_GENERIC_PARENTS[type(caller).__name__]}"
     names = [k.__name__ for k in type(block).__mro__ if not k.__module__.startswith(("torch.", "builtins"))]
-    try:
-        src = _source(sys.modules[type(caller).__module__])
+    try:  # the caller's source file, scanned for isinstance on a class of the block's MRO
+        src = _source(sys.modules[type(caller).__module__]) if names else ""
     except (KeyError, OSError, TypeError):
-        return None
-    if not src or not names:
-        return None
+        src = ""
     pattern = re.compile(r"isinstance\(\s*[^,()]+,\s*(?:\([^)]*)?\b(?:[\w.]+\.)?("
                          + "|".join(re.escape(n) for n in names) + r")\b")
     hits = [f"{type(caller).__module__}:{n}: isinstance(..., {m.group(1)})"
@@ -132,14 +125,11 @@ def swap_refusal(root: nn.Module, path: str) -> str | None:
 
 
 def safe_to_swap(root: nn.Module, paths: Sequence[str], *, recompile_limit: int | None = None) -> SwapCheck:
-    """Which blocks at ``paths`` (dotted, relative to ``root``) may be swapped for compiled wrappers.
-
-    Refused: a block whose caller (nearest non-container ancestor) is in :data:`NON_GENERIC_PARENTS`, or whose
-    caller's source file has ``isinstance(x, C)`` for a class ``C`` of the block's MRO (heuristic; no source, no
-    scan). Same-class blocks of different structure are variants (ints not compared: Wan VACE's ``block_id`` is
-    not seen); more than ``recompile_limit`` (default :func:`core.torch_compat.recompile_limit`) warns: Dynamo
-    would run the surplus eagerly. Raises ``ValueError`` for an empty or unknown path.
-    """
+    """Which blocks at ``paths`` (dotted, relative to ``root``) may be swapped for compiled wrappers: not those whose
+    caller (nearest non-container ancestor) is in :data:`NON_GENERIC_PARENTS` or whose source file has ``isinstance(x,
+    C)`` for a class ``C`` of the block's MRO. Same-class blocks of different structure are variants (ints are not
+    compared: Wan VACE's ``block_id`` is not seen); more than ``recompile_limit`` (default: Dynamo's) warns, as
+    Dynamo would run the surplus eagerly. Raises ``ValueError`` for an empty or unknown path."""
     refused = {p: r for p in paths if (r := swap_refusal(root, p)) is not None}
     safe = [p for p in paths if p not in refused]
     sigs: dict[str, set] = {}
@@ -182,14 +172,11 @@ def _forward_only_calls(cls: type) -> str | None:
 
 
 def _discover(root: nn.Module, min_repeats: int, min_param_share: float) -> Discovery:
-    """Repeated blocks of an undeclared model, at the level the table would pick:
-
-    1. candidates: children of ``ModuleList``/``ModuleDict``s whose class occurs ``min_repeats`` times model-wide;
-    2. outermost candidates kept; refused ones (:func:`swap_refusal`) are searched inside instead;
-    3. a pure wrapper (one non-container child, no own parameters/buffers, ``forward`` only
-       ``return self.<child>(...)``, e.g. HiDream's ``HiDreamImageBlock``) is replaced by its swappable child;
-    4. class groups under ``min_param_share`` of the parameters are dropped (e.g. Chroma's guidance approximator).
-    """
+    """Repeated blocks of an undeclared model, at the level the table would pick: 1. candidates are children of
+    ``ModuleList``/``ModuleDict``s whose class occurs ``min_repeats`` times model-wide; 2. the outermost are kept,
+    refused ones (:func:`swap_refusal`) searched inside; 3. a pure wrapper (one non-container child, no own
+    parameters/buffers, ``forward`` only ``return self.<child>(...)``: HiDream's ``HiDreamImageBlock``) gives way
+    to its child; 4. class groups under ``min_param_share`` of the parameters are dropped (Chroma's approximator)."""
     cands = [(f"{path}.{name}" if path else name, child) for path, mod in root.named_modules()
              if isinstance(mod, _CONTAINERS) for name, child in mod.named_children()
              if not isinstance(child, _CONTAINERS)]
@@ -252,26 +239,13 @@ class BlockChoice:
         return "\n".join(lines + ([f"  note: {self.reason}"] if self.reason else []))
 
 
-def _named(root: nn.Module, classes: Sequence[str]) -> list[str]:
-    """Submodules (not ``root``) whose class ``__name__`` is in ``classes``, outermost only, module order."""
-    wanted, kept = set(classes), []
-    for path, mod in root.named_modules():
-        if path and type(mod).__name__ in wanted and not any(path.startswith(k + ".") for k in kept):
-            kept.append(path)
-    return kept
-
-
 def choose_blocks(root: nn.Module, *, classes: Sequence[str] | None = None, discover: bool = False,
                   min_repeats: int = 2, min_param_share: float = 0.05) -> BlockChoice:
-    """The blocks of ``root`` (a diffusion model) to compile regionally, and how they were chosen.
-
-    By default the table decides (:func:`declaration`, outermost matches); a declared model where none is found
-    (a class renamed in a newer ComfyUI) or an unknown model is auto-discovered (``_discover``); a
-    :data:`REGIONAL_UNSUPPORTED` one gets ``how="unsupported"``. ``classes`` (e.g. diffusers' ``_repeated_blocks``)
-    replaces the table, without fallback; ``discover=True`` ignores it. Refused paths (:func:`safe_to_swap`) are
-    left out. Raises ``ValueError`` for ``classes`` with ``discover``, ``min_repeats < 1`` or ``min_param_share``
-    outside [0, 1].
-    """
+    """The blocks of ``root`` (a diffusion model) to compile regionally: by default :func:`declaration`'s (outermost
+    matches); a declared model where none is found (renamed in a newer ComfyUI) or an unknown one is auto-discovered;
+    a :data:`REGIONAL_UNSUPPORTED` one gets ``how="unsupported"``. ``classes`` (e.g. diffusers' ``_repeated_blocks``)
+    replaces the table, without fallback; ``discover=True`` ignores it. Paths :func:`safe_to_swap` refuses are left
+    out. ``ValueError``: ``classes`` with ``discover``, ``min_repeats < 1``, ``min_param_share`` not in [0, 1]."""
     if classes is not None and discover:
         raise ValueError("choose_blocks: give classes or discover=True, not both")
     if min_repeats < 1:
@@ -280,8 +254,11 @@ def choose_blocks(root: nn.Module, *, classes: Sequence[str] | None = None, disc
         raise ValueError(f"min_param_share must be in [0, 1], got {min_param_share}")
     declared, unsupported = (None, None) if (classes is not None or discover) else declaration(type(root))
     if declared == ():
-        return BlockChoice(paths=[], how="unsupported", classes={}, reason=unsupported or "declared unsupported")
-    how, paths = ("named", _named(root, classes)) if classes is not None else ("declared", _named(root, declared or ()))
+        return BlockChoice(paths=[], how="unsupported", classes={}, reason=unsupported)
+    how, wanted, paths = ("named", set(classes), []) if classes is not None else ("declared", set(declared or ()), [])
+    for path, mod in root.named_modules():  # outermost matches, module order, never the root
+        if path and type(mod).__name__ in wanted and not any(path.startswith(k + ".") for k in paths):
+            paths.append(path)
     discovery, reason = None, None
     if not paths and classes is not None:
         reason = f"none of the classes {list(classes)} found in {type(root).__name__}"

@@ -24,14 +24,13 @@ __all__ = ["CompileOptions", "compile_blocks", "contiguous_inputs_hook", "swap_i
 
 @dataclasses.dataclass(frozen=True)
 class CompileOptions:
-    """``torch.compile``'s ``backend``, ``mode``, ``dynamic``, ``fullgraph`` and ``options``, plus two settings
-    of :func:`compile_blocks` that each remove a first-call recompile (``tests/comfy/test_architectures.py::
+    """``torch.compile``'s ``backend``, ``mode``, ``dynamic``, ``fullgraph``, ``options``, plus two settings of
+    :func:`compile_blocks`, each removing a first-call recompile (``tests/comfy/test_architectures.py::
     test_compile_options_remove_first_call_recompiles``). ``contiguous_inputs``: :func:`contiguous_inputs_hook`
-    (Dynamo guards on strides; Wan's and SD3's first block get a strided view). ``specialize_ints``: compiled
-    blocks run under :func:`core.torch_compat.specialize_int`, so ints are constants whose guards a guard filter
-    can drop, instead of symbolic ints (ComfyUI's per-block index) with shape-env guards: one graph per value.
-    Trade-off: ints carrying sizes (HunyuanVideo I2V's ``modulation_dims``) then give one graph per value; the
-    config is process-global while a compiled block runs.
+    (Dynamo guards on strides; Wan's and SD3's first block get a strided view). ``specialize_ints``: blocks run
+    under :func:`core.torch_compat.specialize_int` (process-global meanwhile), so ints are constants with guards
+    a guard filter can drop, not symbolic (ComfyUI's block index: a graph per value); ints carrying sizes
+    (HunyuanVideo I2V's ``modulation_dims``) then give a graph per value.
     """
 
     backend: str = "inductor"
@@ -43,10 +42,10 @@ class CompileOptions:
     specialize_ints: bool = True
 
     def to_kwargs(self, guard_filter_fn: GuardFilterFn | None = None) -> dict[str, Any]:
-        """``torch.compile`` kwargs, a fresh dict each call (torch pops from ``options``), ``guard_filter_fn`` in
-        ``options``. torch refuses ``mode`` with ``options``: for inductor the mode's preset is merged under them
-        (:func:`core.torch_compat.inductor_mode_options`). Raises :class:`core.torch_compat.TorchAPIMissing`
-        (torch takes no guard filter) or ``ValueError`` (unknown mode; mode plus options on another backend)."""
+        """``torch.compile`` kwargs: a fresh dict (torch pops from ``options``), ``guard_filter_fn`` in ``options``;
+        torch refuses ``mode`` with ``options``, so inductor's preset for the mode is merged under them. Raises
+        :class:`core.torch_compat.TorchAPIMissing` (no guard filters in this torch), ``ValueError`` (unknown mode;
+        mode plus options for a backend other than inductor)."""
         options: dict[str, Any] = dict(self.options or {})
         if guard_filter_fn is not None:
             if not torch_compat.supports_guard_filter_fn():
@@ -91,10 +90,9 @@ def _contiguous(value: Any) -> Any:
 
 def contiguous_inputs_hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
     """Forward pre-hook (``with_kwargs=True``): tensors given directly or in a plain tuple/list whose strides are not
-    exactly dense row-major (size-1 dims included) become contiguous clones (same bits); dicts, other objects
-    and broadcast views (a stride-0 dim of size > 1) stay. ``None`` (no allocation) when nothing changes. An
-    in-place update of a strided input lands on the copy (no block of :mod:`core.blocks`' table relies on one).
-    """
+    exactly dense row-major (size-1 dims included) become contiguous clones (same bits); dicts, other objects and
+    broadcast views (a stride-0 dim of size > 1) stay. ``None`` (no allocation) when nothing changes. An in-place
+    update of a strided input lands on the copy (no block of :mod:`core.blocks`' table relies on one)."""
     new_args = _contiguous(args)
     new_kwargs = {k: _contiguous(v) for k, v in kwargs.items()}
     unchanged = new_args is args and all(new_kwargs[k] is kwargs[k] for k in kwargs)
@@ -139,21 +137,16 @@ def swap_in(root: nn.Module, compiled: Mapping[str, Callable[..., Any]]) -> Iter
     unknown path, before swapping. Parents dispatching on ``isinstance``: see :func:`core.blocks.safe_to_swap`."""
     targets = []
     for path, fn in compiled.items():
-        if not path:
-            raise ValueError("cannot swap the root itself; compile it as a path of its parent")
         parent_path, _, name = path.rpartition(".")
         try:
             parent = root.get_submodule(parent_path)
-            original = getattr(parent, name)
+            targets.append((parent, name, getattr(parent, name), fn))
         except AttributeError as e:
             raise ValueError(f"{type(root).__name__} has no submodule {path!r}: {e}") from e
-        targets.append((parent, name, original, fn))
-    done = []
     try:
-        for parent, name, original, fn in targets:
+        for parent, name, _, fn in targets:
             setattr(parent, name, fn)
-            done.append((parent, name, original))
         yield root
     finally:
-        for parent, name, original in reversed(done):
+        for parent, name, original, _ in reversed(targets):
             setattr(parent, name, original)

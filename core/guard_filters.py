@@ -30,10 +30,8 @@ class SkipGuardsOn:
 
 def _has_leaf(value: Any) -> bool:
     """True when a (nested) dict/list/tuple holds anything that is not an empty container."""
-    if isinstance(value, dict):
-        return any(_has_leaf(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_has_leaf(v) for v in value)
+    if isinstance(value, (dict, list, tuple)):
+        return any(map(_has_leaf, value.values() if isinstance(value, dict) else value))
     return value is not None
 
 
@@ -72,6 +70,5 @@ class TransformerOptionsGuardFilter:
         return [k is None or k == "" or k in self.code_keys for k in keys]
 
 
-def comfy_guard_filter() -> TransformerOptionsGuardFilter:
-    """The guard filter for ComfyUI models (what the Optimize node uses)."""
-    return TransformerOptionsGuardFilter()
+#: ``comfy_guard_filter()``: the guard filter for ComfyUI models (what the Optimize node uses).
+comfy_guard_filter = TransformerOptionsGuardFilter
