@@ -1,10 +1,9 @@
 """Which blocks regional compilation compiles: the declared table, the swap-safety check, auto-discovery.
 
 :func:`choose_blocks`, the one block finder, uses :data:`COMFY_REPEATED_BLOCKS` for ComfyUI's models (diffusers'
-``_repeated_blocks`` idea, by class *name*: no ComfyUI imports), else class names or auto-discovery. A compiled
-block replaces the original in its parent (:func:`core.compile.swap_in`): only correct when the parent calls it
-generically, since an ``OptimizedModule`` fails ``isinstance``; every choice passes :func:`safe_to_swap`.
-"""
+``_repeated_blocks`` idea, by class *name*: no ComfyUI imports), else class names or auto-discovery. Swapping a
+compiled block in (:func:`core.compile.swap_in`) is only correct when its parent calls it generically (an
+``OptimizedModule`` fails ``isinstance``): every choice passes :func:`safe_to_swap`."""
 from __future__ import annotations
 
 import ast
@@ -65,9 +64,9 @@ NON_GENERIC_PARENTS: dict[str, str] = {
     "StageB": "cascade/stage_b.py _down_encode/_up_decode dispatch on isinstance(block, ResBlock/AttnBlock/...)",
 }
 #: Models whose repeated blocks cannot be swapped: ``{model class: reason}``.
-REGIONAL_UNSUPPORTED = {k: f"Stable Cascade {k}: {NON_GENERIC_PARENTS[k]}; use a full compile"
-                        for k in ("StageC", "StageB")}
+REGIONAL_UNSUPPORTED = {k: f"Stable Cascade: {NON_GENERIC_PARENTS[k]} (compile it whole)" for k in ("StageC", "StageB")}
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict)  # never called themselves; their owner iterates them
+_source = functools.lru_cache(maxsize=256)(inspect.getsource)  # of a caller's module, scanned per block
 
 
 def declaration(model_cls: type) -> tuple[tuple[str, ...] | None, str | None]:
@@ -91,9 +90,6 @@ class SwapCheck:
     refused: dict[str, str]
     variants: dict[str, int]
     warnings: list[str]
-
-
-_source = functools.lru_cache(maxsize=256)(inspect.getsource)  # of a caller's module, scanned per block
 
 
 def swap_refusal(root: nn.Module, path: str) -> str | None:
@@ -199,12 +195,11 @@ def _discover(root: nn.Module, min_repeats: int, min_param_share: float) -> Disc
                and swap_refusal(root, f"{path}.{kids[0][0]}") is None):
             path, mod = f"{path}.{kids[0][0]}", kids[0][1]
         groups.setdefault(type(mod).__name__, []).append(path)
-    total, dropped = sum(p.numel() for p in root.parameters()), {}
-    for cls in list(groups) if total > 0 and min_param_share > 0 else []:
-        share = sum(t.numel() for p in groups[cls] for t in root.get_submodule(p).parameters()) / total
-        if share < min_param_share:
-            dropped[cls] = round(share, 4)
-            del groups[cls]
+    total = sum(p.numel() for p in root.parameters())
+    shares = {c: sum(t.numel() for p in ps for t in root.get_submodule(p).parameters()) / total
+              for c, ps in groups.items()} if total > 0 and min_param_share > 0 else {}
+    dropped = {c: round(share, 4) for c, share in shares.items() if share < min_param_share}
+    groups = {c: ps for c, ps in groups.items() if c not in dropped}
     order = {p: i for i, (p, _) in enumerate(root.named_modules())}
     paths = sorted((p for ps in groups.values() for p in ps), key=order.__getitem__)
     return Discovery(paths=paths, groups=groups, refused=refused, dropped=dropped)
@@ -246,12 +241,9 @@ def choose_blocks(root: nn.Module, *, classes: Sequence[str] | None = None, disc
     a :data:`REGIONAL_UNSUPPORTED` one gets ``how="unsupported"``. ``classes`` (e.g. diffusers' ``_repeated_blocks``)
     replaces the table, without fallback; ``discover=True`` ignores it. Paths :func:`safe_to_swap` refuses are left
     out. ``ValueError``: ``classes`` with ``discover``, ``min_repeats < 1``, ``min_param_share`` not in [0, 1]."""
-    if classes is not None and discover:
-        raise ValueError("choose_blocks: give classes or discover=True, not both")
-    if min_repeats < 1:
-        raise ValueError(f"min_repeats must be >= 1, got {min_repeats}")
-    if not 0.0 <= min_param_share <= 1.0:
-        raise ValueError(f"min_param_share must be in [0, 1], got {min_param_share}")
+    if (classes is not None and discover) or min_repeats < 1 or not 0.0 <= min_param_share <= 1.0:
+        raise ValueError(f"choose_blocks: classes or discover=True, not both (got {classes!r}, {discover}); "
+                         f"min_repeats >= 1 (got {min_repeats}); min_param_share in [0, 1] (got {min_param_share})")
     declared, unsupported = (None, None) if (classes is not None or discover) else declaration(type(root))
     if declared == ():
         return BlockChoice(paths=[], how="unsupported", classes={}, reason=unsupported)

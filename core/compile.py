@@ -3,8 +3,7 @@
 Regional compilation (diffusers' ``ModelMixin.compile_repeated_blocks``) compiles each repeated block alone;
 identical blocks share one ``forward`` code object, hence one Dynamo graph, and the first call is faster than a
 full compile (docs/benchmarks.md section 2). A "full" compile is one block: the model as a path of its parent.
-:func:`swap_in` installs the lazy wrappers for one call only (ComfyUI's ``apply_torch_compile_wrapper``).
-"""
+:func:`swap_in` installs the lazy wrappers for one call only (ComfyUI's ``apply_torch_compile_wrapper``)."""
 from __future__ import annotations
 
 import contextlib
@@ -25,13 +24,12 @@ __all__ = ["CompileOptions", "compile_blocks", "contiguous_inputs_hook", "swap_i
 @dataclasses.dataclass(frozen=True)
 class CompileOptions:
     """``torch.compile``'s ``backend``, ``mode``, ``dynamic``, ``fullgraph``, ``options``, plus two settings of
-    :func:`compile_blocks`, each removing a first-call recompile (``tests/comfy/test_architectures.py::
-    test_compile_options_remove_first_call_recompiles``). ``contiguous_inputs``: :func:`contiguous_inputs_hook`
-    (Dynamo guards on strides; Wan's and SD3's first block get a strided view). ``specialize_ints``: blocks run
-    under :func:`core.torch_compat.specialize_int` (process-global meanwhile), so ints are constants with guards
-    a guard filter can drop, not symbolic (ComfyUI's block index: a graph per value); ints carrying sizes
-    (HunyuanVideo I2V's ``modulation_dims``) then give a graph per value.
-    """
+    :func:`compile_blocks` that each remove a first-call recompile (``tests/comfy/test_architectures.py::
+    test_compile_options_remove_first_call_recompiles``): ``contiguous_inputs`` (:func:`contiguous_inputs_hook`;
+    Dynamo guards on strides; Wan's and SD3's first block get a strided view) and ``specialize_ints`` (blocks run
+    under :func:`core.torch_compat.specialize_int`, process-global meanwhile: ints such as ComfyUI's block index are
+    constants whose guards a filter drops, not symbolic with a graph per value; ints carrying sizes, e.g.
+    HunyuanVideo I2V's ``modulation_dims``, then give a graph per value)."""
 
     backend: str = "inductor"
     mode: str | None = None
@@ -44,8 +42,8 @@ class CompileOptions:
     def to_kwargs(self, guard_filter_fn: GuardFilterFn | None = None) -> dict[str, Any]:
         """``torch.compile`` kwargs: a fresh dict (torch pops from ``options``), ``guard_filter_fn`` in ``options``;
         torch refuses ``mode`` with ``options``, so inductor's preset for the mode is merged under them. Raises
-        :class:`core.torch_compat.TorchAPIMissing` (no guard filters in this torch), ``ValueError`` (unknown mode;
-        mode plus options for a backend other than inductor)."""
+        :class:`core.torch_compat.TorchAPIMissing` (no guard filters in this torch) or ``ValueError`` (unknown mode;
+        mode plus options off inductor)."""
         options: dict[str, Any] = dict(self.options or {})
         if guard_filter_fn is not None:
             if not torch_compat.supports_guard_filter_fn():
@@ -59,18 +57,15 @@ class CompileOptions:
                 raise ValueError(
                     f"torch.compile takes either mode or options; cannot merge mode={mode!r} into options "
                     f"for backend {self.backend!r} (only inductor modes are known config presets)")
-            options = {**torch_compat.inductor_mode_options(mode, self.dynamic), **options}
-            mode = None
+            options, mode = {**torch_compat.inductor_mode_options(mode, self.dynamic), **options}, None
         return {"backend": self.backend, "mode": mode, "dynamic": self.dynamic, "fullgraph": self.fullgraph,
                 "options": options or None}
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-serialisable view (option values that are not JSON scalars become their ``repr``)."""
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        if self.options is not None:
-            d["options"] = {k: v if isinstance(v, (str, int, float, bool, type(None))) else repr(v)
-                            for k, v in self.options.items()}
-        return d
+        opts = None if self.options is None else {
+            k: v if isinstance(v, (str, int, float, bool, type(None))) else repr(v) for k, v in self.options.items()}
+        return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, "options": opts}
 
 
 def _contiguous(value: Any) -> Any:
@@ -109,8 +104,7 @@ def _specializing_ints(fn: Callable[..., Any]) -> Callable[..., Any]:
 def compile_blocks(root: nn.Module, paths: Sequence[str], options: CompileOptions,
                    guard_filter_fn: GuardFilterFn | None = None) -> dict[str, Callable[..., Any]]:
     """``{path: torch.compile(root.get_submodule(path), **options.to_kwargs(guard_filter_fn))}``, lazy; ``root`` is
-    not modified. Raises ``ValueError`` for an empty path (compile a whole model as a path of its parent), a
-    duplicate, or a path that names no submodule."""
+    not modified. Raises ``ValueError`` for an empty, duplicate or unknown path."""
     out: dict[str, Callable[..., Any]] = {}
     for path in paths:
         if not path:

@@ -2,8 +2,7 @@
 
 Passed as ``torch.compile(options={"guard_filter_fn": f})``. ComfyUI hands every block a ``transformer_options``
 dict whose entries (sigmas, block indices, uuids) change every step; guarding on them recompiles every step.
-Filters are frozen dataclasses: equal settings compare equal, so the registry can reuse compiled blocks.
-"""
+Filters are frozen dataclasses: equal settings compare equal, so the registry can reuse compiled blocks."""
 from __future__ import annotations
 
 import dataclasses
@@ -18,9 +17,8 @@ GuardFilterFn = Callable[[Sequence[Any]], Sequence[bool]]
 
 @dataclasses.dataclass(frozen=True)
 class SkipGuardsOn:
-    """Keeps the guards whose name does not contain ``substring`` (ComfyUI's ``TorchCompileModel`` behaviour). A
-    patch added after warm-up is then silently ignored (``tests/comfy/test_architectures.py::
-    test_guard_filter_keeps_per_block_patches_correct``)."""
+    """Keeps the guards whose name lacks ``substring`` (ComfyUI's ``TorchCompileModel``): a late patch is then silently
+    ignored (``tests/comfy/test_architectures.py::test_guard_filter_keeps_per_block_patches_correct``)."""
 
     substring: str = "transformer_options"
 
@@ -37,10 +35,9 @@ def _has_leaf(value: Any) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class TransformerOptionsGuardFilter:
-    """Drops the guards under ``substring`` except those that pick code: guards on the dict itself (a ``patches``
-    key appearing later recompiles), under a key in ``code_keys``, and ALL guards when the traced dict held a
-    non-empty ``patches``/``patches_replace`` (a patch may read anything, e.g. the block index: a graph per
-    block rather than wrong output)."""
+    """Drops the guards under ``substring`` except those that pick code: on the dict itself (a ``patches`` key added
+    later recompiles), under a key in ``code_keys``, and ALL guards when the traced dict held a non-empty ``patches``/
+    ``patches_replace`` (a patch may read anything, e.g. the block index: a graph per block, not wrong output)."""
 
     substring: str = "transformer_options"
     code_keys: tuple[str, ...] = ("patches", "patches_replace", "optimized_attention_override")
@@ -55,8 +52,7 @@ class TransformerOptionsGuardFilter:
             return ""
         return rest[1:].lstrip("'\"").split("'", 1)[0].split('"', 1)[0].split("]", 1)[0]
 
-    def _patched(self, entry: Any) -> bool:
-        key = self._key(getattr(entry, "name", ""))
+    def _patched(self, key: str | None, entry: Any) -> bool:
         if key is None or not getattr(entry, "has_value", False):
             return False
         if key == "" and isinstance(entry.value, dict):
@@ -64,9 +60,9 @@ class TransformerOptionsGuardFilter:
         return key in ("patches", "patches_replace") and _has_leaf(entry.value)
 
     def __call__(self, entries: Sequence[Any]) -> list[bool]:
-        if any(self._patched(e) for e in entries):
-            return [True] * len(entries)
         keys = [self._key(getattr(e, "name", "")) for e in entries]
+        if any(self._patched(k, e) for k, e in zip(keys, entries)):
+            return [True] * len(entries)
         return [k is None or k == "" or k in self.code_keys for k in keys]
 
 
