@@ -1,134 +1,205 @@
-"""The one block finder: which blocks of a model regional compilation compiles, and how they were chosen.
+"""Which blocks regional compilation compiles: the declared table, the swap-safety check, auto-discovery.
 
-:func:`choose_blocks` uses the declared table (:mod:`core.block_table`) for ComfyUI's models, explicit class
-names when given (diffusers' ``_repeated_blocks``), and otherwise auto-discovers repeated blocks at the level
-the table would pick: children of ``nn.ModuleList``/``nn.ModuleDict`` containers repeated model-wide, refused
-outer blocks searched inside, pure wrappers unwrapped, tiny groups dropped. Every choice is checked with
-:func:`core.block_safety.safe_to_swap`, and the result (:class:`BlockChoice`) says how it was made. Tests:
-``tests/core/test_compile.py`` (small modules) and ``tests/comfy/test_architectures.py`` (every ComfyUI model,
-meta device; small seeded SD1.5/SDXL/Flux/SD3/Wan under regional compile). No ComfyUI imports.
-"""
+:func:`choose_blocks`, the one block finder, uses :data:`COMFY_REPEATED_BLOCKS` for ComfyUI's models (diffusers'
+``_repeated_blocks`` idea, by class *name*: no ComfyUI imports), else class names or auto-discovery. Swapping a
+compiled block in (:func:`core.compile.swap_in`) is only correct when its parent calls it generically (an
+``OptimizedModule`` fails ``isinstance``): every choice passes :func:`safe_to_swap`."""
 from __future__ import annotations
 
 import ast
 import dataclasses
 import functools
 import inspect
+import re
+import sys
 import textwrap
+from collections import Counter
 from collections.abc import Sequence
-from typing import Any
 
 from torch import nn
 
-from .block_safety import CONTAINERS, SwapCheck, safe_to_swap, swap_refusal
-from .block_table import declared_blocks_for, regional_unsupported_reason
+from . import torch_compat
 
-__all__ = ["BlockChoice", "Discovery", "choose_blocks"]
+__all__ = ["COMFY_REPEATED_BLOCKS", "REGIONAL_UNSUPPORTED", "NON_GENERIC_PARENTS", "BlockChoice", "Discovery",
+           "SwapCheck", "choose_blocks", "declaration", "safe_to_swap", "swap_refusal"]
+
+_FLUX = ("DoubleStreamBlock", "SingleStreamBlock")
+#: ``{model class: block classes}`` by ``__name__`` (``"module.QualName"`` where two share a name); outermost match
+#: wins. Comments: the parent's generic call in ComfyUI v0.8.0 ``comfy/ldm/`` (tests/comfy/test_architectures.py).
+COMFY_REPEATED_BLOCKS: dict[str, tuple[str, ...]] = {
+    "UNetModel": ("BasicTransformerBlock",),  # SD1/2/XL/SVD: attention.py SpatialTransformer `block(x, context=)`
+    "Flux": _FLUX,  # Flux.1/2/Kontext: flux/model.py forward_orig `block(img=, txt=, vec=, pe=)`, `block(img, vec=)`
+    "Chroma": _FLUX,  # chroma/model.py forward_orig: the same calls as Flux
+    "ChromaRadiance": _FLUX,  # chroma_radiance/model.py: same loops; per-pixel NerfGLUBlocks left out on purpose
+    "HunyuanVideo": _FLUX,  # hunyuan_video/model.py forward_orig `block(img=, txt=)`; 2 TokenRefiners left out
+    "Hunyuan3Dv2": _FLUX,  # hunyuan3d/model.py Hunyuan3Dv2.forward: flux blocks, plain calls
+    "comfy.ldm.modules.diffusionmodules.mmdit.MMDiT": ("JointBlock",),  # SD3: mmdit.py `self.joint_blocks[i](..)`
+    "OpenAISignatureMMDITWrapper": ("JointBlock",),  # as SD3; pre_only last block, SD3.5 attn blocks: 2-3 graphs
+    "comfy.ldm.aura.mmdit.MMDiT": ("MMDiTBlock", "DiTBlock"),  # AuraFlow: `layer(c, x, global_cond)`, `layer(cx, ..)`
+    "WanModel": ("WanAttentionBlock",),  # wan/model.py forward_orig `block(x, e=e0, ...)`; 1st x strided
+    "VaceWanModel": ("WanAttentionBlock",),  # VaceWanAttentionBlocks: int block_id, a graph each: left out
+    "HumoWanModel": ("WanAttentionBlockAudio",),  # wan/model.py HumoWanModel.forward_orig `block(x, e=, audio=)`
+    "LTXVModel": ("BasicTransformerBlock",),  # lightricks/model.py _process_transformer_blocks `block(x, context=)`
+    "LTXAVModel": ("BasicAVTransformerBlock",),  # lightricks/av_model.py `block((vx, ax), v_context=, ...)`
+    "NextDiT": ("JointTransformerBlock",),  # Lumina 2/Z-Image: lumina/model.py `layer(x, mask, ...)`, refiners too
+    "QwenImageTransformer2DModel": ("QwenImageTransformerBlock",),  # qwen_image/model.py `block(hidden_states=)`
+    # hidream/model.py: HiDreamImageBlock wrappers `return self.block(...)`; MoE boolean masks break fullgraph
+    "HiDreamImageTransformer2DModel": ("HiDreamImageTransformerBlock", "HiDreamImageSingleTransformerBlock"),
+    "PixArtMS": ("PixArtMSBlock",),  # pixart/pixartms.py `block(x, y, t0, y_lens, (H, W), **kwargs)`
+    "HunYuanDiT": ("HunYuanDiTBlock",),  # hydit/models.py `block(x, c, text_states, freqs_cis_img, skip)`
+    "HunYuanDiTPlain": ("HunYuanDiTBlock",),  # hunyuan3dv2_1/hunyuandit.py `block(combined, ...)`; MoE: breaks
+    "AsymmDiTJoint": ("AsymmetricJointBlock",),  # Mochi: genmo/joint_model/asymm_models_joint.py `block(x, c, ..)`
+    "GeneralDIT": ("GeneralDITTransformerBlock",),  # cosmos/model.py `for _, block in self.blocks.items(): block(x)`
+    "MiniTrainDIT": ("Block",),  # cosmos/predict2.py `block(x_B_T_H_W_D, t_embedding_B_T_D, ...)`
+    "ACEStepTransformer2DModel": ("LinearTransformerBlock",),  # ace/model.py `block(hidden_states=, ...)`
+    "AudioDiffusionTransformer": ("TransformerBlock",),  # audio/dit.py ContinuousTransformer `layer(x, ...)`
+    "Kandinsky5": ("TransformerEncoderBlock", "TransformerDecoderBlock"),  # kandinsky5/model.py `block(...)`
+    "OmniGen2Transformer2DModel": ("OmniGen2TransformerBlock",),  # omnigen/omnigen2.py `layer(hidden_states, ..)`
+}
+#: Callers that do not call (some of) their children generically: ``{caller class: reason}``.
+NON_GENERIC_PARENTS: dict[str, str] = {
+    "UNetModel": "UNetModel._forward hands its blocks to forward_timestep_embed (iterates them, isinstance dispatch)",
+    "TimestepEmbedSequential": "openaimodel.forward_timestep_embed dispatches on isinstance(layer, TimestepBlock/...)",
+    "StageC": "cascade/stage_c.py _down_encode/_up_decode dispatch on isinstance(block, ResBlock/AttnBlock/...)",
+    "StageB": "cascade/stage_b.py _down_encode/_up_decode dispatch on isinstance(block, ResBlock/AttnBlock/...)",
+}
+#: Models whose repeated blocks cannot be swapped: ``{model class: reason}``.
+REGIONAL_UNSUPPORTED = {k: f"Stable Cascade: {NON_GENERIC_PARENTS[k]} (compile it whole)" for k in ("StageC", "StageB")}
+_CONTAINERS = (nn.ModuleList, nn.ModuleDict)  # never called themselves; their owner iterates them
+_source = functools.lru_cache(maxsize=256)(inspect.getsource)  # of a caller's module, scanned per block
+
+
+def declaration(model_cls: type) -> tuple[tuple[str, ...] | None, str | None]:
+    """``(block class names, None)`` declared for ``model_cls`` or its nearest declared base (MRO; per class a
+    ``"module.QualName"`` key wins); ``((), reason)`` for :data:`REGIONAL_UNSUPPORTED`; ``(None, None)`` if unknown."""
+    for klass in model_cls.__mro__:
+        for key in (f"{klass.__module__}.{klass.__qualname__}", klass.__name__):
+            if key in REGIONAL_UNSUPPORTED:
+                return (), REGIONAL_UNSUPPORTED[key]
+            if key in COMFY_REPEATED_BLOCKS:
+                return COMFY_REPEATED_BLOCKS[key], None
+    return None, None
+
+
+@dataclasses.dataclass
+class SwapCheck:
+    """:func:`safe_to_swap`'s result. ``safe``: swappable paths (input order); ``refused``: ``{path: reason}``;
+    ``variants``: ``{class: distinct structures}`` among the safe blocks (one graph each); ``warnings``: notes."""
+
+    safe: list[str]
+    refused: dict[str, str]
+    variants: dict[str, int]
+    warnings: list[str]
+
+
+def swap_refusal(root: nn.Module, path: str) -> str | None:
+    """Why the block at ``path`` must not be swapped, or None. Raises ``ValueError`` for a bad path."""
+    if not path:
+        raise ValueError("empty block path: the root is compiled whole, not swapped")
+    try:
+        block = root.get_submodule(path)
+    except AttributeError as e:
+        raise ValueError(f"{type(root).__name__} has no submodule {path!r}: {e}") from e
+    parts = path.split(".")  # the caller: the nearest ancestor that is not a plain container
+    cut = next((c for c in range(len(parts) - 1, -1, -1)
+                if type(root.get_submodule(".".join(parts[:c]))) not in _CONTAINERS), 0)
+    caller_path, caller = ".".join(parts[:cut]), root.get_submodule(".".join(parts[:cut]))
+    where = f"{type(caller).__name__} ({caller_path or 'root'})"
+    if type(caller).__name__ in NON_GENERIC_PARENTS:
+        return f"called by {where}: {NON_GENERIC_PARENTS[type(caller).__name__]}"
+    names = [k.__name__ for k in type(block).__mro__ if not k.__module__.startswith(("torch.", "builtins"))]
+    try:  # the caller's source file, scanned for isinstance on a class of the block's MRO
+        src = _source(sys.modules[type(caller).__module__]) if names else ""
+    except (KeyError, OSError, TypeError):
+        src = ""
+    pattern = re.compile(r"isinstance\(\s*[^,()]+,\s*(?:\([^)]*)?\b(?:[\w.]+\.)?("
+                         + "|".join(re.escape(n) for n in names) + r")\b")
+    hits = [f"{type(caller).__module__}:{n}: isinstance(..., {m.group(1)})"
+            for n, line in enumerate(src.splitlines(), 1)
+            if not line.lstrip().startswith("#") and (m := pattern.search(line))]
+    return f"caller {where} may dispatch on the block's class: " + "; ".join(hits[:3]) if hits else None
+
+
+def safe_to_swap(root: nn.Module, paths: Sequence[str], *, recompile_limit: int | None = None) -> SwapCheck:
+    """Which blocks at ``paths`` (dotted, relative to ``root``) may be swapped for compiled wrappers: not those whose
+    caller (nearest non-container ancestor) is in :data:`NON_GENERIC_PARENTS` or whose source file has ``isinstance(x,
+    C)`` for a class ``C`` of the block's MRO. Same-class blocks of different structure are variants (ints are not
+    compared: Wan VACE's ``block_id`` is not seen); more than ``recompile_limit`` (default: Dynamo's) warns, as
+    Dynamo would run the surplus eagerly. Raises ``ValueError`` for an empty or unknown path."""
+    refused = {p: r for p in paths if (r := swap_refusal(root, p)) is not None}
+    safe = [p for p in paths if p not in refused]
+    sigs: dict[str, set] = {}
+    for block in map(root.get_submodule, safe):  # structure: child types, parameter shapes, attributes that are
+        mods = list(block.named_modules())  # bool/str/float/None (not ints: ids like ``layer_id`` are rarely read)
+        params = tuple((n, tuple(p.shape)) for n, p in block.named_parameters())
+        attrs = tuple((n, k, v) for n, m in mods for k, v in vars(m).items()
+                      if not k.startswith("_") and k != "training" and (isinstance(v, (bool, str, float)) or v is None))
+        sigs.setdefault(type(block).__name__, set()).add((tuple((n, type(m).__name__) for n, m in mods), params, attrs))
+    variants = {k: len(v) for k, v in sigs.items()}
+    limit = torch_compat.recompile_limit() if recompile_limit is None else recompile_limit
+    warnings = [f"{n} structurally different {k} blocks > recompile_limit={limit}: Dynamo would run the "
+                f"surplus ones eagerly" for k, n in variants.items() if n > limit]
+    return SwapCheck(safe=safe, refused=refused, variants=variants, warnings=warnings)
+
 
 @dataclasses.dataclass
 class Discovery:
-    """How :func:`choose_blocks` auto-discovered blocks (``BlockChoice.discovery``).
-
-    ``paths``: chosen blocks (module order). ``groups``: ``{class: [paths]}``. ``refused``:
-    candidates that were not swappable (their insides were searched instead). ``dropped``:
-    ``{class: parameter share}`` of repeated groups left out as too small.
-    """
+    """How blocks were auto-discovered. ``paths`` (module order); ``groups``: ``{class: [paths]}``; ``refused``:
+    unswappable candidates (their insides were searched); ``dropped``: ``{class: parameter share}`` left out."""
 
     paths: list[str]
     groups: dict[str, list[str]]
     refused: dict[str, str]
     dropped: dict[str, float]
 
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-serialisable view."""
-        return dataclasses.asdict(self)
-
-
-def _numel(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
-
 
 @functools.lru_cache(maxsize=256)
 def _forward_only_calls(cls: type) -> str | None:
     """``name`` when ``cls.forward`` is just ``return self.<name>(...)`` (docstring allowed), else None."""
     try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(cls.forward)))
-    except (OSError, TypeError, SyntaxError):
+        fn = ast.parse(textwrap.dedent(inspect.getsource(cls.forward))).body[0]
+    except (OSError, TypeError, SyntaxError, IndexError):
         return None
-    fn = tree.body[0] if tree.body else None
-    if not isinstance(fn, ast.FunctionDef):
-        return None
-    body = [st for st in fn.body if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant))]
-    if len(body) != 1 or not isinstance(body[0], ast.Return) or not isinstance(body[0].value, ast.Call):
-        return None
-    func = body[0].value.func
-    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
-        return func.attr
-    return None
+    body = [s for s in getattr(fn, "body", []) if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    ret = body[0] if isinstance(fn, ast.FunctionDef) and len(body) == 1 else None
+    func = getattr(ret.value, "func", None) if isinstance(ret, ast.Return) else None  # only ast.Call has .func
+    ok = isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self"
+    return func.attr if ok else None
 
 
 def _discover(root: nn.Module, min_repeats: int, min_param_share: float) -> Discovery:
-    """Choose repeated blocks of an undeclared model, at the level regional compilation needs.
-
-    1. Candidates are children of ``nn.ModuleList``/``nn.ModuleDict`` containers (not containers
-       themselves) whose class ``__name__`` occurs at least ``min_repeats`` times among all
-       candidates of the model (counted model-wide: SD1.5 has one ``BasicTransformerBlock`` per list).
-    2. In module order, the outermost candidates are kept unless :func:`safe_to_swap` refuses them;
-       then their insides are searched instead (UNet: ``input_blocks.N`` -> ``BasicTransformerBlock``).
-    3. A kept block that is a pure wrapper (one child that is not a container, no own parameters or
-       buffers, and a ``forward`` that is only ``return self.<child>(...)``, e.g. HiDream's
-       ``HiDreamImageBlock``) is replaced by its child when that child is swappable.
-    4. Class groups holding less than ``min_param_share`` of the model's parameters are dropped
-       (e.g. Chroma's 5-layer guidance approximator, HunyuanVideo's 2 token-refiner blocks).
-
-    The result is meant to match the declared table (:data:`core.block_table.COMFY_REPEATED_BLOCKS`); tests
-    compare them on ComfyUI's models.
-    """
-    cands: list[tuple[str, nn.Module]] = []
-    for path, mod in root.named_modules():
-        if isinstance(mod, CONTAINERS):
-            for name, child in mod.named_children():
-                if not isinstance(child, CONTAINERS):
-                    cands.append((f"{path}.{name}" if path else name, child))
-    counts: dict[str, int] = {}
-    for _, m in cands:
-        counts[type(m).__name__] = counts.get(type(m).__name__, 0) + 1
+    """Repeated blocks of an undeclared model, at the level the table would pick: 1. candidates are children of
+    ``ModuleList``/``ModuleDict``s whose class occurs ``min_repeats`` times model-wide; 2. the outermost are kept,
+    refused ones (:func:`swap_refusal`) searched inside; 3. a pure wrapper (one non-container child, no own
+    parameters/buffers, ``forward`` only ``return self.<child>(...)``: HiDream's ``HiDreamImageBlock``) gives way
+    to its child; 4. class groups under ``min_param_share`` of the parameters are dropped (Chroma's approximator)."""
+    cands = [(f"{path}.{name}" if path else name, child) for path, mod in root.named_modules()
+             if isinstance(mod, _CONTAINERS) for name, child in mod.named_children()
+             if not isinstance(child, _CONTAINERS)]
+    counts = Counter(type(m).__name__ for _, m in cands)
     chosen: list[str] = []
     refused: dict[str, str] = {}
     for path, m in cands:
-        if counts[type(m).__name__] < min_repeats or any(path.startswith(k + ".") for k in chosen):
-            continue
-        reason = swap_refusal(root, path)
-        if reason is not None:
-            refused[path] = reason
-            continue
-        chosen.append(path)
-    unwrapped: list[str] = []
+        if counts[type(m).__name__] >= min_repeats and not any(path.startswith(k + ".") for k in chosen):
+            if (reason := swap_refusal(root, path)) is not None:
+                refused[path] = reason
+            else:
+                chosen.append(path)
+    groups: dict[str, list[str]] = {}
     for path in chosen:
         mod = root.get_submodule(path)
-        while True:
-            kids = list(mod.named_children())
-            if (len(kids) != 1 or isinstance(kids[0][1], CONTAINERS)
-                    or any(True for _ in mod.parameters(recurse=False))
-                    or any(True for _ in mod.buffers(recurse=False))
-                    or _forward_only_calls(type(mod)) != kids[0][0]):
-                break
-            child_path = f"{path}.{kids[0][0]}"
-            if swap_refusal(root, child_path) is not None:
-                break
-            path, mod = child_path, kids[0][1]
-        unwrapped.append(path)
-    groups: dict[str, list[str]] = {}
-    for path in unwrapped:
-        groups.setdefault(type(root.get_submodule(path)).__name__, []).append(path)
-    total = _numel(root)
-    dropped: dict[str, float] = {}
-    if total > 0 and min_param_share > 0:
-        for cls in list(groups):
-            share = sum(_numel(root.get_submodule(p)) for p in groups[cls]) / total
-            if share < min_param_share:
-                dropped[cls] = round(share, 4)
-                del groups[cls]
+        while ((kids := list(mod.named_children())) and len(kids) == 1 and not isinstance(kids[0][1], _CONTAINERS)
+               and not any(True for _ in mod.parameters(recurse=False))
+               and not any(True for _ in mod.buffers(recurse=False))
+               and _forward_only_calls(type(mod)) == kids[0][0]
+               and swap_refusal(root, f"{path}.{kids[0][0]}") is None):
+            path, mod = f"{path}.{kids[0][0]}", kids[0][1]
+        groups.setdefault(type(mod).__name__, []).append(path)
+    total = sum(p.numel() for p in root.parameters())
+    shares = {c: sum(t.numel() for p in ps for t in root.get_submodule(p).parameters()) / total
+              for c, ps in groups.items()} if total > 0 and min_param_share > 0 else {}
+    dropped = {c: round(share, 4) for c, share in shares.items() if share < min_param_share}
+    groups = {c: ps for c, ps in groups.items() if c not in dropped}
     order = {p: i for i, (p, _) in enumerate(root.named_modules())}
     paths = sorted((p for ps in groups.values() for p in ps), key=order.__getitem__)
     return Discovery(paths=paths, groups=groups, refused=refused, dropped=dropped)
@@ -136,13 +207,9 @@ def _discover(root: nn.Module, min_repeats: int, min_param_share: float) -> Disc
 
 @dataclasses.dataclass
 class BlockChoice:
-    """What :func:`choose_blocks` picked for a model.
-
-    ``paths``: blocks to compile (only swappable ones, module order). ``how``: "declared" (the table),
-    "named" (``classes`` given), "auto-discovered" or "unsupported" (``reason`` says why; ``paths`` is then
-    empty). ``classes``: ``{class: count}``. ``check``: the :class:`SwapCheck` of the candidate paths.
-    ``discovery``: set when auto-discovered.
-    """
+    """What :func:`choose_blocks` picked. ``paths``: swappable blocks (module order); ``how``: "declared", "named",
+    "auto-discovered" or "unsupported" (``reason`` says why, no paths); ``classes``: ``{class: count}``;
+    ``check``: :class:`SwapCheck` of the candidates; ``discovery``: set when auto-discovered."""
 
     paths: list[str]
     how: str
@@ -151,79 +218,47 @@ class BlockChoice:
     discovery: Discovery | None = None
     reason: str | None = None
 
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-serialisable view."""
-        return dataclasses.asdict(self)
-
     def as_text(self) -> str:
         """One or more lines for a node report."""
         if self.how == "unsupported":
             return f"regional compile unsupported: {self.reason}"
-        head = (f"{len(self.paths)} blocks ({self.how}): "
-                + ", ".join(f"{n} x {k}" for k, n in self.classes.items()))
-        extra = []
+        lines = [f"{len(self.paths)} blocks ({self.how}): " + ", ".join(f"{n} x {k}" for k, n in self.classes.items())]
         if self.check is not None:
-            extra += [f"  refused {p}: {r}" for p, r in self.check.refused.items()]
-            extra += [f"  {n} structural variants of {k} (one graph each)"
+            lines += [f"  refused {p}: {r}" for p, r in self.check.refused.items()]
+            lines += [f"  {n} structural variants of {k} (one graph each)"
                       for k, n in self.check.variants.items() if n > 1]
-            extra += [f"  warning: {w}" for w in self.check.warnings]
+            lines += [f"  warning: {w}" for w in self.check.warnings]
         if self.discovery is not None and self.discovery.dropped:
-            extra.append("  small repeated groups left eager: "
+            lines.append("  small repeated groups left eager: "
                          + ", ".join(f"{k} ({v:.1%} of params)" for k, v in self.discovery.dropped.items()))
-        if self.reason:
-            extra.append(f"  note: {self.reason}")
-        return "\n".join([head, *extra])
-
-
-def _named(root: nn.Module, classes: Sequence[str]) -> list[str]:
-    """Submodules (not ``root``) whose class ``__name__`` is in ``classes``, outermost only, module order."""
-    wanted, kept = set(classes), []
-    for path, mod in root.named_modules():
-        if path and type(mod).__name__ in wanted and not any(path.startswith(k + ".") for k in kept):
-            kept.append(path)
-    return kept
+        return "\n".join(lines + ([f"  note: {self.reason}"] if self.reason else []))
 
 
 def choose_blocks(root: nn.Module, *, classes: Sequence[str] | None = None, discover: bool = False,
                   min_repeats: int = 2, min_param_share: float = 0.05) -> BlockChoice:
-    """The blocks to compile regionally in ``root`` (a diffusion model), with how they were chosen.
-
-    The one block finder of the pack. By default the table decides (:func:`core.block_table.declared_blocks_for`):
-    declared classes, outermost matches; a declared model where none is found (e.g. a class renamed in a newer
-    ComfyUI) is auto-discovered, with a ``reason``; a model in :data:`core.block_table.REGIONAL_UNSUPPORTED` gets
-    ``how="unsupported"`` and no paths; an unknown model is auto-discovered (``_discover``: repeated children of
-    ``ModuleList``/``ModuleDict``s, at least ``min_repeats`` per class model-wide, groups under
-    ``min_param_share`` of the parameters dropped). ``classes`` (e.g. diffusers' ``_repeated_blocks``) picks
-    those classes instead of the table, without fallback; ``discover=True`` ignores the table. Every path is
-    checked with :func:`core.block_safety.safe_to_swap`; refused ones are left out (``check.refused``).
-    Raises ``ValueError`` for ``classes`` together with ``discover``, ``min_repeats < 1`` or ``min_param_share``
-    outside [0, 1].
-    """
-    if classes is not None and discover:
-        raise ValueError("choose_blocks: give classes or discover=True, not both")
-    if min_repeats < 1:
-        raise ValueError(f"min_repeats must be >= 1, got {min_repeats}")
-    if not 0.0 <= min_param_share <= 1.0:
-        raise ValueError(f"min_param_share must be in [0, 1], got {min_param_share}")
-    declared = None if (classes is not None or discover) else declared_blocks_for(type(root))
+    """The blocks of ``root`` (a diffusion model) to compile regionally: by default :func:`declaration`'s (outermost
+    matches); a declared model where none is found (renamed in a newer ComfyUI) or an unknown one is auto-discovered;
+    a :data:`REGIONAL_UNSUPPORTED` one gets ``how="unsupported"``. ``classes`` (e.g. diffusers' ``_repeated_blocks``)
+    replaces the table, without fallback; ``discover=True`` ignores it. Paths :func:`safe_to_swap` refuses are left
+    out. ``ValueError``: ``classes`` with ``discover``, ``min_repeats < 1``, ``min_param_share`` not in [0, 1]."""
+    if (classes is not None and discover) or min_repeats < 1 or not 0.0 <= min_param_share <= 1.0:
+        raise ValueError(f"choose_blocks: classes or discover=True, not both (got {classes!r}, {discover}); "
+                         f"min_repeats >= 1 (got {min_repeats}); min_param_share in [0, 1] (got {min_param_share})")
+    declared, unsupported = (None, None) if (classes is not None or discover) else declaration(type(root))
     if declared == ():
-        return BlockChoice(paths=[], how="unsupported", classes={},
-                           reason=regional_unsupported_reason(type(root)) or "declared unsupported")
+        return BlockChoice(paths=[], how="unsupported", classes={}, reason=unsupported)
+    how, wanted, paths = ("named", set(classes), []) if classes is not None else ("declared", set(declared or ()), [])
+    for path, mod in root.named_modules():  # outermost matches, module order, never the root
+        if path and type(mod).__name__ in wanted and not any(path.startswith(k + ".") for k in paths):
+            paths.append(path)
     discovery, reason = None, None
-    if classes is not None:
-        how, paths = "named", _named(root, classes)
-        if not paths:
-            reason = f"none of the classes {list(classes)} found in {type(root).__name__}"
-    else:
-        how, paths = "declared", _named(root, declared) if declared else []
-        if not paths:
-            if declared:
-                reason = f"declared classes {list(declared)} not found in {type(root).__name__}; auto-discovered instead"
-            discovery = _discover(root, min_repeats, min_param_share)
-            paths, how = discovery.paths, "auto-discovered"
+    if not paths and classes is not None:
+        reason = f"none of the classes {list(classes)} found in {type(root).__name__}"
+    elif not paths:
+        if declared:
+            reason = f"declared classes {list(declared)} not found in {type(root).__name__}; auto-discovered instead"
+        discovery = _discover(root, min_repeats, min_param_share)
+        paths, how = discovery.paths, "auto-discovered"
     check = safe_to_swap(root, paths)
-    counts: dict[str, int] = {}
-    for p in check.safe:
-        k = type(root.get_submodule(p)).__name__
-        counts[k] = counts.get(k, 0) + 1
+    counts = dict(Counter(type(root.get_submodule(p)).__name__ for p in check.safe))
     return BlockChoice(paths=check.safe, how=how, classes=counts, check=check, discovery=discovery, reason=reason)

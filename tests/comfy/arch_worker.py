@@ -15,7 +15,7 @@ Modes::
 
 ``structure``: per architecture the declared blocks (:func:`core.blocks.choose_blocks`), their count
 against the count read from the model's own containers, auto-discovery (:func:`core.blocks.choose_blocks` with ``discover=True``)
-and :func:`core.block_safety.safe_to_swap`. Nothing is allocated (meta tensors).
+and :func:`core.blocks.safe_to_swap`. Nothing is allocated (meta tensors).
 
 ``run``: a SMALL seeded instance (every parameter and float buffer written from one generator; ComfyUI
 layers skip weight init) is run eagerly, then with the chosen blocks compiled (``compile_blocks`` +
@@ -70,7 +70,6 @@ import torch  # noqa: E402
 import comfy.ops  # noqa: E402
 from comfy.ldm.modules import attention as comfy_attention  # noqa: E402
 from steadfast.core import blocks as sblocks  # noqa: E402
-from steadfast.core.block_table import declared_blocks_for  # noqa: E402
 from steadfast.core.compile import CompileOptions, compile_blocks, swap_in  # noqa: E402
 from steadfast.core.guard_filters import SkipGuardsOn, comfy_guard_filter  # noqa: E402
 
@@ -242,7 +241,7 @@ def structure(arch: str) -> dict[str, Any]:
         "params_M": round(sum(p.numel() for p in model.parameters()) / 1e6, 1),
         "how": choice.how,
         "reason": choice.reason,
-        "declared": list(declared_blocks_for(type(model)) or ()),
+        "declared": list(sblocks.declaration(type(model))[0] or ()),
         "found": choice.classes,
         "expected": {k: c(model) for k, c in counters.items()},
         "paths": choice.paths,
@@ -254,7 +253,7 @@ def structure(arch: str) -> dict[str, Any]:
         "auto_dropped": disc.dropped,
         "auto_refused_count": len(disc.refused),
         "auto_refused_sample": dict(list(disc.refused.items())[:2]),
-        "auto_check_ok": auto_check.ok,
+        "auto_check_ok": not auto_check.refused,
         "auto_equals_declared": disc.paths == choice.paths,
         "seconds": round(time.perf_counter() - t0, 2),
     }

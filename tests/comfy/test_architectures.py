@@ -21,6 +21,7 @@ What is measured (numbers come from the worker, nothing is assumed):
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -33,7 +34,6 @@ import torch
 from torch import nn
 from torch._dynamo.utils import counters
 
-from steadfast.core import block_safety, block_table
 from steadfast.core import blocks as sblocks
 from steadfast.core.compile import CompileOptions, compile_blocks, contiguous_inputs_hook, swap_in
 from steadfast.core.guard_filters import SkipGuardsOn, TransformerOptionsGuardFilter, comfy_guard_filter
@@ -224,7 +224,7 @@ def test_inductor_flux_and_wan(comfyui_path: Path, tmp_path: Path, capsys) -> No
 @pytest.mark.slow  # importing diffusers alone can take ~30 s on this machine
 @pytest.mark.parametrize("dynamic", [None, True])
 def test_diffusers_flux_single_blocks_no_stride_recompile(dynamic: bool | None) -> None:
-    """The research finding (torch_probe.md section 6): diffusers' Flux hands its first single block a
+    """Diffusers' Flux hands its first single block a
     fresh tensor and the others a slice (stride[0] differs on a size-1 dim) -> one extra graph on the
     first call. ``contiguous_inputs`` removes it; outputs stay bit-equal to eager (eager backend)."""
     diffusers = pytest.importorskip("diffusers")
@@ -316,37 +316,35 @@ class Plain(nn.Module):
         self.tiny = nn.ModuleList([nn.Linear(8, 1, bias=False), nn.Linear(8, 1, bias=False)])
 
 
-def test_declared_blocks_for_walks_mro_and_qualified_names() -> None:
+def test_declaration_walks_mro_and_qualified_names() -> None:
     Aura = type("MMDiT", (nn.Module,), {"__module__": "comfy.ldm.aura.mmdit"})
     Sd3 = type("MMDiT", (nn.Module,), {"__module__": "comfy.ldm.modules.diffusionmodules.mmdit"})
-    assert block_table.declared_blocks_for(Aura) == ("MMDiTBlock", "DiTBlock")
-    assert block_table.declared_blocks_for(Sd3) == ("JointBlock",)
-    assert block_table.declared_blocks_for(type("OpenAISignatureMMDITWrapper", (Sd3,), {})) == ("JointBlock",)
+    assert sblocks.declaration(Aura) == (("MMDiTBlock", "DiTBlock"), None)
+    assert sblocks.declaration(Sd3) == (("JointBlock",), None)
+    assert sblocks.declaration(type("OpenAISignatureMMDITWrapper", (Sd3,), {})) == (("JointBlock",), None)
     Wan = type("WanModel", (nn.Module,), {})
-    assert block_table.declared_blocks_for(type("CameraWanModel", (Wan,), {})) == ("WanAttentionBlock",)
-    assert block_table.declared_blocks_for(type("Unknown", (nn.Module,), {})) is None
-    cascade = type("StageC", (nn.Module,), {})
-    assert block_table.declared_blocks_for(cascade) == ()
-    assert "isinstance" in block_table.regional_unsupported_reason(cascade)
-    assert block_table.regional_unsupported_reason(Wan) is None
+    assert sblocks.declaration(type("CameraWanModel", (Wan,), {})) == (("WanAttentionBlock",), None)
+    assert sblocks.declaration(type("Unknown", (nn.Module,), {})) == (None, None)
+    blocks, reason = sblocks.declaration(type("StageC", (nn.Module,), {}))
+    assert blocks == () and "isinstance" in reason
 
 
 def test_safe_to_swap_refuses_isinstance_dispatch_and_counts_variants() -> None:
     d = Dispatcher()
-    check = block_safety.safe_to_swap(d, ["layers.0", "layers.1", "layers.2"])
-    assert check.safe == ["layers.2"] and not check.ok
+    check = sblocks.safe_to_swap(d, ["layers.0", "layers.1", "layers.2"])
+    assert check.safe == ["layers.2"] and set(check.refused) == {"layers.0", "layers.1"}
     assert "isinstance(..., DispatchedLeaf)" in check.refused["layers.0"]
     seq = nn.Module()
     seq.ts = nn.ModuleList([TimestepEmbedSequential(Leaf(), Leaf())])
-    assert "forward_timestep_embed" in block_safety.safe_to_swap(seq, ["ts.0.0"]).refused["ts.0.0"]
+    assert "forward_timestep_embed" in sblocks.safe_to_swap(seq, ["ts.0.0"]).refused["ts.0.0"]
     # structural variants: two widths of Leaf -> 2 graphs of Leaf.forward; warning past the limit
     mixed = nn.Module()
     mixed.blocks = nn.ModuleList([Leaf(8), Leaf(8), Leaf(16)])
-    check = block_safety.safe_to_swap(mixed, ["blocks.0", "blocks.1", "blocks.2"], recompile_limit=1)
-    assert check.ok and check.variants == {"Leaf": 2} and len(check.warnings) == 1
-    assert block_safety.safe_to_swap(mixed, ["blocks.0", "blocks.1"]).warnings == []
+    check = sblocks.safe_to_swap(mixed, ["blocks.0", "blocks.1", "blocks.2"], recompile_limit=1)
+    assert not check.refused and check.variants == {"Leaf": 2} and len(check.warnings) == 1
+    assert sblocks.safe_to_swap(mixed, ["blocks.0", "blocks.1"]).warnings == []
     with pytest.raises(ValueError):
-        block_safety.safe_to_swap(mixed, ["blocks.7"])
+        sblocks.safe_to_swap(mixed, ["blocks.7"])
 
 
 def test_discovery_descends_past_refused_unwraps_and_drops_small_groups() -> None:
@@ -380,7 +378,7 @@ def test_choose_blocks_unknown_model_is_auto_discovered_and_reported() -> None:
     choice = sblocks.choose_blocks(m2)
     assert choice.paths == ["blocks.0", "blocks.1", "blocks.2"] and choice.classes == {"Leaf": 3}
     assert "3 blocks (auto-discovered): 3 x Leaf" in choice.as_text()
-    json.dumps(choice.as_dict())  # serialisable for reports
+    json.dumps(dataclasses.asdict(choice))  # plain data, serialisable for reports
 
 
 def test_contiguous_inputs_hook() -> None:
