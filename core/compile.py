@@ -94,9 +94,12 @@ def contiguous_inputs_hook(module: nn.Module, args: tuple, kwargs: dict) -> tupl
     return None if unchanged else (new_args, new_kwargs)
 
 
-def _specializing_ints(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _under(fn: Callable[..., Any], contexts: Sequence[Callable[[], Any]]) -> Callable[..., Any]:
+    """``fn`` called inside fresh instances of ``contexts`` (torch config patches, restored after each call)."""
     def call(*args: Any, **kwargs: Any) -> Any:
-        with torch_compat.specialize_int():
+        with contextlib.ExitStack() as stack:
+            for context in contexts:
+                stack.enter_context(context())
             return fn(*args, **kwargs)
     return call
 
@@ -104,7 +107,8 @@ def _specializing_ints(fn: Callable[..., Any]) -> Callable[..., Any]:
 def compile_blocks(root: nn.Module, paths: Sequence[str], options: CompileOptions,
                    guard_filter_fn: GuardFilterFn | None = None) -> dict[str, Callable[..., Any]]:
     """``{path: torch.compile(root.get_submodule(path), **options.to_kwargs(guard_filter_fn))}``, lazy; ``root`` is
-    not modified. Raises ``ValueError`` for an empty, duplicate or unknown path."""
+    not modified. Inductor blocks run under :func:`core.torch_compat.trusted_cpu_isa` (a cold start skips inductor's
+    per-ISA test builds). Raises ``ValueError`` for an empty, duplicate or unknown path."""
     out: dict[str, Callable[..., Any]] = {}
     for path in paths:
         if not path:
@@ -118,8 +122,11 @@ def compile_blocks(root: nn.Module, paths: Sequence[str], options: CompileOption
         compiled = torch.compile(sub, **options.to_kwargs(guard_filter_fn))
         if options.contiguous_inputs:
             compiled.register_forward_pre_hook(contiguous_inputs_hook, with_kwargs=True)
-        if options.specialize_ints:
-            compiled.forward = _specializing_ints(compiled.forward)
+        contexts = [torch_compat.specialize_int] if options.specialize_ints else []
+        if options.backend == "inductor":  # skip inductor's per-ISA C++ test builds on a cold start
+            contexts.append(torch_compat.trusted_cpu_isa)
+        if contexts:
+            compiled.forward = _under(compiled.forward, contexts)
         out[path] = compiled
     return out
 
