@@ -27,3 +27,15 @@ def reg():
     r = CompileRegistry()
     yield r
     r.close()
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo's caches and counters reset before and after the test (compile counts start at zero)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+    counters.clear()

@@ -54,13 +54,7 @@ class Mixed(nn.Module):
         self.head = Nested()  # matches by class name but is not in a ModuleList
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
-    counters.clear()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 # ---- options ---------------------------------------------------------------------------------

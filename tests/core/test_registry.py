@@ -27,13 +27,7 @@ STATIC = CompileOptions(backend="eager", dynamic=False)
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
-    counters.clear()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def call(reg: CompileRegistry, m: Tiny, rec: CompileRecord, x: torch.Tensor) -> torch.Tensor:
