@@ -278,8 +278,18 @@ with tc.trusted_cpu_isa():
     trusted = config.cpp.vec_isa_ok
     isas = [str(i) for i in cpu_vec_isa.valid_vec_isa_list()]
     pick = str(cpu_vec_isa.pick_vec_isa())
-print(json.dumps({"trusted": trusted, "after": config.cpp.vec_isa_ok, "isas": isas, "pick": pick,
-                  "seconds": time.perf_counter() - t0}))
+seconds = time.perf_counter() - t0
+import hashlib, torch
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Conv2d(4, 32, 3, padding=1), torch.nn.GroupNorm(8, 32), torch.nn.SiLU(),
+                          torch.nn.Conv2d(32, 4, 3, padding=1)).eval()
+x = torch.randn(2, 4, 16, 16)
+with tc.trusted_cpu_isa(), torch.no_grad():
+    out = torch.compile(net)(x)
+    eager = net(x)
+print(json.dumps({"trusted": trusted, "after": config.cpp.vec_isa_ok, "isas": isas, "pick": pick, "seconds": seconds,
+                  "out": hashlib.sha256(out.numpy().tobytes()).hexdigest(), "depends_on_input": not torch.equal(
+                      out[0], out[1]), "close_to_eager": torch.allclose(out, eager, atol=1e-4)}))
 """
 
 
@@ -303,6 +313,8 @@ def test_trusted_cpu_isa_gives_the_probed_isa_list_without_building(tmp_path: Pa
     assert trusted["trusted"] is True and trusted["after"] is None  # scoped: torch's default (None) after
     assert probed["trusted"] is None  # STEADFAST_PROBE_CPU_ISA=1: inductor probes as by default
     assert trusted["isas"] == probed["isas"] and trusted["pick"] == probed["pick"]
+    # the same generated code: a compiled conv/norm net gives the same bytes either way (and is a real computation)
+    assert trusted["out"] == probed["out"] and trusted["depends_on_input"] and trusted["close_to_eager"]
     # the base probe of every ISA is skipped; inductor still builds its sub-feature probes (VNNI, BF16, AMX)
     built = {k: len(list((tmp_path / k).rglob("*.so"))) for k in ("trust", "probe")}
     if len(probed["isas"]) > 1:
