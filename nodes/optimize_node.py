@@ -101,7 +101,8 @@ class SteadfastOptimizeModel(io.ComfyNode):
             lines.append(f"  {record.options}; {'new' if created else 'reused'} compile record "
                          f"({record.stats.status}); compiles lazily on the first run or in Warmup")
             if inductor_preset != "none":
-                lines.append(f"inductor_preset: {inductor_preset} (options above; own compile cache directory)")
+                lines.append(f"inductor_preset: {inductor_preset} (options above"
+                             + ("; a compile cache directory of its own)" if cache is not None else ")"))
             if strict_recompiles:
                 lines.append("strict_recompiles: a recompile after warm-up fails the run, with its reason")
             if not created:  # what this model has compiled so far (recompiles with reasons, warnings)
