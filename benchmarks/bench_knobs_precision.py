@@ -22,7 +22,7 @@ of the latent vs the baseline (fp32 eager) and vs the previous row (so ``fp32 re
 
 Usage::
 
-    python benchmarks/bench_knobs_precision.py [--sizes 16] [--steps 3] [--rounds 3] [--max-rounds 4] [--wait-quiet 10]
+    python benchmarks/bench_knobs_precision.py [--sizes 16] [--steps 3] [--rounds 3] [--max-rounds 3] [--wait-quiet 10]
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--cfg", type=float, default=7.0)
     p.add_argument("--rounds", type=int, default=3, help="clean interleaved timed rounds wanted per size")
-    p.add_argument("--max-rounds", type=int, default=4)
+    p.add_argument("--max-rounds", type=int, default=3)
     p.add_argument("--max-others", type=float, default=0.10)
     p.add_argument("--warmup", type=int, default=0, help="untimed calls after the first (fp16 on CPU is slow)")
     p.add_argument("--seed", type=int, default=1)

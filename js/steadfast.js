@@ -19,7 +19,9 @@ const OPTIMIZE_OLD_WIDGETS = [
 
 function migrateOptimizeWidgets(node, info) {
   const saved = info?.widgets_values;
-  if (!Array.isArray(saved) || saved.length !== OPTIMIZE_OLD_WIDGETS.length) return;
+  // today's list can have the same length (precision, inductor_preset came after compile_cache): the old one
+  // has vae_tiling (a boolean) where today's has compile_cache (a string)
+  if (!Array.isArray(saved) || saved.length !== OPTIMIZE_OLD_WIDGETS.length || typeof saved[9] !== "boolean") return;
   OPTIMIZE_OLD_WIDGETS.forEach((name, i) => {
     const w = node.widgets?.find((x) => x.name === name);
     if (w) w.value = saved[i];
