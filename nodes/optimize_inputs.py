@@ -112,5 +112,5 @@ def compile_settings(backend: str, mode: str, dynamic: str, fullgraph: bool,
 
 
 __all__ = ["SDPA_CHOICES", "MODEL_ATTENTION_CHOICES", "COMPILE_CHOICES", "BACKENDS", "MODES", "DYNAMIC_CHOICES",
-           "layout_inputs", "attention_input", "compile_inputs", "strict_and_cache_inputs", "knob_inputs", "check_compile_cache",
-           "compile_settings"]
+           "layout_inputs", "attention_input", "compile_inputs", "strict_and_cache_inputs", "check_compile_cache",
+           "compile_settings", "knob_inputs"]

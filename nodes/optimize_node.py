@@ -53,8 +53,8 @@ class SteadfastOptimizeModel(io.ComfyNode):
         device = comfy.model_management.get_torch_device()
         dtype = mp.set_precision(m, precision) or m.model.get_dtype()  # ValueError for a dtype the device lacks
         if precision != "model":
-            lines.append(f"precision: {precision}, compute {dtype} (weights {m.model.get_dtype()}; "
-                         "ComfyUI's set_model_compute_dtype): changes bits vs fp32")
+            lines.append(f"precision: {precision}, compute {dtype} (weights {m.model.get_dtype()}; ComfyUI's "
+                         "set_model_compute_dtype)" + ("" if precision == "fp32" else ": changes bits vs fp32"))
 
         if attention != "comfy":
             sdpa.check_sdpa_backend(attention, device=device, dtype=dtype)  # clear error if unusable here
