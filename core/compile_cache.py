@@ -78,13 +78,20 @@ def device_description(device: torch.device | str | None = None) -> str:
     return dev.type
 
 
-def cache_key_fields(device: torch.device | str | None = None, pack_version: str | None = None) -> dict[str, Any]:
+def cache_key_fields(device: torch.device | str | None = None, pack_version: str | None = None,
+                     inductor_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What compiled artifacts depend on: ``{"format", "torch" (with its CUDA build), "triton" (None without),
-    "python" (implementation major.minor), "device" (:func:`device_description`), "pack" (version)}``."""
+    "python" (implementation major.minor), "device" (:func:`device_description`), "pack" (version)}``, plus
+    ``"inductor_options"`` (sorted) when given and not empty (an inductor preset, :mod:`core.inductor_presets`:
+    inductor's FX cache keys on its config too, but one directory per preset is explicit and keeps the default
+    key of caches made without one)."""
     cuda, py = torch.version.cuda, platform.python_version_tuple()
-    return {"format": CACHE_FORMAT, "torch": torch.version.__version__ + (f" cuda{cuda}" if cuda else ""),
-            "triton": _triton_version(), "python": f"{platform.python_implementation()} {py[0]}.{py[1]}",
-            "device": device_description(device), "pack": pack_version or _pack_version()}
+    fields = {"format": CACHE_FORMAT, "torch": torch.version.__version__ + (f" cuda{cuda}" if cuda else ""),
+              "triton": _triton_version(), "python": f"{platform.python_implementation()} {py[0]}.{py[1]}",
+              "device": device_description(device), "pack": pack_version or _pack_version()}
+    if inductor_options:
+        fields["inductor_options"] = {k: inductor_options[k] for k in sorted(inductor_options)}
+    return fields
 
 
 def cache_key(fields: Mapping[str, Any]) -> str:

@@ -125,7 +125,8 @@ def describe_policy(policy: DeterminismPolicy) -> str:
         f"  torch.use_deterministic_algorithms(True, warn_only={not policy.strict})",
         "  cudnn.deterministic=True, cudnn.benchmark=False, mkldnn.deterministic=True",
         "  TF32: " + ("allowed (float32_matmul_precision=high)" if policy.allow_tf32
-                     else "off (float32_matmul_precision=highest, per-backend fp32 precision ieee)"),
+                     else "off (float32_matmul_precision=highest, per-backend fp32 precision ieee)")
+        + ("" if torch.cuda.is_available() else "; no effect here (no CUDA device)"),
         "  fp16/bf16 reduced-precision reductions and fp16 accumulation: off",
         f"  threads: {threads}",
         f"  seed: {policy.seed if policy.seed is not None else 'not set by the policy'}",

@@ -6,8 +6,8 @@ identity and the environment fingerprint. :func:`explain` flattens both records 
 
 - ``changes bits``: known to change output bits (measured; see ``docs/measurements.md`` and the tests named
   there): thread count, torch/CUDA/cuDNN version, GPU, CPU vector ISA, attention backend, compile
-  mode/backend, determinism flags, dtype, QKV fusion, channels-last, model digest, sampler settings, seeds,
-  latent shape, batch-invariance policy;
+  mode/backend/inductor preset, determinism and TF32 flags, dtype (precision), QKV fusion, channels-last, model
+  digest, sampler settings, seeds, latent shape, batch-invariance policy;
 - ``may change bits``: not measured either way (Python/numpy/ComfyUI/pack version, platform ...).
 
 Fields that differ on every run without touching the bits (timings, counters, the output hashes themselves)
@@ -39,8 +39,10 @@ _KNOWN: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p), why) for
     (r"(^|\.)(gpu|gpu_capability|cpu_capability|device)$", "another device runs other kernels"),
     (r"(^|\.)attention$", "attention backend"),
     (r"(^|\.)compile(\.(mode|backend|dynamic|fullgraph|blocks|options.*))?$", "compiled code is not bit-equal to eager"),
+    (r"(tf32|float32_matmul_precision|fp32_precision)", "TF32 / fp32 matmul precision (speed vs bits)"),
     (r"(^|\.)(flags|determinism)(\..*)?$", "determinism / precision flags"),
-    (r"(^|\.)dtype$", "numeric precision"),
+    (r"(^|\.)(dtype|precision)$", "numeric precision (compute dtype)"),
+    (r"(^|\.)compile\.inductor_preset$", "inductor config preset changes generated code"),
     (r"(^|\.)(qkv_fusion|channels_last)(\..*)?$", "optimization changes the kernels"),
     (r"(^|\.)model(\.(digest|file|file_size|tensors|bytes))?$", "a different model (weights or patches)"),
     (r"(^|\.)(seeds|seed|batch_seed_mode|per_step_noise)(\[.*\])?$", "another noise"),

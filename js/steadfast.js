@@ -17,13 +17,26 @@ const OPTIMIZE_OLD_WIDGETS = [
   "vae_slicing", "vae_tiling", "strict_recompiles", "compile_cache",
 ];
 
-function migrateOptimizeWidgets(node, info) {
+// The default a fresh widget gets from its /object_info spec: "default", else a combo's first option
+// (V1 [[options], {...}] or V3 ["COMBO", {options: [...]}]); scripts/api_to_ui.py widget_default, same rule.
+function specDefault(spec) {
+  const opts = Array.isArray(spec) && spec[1] && typeof spec[1] === "object" ? spec[1] : {};
+  if (opts.default !== undefined && opts.default !== null) return opts.default;
+  const choices = Array.isArray(spec?.[0]) ? spec[0] : opts.options;
+  return choices?.length ? choices[0] : undefined;
+}
+
+function migrateOptimizeWidgets(node, info, nodeData) {
   const saved = info?.widgets_values;
-  if (!Array.isArray(saved) || saved.length !== OPTIMIZE_OLD_WIDGETS.length) return;
-  OPTIMIZE_OLD_WIDGETS.forEach((name, i) => {
-    const w = node.widgets?.find((x) => x.name === name);
-    if (w) w.value = saved[i];
-  });
+  // today's list can have the same length (widgets added after compile_cache): the old one has vae_tiling
+  // (a boolean) where today's has compile_cache (a string)
+  if (!Array.isArray(saved) || saved.length !== OPTIMIZE_OLD_WIDGETS.length || typeof saved[9] !== "boolean") return;
+  const specs = { ...(nodeData?.input?.required || {}), ...(nodeData?.input?.optional || {}) };
+  for (const w of node.widgets || []) {
+    const i = OPTIMIZE_OLD_WIDGETS.indexOf(w.name);
+    if (i >= 0) w.value = saved[i];
+    else if (w.name in specs && specDefault(specs[w.name]) !== undefined) w.value = specDefault(specs[w.name]);
+  }
 }
 
 // Colours show the state of the LAST RUN in this session: kept on the node object (never serialized), drawn as a
@@ -101,7 +114,7 @@ app.registerExtension({
       const onConfigure = nodeType.prototype.onConfigure;
       nodeType.prototype.onConfigure = function (info) {
         onConfigure?.apply(this, arguments);
-        migrateOptimizeWidgets(this, info);
+        migrateOptimizeWidgets(this, info, nodeData);
       };
     }
     if (nodeData.name === "SteadfastHash") {

@@ -15,8 +15,9 @@ def policy_inputs(during: str) -> list[io.Input]:
                          tooltip="On: torch raises an error when an op has no deterministic implementation. "
                                  "Off: torch only warns (warn_only) and the run may not be reproducible."),
         io.Boolean.Input("allow_tf32", default=False,
-                         tooltip="Allow TF32 matmuls/convolutions on Ampere+ GPUs. Faster, but bits depend on the GPU "
-                                 "generation. Off for cross-machine reproducibility."),
+                         tooltip="Speed vs bits: allow TF32 matmuls/convolutions on Ampere+ GPUs. Faster, but fp32 "
+                                 "results change and depend on the GPU generation. Off for cross-machine "
+                                 "reproducibility. No effect on CPU (TF32 is a GPU tensor-core format)."),
         io.Int.Input("num_threads", default=0, min=0, max=1024,
                      tooltip=f"CPU threads for torch while {during}. fp32 CPU results differ between thread counts, "
                              "so the count is pinned and recorded. 0 = pin the current count."),

@@ -28,12 +28,12 @@ import comfy.ldm.modules.attention as comfy_attention
 import comfy.model_management
 from comfy.patcher_extension import CallbacksMP, WrappersMP
 
-from ..core import compile_cache, compile_cache_location, determinism, registry, torch_compat
+from ..core import compile_cache, compile_cache_location, determinism, inductor_presets, registry, torch_compat
 from ..core.compile import CompileOptions, swap_in
 from ..core.compile_record import CompileRecord
 from ..core.determinism_policy import DeterminismPolicy
 from ..core.optimize import attention as sdpa
-from ..core.optimize import layout, qkv, qkv_project
+from ..core.optimize import layout, precision, qkv, qkv_project
 
 log = logging.getLogger("steadfast")
 
@@ -241,12 +241,14 @@ def client_writable_dirs() -> tuple[str, ...]:
     return tuple(dirs)
 
 
-def open_compile_cache(backend: str, name: str = "") -> tuple[compile_cache.CompileCache | None, str]:
+def open_compile_cache(backend: str, name: str = "", inductor_options: dict | None = None,
+                       ) -> tuple[compile_cache.CompileCache | None, str]:
     """The persistent compile cache for ``backend`` and a line for the node report.
 
     Only inductor writes a cache (None for other backends). ``name`` (node input) picks a cache under the
     operator's root (``$STEADFAST_COMPILE_CACHE``, else ``<ComfyUI user dir>/steadfast/compile_cache``);
-    ``""`` = ``default``, ``off`` = inductor's own temporary folder. Raises
+    ``""`` = ``default``, ``off`` = inductor's own temporary folder; ``inductor_options`` (a preset's) are part of
+    the directory's key (:func:`core.compile_cache.cache_key_fields`). Raises
     :class:`core.compile_cache_location.CacheRefused` for a path instead of a name, or a root/name that overlaps a
     folder HTTP clients can write. The report line never contains an absolute path.
     """
@@ -260,7 +262,8 @@ def open_compile_cache(backend: str, name: str = "") -> tuple[compile_cache.Comp
     if root is None:
         return None, f"compile cache: off ({source}); inductor's default directory applies"
     device = comfy.model_management.get_torch_device()
-    cache = compile_cache.open_cache(root, chosen, device=device, source=source, forbidden=client_writable_dirs())
+    fields = compile_cache.cache_key_fields(device, inductor_options=inductor_options)
+    cache = compile_cache.open_cache(root, chosen, fields=fields, source=source, forbidden=client_writable_dirs())
     if cache is None:
         return None, f"compile cache {chosen!r} is not usable (see the server log); inductor's default directory applies"
     line = f"compile cache: {chosen!r} ({source})"
@@ -270,7 +273,8 @@ def open_compile_cache(backend: str, name: str = "") -> tuple[compile_cache.Comp
 
 
 def add_compile(model, record: CompileRecord, mode: str,
-                cache: compile_cache.CompileCache | None = None, strict: bool = False) -> None:
+                cache: compile_cache.CompileCache | None = None, strict: bool = False,
+                inductor_preset: str = inductor_presets.NONE) -> None:
     """Register the compile wrappers for ``record`` (created by :func:`registry.REGISTRY.get_or_create`).
 
     ``APPLY_MODEL``: swap the compiled blocks in for one ``apply_model`` call, tracked by the registry
@@ -281,7 +285,7 @@ def add_compile(model, record: CompileRecord, mode: str,
     record is marked ``disabled`` with the reason (shown on Warmup, in run records and
     /steadfast/compile_state) and a warning is logged. ``strict``: a recompile in a call that started
     warm raises :class:`registry.RecompileError` (for this clone only; other clones of the same
-    model keep their own setting).
+    model keep their own setting). ``inductor_preset`` is recorded (compile state, run records) unless "none".
     """
 
     def apply_model_wrapper(executor, *args, **kwargs):
@@ -322,7 +326,9 @@ def add_compile(model, record: CompileRecord, mode: str,
     model.weight_inplace_update = True  # LoRA patches keep Parameter identity -> no recompiles
     if cache is not None:
         registry.REGISTRY.note_compile_cache(record, cache.as_dict())
-    steadfast_options(model)["compile"] = {"mode": mode, "record_created": record.created, **record.summary()}
+    steadfast_options(model)["compile"] = {"mode": mode, "record_created": record.created, **record.summary(),
+                                           **({} if inductor_preset == inductor_presets.NONE
+                                              else {"inductor_preset": inductor_preset})}
 
 
 def compile_state(model) -> dict | str:
@@ -333,6 +339,8 @@ def compile_state(model) -> dict | str:
     rec = registry.REGISTRY.get(model.model)
     if rec is not None and rec.created == snap.get("record_created"):
         state = {"mode": snap["mode"], **rec.summary(), "weight_inplace_update": bool(model.weight_inplace_update)}
+        if "inductor_preset" in snap:  # only when one is set: records made without one keep their fields
+            state["inductor_preset"] = snap["inductor_preset"]
         if rec.stats.compile_cache is not None:
             state["compile_cache"] = rec.stats.compile_cache["name"]
             state["cache_state"] = dict(rec.stats.cache_state)
@@ -342,11 +350,28 @@ def compile_state(model) -> dict | str:
     return snap
 
 
-def compile_options(backend: str, mode: str, dynamic: str, fullgraph: bool) -> CompileOptions:
-    """Translate the node's widget values into :class:`CompileOptions`."""
+def compile_options(backend: str, mode: str, dynamic: str, fullgraph: bool,
+                    inductor_preset: str = inductor_presets.NONE) -> CompileOptions:
+    """Translate the node's widget values into :class:`CompileOptions` (a preset's inductor config as ``options``,
+    None without one). Raises ``ValueError`` for a preset with a backend other than inductor."""
     return CompileOptions(
         backend=backend,
         mode=None if mode == "default" else mode,
         dynamic={"auto": None, "true": True, "false": False}[dynamic],
         fullgraph=fullgraph,
+        options=inductor_presets.preset_options(inductor_preset, backend) or None,
     )
+
+
+# --------------------------------------------------------------------------------------------
+# Precision: ComfyUI's own compute-dtype patch (the ModelComputeDtype node's), on the clone.
+# --------------------------------------------------------------------------------------------
+def set_precision(model, name: str) -> torch.dtype | None:
+    """Set the compute dtype of ``model`` (a clone) for precision ``name`` ("model": leave it; returns None) with
+    ``ModelPatcher.set_model_compute_dtype``. Raises ``ValueError`` for an unknown name or a dtype the load device
+    lacks (:func:`core.optimize.precision.precision_dtype`)."""
+    dtype = precision.precision_dtype(name, model.load_device)
+    if dtype is not None:
+        model.set_model_compute_dtype(dtype)
+        steadfast_options(model)["precision"] = name
+    return dtype

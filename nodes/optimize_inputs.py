@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from ..core import compile_cache_location
+from ..core import compile_cache_location, inductor_presets
 from ..core.compile import CompileOptions
+from ..core.optimize.precision import PRECISIONS
 from . import model_patches as mp
 
 SDPA_CHOICES = ["auto", "math", "efficient", "flash", "cudnn"]
@@ -86,12 +87,30 @@ def check_compile_cache(compile_cache: str) -> bool | str:
     return True
 
 
-def compile_settings(backend: str, mode: str, dynamic: str, fullgraph: bool) -> CompileOptions:
+def knob_inputs() -> list[io.Input]:
+    """``precision`` and ``inductor_preset`` (Optimize Model only; optional, defaults change nothing)."""
+    return [
+        io.Combo.Input("precision", options=list(PRECISIONS), default="model", optional=True,
+                       tooltip="Compute dtype of the diffusion model (ComfyUI's set_model_compute_dtype; weights stay "
+                               "as stored). model = as loaded. bf16/fp16 are faster on GPUs (on CPU often slower) and "
+                               "change output bits vs fp32 (max |diff| in docs/benchmarks.md); recorded in the run "
+                               "record's dtype."),
+        io.Combo.Input("inductor_preset", options=list(inductor_presets.PRESET_NAMES), default="none", optional=True,
+                       tooltip="inductor config preset merged into torch.compile options (backend inductor only). "
+                               "diffusers-fast = PyTorch's 'Diffusion, Fast' recipe: 1x1 convs as matmuls, "
+                               "coordinate-descent tuning, no epilogue fusion. Changes generated code, so bits "
+                               "(measured in docs/benchmarks.md); part of the compile cache key and run record."),
+    ]
+
+
+def compile_settings(backend: str, mode: str, dynamic: str, fullgraph: bool,
+                     inductor_preset: str = inductor_presets.NONE) -> CompileOptions:
     """The compile widgets as :class:`CompileOptions` (mode "default" -> None; dynamic "auto" -> None,
-    "true"/"false" -> bool). Raises ``KeyError`` only for a value ComfyUI's combo check already rejects."""
-    return mp.compile_options(backend, mode, dynamic, fullgraph)
+    "true"/"false" -> bool; a preset's inductor config as options). Raises ``KeyError`` only for a value ComfyUI's
+    combo check already rejects, ``ValueError`` for a preset with a backend other than inductor."""
+    return mp.compile_options(backend, mode, dynamic, fullgraph, inductor_preset)
 
 
 __all__ = ["SDPA_CHOICES", "MODEL_ATTENTION_CHOICES", "COMPILE_CHOICES", "BACKENDS", "MODES", "DYNAMIC_CHOICES",
            "layout_inputs", "attention_input", "compile_inputs", "strict_and_cache_inputs", "check_compile_cache",
-           "compile_settings"]
+           "compile_settings", "knob_inputs"]

@@ -33,6 +33,7 @@ class SteadfastOptimizeModel(io.ComfyNode):
                 oi.attention_input(model=True),
                 *oi.compile_inputs(),
                 *oi.strict_and_cache_inputs(),
+                *oi.knob_inputs(),
             ],
             outputs=[io.Model.Output(display_name="MODEL", tooltip="The optimized clone."),
                      io.String.Output(display_name="report", tooltip="What was applied, and to which blocks.")],
@@ -46,11 +47,14 @@ class SteadfastOptimizeModel(io.ComfyNode):
     @classmethod
     def execute(cls, model, qkv_fusion: bool, channels_last: bool, attention: str, compile: str,
                 backend: str, mode: str, dynamic: str, fullgraph: bool, strict_recompiles: bool = False,
-                compile_cache: str = "") -> io.NodeOutput:
+                compile_cache: str = "", precision: str = "model", inductor_preset: str = "none") -> io.NodeOutput:
         m = model.clone()
         lines: list[str] = []
         device = comfy.model_management.get_torch_device()
-        dtype = m.model.get_dtype()
+        dtype = mp.set_precision(m, precision) or m.model.get_dtype()  # ValueError for a dtype the device lacks
+        if precision != "model":
+            lines.append(f"precision: {precision}, compute {dtype} (weights {m.model.get_dtype()}; ComfyUI's "
+                         "set_model_compute_dtype)" + ("" if precision == "fp32" else ": changes bits vs fp32"))
 
         if attention != "comfy":
             sdpa.check_sdpa_backend(attention, device=device, dtype=dtype)  # clear error if unusable here
@@ -70,8 +74,10 @@ class SteadfastOptimizeModel(io.ComfyNode):
             mp.add_channels_last(m)
             lines.append("channels_last: conv weights converted during sampling, restored after")
 
+        if compile == "off" and inductor_preset != "none":
+            lines.append(f"inductor_preset {inductor_preset}: no effect (compile is off)")
         if compile != "off":
-            options = oi.compile_settings(backend, mode, dynamic, fullgraph)
+            options = oi.compile_settings(backend, mode, dynamic, fullgraph, inductor_preset)  # ValueError: not inductor
             diffusion_model = m.get_model_object("diffusion_model")
             if compile == "regional":
                 choice = blocks.choose_blocks(diffusion_model)
@@ -86,14 +92,17 @@ class SteadfastOptimizeModel(io.ComfyNode):
             record, created = registry.REGISTRY.get_or_create(
                 m.model, options, keys, label=f"{type(diffusion_model).__name__} ({compile})",
                 guard_filter_fn=comfy_guard_filter(), strict=strict_recompiles)
-            cache, cache_line = mp.open_compile_cache(backend, compile_cache)
-            mp.add_compile(m, record, compile, cache, strict=strict_recompiles)
+            cache, cache_line = mp.open_compile_cache(backend, compile_cache, dict(options.options or {}))
+            mp.add_compile(m, record, compile, cache, strict=strict_recompiles, inductor_preset=inductor_preset)
             lines.append(cache_line)
             if attention == "comfy":
                 lines.append("WARNING: compiling with ComfyUI's own attention (sub_quad on CPU) graph-breaks and "
                              "recompiles often (measured: 15 graphs, 9 recompiles in 4 steps); pick an SDPA backend")
             lines.append(f"  {record.options}; {'new' if created else 'reused'} compile record "
                          f"({record.stats.status}); compiles lazily on the first run or in Warmup")
+            if inductor_preset != "none":
+                lines.append(f"inductor_preset: {inductor_preset} (options above"
+                             + ("; a compile cache directory of its own)" if cache is not None else ")"))
             if strict_recompiles:
                 lines.append("strict_recompiles: a recompile after warm-up fails the run, with its reason")
             if not created:  # what this model has compiled so far (recompiles with reasons, warnings)

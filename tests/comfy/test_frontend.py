@@ -386,11 +386,15 @@ def test_old_optimize_widgets_values_load_by_name(page: Any, object_info: dict[s
                "strict_recompiles": True, "compile_cache": "my_cache"}}}
     workflow = api_to_ui.convert(api, object_info)
     node = next(n for n in workflow["nodes"] if n["type"] == "SteadfastOptimizeModel")
-    assert len(node["widgets_values"]) == 10
+    assert len(node["widgets_values"]) == 12  # ten, then precision and inductor_preset (defaults)
     old = node["widgets_values"]
-    node["widgets_values"] = old[:8] + [True, False] + old[8:]  # the old layout: ..., fullgraph, vae_slicing, vae_tiling, ...
+    node["widgets_values"] = old[:8] + [True, False] + old[8:10]  # the old layout: ..., fullgraph, vae_slicing, vae_tiling, ...
     page.evaluate("async (wf) => { await window.app.loadGraphData(wf) }", workflow)
     check_round_trip(page, api, object_info, "old Optimize Model widgets_values")
+    # today's list has the same length (12): it must load as saved, not be taken for the old layout
+    api["2"]["inputs"].update(precision="bf16", inductor_preset="diffusers-fast", backend="inductor")
+    page.evaluate("async (wf) => { await window.app.loadGraphData(wf) }", api_to_ui.convert(api, object_info))
+    check_round_trip(page, api, object_info, "current Optimize Model widgets_values")
 
 
 
