@@ -1,11 +1,10 @@
 """Compile state per model: what was compiled, how long it took, graphs, recompiles and why.
 
 One :class:`~core.compile_record.CompileRecord` per model object, held weakly; registering the same model with
-equal settings returns the same record and compiles nothing. Only this module writes ``record.stats``. Numbers
-come from torch's own reporting: recompile reasons and recompile-limit fallbacks from Dynamo's log messages (a
-log tap, :func:`core.torch_compat.install_recompile_log_tap`, installed by the first tracked call and removed by
-:meth:`CompileRegistry.close`), graphs, graph breaks and cache hits from deltas of Dynamo's counters. Events go
-to the record made active by ``with REGISTRY.track(record)`` (per thread). Caveat: the counters are
+equal settings returns the same record and compiles nothing. Only this module writes ``record.stats``. Recompile
+reasons and recompile-limit fallbacks come from Dynamo's log messages (a log tap installed by the first tracked
+call, removed by :meth:`CompileRegistry.close`); graphs, graph breaks and cache hits from deltas of Dynamo's
+counters. Events go to the innermost ``with REGISTRY.track(record)`` of the thread. Caveat: the counters are
 process-global, so a compile in another thread during a tracked call is attributed to it. No ComfyUI imports.
 """
 from __future__ import annotations
@@ -30,8 +29,6 @@ from .recompile_watch import ParamIdentity, explain_recompile, guarded_flags, pa
 log = logging.getLogger("steadfast.registry")
 _MAX_RUN_LOG = 50
 _MAX_FLAG_STATES = 32
-
-__all__ = ["RecompileError", "CompileRegistry", "REGISTRY"]
 
 
 class RecompileError(RuntimeError):
@@ -72,7 +69,6 @@ class CompileRegistry:
         self._lock = threading.RLock()
         self._local = _PerThread()
         self._tap: torch_compat.RecompileLogTap | None = None
-        self._tap_note = "not installed (installed by the first tracked call)"
         self._flag_states: list[dict[str, Any]] = []  # flag fingerprints compiled code exists for
 
     # ---- records ----------------------------------------------------------------------------
@@ -134,7 +130,8 @@ class CompileRegistry:
         with self._lock:
             self._write(record, warm_targets=record.stats.warm_targets | {tuple(target)})
 
-    def note_compile_cache(self, record: CompileRecord, cache_view: Mapping[str, Any], messages: Sequence[str] = ()) -> None:
+    def note_compile_cache(self, record: CompileRecord, cache_view: Mapping[str, Any],
+                           messages: Sequence[str] = ()) -> None:
         """The compile cache used (its client view) and ``messages`` about it (as warnings)."""
         with self._lock:
             record.stats.warnings.extend(messages)
@@ -149,15 +146,11 @@ class CompileRegistry:
         with self._lock:
             record.stats.runs += 1
             number, before = record.stats.runs, (record.stats.calls, record.stats.graphs)
-        previous = self._local.runs.get(id(record))
-        self._local.runs[id(record)] = number
+        outer, self._local.runs = self._local.runs, {**self._local.runs, id(record): number}
         try:
             yield number
         finally:
-            if previous is None:
-                self._local.runs.pop(id(record), None)
-            else:
-                self._local.runs[id(record)] = previous
+            self._local.runs = outer
             self._finish_run(record, number, before)
 
     def _finish_run(self, record: CompileRecord, number: int, before: tuple[int, int]) -> None:
@@ -185,29 +178,32 @@ class CompileRegistry:
     def track(self, record: CompileRecord, shape: Any = None, strict: bool | None = None) -> Iterator[CompileRecord]:
         """Attribute the compiles, recompiles and graph breaks happening inside to ``record``.
 
-        Wrap each call of the compiled model (``shape``: Tensor or nested ints, kept in ``stats.shapes_seen``).
-        The first call that finishes turns the record "warm" and sets ``first_call_seconds``; an exception inside
-        is recorded in ``stats.errors`` and re-raised; nested tracking of the same record passes through. Raises
-        :class:`RecompileError` on exit when ``strict`` (default ``stats.strict``) and a warm call recompiled.
+        Wrap each call of the compiled model (``shape``: Tensor or nested ints, kept in ``stats.shapes_seen``); a
+        call outside :meth:`run` is a run of its own. The first call that finishes turns the record "warm" and sets
+        ``first_call_seconds``; an exception inside is recorded in ``stats.errors`` and re-raised; nested tracking of
+        the same record passes through. Raises :class:`RecompileError` on exit when ``strict`` (default
+        ``stats.strict``) and a warm call recompiled.
         """
-        self._install_tap()
         stack, s = self._local.stack, record.stats
         if any(f.record is record for f in stack):
             yield record
             return
-        own_run = id(record) not in self._local.runs
+        if id(record) not in self._local.runs:
+            with self.run(record), self.track(record, shape, strict):
+                yield record
+            return
         with self._lock:
-            before_run = (s.calls, s.graphs)
+            if self._tap is None:
+                self._tap = torch_compat.install_recompile_log_tap(self._on_recompile, self._on_limit_hit)
             s.calls += 1
-            s.runs += own_run
             if (shp := normalise_shape(shape)) is not None:
                 s.shapes_seen.add(shp)
             started_warm = s.status == "warm"
             if not started_warm and s.compile_flags is None:
                 s.compile_flags = guarded_flags()  # what the blocks are about to be compiled under
                 self._remember_flags(record, s.compile_flags)
-        if s.params is None:
-            s.params = ParamIdentity.capture(record.block_modules())
+            if s.params is None:
+                s.params = ParamIdentity.capture(record.block_modules())
         frame = _Frame(record, torch_compat.dynamo_counters())
         stack.append(frame)
         t0, failed = time.perf_counter(), False
@@ -217,23 +213,21 @@ class CompileRegistry:
             failed = True
             with self._lock:
                 s.errors.append({"error": f"{type(e).__name__}: {e}"[:2000], "time": time.time(),
-                                 "run": self._current_run(record), "call": s.calls})
+                                 "run": self._local.runs[id(record)], "call": s.calls})
             raise
         finally:
-            seconds = time.perf_counter() - t0
             stack.pop()
-            self._apply(record, frame.finish(stack[-1] if stack else None), seconds, not started_warm and not failed)
-            if own_run:
-                self._finish_run(record, s.runs, before_run)
+            self._apply(record, frame.finish(stack[-1] if stack else None), time.perf_counter() - t0,
+                        not started_warm and not failed)
         if (s.strict if strict is None else strict) and started_warm and frame.recompiles:
             r = frame.recompiles[0]
             raise RecompileError(f"{record.label}: recompiled after warm-up ({len(frame.recompiles)}x) in "
                                  f"{r['function'] or 'a compiled block'}: {r['reason']}")
 
     def _apply(self, record: CompileRecord, own: dict[str, int], seconds: float, first: bool) -> None:
+        s, graphs = record.stats, own.get("unique_graphs", 0)
         with self._lock:
-            s = record.stats
-            s.graphs += own.get("unique_graphs", 0)
+            s.graphs += graphs
             s.calls_captured += own.get("calls_captured", 0)
             for k, v in own.items():
                 if k.startswith("graph_break:"):
@@ -243,12 +237,11 @@ class CompileRegistry:
             if first and s.status == "cold":
                 s.status, s.first_call_seconds = "warm", seconds
             s.updated = time.time()
-            if own.get("unique_graphs", 0):
+            if graphs:
                 self._remember_flags(record, guarded_flags())
-                entries = record.cache_entries()
-        if own.get("unique_graphs", 0):
+        if graphs:
             last = s.recompiles[-1]["reason"] if s.recompiles else "n/a"
-            for name, n in entries.items():
+            for name, n in record.cache_entries().items():
                 self._near_limit(record, name, n, f"has {n} compiled variant(s) in this process", last)
 
     def _remember_flags(self, record: CompileRecord, flags: dict[str, Any]) -> None:  # lock held
@@ -270,20 +263,17 @@ class CompileRegistry:
             record.stats.warnings.append(text)
         log.warning(text)
 
-    def _current_run(self, record: CompileRecord) -> int:
-        return self._local.runs.get(id(record), record.stats.runs)
-
-    # ---- log events -------------------------------------------------------------------------
+    # ---- log events (from the tap; outside a tracked call they are not ours to count) --------
     def _on_recompile(self, message: str) -> None:
-        frame = self._local.stack[-1] if self._local.stack else None
-        if frame is None:
-            return  # not inside a tracked call: not ours to count
+        if not self._local.stack:
+            return
+        frame = self._local.stack[-1]
         rec, s = frame.record, frame.record.stats
         with self._lock:
             known = s.flag_states + self._flag_states
         event = explain_recompile(parse_recompile(message), known)
         with self._lock:
-            event.update(time=time.time(), run=self._current_run(rec), call=s.calls)
+            event.update(time=time.time(), run=self._local.runs[id(rec)], call=s.calls)
             s.recompiles.append(event)
             frame.recompiles.append(event)
             s.updated = event["time"]
@@ -293,37 +283,27 @@ class CompileRegistry:
             self._near_limit(rec, fn, n, f"recompiled {n} time(s)", event["reason"])
 
     def _on_limit_hit(self, message: str) -> None:
-        frame = self._local.stack[-1] if self._local.stack else None
-        if frame is not None:
+        if self._local.stack:
+            rec = self._local.stack[-1].record
             with self._lock:
-                event = {**parse_limit_hit(message), "time": time.time(), "run": self._current_run(frame.record)}
-                frame.record.stats.fallbacks.append(event)
-                frame.record.stats.updated = event["time"]
+                event = {**parse_limit_hit(message), "time": time.time(), "run": self._local.runs[id(rec)]}
+                rec.stats.fallbacks.append(event)
+                rec.stats.updated = event["time"]
 
     # ---- log tap and state ------------------------------------------------------------------
-    def _install_tap(self) -> None:
-        with self._lock:
-            if self._tap is None:
-                self._tap = torch_compat.install_recompile_log_tap(self._on_recompile, self._on_limit_hit)
-                self._tap_note = self._tap.note
-
     def close(self) -> None:
         """Remove the log tap (torch's logging state as it was before); records are kept."""
         with self._lock:
-            tap, self._tap, self._tap_note = self._tap, None, "closed"
+            tap, self._tap = self._tap, None
             if tap is not None:
                 torch_compat.remove_recompile_log_tap(tap)
-
-    def clear(self) -> None:
-        """Forget all records (the log tap stays)."""
-        with self._lock:
-            self._records = weakref.WeakKeyDictionary()
 
     def as_json(self) -> dict[str, Any]:
         """JSON-serialisable state: torch version, recompile limit, log tap state, records."""
         with self._lock:
+            note = self._tap.note if self._tap else "not installed (installed by the first tracked call)"
             return {"torch": torch.version.__version__, "recompile_limit": torch_compat.recompile_limit(),
-                    "recompile_logging": self._tap_note, "records": [r.as_dict() for r in self.records()]}
+                    "recompile_logging": note, "records": [r.as_dict() for r in self.records()]}
 
 
 REGISTRY = CompileRegistry()
