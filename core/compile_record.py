@@ -7,6 +7,7 @@ No ComfyUI imports; no global state.
 """
 from __future__ import annotations
 
+import json
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -18,8 +19,6 @@ import torch
 from . import torch_compat
 from .compile import CompileOptions
 from .recompile_watch import ParamIdentity, code_of
-
-__all__ = ["CompileStats", "CompileRecord", "normalise_shape"]
 
 
 def normalise_shape(shape: Any) -> tuple | None:
@@ -127,46 +126,29 @@ class CompileRecord:
                 "params_replaced_this_run": run.get("params_replaced"), "warnings": s.warnings[-3:]}
 
     def as_dict(self) -> dict[str, Any]:
-        """Everything, JSON-serialisable (shapes as sorted lists, times as unix seconds)."""
-        s = self.stats
-        skip = {"params", "warned_functions", "flag_states", "shapes_seen", "warm_targets"}
-        out = {k: v for k, v in vars(s).items() if k not in skip}
-        out = {k: (list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v) for k, v in out.items()}
-        out.update(label=self.label, blocks=list(self.blocks), block_count=len(self.blocks), in_place=self.in_place,
-                   options=dict(self.options), created=self.created, cache_entries=self.cache_entries(),
-                   recompile_limit=torch_compat.recompile_limit(),
-                   shapes_seen=[_listify(x) for x in _sorted(s.shapes_seen)],
-                   warm_targets=sorted(list(t) for t in s.warm_targets))
-        return out
+        """Everything, JSON-serialisable (a copy; shapes as sorted lists, times as unix seconds)."""
+        out = {k: v for k, v in vars(self.stats).items() if k not in ("params", "warned_functions", "flag_states")}
+        for k in ("shapes_seen", "warm_targets"):
+            try:
+                out[k] = sorted(out[k])
+            except TypeError:  # mixed nesting: a stable textual order instead
+                out[k] = sorted(out[k], key=repr)
+        out.update(label=self.label, blocks=self.blocks, block_count=len(self.blocks), in_place=self.in_place,
+                   options=self.options, created=self.created, cache_entries=self.cache_entries(),
+                   recompile_limit=torch_compat.recompile_limit())
+        return json.loads(json.dumps(out))
 
     def as_text(self) -> str:
         """One-line human summary: blocks, first call, graphs, recompiles (+ last reason), status."""
-        s = self.stats
-        parts = [f"{self.label}: {len(self.blocks)} block(s) compiled ({self.options.get('backend')})", s.status]
-        if s.first_call_seconds is not None:
-            parts.append(f"first call {s.first_call_seconds:.1f} s")
-        parts.append(f"{s.graphs} graph(s)")
-        rec = f"{len(s.recompiles)} recompile(s)"
-        if s.recompiles:
-            reason = s.recompiles[-1]["reason"]
-            rec += f" (last: {reason[:117] + '...' if len(reason) > 120 else reason})"
-        parts.append(rec)
-        if s.last_run is not None:
-            parts.append(f"run {s.last_run['run']}: {s.last_run['recompiles']} recompile(s), "
-                         f"{s.last_run['graphs']} graph(s)")
-        flags = [(s.strict, "strict (a recompile after warm-up is an error)"),
+        s, run = self.stats, self.stats.last_run or {}
+        reason = s.recompiles[-1]["reason"] if s.recompiles else ""
+        parts = [(True, f"{self.label}: {len(self.blocks)} block(s) compiled ({self.options.get('backend')})"),
+                 (True, s.status), (s.first_call_seconds is not None, f"first call {s.first_call_seconds or 0:.1f} s"),
+                 (True, f"{s.graphs} graph(s)"), (True, f"{len(s.recompiles)} recompile(s)" + (
+                     f" (last: {reason[:117] + '...' if len(reason) > 120 else reason})" if s.recompiles else "")),
+                 (run, f"run {run.get('run')}: {run.get('recompiles')} recompile(s), {run.get('graphs')} graph(s)"),
+                 (s.strict, "strict (a recompile after warm-up is an error)"),
                  (s.graph_breaks, f"{sum(s.graph_breaks.values())} graph break(s)"),
                  (s.fallbacks, f"{len(s.fallbacks)} fallback(s) to eager"), (s.disabled, "DISABLED (running eager)")]
-        text = "; ".join(parts + [t for on, t in flags if on])
+        text = "; ".join(t for on, t in parts if on)
         return text + ("\nWARNING: " + s.warnings[-1] if s.warnings else "")
-
-
-def _listify(v: Any) -> Any:
-    return [_listify(x) for x in v] if isinstance(v, tuple) else v
-
-
-def _sorted(shapes: set) -> list:
-    try:
-        return sorted(shapes)
-    except TypeError:  # mixed nesting: a stable textual order instead
-        return sorted(shapes, key=repr)
