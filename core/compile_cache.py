@@ -1,29 +1,25 @@
 """A managed, persistent torch.compile cache: the same compiled kernels across process restarts.
 
-Inductor keeps its FX-graph cache, AOT-autograd cache and compiled kernels under ``TORCHINDUCTOR_CACHE_DIR``
-(default ``/tmp/torchinductor_<user>``); pointing it at a persistent directory turns a cold start into a warm
-one (PyTorch's "Compile Time Caching Configuration" tutorial; figures in docs/benchmarks.md). One directory per
-workflow-chosen *name* and environment *key* (:func:`cache_key_fields`): ``<root>/<name>/<key>``; where the root
-may be and which names are allowed is :mod:`core.compile_cache_location`. A ``steadfast_cache.json`` manifest
-repeats the key fields; a directory whose manifest is unreadable or names other fields is moved aside (never
-deleted) with a message. Inductor skips a corrupt FX-graph entry itself, but a corrupt compiled ``.so`` fails the
-compile: :func:`run_cached` then moves the directory aside and retries once (``tests/core/test_compile_cache.py``).
-
-Global state: :meth:`CompileCache.activate` sets ``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_DIR`` for a
-``with`` block only and restores them (process-wide while active: a compile in another thread then uses this
-directory too). No ComfyUI imports.
+Inductor keeps its FX-graph cache, AOT-autograd cache and kernels under ``TORCHINDUCTOR_CACHE_DIR``; a persistent
+directory turns a cold start into a warm one (PyTorch's "Compile Time Caching Configuration" tutorial; figures in
+docs/benchmarks.md). One directory per workflow-chosen *name* and environment *key*: ``<root>/<name>/<key>``
+(root and names: :mod:`core.compile_cache_location`). A ``steadfast_cache.json`` manifest repeats the key fields; a
+directory whose manifest is unreadable or foreign is moved aside (never deleted). A corrupt compiled ``.so`` fails
+the compile: :func:`run_cached` then moves the directory aside and retries once (``tests/core/test_compile_cache.py``).
+:meth:`CompileCache.activate` sets ``TORCHINDUCTOR_CACHE_DIR``/``TRITON_CACHE_DIR`` process-wide for a ``with``
+block and restores them. No ComfyUI imports.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import hashlib
-import importlib
 import json
 import logging
 import os
 import platform
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -38,9 +34,6 @@ from .compile_cache_location import DEFAULT_NAME, CacheRefused, check_location, 
 
 log = logging.getLogger("steadfast.compile_cache")
 
-__all__ = ["INDUCTOR_ENV", "TRITON_ENV", "MANIFEST", "CACHE_FORMAT", "device_description", "cache_key_fields",
-           "cache_key", "CompileCache", "open_cache", "caused_by_cache", "run_cached"]
-
 INDUCTOR_ENV = "TORCHINDUCTOR_CACHE_DIR"
 TRITON_ENV = "TRITON_CACHE_DIR"
 MANIFEST = "steadfast_cache.json"
@@ -50,14 +43,6 @@ _last_dir: list[str | None] = [None]  # the directory inductor last compiled int
 T = TypeVar("T")
 
 
-def _pack_version() -> str:
-    package = (__package__ or "").rpartition(".")[0]
-    try:
-        return str(getattr(importlib.import_module(package), "__version__", "unknown")) if package else "unknown"
-    except ImportError:  # pragma: no cover
-        return "unknown"
-
-
 def _triton_version() -> str | None:
     for dist in ("triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu"):
         with contextlib.suppress(PackageNotFoundError):
@@ -65,26 +50,22 @@ def _triton_version() -> str | None:
     return None
 
 
-def device_description(device: torch.device | str | None = None) -> str:
-    """What kernels are built for: ``"cpu AVX512"`` (the ISA inductor targets) or ``"cuda <name> sm90"``.
-    ``device`` defaults to CUDA when available, else CPU; other device types give their type name."""
+def cache_key_fields(device: torch.device | str | None = None, pack_version: str | None = None) -> dict[str, Any]:
+    """What compiled artifacts depend on: ``{"format", "torch" (with its CUDA build), "triton" (None without),
+    "python" (implementation major.minor), "device", "pack" (version)}``. ``"device"`` is what kernels are built
+    for: ``"cpu AVX512"`` (the ISA inductor targets) or ``"cuda <name> sm90"`` (``device`` defaults to CUDA when
+    available, else CPU; other device types give their type name)."""
     dev = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
-    if dev.type == "cpu":
-        return f"cpu {torch.backends.cpu.get_cpu_capability()}"
+    described = f"cpu {torch.backends.cpu.get_cpu_capability()}" if dev.type == "cpu" else dev.type
     if dev.type == "cuda" and torch.cuda.is_available():
         index = dev.index if dev.index is not None else torch.cuda.current_device()
         major, minor = torch.cuda.get_device_capability(index)
-        return f"cuda {torch.cuda.get_device_name(index)} sm{major}{minor}"
-    return dev.type
-
-
-def cache_key_fields(device: torch.device | str | None = None, pack_version: str | None = None) -> dict[str, Any]:
-    """What compiled artifacts depend on: ``{"format", "torch" (with its CUDA build), "triton" (None without),
-    "python" (implementation major.minor), "device" (:func:`device_description`), "pack" (version)}``."""
+        described = f"cuda {torch.cuda.get_device_name(index)} sm{major}{minor}"
     cuda, py = torch.version.cuda, platform.python_version_tuple()
+    pack = getattr(sys.modules.get((__package__ or "").rpartition(".")[0]), "__version__", "unknown")
     return {"format": CACHE_FORMAT, "torch": torch.version.__version__ + (f" cuda{cuda}" if cuda else ""),
             "triton": _triton_version(), "python": f"{platform.python_implementation()} {py[0]}.{py[1]}",
-            "device": device_description(device), "pack": pack_version or _pack_version()}
+            "device": described, "pack": pack_version or str(pack)}
 
 
 def cache_key(fields: Mapping[str, Any]) -> str:
@@ -224,30 +205,24 @@ def open_cache(root: str | os.PathLike[str], name: str = DEFAULT_NAME, *,
     return cache
 
 
-def caused_by_cache(exc: BaseException, cache: CompileCache) -> bool:
-    """True when ``exc`` or an exception in its cause/context chain names a file inside the cache (e.g.
-    ``BackendCompilerFailed`` wrapping ``ImportError: <cache>/xx/yy.so: file too short``)."""
-    marker, seen, e = str(cache.path.resolve()), set(), exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if marker in str(e) or any(marker in str(a) for a in e.args):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
-
-
 def run_cached(cache: CompileCache | None, fn: Callable[[], T], *,
                retry_if: Callable[[BaseException], bool] = lambda e: True) -> T:
     """``fn()`` with ``cache`` active (plain ``fn()`` for None). When it raises an exception for which
-    ``retry_if(e)`` holds (adapters pass "is a compile error") and that names a file inside the cache, the cache
-    is quarantined and ``fn`` runs once more with an empty one; anything else, or a second failure, propagates."""
+    ``retry_if(e)`` holds (adapters pass "is a compile error") and that, or an exception in its cause/context chain,
+    names a file inside the cache (e.g. ``BackendCompilerFailed`` wrapping ``ImportError: <cache>/xx/yy.so: file
+    too short``), the cache is quarantined and ``fn`` runs once more with an empty one; anything else, or a second
+    failure, propagates."""
     if cache is None:
         return fn()
     try:
         with cache.activate():
             return fn()
     except Exception as e:
-        if not (retry_if(e) and caused_by_cache(e, cache)):
+        marker, chain, link = str(cache.path.resolve()), [], e
+        while link is not None and all(link is not c for c in chain):
+            chain.append(link)
+            link = link.__cause__ or link.__context__
+        if not (retry_if(e) and any(marker in str(x) or any(marker in str(a) for a in x.args) for x in chain)):
             raise
         cache.quarantine(f"compile failed on a cached file ({type(e).__name__}: {cache.redact(str(e))[:300]})")
     with cache.activate():
