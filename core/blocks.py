@@ -19,9 +19,7 @@ from collections.abc import Sequence
 from torch import nn
 
 from . import torch_compat
-
-__all__ = ["COMFY_REPEATED_BLOCKS", "REGIONAL_UNSUPPORTED", "NON_GENERIC_PARENTS", "BlockChoice", "Discovery",
-           "SwapCheck", "choose_blocks", "declaration", "safe_to_swap", "swap_refusal"]
+from .compile import submodule
 
 _FLUX = ("DoubleStreamBlock", "SingleStreamBlock")
 #: ``{model class: block classes}`` by ``__name__`` (``"module.QualName"`` where two share a name); outermost match
@@ -94,13 +92,7 @@ class SwapCheck:
 
 def swap_refusal(root: nn.Module, path: str) -> str | None:
     """Why the block at ``path`` must not be swapped, or None. Raises ``ValueError`` for a bad path."""
-    if not path:
-        raise ValueError("empty block path: the root is compiled whole, not swapped")
-    try:
-        block = root.get_submodule(path)
-    except AttributeError as e:
-        raise ValueError(f"{type(root).__name__} has no submodule {path!r}: {e}") from e
-    parts = path.split(".")  # the caller: the nearest ancestor that is not a plain container
+    block, parts = submodule(root, path), path.split(".")  # the caller: the nearest ancestor not a plain container
     cut = next((c for c in range(len(parts) - 1, -1, -1)
                 if type(root.get_submodule(".".join(parts[:c]))) not in _CONTAINERS), 0)
     caller_path, caller = ".".join(parts[:cut]), root.get_submodule(".".join(parts[:cut]))

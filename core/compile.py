@@ -1,9 +1,9 @@
 """Regional and full ``torch.compile`` without touching the model: options, lazy compiled blocks, swap-in.
 
-Regional compilation (diffusers' ``ModelMixin.compile_repeated_blocks``) compiles each repeated block alone;
-identical blocks share one ``forward`` code object, hence one Dynamo graph, and the first call is faster than a
-full compile (docs/benchmarks.md section 2). A "full" compile is one block: the model as a path of its parent.
-:func:`swap_in` installs the lazy wrappers for one call only (ComfyUI's ``apply_torch_compile_wrapper``)."""
+Regional compilation (diffusers' ``compile_repeated_blocks``) compiles each repeated block alone; identical blocks
+share one ``forward`` code object, hence one Dynamo graph, and the first call is faster than a full compile
+(docs/benchmarks.md section 2). A "full" compile is one block: the model as a path of its parent. :func:`swap_in`
+installs the lazy wrappers for one call only (as ComfyUI's ``apply_torch_compile_wrapper``)."""
 from __future__ import annotations
 
 import contextlib
@@ -17,8 +17,6 @@ from torch import nn
 
 from . import torch_compat
 from .guard_filters import GuardFilterFn
-
-__all__ = ["CompileOptions", "compile_blocks", "contiguous_inputs_hook", "swap_in"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +102,17 @@ def _under(fn: Callable[..., Any], contexts: Sequence[Callable[[], Any]]) -> Cal
     return call
 
 
+def submodule(root: nn.Module, path: str) -> nn.Module:
+    """``root.get_submodule(path)``; ``ValueError`` for an empty path (the root is compiled as a path of its
+    parent, e.g. ``"diffusion_model"``, never swapped) or an unknown one."""
+    if not path:
+        raise ValueError("empty block path: compile a whole model as a path of its parent (e.g. 'diffusion_model')")
+    try:
+        return root.get_submodule(path)
+    except AttributeError as e:
+        raise ValueError(f"{type(root).__name__} has no submodule {path!r}: {e}") from e
+
+
 def compile_blocks(root: nn.Module, paths: Sequence[str], options: CompileOptions,
                    guard_filter_fn: GuardFilterFn | None = None) -> dict[str, Callable[..., Any]]:
     """``{path: torch.compile(root.get_submodule(path), **options.to_kwargs(guard_filter_fn))}``, lazy; ``root`` is
@@ -111,15 +120,9 @@ def compile_blocks(root: nn.Module, paths: Sequence[str], options: CompileOption
     per-ISA test builds). Raises ``ValueError`` for an empty, duplicate or unknown path."""
     out: dict[str, Callable[..., Any]] = {}
     for path in paths:
-        if not path:
-            raise ValueError("empty block path: compile a whole model as a path of its parent (e.g. 'diffusion_model')")
         if path in out:
             raise ValueError(f"duplicate block path {path!r}")
-        try:
-            sub = root.get_submodule(path)
-        except AttributeError as e:
-            raise ValueError(f"{type(root).__name__} has no submodule {path!r}: {e}") from e
-        compiled = torch.compile(sub, **options.to_kwargs(guard_filter_fn))
+        compiled = torch.compile(submodule(root, path), **options.to_kwargs(guard_filter_fn))
         if options.contiguous_inputs:
             compiled.register_forward_pre_hook(contiguous_inputs_hook, with_kwargs=True)
         contexts = [torch_compat.specialize_int] if options.specialize_ints else []
@@ -138,12 +141,8 @@ def swap_in(root: nn.Module, compiled: Mapping[str, Callable[..., Any]]) -> Iter
     unknown path, before swapping. Parents dispatching on ``isinstance``: see :func:`core.blocks.safe_to_swap`."""
     targets = []
     for path, fn in compiled.items():
-        parent_path, _, name = path.rpartition(".")
-        try:
-            parent = root.get_submodule(parent_path)
-            targets.append((parent, name, getattr(parent, name), fn))
-        except AttributeError as e:
-            raise ValueError(f"{type(root).__name__} has no submodule {path!r}: {e}") from e
+        block, (parent_path, _, name) = submodule(root, path), path.rpartition(".")
+        targets.append((root.get_submodule(parent_path), name, block, fn))
     try:
         for parent, name, _, fn in targets:
             setattr(parent, name, fn)

@@ -168,7 +168,8 @@ def _manifest_problem(cache: CompileCache) -> str | None:
     stored, wanted = body.get("fields"), json.loads(json.dumps(cache.fields, default=str))
     if stored == wanted:
         return None
-    diff = sorted(k for k in {*stored, *wanted} if stored.get(k) != wanted.get(k)) if isinstance(stored, dict) else ["fields"]
+    diff = (sorted(k for k in {*stored, *wanted} if stored.get(k) != wanted.get(k))
+            if isinstance(stored, dict) else ["fields"])
     return f"made for another environment (differs in {', '.join(diff)})"
 
 

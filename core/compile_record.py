@@ -48,7 +48,6 @@ class CompileStats:
     disabled: bool = False
     first_call_seconds: float | None = None
     graphs: int = 0
-    calls_captured: int = 0
     calls: int = 0
     runs: int = 0
     recompiles: list[dict[str, Any]] = field(default_factory=list)
@@ -58,7 +57,6 @@ class CompileStats:
     warnings: list[str] = field(default_factory=list)
     graph_breaks: dict[str, int] = field(default_factory=dict)
     cache_state: dict[str, int] = field(default_factory=dict)
-    updated: float = field(default_factory=time.time)
     warm_targets: set = field(default_factory=set)
     compile_flags: dict[str, Any] | None = None
     flag_states: list[dict[str, Any]] = field(default_factory=list, repr=False)

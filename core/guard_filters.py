@@ -9,8 +9,6 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["GuardFilterFn", "SkipGuardsOn", "TransformerOptionsGuardFilter", "comfy_guard_filter"]
-
 #: ``guard_filter_fn(entries) -> [keep?]``, one bool per Dynamo ``GuardFilterEntry`` (``.name``, ``.value``).
 GuardFilterFn = Callable[[Sequence[Any]], Sequence[bool]]
 

@@ -1,11 +1,9 @@
 """Compile state per model: what was compiled, how long it took, graphs, recompiles and why.
 
-One :class:`~core.compile_record.CompileRecord` per model object, held weakly; registering the same model with
-equal settings returns the same record and compiles nothing. Only this module writes ``record.stats``. Recompile
-reasons and recompile-limit fallbacks come from Dynamo's log messages (a log tap installed by the first tracked
-call, removed by :meth:`CompileRegistry.close`); graphs, graph breaks and cache hits from deltas of Dynamo's
-counters. Events go to the innermost ``with REGISTRY.track(record)`` of the thread. Caveat: the counters are
-process-global, so a compile in another thread during a tracked call is attributed to it. No ComfyUI imports.
+One :class:`~core.compile_record.CompileRecord` per model object, held weakly; only this module writes
+``record.stats``. Recompile reasons and limit fallbacks come from Dynamo's log messages (a log tap), graphs, graph
+breaks and cache hits from Dynamo's counters, to the innermost ``with REGISTRY.track(record)`` of the thread.
+Caveat: the counters are process-global (a compile in another thread meanwhile counts too). No ComfyUI imports.
 """
 from __future__ import annotations
 
@@ -27,8 +25,6 @@ from .guard_filters import GuardFilterFn
 from .recompile_watch import ParamIdentity, explain_recompile, guarded_flags, parse_limit_hit, parse_recompile
 
 log = logging.getLogger("steadfast.registry")
-_MAX_RUN_LOG = 50
-_MAX_FLAG_STATES = 32
 
 
 class RecompileError(RuntimeError):
@@ -45,24 +41,21 @@ class _PerThread(threading.local):
 class _Frame:
     record: CompileRecord
     before: dict[str, int]
-    children: dict[str, int] = field(default_factory=dict)
     recompiles: list[dict[str, Any]] = field(default_factory=list)
 
     def finish(self, parent: _Frame | None) -> dict[str, int]:
-        """This call's own counter increases (nested tracked calls excluded); all of them go to ``parent``."""
+        """This call's own counter increases; they are not ``parent``'s own (its baseline moves up by them)."""
         delta = {k: v - self.before.get(k, 0) for k, v in torch_compat.dynamo_counters().items()
                  if v > self.before.get(k, 0)}  # increases only: counters.clear() inside must not go negative
         if parent is not None:
             for k, v in delta.items():
-                parent.children[k] = parent.children.get(k, 0) + v
-        return {k: max(0, v - self.children.get(k, 0)) for k, v in delta.items()}
+                parent.before[k] = parent.before.get(k, 0) + v
+        return delta
 
 
 class CompileRegistry:
     """Weak map model -> :class:`CompileRecord`, attribution of Dynamo events, every write to record statistics.
-
-    Thread-safe for reading (:meth:`as_json` from an HTTP handler) while a worker thread runs tracked calls.
-    """
+    Thread-safe for reading (:meth:`as_json` from an HTTP handler) while a worker thread runs tracked calls."""
 
     def __init__(self) -> None:
         self._records: weakref.WeakKeyDictionary[Any, CompileRecord] = weakref.WeakKeyDictionary()
@@ -71,17 +64,13 @@ class CompileRegistry:
         self._tap: torch_compat.RecompileLogTap | None = None
         self._flag_states: list[dict[str, Any]] = []  # flag fingerprints compiled code exists for
 
-    # ---- records ----------------------------------------------------------------------------
     def get_or_create(self, model: torch.nn.Module, options: CompileOptions, blocks: Sequence[str], *,
                       key: Any = None, label: str | None = None, guard_filter_fn: GuardFilterFn | None = None,
                       strict: bool = False, in_place: bool = False) -> tuple[CompileRecord, bool]:
-        """``(record, created)`` for ``key`` (default ``model``), compiling ``blocks`` of ``model`` if needed.
-
-        Reused when made for this same ``model`` object with equal ``options``, ``blocks``, guard filter and
-        ``in_place`` (``strict`` is updated), else replaced. ``in_place``: the model compiled itself (diffusers'
-        ``compile_repeated_blocks``); ``blocks`` are then for reports. ``key`` must be weak-referenceable and not
-        referenced by the compiled callables. Raises ``ValueError`` for unknown block paths.
-        """
+        """``(record, created)`` for ``key`` (weak-referenceable, default ``model``), compiling ``blocks`` of
+        ``model`` if needed: reused (nothing compiled, ``strict`` updated) when made for this ``model`` object with
+        equal ``options``, ``blocks``, guard filter and ``in_place`` (the model compiled itself, e.g. diffusers'
+        ``compile_repeated_blocks``; ``blocks`` then only for reports), else replaced. ``ValueError``: unknown paths."""
         k = model if key is None else key
         with self._lock:
             rec = self._records.get(k)
@@ -110,7 +99,7 @@ class CompileRegistry:
 
     def _write(self, record: CompileRecord, **values: Any) -> None:
         with self._lock:
-            vars(record.stats).update(values, updated=time.time())
+            vars(record.stats).update(values)
 
     def set_strict(self, record: CompileRecord, strict: bool) -> bool:
         """Set ``stats.strict``; returns the previous setting."""
@@ -137,7 +126,6 @@ class CompileRegistry:
             record.stats.warnings.extend(messages)
             self._write(record, compile_cache=dict(cache_view))
 
-    # ---- tracking ---------------------------------------------------------------------------
     @contextlib.contextmanager
     def run(self, record: CompileRecord) -> Iterator[int]:
         """One run (e.g. one sampling call) of ``record``; tracked calls inside belong to it. Yields the 1-based run
@@ -167,7 +155,7 @@ class CompileRegistry:
             s.last_run = {"run": number, "calls": s.calls - before[0], "graphs": s.graphs - before[1],
                           "recompiles": len(events), "reasons": [r["reason"] for r in events],
                           "params_replaced": len(replaced), "time": time.time()}
-            s.run_log = [*s.run_log, s.last_run][-_MAX_RUN_LOG:]
+            s.run_log = [*s.run_log, s.last_run][-50:]
             if text:
                 s.params_replaced += len(replaced)
                 s.warnings.append(text)
@@ -228,7 +216,6 @@ class CompileRegistry:
         s, graphs = record.stats, own.get("unique_graphs", 0)
         with self._lock:
             s.graphs += graphs
-            s.calls_captured += own.get("calls_captured", 0)
             for k, v in own.items():
                 if k.startswith("graph_break:"):
                     s.graph_breaks[k[12:]] = s.graph_breaks.get(k[12:], 0) + v
@@ -236,7 +223,6 @@ class CompileRegistry:
                     s.cache_state[k] = s.cache_state.get(k, 0) + v
             if first and s.status == "cold":
                 s.status, s.first_call_seconds = "warm", seconds
-            s.updated = time.time()
             if graphs:
                 self._remember_flags(record, guarded_flags())
         if graphs:
@@ -248,7 +234,7 @@ class CompileRegistry:
         if flags not in record.stats.flag_states:
             record.stats.flag_states.append(flags)
         if flags not in self._flag_states:
-            self._flag_states = [*self._flag_states, flags][-_MAX_FLAG_STATES:]
+            self._flag_states = [*self._flag_states, flags][-32:]
 
     def _near_limit(self, record: CompileRecord, name: str, n: int, what: str, last_reason: str) -> None:
         """Warn once per record and code object when ``n`` variants of ``name`` near Dynamo's recompile limit."""
@@ -263,10 +249,9 @@ class CompileRegistry:
             record.stats.warnings.append(text)
         log.warning(text)
 
-    # ---- log events (from the tap; outside a tracked call they are not ours to count) --------
-    def _on_recompile(self, message: str) -> None:
+    def _on_recompile(self, message: str) -> None:  # from the log tap
         if not self._local.stack:
-            return
+            return  # outside a tracked call: not ours to count
         frame = self._local.stack[-1]
         rec, s = frame.record, frame.record.stats
         with self._lock:
@@ -276,7 +261,6 @@ class CompileRegistry:
             event.update(time=time.time(), run=self._local.runs[id(rec)], call=s.calls)
             s.recompiles.append(event)
             frame.recompiles.append(event)
-            s.updated = event["time"]
         if not rec.cache_entries():  # compiled in place (no code objects to count): count messages instead
             fn = event["function"] or "?"
             n = sum(1 for r in s.recompiles if (r["function"] or "?") == fn)
@@ -288,9 +272,7 @@ class CompileRegistry:
             with self._lock:
                 event = {**parse_limit_hit(message), "time": time.time(), "run": self._local.runs[id(rec)]}
                 rec.stats.fallbacks.append(event)
-                rec.stats.updated = event["time"]
 
-    # ---- log tap and state ------------------------------------------------------------------
     def close(self) -> None:
         """Remove the log tap (torch's logging state as it was before); records are kept."""
         with self._lock:
