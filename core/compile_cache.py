@@ -1,13 +1,9 @@
 """A managed, persistent torch.compile cache: the same compiled kernels across process restarts.
 
-Inductor keeps its FX-graph cache, AOT-autograd cache and kernels under ``TORCHINDUCTOR_CACHE_DIR``; a persistent
-directory turns a cold start into a warm one (PyTorch's "Compile Time Caching Configuration" tutorial; figures in
-docs/benchmarks.md). One directory per workflow-chosen *name* and environment *key*: ``<root>/<name>/<key>``
-(root and names: :mod:`core.compile_cache_location`). A ``steadfast_cache.json`` manifest repeats the key fields; a
-directory whose manifest is unreadable or foreign is moved aside (never deleted). A corrupt compiled ``.so`` fails
-the compile: :func:`run_cached` then moves the directory aside and retries once (``tests/core/test_compile_cache.py``).
-:meth:`CompileCache.activate` sets ``TORCHINDUCTOR_CACHE_DIR``/``TRITON_CACHE_DIR`` process-wide for a ``with``
-block and restores them. No ComfyUI imports.
+Inductor keeps its FX-graph and AOT-autograd caches and kernels under ``TORCHINDUCTOR_CACHE_DIR``: a persistent
+one turns a cold start into a warm one (docs/benchmarks.md). One directory per workflow-chosen *name* and environment
+*key*, ``<root>/<name>/<key>`` (:mod:`core.compile_cache_location`), with a manifest of the key fields; a foreign
+or unreadable one, or a corrupt ``.so`` failing a compile, is moved aside (never deleted). No ComfyUI imports.
 """
 from __future__ import annotations
 
@@ -80,8 +76,8 @@ def cache_key(fields: Mapping[str, Any]) -> str:
 
 @dataclasses.dataclass
 class CompileCache:
-    """One opened cache directory (:func:`open_cache`): ``path`` = ``<root>/<key>`` (``root`` is
-    ``<operator root>/<name>``). ``messages`` (what happened to it, no absolute paths: they reach HTTP clients)."""
+    """An opened cache directory: ``path`` = ``<root>/<key>``, ``root`` = ``<operator root>/<name>``; ``messages``:
+    what happened to it (no absolute paths: they reach HTTP clients)."""
 
     root: Path
     key: str
@@ -96,9 +92,8 @@ class CompileCache:
 
     @contextlib.contextmanager
     def activate(self) -> Iterator[Path]:
-        """``TORCHINDUCTOR_CACHE_DIR`` = :attr:`path` (and ``TRITON_CACHE_DIR`` = ``<path>/triton``, as torch's
-        ``fresh_cache`` does) inside the block; the previous values, or their absence, are restored in ``finally``.
-        Re-entrant. Inductor's memoised paths are cleared when the directory changes. Yields the path."""
+        """Yields :attr:`path`, ``TORCHINDUCTOR_CACHE_DIR`` (``TRITON_CACHE_DIR`` = ``<path>/triton``) inside the
+        block, process-wide, restored after; re-entrant; inductor's memoised paths cleared when the folder changes."""
         target = str(self.path.resolve())
         with _ENV_LOCK:
             previous = {k: os.environ.get(k) for k in (INDUCTOR_ENV, TRITON_ENV)}
@@ -117,8 +112,8 @@ class CompileCache:
                         os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 
     def quarantine(self, reason: str) -> str:
-        """Move the key directory aside (``<key>.bad-<ms>``) and start an empty one; returns the message (also
-        logged and kept in :attr:`messages`). Never raises: an unmovable directory is reported."""
+        """Move the key directory aside (``<key>.bad-<ms>``), start an empty one; returns the message (also logged,
+        kept in :attr:`messages`). Never raises: an unmovable directory is reported."""
         target = self.root / f"{self.key}.bad-{int(time.time() * 1000)}"
         try:
             with _ENV_LOCK:
@@ -176,14 +171,10 @@ def _manifest_problem(cache: CompileCache) -> str | None:
 def open_cache(root: str | os.PathLike[str], name: str = DEFAULT_NAME, *,
                device: torch.device | str | None = None, fields: Mapping[str, Any] | None = None,
                source: str = "", forbidden: tuple[str | os.PathLike[str], ...] = ()) -> CompileCache | None:
-    """Open (create) ``<root>/<name>/<key>`` for this environment (``fields`` default to :func:`cache_key_fields`).
-
-    ``root`` is the operator's, ``name`` the workflow's (:func:`~core.compile_cache_location.check_name`).
-    Raises :class:`CacheRefused` before creating anything for a name that is not a plain name, a root overlapping
-    a ``forbidden`` folder (folders HTTP clients can write), or a name that is a link, a file or escapes the root.
-    A corrupt or foreign manifest is moved aside with a message. Returns None, with a logged warning, when the
-    directory cannot be created or written (callers then run without the managed cache).
-    """
+    """Open (create) ``<root>/<name>/<key>`` (``fields``: :func:`cache_key_fields`), ``root`` the operator's, ``name``
+    the workflow's. :class:`CacheRefused`, before creating anything: not a plain name, a root overlapping a
+    ``forbidden`` folder (HTTP clients write there), a name that is a link, a file or escapes the root. A foreign
+    manifest is moved aside with a message. None, with a logged warning, when it cannot be created or written."""
     if check_name(name) != name:
         raise CacheRefused(f"compile cache name {name!r} is not a plain name")
     base = Path(root).expanduser().absolute()

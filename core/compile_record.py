@@ -1,16 +1,14 @@
 """One model's compile record: what was compiled (frozen) and what happened since (statistics).
 
-A :class:`CompileRecord`'s identity never changes after :meth:`core.registry.CompileRegistry.get_or_create`
-made it; other settings make a new record. ``record.stats`` (:class:`CompileStats`) is written only by
-:class:`core.registry.CompileRegistry` methods (``tests/core/test_registry.py`` greps for writes elsewhere).
-No ComfyUI imports; no global state.
+Other settings make a new record; ``record.stats`` is written only by :class:`core.registry.CompileRegistry`
+(``tests/core/test_registry.py`` greps for writes elsewhere). No ComfyUI imports; no global state.
 """
 from __future__ import annotations
 
 import json
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,16 +30,12 @@ def normalise_shape(shape: Any) -> tuple | None:
 
 @dataclass(eq=False)
 class CompileStats:
-    """What happened to one record since it was made (written only by the registry).
-
-    ``status``: "cold" until a tracked call finishes without error, then "warm" (``first_call_seconds``: wall
-    seconds of that call, compile included). ``graphs``: Dynamo graphs compiled in tracked calls. ``recompiles``:
+    """What happened to one record since it was made. ``status``: "cold" until a tracked call finishes without
+    error, then "warm" (``first_call_seconds``: wall seconds of that call, compile included). ``recompiles``:
     ``{reason, reasons, function, time (unix s), run, call}`` (+ ``cause``, ``guard``, ``flag_changes`` when
-    explained). ``fallbacks``: frames Dynamo runs eagerly (recompile limit) and adapter fallbacks
-    (``kind="disabled"``). ``compile_flags``: :func:`core.recompile_watch.guarded_flags` at the first call;
-    ``flag_states``: every fingerprint this record compiled under. ``last_run`` / ``run_log``: per run ``{run,
-    calls, graphs, recompiles, reasons, params_replaced, time}``. ``strict``: a recompile after warm-up raises.
-    """
+    explained). ``fallbacks``: frames Dynamo runs eagerly (recompile limit), adapter fallbacks (``kind="disabled"``).
+    ``compile_flags``: :func:`core.recompile_watch.guarded_flags` at the first call (``flag_states``: all compiled
+    under). ``last_run`` / ``run_log``: ``{run, calls, graphs, recompiles, reasons, params_replaced, time}``."""
 
     strict: bool = False
     status: str = "cold"
@@ -70,13 +64,9 @@ class CompileStats:
 
 @dataclass(frozen=True, eq=False)
 class CompileRecord:
-    """What was compiled for one model, plus its :class:`CompileStats`. Equality is identity.
-
-    ``blocks``: dotted paths compiled; ``compiled``: ``{path: lazy torch.compile wrapper}`` for
-    :func:`core.compile.swap_in` (empty when ``in_place``: the model compiled itself, e.g. diffusers'
-    ``compile_repeated_blocks``). ``options``: JSON view of the :class:`~core.compile.CompileOptions` plus
-    ``guard_filter``. ``created``: unix s.
-    """
+    """What was compiled for one model, plus its :class:`CompileStats`; equality is identity. ``compiled``: ``{path:
+    lazy torch.compile wrapper}`` for :func:`core.compile.swap_in` (empty when ``in_place``: the model compiled
+    itself). ``options``: JSON view of the ``compile_options`` plus ``guard_filter``. ``created``: unix s."""
 
     label: str
     blocks: tuple[str, ...]
@@ -99,12 +89,6 @@ class CompileRecord:
         and backends share them; the recompile limit applies to this number)."""
         return {f"{type(m).__name__}.{code.co_name}": torch_compat.cache_entry_count(code)
                 for m in self.block_modules().values() if (code := code_of(m)) is not None}
-
-    def matches(self, model: Any, options: CompileOptions, blocks: Sequence[str], guard_filter_fn: Any,
-                in_place: bool = False) -> bool:
-        """True when this record compiled exactly ``blocks`` of this very ``model`` with these settings."""
-        return ((self.model_ref() if self.model_ref else None) is model and self.compile_options == options
-                and self.blocks == tuple(blocks) and self.guard_filter == guard_filter_fn and self.in_place == in_place)
 
     def is_warm_for(self, target: tuple) -> bool:
         """Warm, not disabled, and warmed up at ``target`` (e.g. a latent shape)."""

@@ -1,14 +1,8 @@
 """Why a compiled block recompiles: global-flag fingerprints, parameter identity, Dynamo's messages explained.
 
-* **Global flags** (:func:`guarded_flags`): Dynamo's ``GLOBAL_STATE`` guard names a changed flag (deterministic
-  algorithms, TF32, reduced-precision reductions, threads, grad mode, default dtype, autocast) but not its values;
-  :func:`explain_recompile` says ``"global flag changed since compile: deterministic_algorithms False -> True"``.
-* **Parameters replaced by new tensors** (:class:`ParamIdentity`): ComfyUI's ModelPatcher applies LoRA with
-  ``set_attr_param`` (a new ``nn.Parameter``) unless ``weight_inplace_update`` is set; a new object can fail a guard.
-* **Cache entries per code object** (:func:`code_of`): all ``torch.compile`` wrappers of one ``forward`` share
-  Dynamo's per-code-object cache and its ``recompile_limit``.
-
-Tests: ``tests/core/test_recompile_watch.py``. No ComfyUI imports; changes no global state.
+Dynamo's ``GLOBAL_STATE`` guard names a changed flag but not its values: :func:`explain_recompile` gives them
+(``"global flag changed since compile: deterministic_algorithms False -> True"``). ComfyUI applies LoRA with a new
+``nn.Parameter`` unless ``weight_inplace_update`` is set (:class:`ParamIdentity` sees it). No ComfyUI imports.
 """
 from __future__ import annotations
 
@@ -59,12 +53,8 @@ def guarded_flags() -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ParamIdentity:
-    """Which parameter / buffer objects a set of modules held at one moment (weak references).
-
-    :meth:`replaced` lists names whose object changed (``module.weight = new Parameter``, ``set_attr_param``);
-    in-place updates (``weight_inplace_update``) keep the object. Names are ``"<prefix>.<param name>"`` for
-    ``modules = {prefix: module}``.
-    """
+    """Which parameter / buffer objects ``modules = {prefix: module}`` held at one moment (weak references), named
+    ``"<prefix>.<param name>"``; in-place updates (``weight_inplace_update``) keep the object."""
 
     refs: dict[str, weakref.ref]
 
@@ -85,8 +75,8 @@ def _tensors(modules: Mapping[str, nn.Module]) -> dict[str, torch.Tensor]:
 
 
 def code_of(module: Any) -> Any:
-    """The code object Dynamo caches compiled entries on (the class's ``forward``; ``_orig_mod`` of an
-    ``OptimizedModule``); None when it is not a plain Python function."""
+    """The code object Dynamo caches compiled entries on (all wrappers of one ``forward`` share them and the
+    ``recompile_limit``): the class's ``forward`` (of ``_orig_mod`` for an ``OptimizedModule``), else None."""
     return getattr(getattr(type(getattr(module, "_orig_mod", module)), "forward", None), "__code__", None)
 
 
@@ -115,15 +105,11 @@ def parse_limit_hit(message: str) -> dict[str, Any]:
 
 
 def explain_recompile(event: dict[str, Any], known: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """``event`` (from :func:`parse_recompile`) with a readable ``reason`` where the raw one hides the cause; the raw
-    text moves to ``guard``. Returns the same dict.
-
-    ``GLOBAL_STATE changed: <names>``: :func:`guarded_flags` now against the fingerprint in ``known`` with the fewest
-    differences on the fields :data:`DYNAMO_GUARDED` maps the names to (fields derived from a group's changed first
-    field, e.g. ``cuda_matmul_allow_tf32`` from ``float32_matmul_precision``, left out) -> ``cause="global_flag"``,
-    ``flag_changes`` (``["name before -> now"]``, [] when no fingerprint explains it). ``___check_type_id`` on a
-    submodule (an object patch such as QKV fusion swapped its class) -> ``cause="module_type"``.
-    """
+    """``event`` (from :func:`parse_recompile`), same dict, with a readable ``reason`` where the raw one (then in
+    ``guard``) hides the cause. ``GLOBAL_STATE changed: <names>``: :func:`guarded_flags` against the fingerprint in
+    ``known`` closest on the names' :data:`DYNAMO_GUARDED` fields (a group's fields derived from its changed first
+    one left out) -> ``cause="global_flag"``, ``flag_changes`` (``["name before -> now"]``). ``___check_type_id``
+    on a submodule (e.g. QKV fusion swapped its class) -> ``cause="module_type"``."""
     names = list(dict.fromkeys(n for r in event["reasons"] for n in r.partition("GLOBAL_STATE changed:")[2].split()))
     if names:
         fields, now = {f for n in names for f in DYNAMO_GUARDED.get(n, (n,))}, guarded_flags()

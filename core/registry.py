@@ -74,7 +74,8 @@ class CompileRegistry:
         k = model if key is None else key
         with self._lock:
             rec = self._records.get(k)
-            if rec is not None and rec.matches(model, options, blocks, guard_filter_fn, in_place):
+            same = rec and (rec.model_ref() is model, rec.compile_options, rec.blocks, rec.guard_filter, rec.in_place)
+            if same == (True, options, tuple(blocks), guard_filter_fn, in_place):
                 rec.stats.strict = strict
                 return rec, False
             compiled = {} if in_place else compile_blocks(model, blocks, options, guard_filter_fn)
