@@ -113,11 +113,10 @@ def swap_refusal(root: nn.Module, path: str) -> str | None:
 
 
 def safe_to_swap(root: nn.Module, paths: Sequence[str], *, recompile_limit: int | None = None) -> SwapCheck:
-    """Which blocks at ``paths`` (dotted, relative to ``root``) may be swapped for compiled wrappers: not those whose
-    caller (nearest non-container ancestor) is in :data:`NON_GENERIC_PARENTS` or whose source file has ``isinstance(x,
-    C)`` for a class ``C`` of the block's MRO. Same-class blocks of different structure are variants (ints are not
-    compared: Wan VACE's ``block_id`` is not seen); more than ``recompile_limit`` (default: Dynamo's) warns, as
-    Dynamo would run the surplus eagerly. Raises ``ValueError`` for an empty or unknown path."""
+    """Which blocks at ``paths`` may be swapped for compiled wrappers: not those whose caller (nearest non-container
+    ancestor) is in :data:`NON_GENERIC_PARENTS` or whose source file has ``isinstance(x, C)`` for a class ``C`` of the
+    block's MRO. Same-class blocks of different structure (ints not compared) are variants; more than
+    ``recompile_limit`` (default: Dynamo's) warns. ``ValueError``: an empty or unknown path."""
     refused = {p: r for p in paths if (r := swap_refusal(root, p)) is not None}
     safe = [p for p in paths if p not in refused]
     sigs: dict[str, set] = {}
@@ -136,8 +135,8 @@ def safe_to_swap(root: nn.Module, paths: Sequence[str], *, recompile_limit: int 
 
 @dataclasses.dataclass
 class Discovery:
-    """How blocks were auto-discovered. ``paths`` (module order); ``groups``: ``{class: [paths]}``; ``refused``:
-    unswappable candidates (their insides were searched); ``dropped``: ``{class: parameter share}`` left out."""
+    """How blocks were auto-discovered: ``paths`` (module order), ``groups`` ``{class: [paths]}``, ``refused``
+    candidates (insides searched), ``dropped`` ``{class: parameter share}``."""
 
     paths: list[str]
     groups: dict[str, list[str]]
@@ -181,8 +180,7 @@ def _discover(root: nn.Module, min_repeats: int, min_param_share: float) -> Disc
     for path in chosen:
         mod = root.get_submodule(path)
         while ((kids := list(mod.named_children())) and len(kids) == 1 and not isinstance(kids[0][1], _CONTAINERS)
-               and not any(True for _ in mod.parameters(recurse=False))
-               and not any(True for _ in mod.buffers(recurse=False))
+               and not [*mod.parameters(recurse=False), *mod.buffers(recurse=False)]
                and _forward_only_calls(type(mod)) == kids[0][0]
                and swap_refusal(root, f"{path}.{kids[0][0]}") is None):
             path, mod = f"{path}.{kids[0][0]}", kids[0][1]

@@ -1,12 +1,10 @@
 """Where a compile cache may live: the operator's root, a workflow's cache *name*, and the checks that keep
 HTTP clients out.
 
-Inductor and Triton unpickle and ``dlopen`` what they find in their cache directory. So the root is the
-operator's (:func:`resolve_root`); a workflow only picks a *name* under it (:func:`check_name`), never a path;
-:func:`check_location` refuses a root that overlaps a folder HTTP clients can write, a name that is a link or a
-file, or one that resolves outside the root. Messages never contain an absolute path (they reach HTTP clients);
-the server log has it. Tests: ``tests/core/test_compile_cache_security.py``, ``tests/comfy/test_security.py``.
-No ComfyUI imports.
+Inductor and Triton unpickle and ``dlopen`` what they find in their cache directory, so the root is the
+operator's and a workflow only picks a *name* under it, never a path. Messages never contain an absolute path
+(they reach HTTP clients); the server log has it. Tests: ``tests/core/test_compile_cache_security.py``,
+``tests/comfy/test_security.py``. No ComfyUI imports.
 """
 from __future__ import annotations
 
@@ -29,11 +27,8 @@ class CacheRefused(ValueError):
 
 
 def check_name(value: str | None) -> str | None:
-    """The cache *name* a workflow chose: ``""``/None -> ``"default"``, ``"off"`` etc. -> None (disabled).
-
-    1-64 characters of ``[A-Za-z0-9._-]`` starting with a letter or digit, no ``..``. Raises
-    :class:`CacheRefused` for anything else (absolute paths, ``../x``, ``a/b``, ``~``, ...).
-    """
+    """The cache *name* a workflow chose: ``""``/None -> ``"default"``, ``"off"`` etc. -> None (disabled); 1-64
+    of ``[A-Za-z0-9._-]``, first a letter or digit, no ``..``; :class:`CacheRefused` for anything else (paths)."""
     text = "" if value is None else str(value).strip()
     if text.lower() in DISABLED_VALUES:
         return None

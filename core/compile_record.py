@@ -21,11 +21,8 @@ from .recompile_watch import ParamIdentity, code_of
 
 def normalise_shape(shape: Any) -> tuple | None:
     """Tensor / torch.Size / (nested) sequence of ints -> hashable (nested) tuple of ints; None stays None."""
-    if shape is None or isinstance(shape, int):
-        return shape if shape is None else (shape,)
-    if isinstance(shape, torch.Tensor):
-        shape = shape.shape
-    return tuple(int(s) if isinstance(s, int) else normalise_shape(s) for s in shape)
+    shape = shape.shape if isinstance(shape, torch.Tensor) else (shape,) if isinstance(shape, int) else shape
+    return None if shape is None else tuple(int(s) if isinstance(s, int) else normalise_shape(s) for s in shape)
 
 
 @dataclass(eq=False)

@@ -98,14 +98,10 @@ class CompileRegistry:
     def __len__(self) -> int:
         return len(self._records)
 
-    def _write(self, record: CompileRecord, **values: Any) -> None:
-        with self._lock:
-            vars(record.stats).update(values)
-
     def set_strict(self, record: CompileRecord, strict: bool) -> bool:
         """Set ``stats.strict``; returns the previous setting."""
-        previous = record.stats.strict
-        self._write(record, strict=bool(strict))
+        with self._lock:
+            previous, record.stats.strict = record.stats.strict, bool(strict)
         return previous
 
     def disable(self, record: CompileRecord, reason: str) -> None:
@@ -113,19 +109,19 @@ class CompileRegistry:
         with self._lock:
             record.stats.fallbacks.append({"kind": "disabled", "reason": reason, "time": time.time(),
                                            "run": record.stats.runs})
-            self._write(record, disabled=True)
+            record.stats.disabled = True
 
     def mark_warm(self, record: CompileRecord, target: tuple) -> None:
         """A warm-up at ``target`` (e.g. the latent shape) finished on ``record``."""
         with self._lock:
-            self._write(record, warm_targets=record.stats.warm_targets | {tuple(target)})
+            record.stats.warm_targets = record.stats.warm_targets | {tuple(target)}
 
     def note_compile_cache(self, record: CompileRecord, cache_view: Mapping[str, Any],
                            messages: Sequence[str] = ()) -> None:
         """The compile cache used (its client view) and ``messages`` about it (as warnings)."""
         with self._lock:
             record.stats.warnings.extend(messages)
-            self._write(record, compile_cache=dict(cache_view))
+            record.stats.compile_cache = dict(cache_view)
 
     @contextlib.contextmanager
     def run(self, record: CompileRecord) -> Iterator[int]:
@@ -165,14 +161,11 @@ class CompileRegistry:
 
     @contextlib.contextmanager
     def track(self, record: CompileRecord, shape: Any = None, strict: bool | None = None) -> Iterator[CompileRecord]:
-        """Attribute the compiles, recompiles and graph breaks happening inside to ``record``.
-
-        Wrap each call of the compiled model (``shape``: Tensor or nested ints, kept in ``stats.shapes_seen``); a
-        call outside :meth:`run` is a run of its own. The first call that finishes turns the record "warm" and sets
-        ``first_call_seconds``; an exception inside is recorded in ``stats.errors`` and re-raised; nested tracking of
-        the same record passes through. Raises :class:`RecompileError` on exit when ``strict`` (default
-        ``stats.strict``) and a warm call recompiled.
-        """
+        """Attribute the compiles, recompiles and graph breaks inside one call of the compiled model to ``record``
+        (``shape``: Tensor or nested ints, kept in ``stats.shapes_seen``; outside :meth:`run`, a run of its own). The
+        first call that finishes turns it "warm" (``first_call_seconds``); an exception is kept in ``stats.errors``
+        and re-raised; nested tracking of the same record passes through. :class:`RecompileError` on exit when
+        ``strict`` (default ``stats.strict``) and a warm call recompiled."""
         stack, s = self._local.stack, record.stats
         if any(f.record is record for f in stack):
             yield record
