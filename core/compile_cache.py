@@ -46,7 +46,7 @@ def _triton_version() -> str | None:
     return None
 
 
-def cache_key_fields(device: torch.device | str | None = None, pack_version: str | None = None) -> dict[str, Any]:
+def cache_key_fields(device: torch.device | str | None = None) -> dict[str, Any]:
     """What compiled artifacts depend on: ``{"format", "torch" (with its CUDA build), "triton" (None without),
     "python" (implementation major.minor), "device", "pack" (version)}``. ``"device"`` is what kernels are built
     for: ``"cpu AVX512"`` (the ISA inductor targets) or ``"cuda <name> sm90"`` (``device`` defaults to CUDA when
@@ -61,7 +61,7 @@ def cache_key_fields(device: torch.device | str | None = None, pack_version: str
     pack = getattr(sys.modules.get((__package__ or "").rpartition(".")[0]), "__version__", "unknown")
     return {"format": CACHE_FORMAT, "torch": torch.version.__version__ + (f" cuda{cuda}" if cuda else ""),
             "triton": _triton_version(), "python": f"{platform.python_implementation()} {py[0]}.{py[1]}",
-            "device": described, "pack": pack_version or str(pack)}
+            "device": described, "pack": str(pack)}
 
 
 def cache_key(fields: Mapping[str, Any]) -> str:
@@ -168,17 +168,16 @@ def _manifest_problem(cache: CompileCache) -> str | None:
     return f"made for another environment (differs in {', '.join(diff)})"
 
 
-def open_cache(root: str | os.PathLike[str], name: str = DEFAULT_NAME, *,
-               device: torch.device | str | None = None, fields: Mapping[str, Any] | None = None,
+def open_cache(root: str | os.PathLike[str], name: str = DEFAULT_NAME, *, device: torch.device | str | None = None,
                source: str = "", forbidden: tuple[str | os.PathLike[str], ...] = ()) -> CompileCache | None:
-    """Open (create) ``<root>/<name>/<key>`` (``fields``: :func:`cache_key_fields`), ``root`` the operator's, ``name``
-    the workflow's. :class:`CacheRefused`, before creating anything: not a plain name, a root overlapping a
+    """Open (create) ``<root>/<name>/<key>`` (:func:`cache_key_fields` of ``device``), ``root`` the operator's,
+    ``name`` the workflow's. :class:`CacheRefused`, before creating anything: not a plain name, a root overlapping a
     ``forbidden`` folder (HTTP clients write there), a name that is a link, a file or escapes the root. A foreign
     manifest is moved aside with a message. None, with a logged warning, when it cannot be created or written."""
     if check_name(name) != name:
         raise CacheRefused(f"compile cache name {name!r} is not a plain name")
     base = Path(root).expanduser().absolute()
-    f = dict(fields) if fields is not None else cache_key_fields(device)
+    f = cache_key_fields(device)
     try:
         base.mkdir(parents=True, exist_ok=True)
         named = check_location(base, name, tuple(Path(p) for p in forbidden))

@@ -18,18 +18,14 @@ from torch import nn
 from . import torch_compat
 from .torch_state import snapshot_state
 
-#: Dynamo's GLOBAL_STATE name -> the fingerprint fields that can explain it (the setting users change first).
+#: Dynamo's GLOBAL_STATE name -> the fingerprint fields that can explain it, first the setting users change (a name
+#: not listed is its own field: ``deterministic_algorithms``, ``num_threads``, ``grad_mode``, ``default_dtype``, ...).
 DYNAMO_GUARDED: dict[str, tuple[str, ...]] = {
-    "deterministic_algorithms": ("deterministic_algorithms",),
     "deterministic_algorithms_warn_only": ("deterministic_warn_only",),
     "allow_tf32": ("float32_matmul_precision", "cuda_matmul_allow_tf32"),
     "allow_fp16_reduce": ("allow_fp16_reduced_precision_reduction", "allow_fp16_reduced_precision_reduction_split_k"),
     "allow_bf16_reduce": ("allow_bf16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction_split_k"),
-    "num_threads": ("num_threads",),
-    "grad_mode": ("grad_mode",),
-    "default_dtype": ("default_dtype",),
     "autocast_state": ("autocast",),
-    "torch_function": ("torch_function",),
     "torch_function_all_disabled": ("torch_function",),
 }
 

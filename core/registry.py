@@ -136,28 +136,23 @@ class CompileRegistry:
             yield number
         finally:
             self._local.runs = outer
-            self._finish_run(record, number, before)
-
-    def _finish_run(self, record: CompileRecord, number: int, before: tuple[int, int]) -> None:
-        s, replaced = record.stats, []
-        if s.params is not None:
-            replaced = s.params.replaced(record.block_modules())
-            if replaced:  # count each replacement once
-                s.params = ParamIdentity.capture(record.block_modules())
-        text = (f"{record.label}: {len(replaced)} parameter(s) of the compiled blocks were replaced by new tensor "
-                f"objects in run {number} (e.g. {replaced[0]}); weight patches without in-place update "
-                f"(ModelPatcher.weight_inplace_update) can recompile") if replaced else None
-        with self._lock:
-            events = [r for r in s.recompiles if r.get("run") == number]
-            s.last_run = {"run": number, "calls": s.calls - before[0], "graphs": s.graphs - before[1],
-                          "recompiles": len(events), "reasons": [r["reason"] for r in events],
-                          "params_replaced": len(replaced), "time": time.time()}
-            s.run_log = [*s.run_log, s.last_run][-50:]
+            s = record.stats
+            replaced = s.params.replaced(record.block_modules()) if s.params is not None else []
+            text = (f"{record.label}: {len(replaced)} parameter(s) of the compiled blocks were replaced by new tensor "
+                    f"objects in run {number} (e.g. {replaced[0]}); weight patches without in-place update "
+                    f"(ModelPatcher.weight_inplace_update) can recompile") if replaced else None
+            with self._lock:
+                if replaced:  # count each replacement once
+                    s.params = ParamIdentity.capture(record.block_modules())
+                    s.params_replaced += len(replaced)
+                    s.warnings.append(text)
+                events = [r for r in s.recompiles if r.get("run") == number]
+                s.last_run = {"run": number, "calls": s.calls - before[0], "graphs": s.graphs - before[1],
+                              "recompiles": len(events), "reasons": [r["reason"] for r in events],
+                              "params_replaced": len(replaced), "time": time.time()}
+                s.run_log = [*s.run_log, s.last_run][-50:]
             if text:
-                s.params_replaced += len(replaced)
-                s.warnings.append(text)
-        if text:
-            log.warning(text)
+                log.warning(text)
 
     @contextlib.contextmanager
     def track(self, record: CompileRecord, shape: Any = None, strict: bool | None = None) -> Iterator[CompileRecord]:
