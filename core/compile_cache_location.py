@@ -2,9 +2,9 @@
 HTTP clients out.
 
 Inductor and Triton unpickle and ``dlopen`` what they find in their cache directory, so the root is the
-operator's and a workflow only picks a *name* under it, never a path. Messages never contain an absolute path
-(they reach HTTP clients); the server log has it. Tests: ``tests/core/test_compile_cache_security.py``,
-``tests/comfy/test_security.py``. No ComfyUI imports.
+operator's and a workflow only picks a *name* under it, never a path; refused: a root overlapping a folder HTTP
+clients can write, a name that is a link or a file or resolves outside the root. Messages never contain an absolute
+path (they reach HTTP clients). Tests: ``tests/core/test_compile_cache_security.py``, ``tests/comfy/test_security.py``.
 """
 from __future__ import annotations
 
