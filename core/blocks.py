@@ -19,9 +19,7 @@ from collections.abc import Sequence
 from torch import nn
 
 from . import torch_compat
-
-__all__ = ["COMFY_REPEATED_BLOCKS", "REGIONAL_UNSUPPORTED", "NON_GENERIC_PARENTS", "BlockChoice", "Discovery",
-           "SwapCheck", "choose_blocks", "declaration", "safe_to_swap", "swap_refusal"]
+from .compile import submodule
 
 _FLUX = ("DoubleStreamBlock", "SingleStreamBlock")
 #: ``{model class: block classes}`` by ``__name__`` (``"module.QualName"`` where two share a name); outermost match
@@ -94,13 +92,7 @@ class SwapCheck:
 
 def swap_refusal(root: nn.Module, path: str) -> str | None:
     """Why the block at ``path`` must not be swapped, or None. Raises ``ValueError`` for a bad path."""
-    if not path:
-        raise ValueError("empty block path: the root is compiled whole, not swapped")
-    try:
-        block = root.get_submodule(path)
-    except AttributeError as e:
-        raise ValueError(f"{type(root).__name__} has no submodule {path!r}: {e}") from e
-    parts = path.split(".")  # the caller: the nearest ancestor that is not a plain container
+    block, parts = submodule(root, path), path.split(".")  # the caller: the nearest ancestor not a plain container
     cut = next((c for c in range(len(parts) - 1, -1, -1)
                 if type(root.get_submodule(".".join(parts[:c]))) not in _CONTAINERS), 0)
     caller_path, caller = ".".join(parts[:cut]), root.get_submodule(".".join(parts[:cut]))
@@ -121,11 +113,10 @@ def swap_refusal(root: nn.Module, path: str) -> str | None:
 
 
 def safe_to_swap(root: nn.Module, paths: Sequence[str], *, recompile_limit: int | None = None) -> SwapCheck:
-    """Which blocks at ``paths`` (dotted, relative to ``root``) may be swapped for compiled wrappers: not those whose
-    caller (nearest non-container ancestor) is in :data:`NON_GENERIC_PARENTS` or whose source file has ``isinstance(x,
-    C)`` for a class ``C`` of the block's MRO. Same-class blocks of different structure are variants (ints are not
-    compared: Wan VACE's ``block_id`` is not seen); more than ``recompile_limit`` (default: Dynamo's) warns, as
-    Dynamo would run the surplus eagerly. Raises ``ValueError`` for an empty or unknown path."""
+    """Which blocks at ``paths`` may be swapped for compiled wrappers: not those whose caller (nearest non-container
+    ancestor) is in :data:`NON_GENERIC_PARENTS` or whose source file has ``isinstance(x, C)`` for a class ``C`` of the
+    block's MRO. Same-class blocks of different structure (ints not compared) are variants; more than
+    ``recompile_limit`` (default: Dynamo's) warns. ``ValueError``: an empty or unknown path."""
     refused = {p: r for p in paths if (r := swap_refusal(root, p)) is not None}
     safe = [p for p in paths if p not in refused]
     sigs: dict[str, set] = {}
@@ -144,8 +135,8 @@ def safe_to_swap(root: nn.Module, paths: Sequence[str], *, recompile_limit: int 
 
 @dataclasses.dataclass
 class Discovery:
-    """How blocks were auto-discovered. ``paths`` (module order); ``groups``: ``{class: [paths]}``; ``refused``:
-    unswappable candidates (their insides were searched); ``dropped``: ``{class: parameter share}`` left out."""
+    """How blocks were auto-discovered: ``paths`` (module order), ``groups`` ``{class: [paths]}``, ``refused``
+    candidates (insides searched), ``dropped`` ``{class: parameter share}``."""
 
     paths: list[str]
     groups: dict[str, list[str]]
@@ -189,8 +180,7 @@ def _discover(root: nn.Module, min_repeats: int, min_param_share: float) -> Disc
     for path in chosen:
         mod = root.get_submodule(path)
         while ((kids := list(mod.named_children())) and len(kids) == 1 and not isinstance(kids[0][1], _CONTAINERS)
-               and not any(True for _ in mod.parameters(recurse=False))
-               and not any(True for _ in mod.buffers(recurse=False))
+               and not [*mod.parameters(recurse=False), *mod.buffers(recurse=False)]
                and _forward_only_calls(type(mod)) == kids[0][0]
                and swap_refusal(root, f"{path}.{kids[0][0]}") is None):
             path, mod = f"{path}.{kids[0][0]}", kids[0][1]

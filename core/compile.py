@@ -1,9 +1,9 @@
 """Regional and full ``torch.compile`` without touching the model: options, lazy compiled blocks, swap-in.
 
-Regional compilation (diffusers' ``ModelMixin.compile_repeated_blocks``) compiles each repeated block alone;
-identical blocks share one ``forward`` code object, hence one Dynamo graph, and the first call is faster than a
-full compile (docs/benchmarks.md section 2). A "full" compile is one block: the model as a path of its parent.
-:func:`swap_in` installs the lazy wrappers for one call only (ComfyUI's ``apply_torch_compile_wrapper``)."""
+Regional compilation (diffusers' ``compile_repeated_blocks``) compiles each repeated block alone; identical blocks
+share one ``forward`` code object, hence one Dynamo graph, and the first call is faster than a full compile
+(docs/benchmarks.md section 2). A "full" compile is one block: the model as a path of its parent. :func:`swap_in`
+installs the lazy wrappers for one call only (as ComfyUI's ``apply_torch_compile_wrapper``)."""
 from __future__ import annotations
 
 import contextlib
@@ -18,18 +18,14 @@ from torch import nn
 from . import torch_compat
 from .guard_filters import GuardFilterFn
 
-__all__ = ["CompileOptions", "compile_blocks", "contiguous_inputs_hook", "swap_in"]
-
 
 @dataclasses.dataclass(frozen=True)
 class CompileOptions:
-    """``torch.compile``'s ``backend``, ``mode``, ``dynamic``, ``fullgraph``, ``options``, plus two settings of
-    :func:`compile_blocks` that each remove a first-call recompile (``tests/comfy/test_architectures.py::
-    test_compile_options_remove_first_call_recompiles``): ``contiguous_inputs`` (:func:`contiguous_inputs_hook`;
-    Dynamo guards on strides; Wan's and SD3's first block get a strided view) and ``specialize_ints`` (blocks run
-    under :func:`core.torch_compat.specialize_int`, process-global meanwhile: ints such as ComfyUI's block index are
-    constants whose guards a filter drops, not symbolic with a graph per value; ints carrying sizes, e.g.
-    HunyuanVideo I2V's ``modulation_dims``, then give a graph per value)."""
+    """``torch.compile``'s arguments plus two settings that each remove a first-call recompile (``tests/comfy/
+    test_architectures.py``): ``contiguous_inputs`` (:func:`contiguous_inputs_hook`: Dynamo guards on strides, Wan's
+    and SD3's first block get a strided view) and ``specialize_ints`` (:func:`core.torch_compat.specialize_int`,
+    process-global meanwhile: ints such as ComfyUI's block index become constants whose guards a filter drops;
+    ints carrying sizes, e.g. HunyuanVideo I2V's ``modulation_dims``, then give a graph per value)."""
 
     backend: str = "inductor"
     mode: str | None = None
@@ -40,10 +36,9 @@ class CompileOptions:
     specialize_ints: bool = True
 
     def to_kwargs(self, guard_filter_fn: GuardFilterFn | None = None) -> dict[str, Any]:
-        """``torch.compile`` kwargs: a fresh dict (torch pops from ``options``), ``guard_filter_fn`` in ``options``;
-        torch refuses ``mode`` with ``options``, so inductor's preset for the mode is merged under them. Raises
-        :class:`core.torch_compat.TorchAPIMissing` (no guard filters in this torch) or ``ValueError`` (unknown mode;
-        mode plus options off inductor)."""
+        """Fresh ``torch.compile`` kwargs (torch pops from ``options``), ``guard_filter_fn`` in ``options``, under
+        which inductor's preset for ``mode`` is merged (torch refuses both). :class:`core.torch_compat.TorchAPIMissing`
+        (no guard filters in this torch); ``ValueError`` (unknown mode; mode plus options off inductor)."""
         options: dict[str, Any] = dict(self.options or {})
         if guard_filter_fn is not None:
             if not torch_compat.supports_guard_filter_fn():
@@ -84,10 +79,9 @@ def _contiguous(value: Any) -> Any:
 
 
 def contiguous_inputs_hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-    """Forward pre-hook (``with_kwargs=True``): tensors given directly or in a plain tuple/list whose strides are not
-    exactly dense row-major (size-1 dims included) become contiguous clones (same bits); dicts, other objects and
-    broadcast views (a stride-0 dim of size > 1) stay. ``None`` (no allocation) when nothing changes. An in-place
-    update of a strided input lands on the copy (no block of :mod:`core.blocks`' table relies on one)."""
+    """Forward pre-hook (``with_kwargs=True``): tensors, direct or in a plain tuple/list, not exactly dense row-major
+    (size-1 dims included) become contiguous clones (same bits); dicts, other objects and broadcast views stay.
+    ``None`` when nothing changes. An in-place update of a strided input lands on the copy (no table block does)."""
     new_args = _contiguous(args)
     new_kwargs = {k: _contiguous(v) for k, v in kwargs.items()}
     unchanged = new_args is args and all(new_kwargs[k] is kwargs[k] for k in kwargs)
@@ -95,7 +89,6 @@ def contiguous_inputs_hook(module: nn.Module, args: tuple, kwargs: dict) -> tupl
 
 
 def _under(fn: Callable[..., Any], contexts: Sequence[Callable[[], Any]]) -> Callable[..., Any]:
-    """``fn`` called inside fresh instances of ``contexts`` (torch config patches, restored after each call)."""
     def call(*args: Any, **kwargs: Any) -> Any:
         with contextlib.ExitStack() as stack:
             for context in contexts:
@@ -104,22 +97,27 @@ def _under(fn: Callable[..., Any], contexts: Sequence[Callable[[], Any]]) -> Cal
     return call
 
 
+def submodule(root: nn.Module, path: str) -> nn.Module:
+    """``root.get_submodule(path)``; ``ValueError`` for an empty path (the root is compiled as a path of its
+    parent, e.g. ``"diffusion_model"``, never swapped) or an unknown one."""
+    if not path:
+        raise ValueError("empty block path: compile a whole model as a path of its parent (e.g. 'diffusion_model')")
+    try:
+        return root.get_submodule(path)
+    except AttributeError as e:
+        raise ValueError(f"{type(root).__name__} has no submodule {path!r}: {e}") from e
+
+
 def compile_blocks(root: nn.Module, paths: Sequence[str], options: CompileOptions,
                    guard_filter_fn: GuardFilterFn | None = None) -> dict[str, Callable[..., Any]]:
     """``{path: torch.compile(root.get_submodule(path), **options.to_kwargs(guard_filter_fn))}``, lazy; ``root`` is
-    not modified. Inductor blocks run under :func:`core.torch_compat.trusted_cpu_isa` (a cold start skips inductor's
-    per-ISA test builds). Raises ``ValueError`` for an empty, duplicate or unknown path."""
+    not modified; inductor blocks run under :func:`core.torch_compat.trusted_cpu_isa`. ``ValueError``: empty,
+    duplicate or unknown path."""
     out: dict[str, Callable[..., Any]] = {}
     for path in paths:
-        if not path:
-            raise ValueError("empty block path: compile a whole model as a path of its parent (e.g. 'diffusion_model')")
         if path in out:
             raise ValueError(f"duplicate block path {path!r}")
-        try:
-            sub = root.get_submodule(path)
-        except AttributeError as e:
-            raise ValueError(f"{type(root).__name__} has no submodule {path!r}: {e}") from e
-        compiled = torch.compile(sub, **options.to_kwargs(guard_filter_fn))
+        compiled = torch.compile(submodule(root, path), **options.to_kwargs(guard_filter_fn))
         if options.contiguous_inputs:
             compiled.register_forward_pre_hook(contiguous_inputs_hook, with_kwargs=True)
         contexts = [torch_compat.specialize_int] if options.specialize_ints else []
@@ -138,12 +136,8 @@ def swap_in(root: nn.Module, compiled: Mapping[str, Callable[..., Any]]) -> Iter
     unknown path, before swapping. Parents dispatching on ``isinstance``: see :func:`core.blocks.safe_to_swap`."""
     targets = []
     for path, fn in compiled.items():
-        parent_path, _, name = path.rpartition(".")
-        try:
-            parent = root.get_submodule(parent_path)
-            targets.append((parent, name, getattr(parent, name), fn))
-        except AttributeError as e:
-            raise ValueError(f"{type(root).__name__} has no submodule {path!r}: {e}") from e
+        block, (parent_path, _, name) = submodule(root, path), path.rpartition(".")
+        targets.append((root.get_submodule(parent_path), name, block, fn))
     try:
         for parent, name, _, fn in targets:
             setattr(parent, name, fn)

@@ -1,29 +1,21 @@
 """A managed, persistent torch.compile cache: the same compiled kernels across process restarts.
 
-Inductor keeps its FX-graph cache, AOT-autograd cache and compiled kernels under ``TORCHINDUCTOR_CACHE_DIR``
-(default ``/tmp/torchinductor_<user>``); pointing it at a persistent directory turns a cold start into a warm
-one (PyTorch's "Compile Time Caching Configuration" tutorial; figures in docs/benchmarks.md). One directory per
-workflow-chosen *name* and environment *key* (:func:`cache_key_fields`): ``<root>/<name>/<key>``; where the root
-may be and which names are allowed is :mod:`core.compile_cache_location`. A ``steadfast_cache.json`` manifest
-repeats the key fields; a directory whose manifest is unreadable or names other fields is moved aside (never
-deleted) with a message. Inductor skips a corrupt FX-graph entry itself, but a corrupt compiled ``.so`` fails the
-compile: :func:`run_cached` then moves the directory aside and retries once (``tests/core/test_compile_cache.py``).
-
-Global state: :meth:`CompileCache.activate` sets ``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_DIR`` for a
-``with`` block only and restores them (process-wide while active: a compile in another thread then uses this
-directory too). No ComfyUI imports.
+Inductor keeps its FX-graph and AOT-autograd caches and kernels under ``TORCHINDUCTOR_CACHE_DIR``: a persistent
+one turns a cold start into a warm one (docs/benchmarks.md). One directory per workflow-chosen *name* and environment
+*key*, ``<root>/<name>/<key>`` (:mod:`core.compile_cache_location`), with a manifest of the key fields; a foreign
+or unreadable one, or a corrupt ``.so`` failing a compile, is moved aside (never deleted). No ComfyUI imports.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import hashlib
-import importlib
 import json
 import logging
 import os
 import platform
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -38,9 +30,6 @@ from .compile_cache_location import DEFAULT_NAME, CacheRefused, check_location, 
 
 log = logging.getLogger("steadfast.compile_cache")
 
-__all__ = ["INDUCTOR_ENV", "TRITON_ENV", "MANIFEST", "CACHE_FORMAT", "device_description", "cache_key_fields",
-           "cache_key", "CompileCache", "open_cache", "caused_by_cache", "run_cached"]
-
 INDUCTOR_ENV = "TORCHINDUCTOR_CACHE_DIR"
 TRITON_ENV = "TRITON_CACHE_DIR"
 MANIFEST = "steadfast_cache.json"
@@ -50,14 +39,6 @@ _last_dir: list[str | None] = [None]  # the directory inductor last compiled int
 T = TypeVar("T")
 
 
-def _pack_version() -> str:
-    package = (__package__ or "").rpartition(".")[0]
-    try:
-        return str(getattr(importlib.import_module(package), "__version__", "unknown")) if package else "unknown"
-    except ImportError:  # pragma: no cover
-        return "unknown"
-
-
 def _triton_version() -> str | None:
     for dist in ("triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu"):
         with contextlib.suppress(PackageNotFoundError):
@@ -65,30 +46,25 @@ def _triton_version() -> str | None:
     return None
 
 
-def device_description(device: torch.device | str | None = None) -> str:
-    """What kernels are built for: ``"cpu AVX512"`` (the ISA inductor targets) or ``"cuda <name> sm90"``.
-    ``device`` defaults to CUDA when available, else CPU; other device types give their type name."""
+def cache_key_fields(device: torch.device | str | None = None,
+                     inductor_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What compiled artifacts depend on: ``{"format", "torch" (with its CUDA build), "triton" (None without),
+    "python" (implementation major.minor), "device", "pack" (version)}``, plus ``"inductor_options"`` (sorted) when
+    given and not empty (an inductor preset, :mod:`core.inductor_presets`: one directory per preset; caches made
+    without one keep their key). ``"device"`` is what kernels are built for: ``"cpu AVX512"`` (the ISA inductor
+    targets) or ``"cuda <name> sm90"`` (``device`` defaults to CUDA when available, else CPU; other device types
+    give their type name)."""
     dev = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
-    if dev.type == "cpu":
-        return f"cpu {torch.backends.cpu.get_cpu_capability()}"
+    described = f"cpu {torch.backends.cpu.get_cpu_capability()}" if dev.type == "cpu" else dev.type
     if dev.type == "cuda" and torch.cuda.is_available():
         index = dev.index if dev.index is not None else torch.cuda.current_device()
         major, minor = torch.cuda.get_device_capability(index)
-        return f"cuda {torch.cuda.get_device_name(index)} sm{major}{minor}"
-    return dev.type
-
-
-def cache_key_fields(device: torch.device | str | None = None, pack_version: str | None = None,
-                     inductor_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """What compiled artifacts depend on: ``{"format", "torch" (with its CUDA build), "triton" (None without),
-    "python" (implementation major.minor), "device" (:func:`device_description`), "pack" (version)}``, plus
-    ``"inductor_options"`` (sorted) when given and not empty (an inductor preset, :mod:`core.inductor_presets`:
-    inductor's FX cache keys on its config too, but one directory per preset is explicit and keeps the default
-    key of caches made without one)."""
+        described = f"cuda {torch.cuda.get_device_name(index)} sm{major}{minor}"
     cuda, py = torch.version.cuda, platform.python_version_tuple()
+    pack = getattr(sys.modules.get((__package__ or "").rpartition(".")[0]), "__version__", "unknown")
     fields = {"format": CACHE_FORMAT, "torch": torch.version.__version__ + (f" cuda{cuda}" if cuda else ""),
               "triton": _triton_version(), "python": f"{platform.python_implementation()} {py[0]}.{py[1]}",
-              "device": device_description(device), "pack": pack_version or _pack_version()}
+              "device": described, "pack": str(pack)}
     if inductor_options:
         fields["inductor_options"] = {k: inductor_options[k] for k in sorted(inductor_options)}
     return fields
@@ -106,8 +82,8 @@ def cache_key(fields: Mapping[str, Any]) -> str:
 
 @dataclasses.dataclass
 class CompileCache:
-    """One opened cache directory (:func:`open_cache`): ``path`` = ``<root>/<key>`` (``root`` is
-    ``<operator root>/<name>``). ``messages`` (what happened to it, no absolute paths: they reach HTTP clients)."""
+    """An opened cache directory: ``path`` = ``<root>/<key>``, ``root`` = ``<operator root>/<name>``; ``messages``:
+    what happened to it (no absolute paths: they reach HTTP clients)."""
 
     root: Path
     key: str
@@ -122,9 +98,8 @@ class CompileCache:
 
     @contextlib.contextmanager
     def activate(self) -> Iterator[Path]:
-        """``TORCHINDUCTOR_CACHE_DIR`` = :attr:`path` (and ``TRITON_CACHE_DIR`` = ``<path>/triton``, as torch's
-        ``fresh_cache`` does) inside the block; the previous values, or their absence, are restored in ``finally``.
-        Re-entrant. Inductor's memoised paths are cleared when the directory changes. Yields the path."""
+        """Yields :attr:`path`, ``TORCHINDUCTOR_CACHE_DIR`` (``TRITON_CACHE_DIR`` = ``<path>/triton``) inside the
+        block, process-wide, restored after; re-entrant; inductor's memoised paths cleared when the folder changes."""
         target = str(self.path.resolve())
         with _ENV_LOCK:
             previous = {k: os.environ.get(k) for k in (INDUCTOR_ENV, TRITON_ENV)}
@@ -143,8 +118,8 @@ class CompileCache:
                         os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 
     def quarantine(self, reason: str) -> str:
-        """Move the key directory aside (``<key>.bad-<ms>``) and start an empty one; returns the message (also
-        logged and kept in :attr:`messages`). Never raises: an unmovable directory is reported."""
+        """Move the key directory aside (``<key>.bad-<ms>``), start an empty one; returns the message (also logged,
+        kept in :attr:`messages`). Never raises: an unmovable directory is reported."""
         target = self.root / f"{self.key}.bad-{int(time.time() * 1000)}"
         try:
             with _ENV_LOCK:
@@ -194,25 +169,22 @@ def _manifest_problem(cache: CompileCache) -> str | None:
     stored, wanted = body.get("fields"), json.loads(json.dumps(cache.fields, default=str))
     if stored == wanted:
         return None
-    diff = sorted(k for k in {*stored, *wanted} if stored.get(k) != wanted.get(k)) if isinstance(stored, dict) else ["fields"]
+    diff = (sorted(k for k in {*stored, *wanted} if stored.get(k) != wanted.get(k))
+            if isinstance(stored, dict) else ["fields"])
     return f"made for another environment (differs in {', '.join(diff)})"
 
 
-def open_cache(root: str | os.PathLike[str], name: str = DEFAULT_NAME, *,
-               device: torch.device | str | None = None, fields: Mapping[str, Any] | None = None,
-               source: str = "", forbidden: tuple[str | os.PathLike[str], ...] = ()) -> CompileCache | None:
-    """Open (create) ``<root>/<name>/<key>`` for this environment (``fields`` default to :func:`cache_key_fields`).
-
-    ``root`` is the operator's, ``name`` the workflow's (:func:`~core.compile_cache_location.check_name`).
-    Raises :class:`CacheRefused` before creating anything for a name that is not a plain name, a root overlapping
-    a ``forbidden`` folder (folders HTTP clients can write), or a name that is a link, a file or escapes the root.
-    A corrupt or foreign manifest is moved aside with a message. Returns None, with a logged warning, when the
-    directory cannot be created or written (callers then run without the managed cache).
-    """
+def open_cache(root: str | os.PathLike[str], name: str = DEFAULT_NAME, *, device: torch.device | str | None = None,
+               inductor_options: Mapping[str, Any] | None = None, source: str = "",
+               forbidden: tuple[str | os.PathLike[str], ...] = ()) -> CompileCache | None:
+    """Open (create) ``<root>/<name>/<key>`` (:func:`cache_key_fields` of ``device``, ``inductor_options``),
+    ``root`` the operator's, ``name`` the workflow's. :class:`CacheRefused`, before creating anything: not a plain name, a root overlapping a
+    ``forbidden`` folder (HTTP clients write there), a name that is a link, a file or escapes the root. A foreign
+    manifest is moved aside with a message. None, with a logged warning, when it cannot be created or written."""
     if check_name(name) != name:
         raise CacheRefused(f"compile cache name {name!r} is not a plain name")
     base = Path(root).expanduser().absolute()
-    f = dict(fields) if fields is not None else cache_key_fields(device)
+    f = cache_key_fields(device, inductor_options)
     try:
         base.mkdir(parents=True, exist_ok=True)
         named = check_location(base, name, tuple(Path(p) for p in forbidden))
@@ -231,30 +203,24 @@ def open_cache(root: str | os.PathLike[str], name: str = DEFAULT_NAME, *,
     return cache
 
 
-def caused_by_cache(exc: BaseException, cache: CompileCache) -> bool:
-    """True when ``exc`` or an exception in its cause/context chain names a file inside the cache (e.g.
-    ``BackendCompilerFailed`` wrapping ``ImportError: <cache>/xx/yy.so: file too short``)."""
-    marker, seen, e = str(cache.path.resolve()), set(), exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if marker in str(e) or any(marker in str(a) for a in e.args):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
-
-
 def run_cached(cache: CompileCache | None, fn: Callable[[], T], *,
                retry_if: Callable[[BaseException], bool] = lambda e: True) -> T:
     """``fn()`` with ``cache`` active (plain ``fn()`` for None). When it raises an exception for which
-    ``retry_if(e)`` holds (adapters pass "is a compile error") and that names a file inside the cache, the cache
-    is quarantined and ``fn`` runs once more with an empty one; anything else, or a second failure, propagates."""
+    ``retry_if(e)`` holds (adapters pass "is a compile error") and that, or an exception in its cause/context chain,
+    names a file inside the cache (e.g. ``BackendCompilerFailed`` wrapping ``ImportError: <cache>/xx/yy.so: file
+    too short``), the cache is quarantined and ``fn`` runs once more with an empty one; anything else, or a second
+    failure, propagates."""
     if cache is None:
         return fn()
     try:
         with cache.activate():
             return fn()
     except Exception as e:
-        if not (retry_if(e) and caused_by_cache(e, cache)):
+        marker, chain, link = str(cache.path.resolve()), [], e
+        while link is not None and all(link is not c for c in chain):
+            chain.append(link)
+            link = link.__cause__ or link.__context__
+        if not (retry_if(e) and any(marker in str(x) or any(marker in str(a) for a in x.args) for x in chain)):
             raise
         cache.quarantine(f"compile failed on a cached file ({type(e).__name__}: {cache.redact(str(e))[:300]})")
     with cache.activate():

@@ -1,12 +1,10 @@
 """Where a compile cache may live: the operator's root, a workflow's cache *name*, and the checks that keep
 HTTP clients out.
 
-Inductor and Triton unpickle and ``dlopen`` what they find in their cache directory. So the root is the
-operator's (``$STEADFAST_COMPILE_CACHE`` or ComfyUI's user directory, :func:`resolve_root`); a workflow only picks
-a *name* under it (:func:`check_name`), never a path; :func:`check_location` refuses a root that overlaps a folder
-HTTP clients can write, a name that is a link or a file, or one that resolves outside the root. Messages never
-contain an absolute path (they reach HTTP clients); the full path goes to the server log. Tests:
-``tests/core/test_compile_cache_security.py``, ``tests/comfy/test_security.py``. No ComfyUI imports.
+Inductor and Triton unpickle and ``dlopen`` what they find in their cache directory, so the root is the
+operator's and a workflow only picks a *name* under it, never a path; refused: a root overlapping a folder HTTP
+clients can write, a name that is a link or a file or resolves outside the root. Messages never contain an absolute
+path (they reach HTTP clients). Tests: ``tests/core/test_compile_cache_security.py``, ``tests/comfy/test_security.py``.
 """
 from __future__ import annotations
 
@@ -16,9 +14,6 @@ import re
 from pathlib import Path
 
 log = logging.getLogger("steadfast.compile_cache")
-
-__all__ = ["CACHE_ENV", "DISABLED_VALUES", "DEFAULT_NAME", "CacheRefused", "check_name", "resolve_root",
-           "check_location"]
 
 CACHE_ENV = "STEADFAST_COMPILE_CACHE"
 DISABLED_VALUES = ("off", "none", "0", "false", "disabled")
@@ -32,11 +27,8 @@ class CacheRefused(ValueError):
 
 
 def check_name(value: str | None) -> str | None:
-    """The cache *name* a workflow chose: ``""``/None -> ``"default"``, ``"off"`` etc. -> None (disabled).
-
-    1-64 characters of ``[A-Za-z0-9._-]`` starting with a letter or digit, no ``..``. Raises
-    :class:`CacheRefused` for anything else (absolute paths, ``../x``, ``a/b``, ``~``, ...).
-    """
+    """The cache *name* a workflow chose: ``""``/None -> ``"default"``, ``"off"`` etc. -> None (disabled); 1-64
+    of ``[A-Za-z0-9._-]``, first a letter or digit, no ``..``; :class:`CacheRefused` for anything else (paths)."""
     text = "" if value is None else str(value).strip()
     if text.lower() in DISABLED_VALUES:
         return None
@@ -53,14 +45,11 @@ def resolve_root(user_dir: str | os.PathLike[str] | None = None) -> tuple[Path |
     else ``<user_dir>/steadfast/compile_cache`` (ComfyUI's user directory, passed by the adapter)."""
     env = os.environ.get(CACHE_ENV, "").strip()
     if env:
-        return (None, f"disabled by ${CACHE_ENV}") if env.lower() in DISABLED_VALUES else (Path(env).expanduser(), f"${CACHE_ENV}")
+        disabled = env.lower() in DISABLED_VALUES
+        return (None, f"disabled by ${CACHE_ENV}") if disabled else (Path(env).expanduser(), f"${CACHE_ENV}")
     if user_dir is None:
         return None, f"no cache root (no user directory and no ${CACHE_ENV})"
     return Path(user_dir).expanduser() / "steadfast" / "compile_cache", "ComfyUI user directory"
-
-
-def _inside(path: Path, folder: Path) -> bool:
-    return path == folder or folder in path.parents
 
 
 def check_location(root: Path, name: str, forbidden: tuple[Path, ...]) -> Path:
@@ -68,7 +57,7 @@ def check_location(root: Path, name: str, forbidden: tuple[Path, ...]) -> Path:
     or the name is a link, not a directory, or resolves outside ``root``."""
     real_root = root.resolve()
     for real in (Path(os.path.realpath(f)) for f in forbidden):
-        if _inside(real_root, real) or _inside(real, real_root):
+        if real_root.is_relative_to(real) or real.is_relative_to(real_root):
             log.error("compile cache root %s overlaps %s (a folder clients can write): refused", real_root, real)
             raise CacheRefused("the compile-cache root set by the operator overlaps a folder that HTTP clients can "
                                "write (ComfyUI's input/output/temp or a user folder); refused (see the server log)")
@@ -76,7 +65,7 @@ def check_location(root: Path, name: str, forbidden: tuple[Path, ...]) -> Path:
     if target.is_symlink() or (target.exists() and not target.is_dir()):
         log.error("compile cache %s is a symlink or not a directory: refused", target)
         raise CacheRefused(f"compile cache {name!r} is a link or not a folder; refused (see the server log)")
-    if not _inside(target.resolve(), real_root):
+    if not target.resolve().is_relative_to(real_root):
         log.error("compile cache %s resolves outside its root %s: refused", target, real_root)
         raise CacheRefused(f"compile cache {name!r} resolves outside the cache root; refused (see the server log)")
     return target

@@ -1,15 +1,14 @@
 """One model's compile record: what was compiled (frozen) and what happened since (statistics).
 
-A :class:`CompileRecord`'s identity never changes after :meth:`core.registry.CompileRegistry.get_or_create`
-made it; other settings make a new record. ``record.stats`` (:class:`CompileStats`) is written only by
-:class:`core.registry.CompileRegistry` methods (``tests/core/test_registry.py`` greps for writes elsewhere).
-No ComfyUI imports; no global state.
+Other settings make a new record; ``record.stats`` is written only by :class:`core.registry.CompileRegistry`
+(``tests/core/test_registry.py`` greps for writes elsewhere). No ComfyUI imports; no global state.
 """
 from __future__ import annotations
 
+import json
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,37 +18,27 @@ from . import torch_compat
 from .compile import CompileOptions
 from .recompile_watch import ParamIdentity, code_of
 
-__all__ = ["CompileStats", "CompileRecord", "normalise_shape"]
-
 
 def normalise_shape(shape: Any) -> tuple | None:
     """Tensor / torch.Size / (nested) sequence of ints -> hashable (nested) tuple of ints; None stays None."""
-    if shape is None or isinstance(shape, int):
-        return shape if shape is None else (shape,)
-    if isinstance(shape, torch.Tensor):
-        shape = shape.shape
-    return tuple(int(s) if isinstance(s, int) else normalise_shape(s) for s in shape)
+    shape = shape.shape if isinstance(shape, torch.Tensor) else (shape,) if isinstance(shape, int) else shape
+    return None if shape is None else tuple(int(s) if isinstance(s, int) else normalise_shape(s) for s in shape)
 
 
 @dataclass(eq=False)
 class CompileStats:
-    """What happened to one record since it was made (written only by the registry).
-
-    ``status``: "cold" until a tracked call finishes without error, then "warm" (``first_call_seconds``: wall
-    seconds of that call, compile included). ``graphs``: Dynamo graphs compiled in tracked calls. ``recompiles``:
+    """What happened to one record since it was made. ``status``: "cold" until a tracked call finishes without
+    error, then "warm" (``first_call_seconds``: wall seconds of that call, compile included). ``recompiles``:
     ``{reason, reasons, function, time (unix s), run, call}`` (+ ``cause``, ``guard``, ``flag_changes`` when
-    explained). ``fallbacks``: frames Dynamo runs eagerly (recompile limit) and adapter fallbacks
-    (``kind="disabled"``). ``compile_flags``: :func:`core.recompile_watch.guarded_flags` at the first call;
-    ``flag_states``: every fingerprint this record compiled under. ``last_run`` / ``run_log``: per run ``{run,
-    calls, graphs, recompiles, reasons, params_replaced, time}``. ``strict``: a recompile after warm-up raises.
-    """
+    explained). ``fallbacks``: frames Dynamo runs eagerly (recompile limit), adapter fallbacks (``kind="disabled"``).
+    ``compile_flags``: :func:`core.recompile_watch.guarded_flags` at the first call (``flag_states``: all compiled
+    under). ``last_run`` / ``run_log``: ``{run, calls, graphs, recompiles, reasons, params_replaced, time}``."""
 
     strict: bool = False
     status: str = "cold"
     disabled: bool = False
     first_call_seconds: float | None = None
     graphs: int = 0
-    calls_captured: int = 0
     calls: int = 0
     runs: int = 0
     recompiles: list[dict[str, Any]] = field(default_factory=list)
@@ -59,7 +48,6 @@ class CompileStats:
     warnings: list[str] = field(default_factory=list)
     graph_breaks: dict[str, int] = field(default_factory=dict)
     cache_state: dict[str, int] = field(default_factory=dict)
-    updated: float = field(default_factory=time.time)
     warm_targets: set = field(default_factory=set)
     compile_flags: dict[str, Any] | None = None
     flag_states: list[dict[str, Any]] = field(default_factory=list, repr=False)
@@ -73,13 +61,9 @@ class CompileStats:
 
 @dataclass(frozen=True, eq=False)
 class CompileRecord:
-    """What was compiled for one model, plus its :class:`CompileStats`. Equality is identity.
-
-    ``blocks``: dotted paths compiled; ``compiled``: ``{path: lazy torch.compile wrapper}`` for
-    :func:`core.compile.swap_in` (empty when ``in_place``: the model compiled itself, e.g. diffusers'
-    ``compile_repeated_blocks``). ``options``: JSON view of the :class:`~core.compile.CompileOptions` plus
-    ``guard_filter``. ``created``: unix s.
-    """
+    """What was compiled for one model, plus its :class:`CompileStats`; equality is identity. ``compiled``: ``{path:
+    lazy torch.compile wrapper}`` for :func:`core.compile.swap_in` (empty when ``in_place``: the model compiled
+    itself). ``options``: JSON view of the ``compile_options`` plus ``guard_filter``. ``created``: unix s."""
 
     label: str
     blocks: tuple[str, ...]
@@ -103,12 +87,6 @@ class CompileRecord:
         return {f"{type(m).__name__}.{code.co_name}": torch_compat.cache_entry_count(code)
                 for m in self.block_modules().values() if (code := code_of(m)) is not None}
 
-    def matches(self, model: Any, options: CompileOptions, blocks: Sequence[str], guard_filter_fn: Any,
-                in_place: bool = False) -> bool:
-        """True when this record compiled exactly ``blocks`` of this very ``model`` with these settings."""
-        return ((self.model_ref() if self.model_ref else None) is model and self.compile_options == options
-                and self.blocks == tuple(blocks) and self.guard_filter == guard_filter_fn and self.in_place == in_place)
-
     def is_warm_for(self, target: tuple) -> bool:
         """Warm, not disabled, and warmed up at ``target`` (e.g. a latent shape)."""
         s = self.stats
@@ -127,46 +105,29 @@ class CompileRecord:
                 "params_replaced_this_run": run.get("params_replaced"), "warnings": s.warnings[-3:]}
 
     def as_dict(self) -> dict[str, Any]:
-        """Everything, JSON-serialisable (shapes as sorted lists, times as unix seconds)."""
-        s = self.stats
-        skip = {"params", "warned_functions", "flag_states", "shapes_seen", "warm_targets"}
-        out = {k: v for k, v in vars(s).items() if k not in skip}
-        out = {k: (list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v) for k, v in out.items()}
-        out.update(label=self.label, blocks=list(self.blocks), block_count=len(self.blocks), in_place=self.in_place,
-                   options=dict(self.options), created=self.created, cache_entries=self.cache_entries(),
-                   recompile_limit=torch_compat.recompile_limit(),
-                   shapes_seen=[_listify(x) for x in _sorted(s.shapes_seen)],
-                   warm_targets=sorted(list(t) for t in s.warm_targets))
-        return out
+        """Everything, JSON-serialisable (a copy; shapes as sorted lists, times as unix seconds)."""
+        out = {k: v for k, v in vars(self.stats).items() if k not in ("params", "warned_functions", "flag_states")}
+        for k in ("shapes_seen", "warm_targets"):
+            try:
+                out[k] = sorted(out[k])
+            except TypeError:  # mixed nesting: a stable textual order instead
+                out[k] = sorted(out[k], key=repr)
+        out.update(label=self.label, blocks=self.blocks, block_count=len(self.blocks), in_place=self.in_place,
+                   options=self.options, created=self.created, cache_entries=self.cache_entries(),
+                   recompile_limit=torch_compat.recompile_limit())
+        return json.loads(json.dumps(out))
 
     def as_text(self) -> str:
         """One-line human summary: blocks, first call, graphs, recompiles (+ last reason), status."""
-        s = self.stats
-        parts = [f"{self.label}: {len(self.blocks)} block(s) compiled ({self.options.get('backend')})", s.status]
-        if s.first_call_seconds is not None:
-            parts.append(f"first call {s.first_call_seconds:.1f} s")
-        parts.append(f"{s.graphs} graph(s)")
-        rec = f"{len(s.recompiles)} recompile(s)"
-        if s.recompiles:
-            reason = s.recompiles[-1]["reason"]
-            rec += f" (last: {reason[:117] + '...' if len(reason) > 120 else reason})"
-        parts.append(rec)
-        if s.last_run is not None:
-            parts.append(f"run {s.last_run['run']}: {s.last_run['recompiles']} recompile(s), "
-                         f"{s.last_run['graphs']} graph(s)")
-        flags = [(s.strict, "strict (a recompile after warm-up is an error)"),
+        s, run = self.stats, self.stats.last_run or {}
+        reason = s.recompiles[-1]["reason"] if s.recompiles else ""
+        parts = [(True, f"{self.label}: {len(self.blocks)} block(s) compiled ({self.options.get('backend')})"),
+                 (True, s.status), (s.first_call_seconds is not None, f"first call {s.first_call_seconds or 0:.1f} s"),
+                 (True, f"{s.graphs} graph(s)"), (True, f"{len(s.recompiles)} recompile(s)" + (
+                     f" (last: {reason[:117] + '...' if len(reason) > 120 else reason})" if s.recompiles else "")),
+                 (run, f"run {run.get('run')}: {run.get('recompiles')} recompile(s), {run.get('graphs')} graph(s)"),
+                 (s.strict, "strict (a recompile after warm-up is an error)"),
                  (s.graph_breaks, f"{sum(s.graph_breaks.values())} graph break(s)"),
                  (s.fallbacks, f"{len(s.fallbacks)} fallback(s) to eager"), (s.disabled, "DISABLED (running eager)")]
-        text = "; ".join(parts + [t for on, t in flags if on])
+        text = "; ".join(t for on, t in parts if on)
         return text + ("\nWARNING: " + s.warnings[-1] if s.warnings else "")
-
-
-def _listify(v: Any) -> Any:
-    return [_listify(x) for x in v] if isinstance(v, tuple) else v
-
-
-def _sorted(shapes: set) -> list:
-    try:
-        return sorted(shapes)
-    except TypeError:  # mixed nesting: a stable textual order instead
-        return sorted(shapes, key=repr)

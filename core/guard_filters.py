@@ -6,10 +6,9 @@ Filters are frozen dataclasses: equal settings compare equal, so the registry ca
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
-
-__all__ = ["GuardFilterFn", "SkipGuardsOn", "TransformerOptionsGuardFilter", "comfy_guard_filter"]
 
 #: ``guard_filter_fn(entries) -> [keep?]``, one bool per Dynamo ``GuardFilterEntry`` (``.name``, ``.value``).
 GuardFilterFn = Callable[[Sequence[Any]], Sequence[bool]]
@@ -44,13 +43,8 @@ class TransformerOptionsGuardFilter:
 
     def _key(self, name: str) -> str | None:
         """First subscript after ``substring`` in a guard name ("" for the dict itself, None if absent)."""
-        i = name.find(self.substring)
-        if i < 0:
-            return None
-        rest = name[i + len(self.substring):].lstrip("']\")")
-        if not rest.startswith("["):
-            return ""
-        return rest[1:].lstrip("'\"").split("'", 1)[0].split('"', 1)[0].split("]", 1)[0]
+        m = re.search(re.escape(self.substring) + r"""['"\])]*(?:\[['"]*([^'"\]]*))?""", name)
+        return None if m is None else m.group(1) or ""
 
     def _patched(self, key: str | None, entry: Any) -> bool:
         if key is None or not getattr(entry, "has_value", False):

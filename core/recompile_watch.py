@@ -1,21 +1,14 @@
 """Why a compiled block recompiles: global-flag fingerprints, parameter identity, Dynamo's messages explained.
 
-* **Global flags** (:func:`guarded_flags`): Dynamo's ``GLOBAL_STATE`` guard checks deterministic algorithms,
-  TF32, reduced-precision reductions, thread count, grad mode, default dtype and autocast, and names the flag
-  but not the values; :func:`explain_recompile` turns it into ``"global flag changed since compile:
-  deterministic_algorithms False -> True"`` (tested in ``tests/core/test_recompile_watch.py``).
-* **Parameters replaced by new tensors** (:class:`ParamIdentity`): ComfyUI's ModelPatcher applies LoRA with
-  ``set_attr_param`` (a new ``nn.Parameter``) unless ``weight_inplace_update`` is set; a new object can fail a guard.
-* **Cache entries per code object** (:func:`code_of`): all ``torch.compile`` wrappers of one ``forward`` share
-  Dynamo's per-code-object cache and its ``recompile_limit``.
-
-No ComfyUI imports; changes no global state.
+Dynamo's ``GLOBAL_STATE`` guard names a changed flag but not its values: :func:`explain_recompile` gives them
+(``"global flag changed since compile: deterministic_algorithms False -> True"``). ComfyUI applies LoRA with a new
+``nn.Parameter`` unless ``weight_inplace_update`` is set (:class:`ParamIdentity` sees it). No ComfyUI imports.
 """
 from __future__ import annotations
 
 import re
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,36 +18,16 @@ from torch import nn
 from . import torch_compat
 from .torch_state import snapshot_state
 
-__all__ = ["DYNAMO_GUARDED", "FlagChange", "guarded_flags", "flag_changes", "closest_changes",
-           "describe_flag_changes", "dynamo_global_state_names", "fingerprint_fields_for", "explain_global_state",
-           "explain_guard", "ParamIdentity", "code_of", "parse_recompile", "parse_limit_hit", "explain_recompile"]
-
-#: Dynamo's GLOBAL_STATE name -> the fingerprint fields that can explain it (the setting users change first).
+#: Dynamo's GLOBAL_STATE name -> the fingerprint fields that can explain it, first the setting users change (a name
+#: not listed is its own field: ``deterministic_algorithms``, ``num_threads``, ``grad_mode``, ``default_dtype``, ...).
 DYNAMO_GUARDED: dict[str, tuple[str, ...]] = {
-    "deterministic_algorithms": ("deterministic_algorithms",),
     "deterministic_algorithms_warn_only": ("deterministic_warn_only",),
     "allow_tf32": ("float32_matmul_precision", "cuda_matmul_allow_tf32"),
     "allow_fp16_reduce": ("allow_fp16_reduced_precision_reduction", "allow_fp16_reduced_precision_reduction_split_k"),
     "allow_bf16_reduce": ("allow_bf16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction_split_k"),
-    "num_threads": ("num_threads",),
-    "grad_mode": ("grad_mode",),
-    "default_dtype": ("default_dtype",),
     "autocast_state": ("autocast",),
-    "torch_function": ("torch_function",),
     "torch_function_all_disabled": ("torch_function",),
 }
-
-
-@dataclass(frozen=True)
-class FlagChange:
-    """One global flag whose value differs: ``name``, value at compile time ``before``, ``now``."""
-
-    name: str
-    before: Any
-    now: Any
-
-    def as_text(self) -> str:
-        return f"{self.name} {self.before} -> {self.now}"
 
 
 def guarded_flags() -> dict[str, Any]:
@@ -74,102 +47,37 @@ def guarded_flags() -> dict[str, Any]:
     return state
 
 
-def flag_changes(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[FlagChange]:
-    """Fields present in both fingerprints whose values differ, sorted by name."""
-    return [FlagChange(k, before[k], now[k]) for k in sorted(set(before) & set(now)) if before[k] != now[k]]
-
-
-def closest_changes(known: Sequence[Mapping[str, Any]], now: Mapping[str, Any],
-                    only: Iterable[str] | None = None) -> list[FlagChange]:
-    """Changes from the fingerprint in ``known`` closest to ``now`` (fewest differences), on fields ``only``."""
-    wanted = None if only is None else set(only)
-    changes = ([c for c in flag_changes(state, now) if wanted is None or c.name in wanted] for state in known)
-    return min(changes, key=len, default=[])
-
-
-def describe_flag_changes(changes: Sequence[FlagChange]) -> str:
-    """``"global flag changed since compile: a False -> True, ..."`` (``""`` for no changes)."""
-    return "global flag changed since compile: " + ", ".join(c.as_text() for c in changes) if changes else ""
-
-
-def dynamo_global_state_names(reason: str) -> list[str]:
-    """Dynamo field names in a ``"GLOBAL_STATE changed: a b"`` guard-failure text ([] if none)."""
-    head, marker, tail = reason.partition("GLOBAL_STATE changed:")
-    return tail.split() if marker else []
-
-
-def fingerprint_fields_for(dynamo_names: Iterable[str]) -> list[str]:
-    """Fingerprint fields that can explain the Dynamo ``GLOBAL_STATE`` names given (no duplicates)."""
-    return list(dict.fromkeys(f for name in dynamo_names for f in DYNAMO_GUARDED.get(name, (name,))))
-
-
-def explain_global_state(known: Sequence[Mapping[str, Any]], now: Mapping[str, Any],
-                         dynamo_names: Iterable[str]) -> list[FlagChange]:
-    """The flag changes behind Dynamo's ``GLOBAL_STATE changed: <names>``, with values ([] if unknown).
-
-    When a group's first field changed (``float32_matmul_precision`` for ``allow_tf32``), the fields derived
-    from it are left out.
-    """
-    names = list(dict.fromkeys(dynamo_names))
-    changes = closest_changes(known, now, only=fingerprint_fields_for(names))
-    changed = {c.name for c in changes}
-    derived = {f for n in names for f in DYNAMO_GUARDED.get(n, ("",))[1:] if DYNAMO_GUARDED[n][0] in changed}
-    return [c for c in changes if c.name not in derived]
-
-
-_TYPE_ID = re.compile(r"___check_type_id\((?P<path>[^,]+),\s*\d+\),\s*type=<class '(?P<cls>[\w.]+)'>")
-
-
-def explain_guard(reason: str) -> tuple[str, str] | None:
-    """``(cause, readable reason)`` for a guard whose raw text hides the cause, else None.
-
-    Handled: ``___check_type_id(self._modules['attn1'], ...)``: a submodule changed class since compile (an
-    object patch such as QKV fusion swapped it) -> ``("module_type", "submodule ... changed type ...")``.
-    """
-    m = _TYPE_ID.search(reason)
-    if m is None:
-        return None
-    cls = m.group("cls").rsplit(".", 1)[-1]
-    return ("module_type", f"submodule {m.group('path').strip()} changed type since compile (compiled for "
-                           f"{cls}): an object patch (e.g. QKV fusion) swapped it")
-
-
+@dataclass(frozen=True)
 class ParamIdentity:
-    """Which parameter / buffer objects a set of modules held at one moment (weak references).
+    """Which parameter / buffer objects ``modules = {prefix: module}`` held at one moment (weak references), named
+    ``"<prefix>.<param name>"``; in-place updates (``weight_inplace_update``) keep the object."""
 
-    :meth:`replaced` lists names whose object changed (``module.weight = new Parameter``, ``set_attr_param``);
-    in-place updates (``weight_inplace_update``) keep the object. Names are ``"<prefix>.<param name>"`` for
-    ``modules = {prefix: module}``.
-    """
-
-    def __init__(self, refs: dict[str, weakref.ref]) -> None:
-        self._refs = refs
+    refs: dict[str, weakref.ref]
 
     @classmethod
     def capture(cls, modules: Mapping[str, nn.Module]) -> ParamIdentity:
-        return cls({name: weakref.ref(t) for name, t in _tensors(modules)})
+        return cls({name: weakref.ref(t) for name, t in _tensors(modules).items()})
 
     def replaced(self, modules: Mapping[str, nn.Module]) -> list[str]:
         """Names whose current tensor object differs from the captured one (new or removed names too)."""
-        now = dict(_tensors(modules))
-        return ([n for n, ref in self._refs.items() if now.get(n) is None or ref() is not now[n]]
-                + [n for n in now if n not in self._refs])
+        now = _tensors(modules)
+        gone = [n for n, ref in self.refs.items() if n not in now or ref() is not now[n]]
+        return gone + [n for n in now if n not in self.refs]
 
 
-def _tensors(modules: Mapping[str, nn.Module]) -> Iterable[tuple[str, torch.Tensor]]:
-    for prefix, mod in modules.items():
-        for name, t in [*mod.named_parameters(), *mod.named_buffers()]:
-            if t is not None:
-                yield f"{prefix}.{name}", t
+def _tensors(modules: Mapping[str, nn.Module]) -> dict[str, torch.Tensor]:
+    return {f"{prefix}.{name}": t for prefix, mod in modules.items()
+            for name, t in [*mod.named_parameters(), *mod.named_buffers()] if t is not None}
 
 
 def code_of(module: Any) -> Any:
-    """The code object Dynamo caches compiled entries on (the class's ``forward``; ``_orig_mod`` of an
-    ``OptimizedModule``); None when it is not a plain Python function."""
+    """The code object Dynamo caches compiled entries on (all wrappers of one ``forward`` share them and the
+    ``recompile_limit``): the class's ``forward`` (of ``_orig_mod`` for an ``OptimizedModule``), else None."""
     return getattr(getattr(type(getattr(module, "_orig_mod", module)), "forward", None), "__code__", None)
 
 
 _REASON_LINE = re.compile(r"^\s*-\s*(?:\d+/\d+:\s*)?(.*)$")
+_TYPE_ID = re.compile(r"___check_type_id\((?P<path>[^,]+),\s*\d+\),\s*type=<class '(?P<cls>[\w.]+)'>")
 
 
 def parse_recompile(message: str) -> dict[str, Any]:
@@ -193,18 +101,23 @@ def parse_limit_hit(message: str) -> dict[str, Any]:
 
 
 def explain_recompile(event: dict[str, Any], known: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """``event`` (from :func:`parse_recompile`) with a readable ``reason`` where the raw one hides the cause.
-
-    ``GLOBAL_STATE changed``: compared with the closest fingerprint in ``known`` -> ``cause="global_flag"``,
-    ``flag_changes`` and the values; guards :func:`explain_guard` knows get their ``cause``. The raw text moves
-    to ``guard``. Returns the same dict.
-    """
-    names = [n for r in event["reasons"] for n in dynamo_global_state_names(r)]
+    """``event`` (from :func:`parse_recompile`), same dict, with a readable ``reason`` where the raw one (then in
+    ``guard``) hides the cause. ``GLOBAL_STATE changed: <names>``: :func:`guarded_flags` against the fingerprint in
+    ``known`` closest on the names' :data:`DYNAMO_GUARDED` fields (a group's fields derived from its changed first
+    one left out) -> ``cause="global_flag"``, ``flag_changes`` (``["name before -> now"]``). ``___check_type_id``
+    on a submodule (e.g. QKV fusion swapped its class) -> ``cause="module_type"``."""
+    names = list(dict.fromkeys(n for r in event["reasons"] for n in r.partition("GLOBAL_STATE changed:")[2].split()))
     if names:
-        changes = explain_global_state(known, guarded_flags(), names)
-        event.update(cause="global_flag", guard=event["reason"], flag_changes=[c.as_text() for c in changes],
-                     reason=describe_flag_changes(changes) or
-                     "global flag changed since compile: " + ", ".join(dict.fromkeys(names)))
-    elif (hint := explain_guard(event["reason"])) is not None:
-        event.update(cause=hint[0], guard=event["reason"], reason=hint[1])
+        fields, now = {f for n in names for f in DYNAMO_GUARDED.get(n, (n,))}, guarded_flags()
+        diffs = ([(k, s[k], now[k]) for k in sorted(fields & s.keys() & now.keys()) if s[k] != now[k]] for s in known)
+        closest = min(diffs, key=len, default=[])
+        changed = {k for k, _, _ in closest}
+        derived = {f for n in names for f in DYNAMO_GUARDED.get(n, ("",))[1:] if DYNAMO_GUARDED[n][0] in changed}
+        texts = [f"{k} {before} -> {after}" for k, before, after in closest if k not in derived]
+        event.update(cause="global_flag", guard=event["reason"], flag_changes=texts,
+                     reason="global flag changed since compile: " + ", ".join(texts or names))
+    elif (m := _TYPE_ID.search(event["reason"])) is not None:
+        cls = m.group("cls").rsplit(".", 1)[-1]
+        event.update(cause="module_type", guard=event["reason"], reason=f"submodule {m.group('path').strip()} changed "
+                     f"type since compile (compiled for {cls}): an object patch (e.g. QKV fusion) swapped it")
     return event

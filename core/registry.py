@@ -1,12 +1,9 @@
 """Compile state per model: what was compiled, how long it took, graphs, recompiles and why.
 
-One :class:`~core.compile_record.CompileRecord` per model object, held weakly; registering the same model with
-equal settings returns the same record and compiles nothing. Only this module writes ``record.stats``. Numbers
-come from torch's own reporting: recompile reasons and recompile-limit fallbacks from Dynamo's log messages (a
-log tap, :func:`core.torch_compat.install_recompile_log_tap`, installed by the first tracked call and removed by
-:meth:`CompileRegistry.close`), graphs, graph breaks and cache hits from deltas of Dynamo's counters. Events go
-to the record made active by ``with REGISTRY.track(record)`` (per thread). Caveat: the counters are
-process-global, so a compile in another thread during a tracked call is attributed to it. No ComfyUI imports.
+One :class:`~core.compile_record.CompileRecord` per model object, held weakly; only this module writes
+``record.stats``. Recompile reasons and limit fallbacks come from Dynamo's log messages (a log tap), graphs, graph
+breaks and cache hits from Dynamo's counters, to the innermost ``with REGISTRY.track(record)`` of the thread.
+Caveat: the counters are process-global (a compile in another thread meanwhile counts too). No ComfyUI imports.
 """
 from __future__ import annotations
 
@@ -28,10 +25,6 @@ from .guard_filters import GuardFilterFn
 from .recompile_watch import ParamIdentity, explain_recompile, guarded_flags, parse_limit_hit, parse_recompile
 
 log = logging.getLogger("steadfast.registry")
-_MAX_RUN_LOG = 50
-_MAX_FLAG_STATES = 32
-
-__all__ = ["RecompileError", "CompileRegistry", "REGISTRY"]
 
 
 class RecompileError(RuntimeError):
@@ -48,48 +41,41 @@ class _PerThread(threading.local):
 class _Frame:
     record: CompileRecord
     before: dict[str, int]
-    children: dict[str, int] = field(default_factory=dict)
     recompiles: list[dict[str, Any]] = field(default_factory=list)
 
     def finish(self, parent: _Frame | None) -> dict[str, int]:
-        """This call's own counter increases (nested tracked calls excluded); all of them go to ``parent``."""
+        """This call's own counter increases; they are not ``parent``'s own (its baseline moves up by them)."""
         delta = {k: v - self.before.get(k, 0) for k, v in torch_compat.dynamo_counters().items()
                  if v > self.before.get(k, 0)}  # increases only: counters.clear() inside must not go negative
         if parent is not None:
             for k, v in delta.items():
-                parent.children[k] = parent.children.get(k, 0) + v
-        return {k: max(0, v - self.children.get(k, 0)) for k, v in delta.items()}
+                parent.before[k] = parent.before.get(k, 0) + v
+        return delta
 
 
 class CompileRegistry:
     """Weak map model -> :class:`CompileRecord`, attribution of Dynamo events, every write to record statistics.
-
-    Thread-safe for reading (:meth:`as_json` from an HTTP handler) while a worker thread runs tracked calls.
-    """
+    Thread-safe for reading (:meth:`as_json` from an HTTP handler) while a worker thread runs tracked calls."""
 
     def __init__(self) -> None:
         self._records: weakref.WeakKeyDictionary[Any, CompileRecord] = weakref.WeakKeyDictionary()
         self._lock = threading.RLock()
         self._local = _PerThread()
         self._tap: torch_compat.RecompileLogTap | None = None
-        self._tap_note = "not installed (installed by the first tracked call)"
         self._flag_states: list[dict[str, Any]] = []  # flag fingerprints compiled code exists for
 
-    # ---- records ----------------------------------------------------------------------------
     def get_or_create(self, model: torch.nn.Module, options: CompileOptions, blocks: Sequence[str], *,
                       key: Any = None, label: str | None = None, guard_filter_fn: GuardFilterFn | None = None,
                       strict: bool = False, in_place: bool = False) -> tuple[CompileRecord, bool]:
-        """``(record, created)`` for ``key`` (default ``model``), compiling ``blocks`` of ``model`` if needed.
-
-        Reused when made for this same ``model`` object with equal ``options``, ``blocks``, guard filter and
-        ``in_place`` (``strict`` is updated), else replaced. ``in_place``: the model compiled itself (diffusers'
-        ``compile_repeated_blocks``); ``blocks`` are then for reports. ``key`` must be weak-referenceable and not
-        referenced by the compiled callables. Raises ``ValueError`` for unknown block paths.
-        """
+        """``(record, created)`` for ``key`` (weak-referenceable, default ``model``), compiling ``blocks`` of
+        ``model`` if needed: reused (nothing compiled, ``strict`` updated) when made for this ``model`` object with
+        equal ``options``, ``blocks``, guard filter and ``in_place`` (the model compiled itself, e.g. diffusers'
+        ``compile_repeated_blocks``; ``blocks`` then only for reports), else replaced. ``ValueError``: unknown paths."""
         k = model if key is None else key
         with self._lock:
             rec = self._records.get(k)
-            if rec is not None and rec.matches(model, options, blocks, guard_filter_fn, in_place):
+            same = rec and (rec.model_ref() is model, rec.compile_options, rec.blocks, rec.guard_filter, rec.in_place)
+            if same == (True, options, tuple(blocks), guard_filter_fn, in_place):
                 rec.stats.strict = strict
                 return rec, False
             compiled = {} if in_place else compile_blocks(model, blocks, options, guard_filter_fn)
@@ -112,14 +98,10 @@ class CompileRegistry:
     def __len__(self) -> int:
         return len(self._records)
 
-    def _write(self, record: CompileRecord, **values: Any) -> None:
-        with self._lock:
-            vars(record.stats).update(values, updated=time.time())
-
     def set_strict(self, record: CompileRecord, strict: bool) -> bool:
         """Set ``stats.strict``; returns the previous setting."""
-        previous = record.stats.strict
-        self._write(record, strict=bool(strict))
+        with self._lock:
+            previous, record.stats.strict = record.stats.strict, bool(strict)
         return previous
 
     def disable(self, record: CompileRecord, reason: str) -> None:
@@ -127,20 +109,20 @@ class CompileRegistry:
         with self._lock:
             record.stats.fallbacks.append({"kind": "disabled", "reason": reason, "time": time.time(),
                                            "run": record.stats.runs})
-            self._write(record, disabled=True)
+            record.stats.disabled = True
 
     def mark_warm(self, record: CompileRecord, target: tuple) -> None:
         """A warm-up at ``target`` (e.g. the latent shape) finished on ``record``."""
         with self._lock:
-            self._write(record, warm_targets=record.stats.warm_targets | {tuple(target)})
+            record.stats.warm_targets = record.stats.warm_targets | {tuple(target)}
 
-    def note_compile_cache(self, record: CompileRecord, cache_view: Mapping[str, Any], messages: Sequence[str] = ()) -> None:
+    def note_compile_cache(self, record: CompileRecord, cache_view: Mapping[str, Any],
+                           messages: Sequence[str] = ()) -> None:
         """The compile cache used (its client view) and ``messages`` about it (as warnings)."""
         with self._lock:
             record.stats.warnings.extend(messages)
-            self._write(record, compile_cache=dict(cache_view))
+            record.stats.compile_cache = dict(cache_view)
 
-    # ---- tracking ---------------------------------------------------------------------------
     @contextlib.contextmanager
     def run(self, record: CompileRecord) -> Iterator[int]:
         """One run (e.g. one sampling call) of ``record``; tracked calls inside belong to it. Yields the 1-based run
@@ -149,65 +131,56 @@ class CompileRegistry:
         with self._lock:
             record.stats.runs += 1
             number, before = record.stats.runs, (record.stats.calls, record.stats.graphs)
-        previous = self._local.runs.get(id(record))
-        self._local.runs[id(record)] = number
+        outer, self._local.runs = self._local.runs, {**self._local.runs, id(record): number}
         try:
             yield number
         finally:
-            if previous is None:
-                self._local.runs.pop(id(record), None)
-            else:
-                self._local.runs[id(record)] = previous
-            self._finish_run(record, number, before)
-
-    def _finish_run(self, record: CompileRecord, number: int, before: tuple[int, int]) -> None:
-        s, replaced = record.stats, []
-        if s.params is not None:
-            replaced = s.params.replaced(record.block_modules())
-            if replaced:  # count each replacement once
-                s.params = ParamIdentity.capture(record.block_modules())
-        text = (f"{record.label}: {len(replaced)} parameter(s) of the compiled blocks were replaced by new tensor "
-                f"objects in run {number} (e.g. {replaced[0]}); weight patches without in-place update "
-                f"(ModelPatcher.weight_inplace_update) can recompile") if replaced else None
-        with self._lock:
-            events = [r for r in s.recompiles if r.get("run") == number]
-            s.last_run = {"run": number, "calls": s.calls - before[0], "graphs": s.graphs - before[1],
-                          "recompiles": len(events), "reasons": [r["reason"] for r in events],
-                          "params_replaced": len(replaced), "time": time.time()}
-            s.run_log = [*s.run_log, s.last_run][-_MAX_RUN_LOG:]
+            self._local.runs = outer
+            s = record.stats
+            replaced = s.params.replaced(record.block_modules()) if s.params is not None else []
+            text = (f"{record.label}: {len(replaced)} parameter(s) of the compiled blocks were replaced by new tensor "
+                    f"objects in run {number} (e.g. {replaced[0]}); weight patches without in-place update "
+                    f"(ModelPatcher.weight_inplace_update) can recompile") if replaced else None
+            with self._lock:
+                if replaced:  # count each replacement once
+                    s.params = ParamIdentity.capture(record.block_modules())
+                    s.params_replaced += len(replaced)
+                    s.warnings.append(text)
+                events = [r for r in s.recompiles if r.get("run") == number]
+                s.last_run = {"run": number, "calls": s.calls - before[0], "graphs": s.graphs - before[1],
+                              "recompiles": len(events), "reasons": [r["reason"] for r in events],
+                              "params_replaced": len(replaced), "time": time.time()}
+                s.run_log = [*s.run_log, s.last_run][-50:]
             if text:
-                s.params_replaced += len(replaced)
-                s.warnings.append(text)
-        if text:
-            log.warning(text)
+                log.warning(text)
 
     @contextlib.contextmanager
     def track(self, record: CompileRecord, shape: Any = None, strict: bool | None = None) -> Iterator[CompileRecord]:
-        """Attribute the compiles, recompiles and graph breaks happening inside to ``record``.
-
-        Wrap each call of the compiled model (``shape``: Tensor or nested ints, kept in ``stats.shapes_seen``).
-        The first call that finishes turns the record "warm" and sets ``first_call_seconds``; an exception inside
-        is recorded in ``stats.errors`` and re-raised; nested tracking of the same record passes through. Raises
-        :class:`RecompileError` on exit when ``strict`` (default ``stats.strict``) and a warm call recompiled.
-        """
-        self._install_tap()
+        """Attribute the compiles, recompiles and graph breaks inside one call of the compiled model to ``record``
+        (``shape``: Tensor or nested ints, kept in ``stats.shapes_seen``; outside :meth:`run`, a run of its own). The
+        first call that finishes turns it "warm" (``first_call_seconds``); an exception is kept in ``stats.errors``
+        and re-raised; nested tracking of the same record passes through. :class:`RecompileError` on exit when
+        ``strict`` (default ``stats.strict``) and a warm call recompiled."""
         stack, s = self._local.stack, record.stats
         if any(f.record is record for f in stack):
             yield record
             return
-        own_run = id(record) not in self._local.runs
+        if id(record) not in self._local.runs:
+            with self.run(record), self.track(record, shape, strict):
+                yield record
+            return
         with self._lock:
-            before_run = (s.calls, s.graphs)
+            if self._tap is None:
+                self._tap = torch_compat.install_recompile_log_tap(self._on_recompile, self._on_limit_hit)
             s.calls += 1
-            s.runs += own_run
             if (shp := normalise_shape(shape)) is not None:
                 s.shapes_seen.add(shp)
             started_warm = s.status == "warm"
             if not started_warm and s.compile_flags is None:
                 s.compile_flags = guarded_flags()  # what the blocks are about to be compiled under
                 self._remember_flags(record, s.compile_flags)
-        if s.params is None:
-            s.params = ParamIdentity.capture(record.block_modules())
+            if s.params is None:
+                s.params = ParamIdentity.capture(record.block_modules())
         frame = _Frame(record, torch_compat.dynamo_counters())
         stack.append(frame)
         t0, failed = time.perf_counter(), False
@@ -217,24 +190,21 @@ class CompileRegistry:
             failed = True
             with self._lock:
                 s.errors.append({"error": f"{type(e).__name__}: {e}"[:2000], "time": time.time(),
-                                 "run": self._current_run(record), "call": s.calls})
+                                 "run": self._local.runs[id(record)], "call": s.calls})
             raise
         finally:
-            seconds = time.perf_counter() - t0
             stack.pop()
-            self._apply(record, frame.finish(stack[-1] if stack else None), seconds, not started_warm and not failed)
-            if own_run:
-                self._finish_run(record, s.runs, before_run)
+            self._apply(record, frame.finish(stack[-1] if stack else None), time.perf_counter() - t0,
+                        not started_warm and not failed)
         if (s.strict if strict is None else strict) and started_warm and frame.recompiles:
             r = frame.recompiles[0]
             raise RecompileError(f"{record.label}: recompiled after warm-up ({len(frame.recompiles)}x) in "
                                  f"{r['function'] or 'a compiled block'}: {r['reason']}")
 
     def _apply(self, record: CompileRecord, own: dict[str, int], seconds: float, first: bool) -> None:
+        s, graphs = record.stats, own.get("unique_graphs", 0)
         with self._lock:
-            s = record.stats
-            s.graphs += own.get("unique_graphs", 0)
-            s.calls_captured += own.get("calls_captured", 0)
+            s.graphs += graphs
             for k, v in own.items():
                 if k.startswith("graph_break:"):
                     s.graph_breaks[k[12:]] = s.graph_breaks.get(k[12:], 0) + v
@@ -242,20 +212,18 @@ class CompileRegistry:
                     s.cache_state[k] = s.cache_state.get(k, 0) + v
             if first and s.status == "cold":
                 s.status, s.first_call_seconds = "warm", seconds
-            s.updated = time.time()
-            if own.get("unique_graphs", 0):
+            if graphs:
                 self._remember_flags(record, guarded_flags())
-                entries = record.cache_entries()
-        if own.get("unique_graphs", 0):
+        if graphs:
             last = s.recompiles[-1]["reason"] if s.recompiles else "n/a"
-            for name, n in entries.items():
+            for name, n in record.cache_entries().items():
                 self._near_limit(record, name, n, f"has {n} compiled variant(s) in this process", last)
 
     def _remember_flags(self, record: CompileRecord, flags: dict[str, Any]) -> None:  # lock held
         if flags not in record.stats.flag_states:
             record.stats.flag_states.append(flags)
         if flags not in self._flag_states:
-            self._flag_states = [*self._flag_states, flags][-_MAX_FLAG_STATES:]
+            self._flag_states = [*self._flag_states, flags][-32:]
 
     def _near_limit(self, record: CompileRecord, name: str, n: int, what: str, last_reason: str) -> None:
         """Warn once per record and code object when ``n`` variants of ``name`` near Dynamo's recompile limit."""
@@ -270,60 +238,43 @@ class CompileRegistry:
             record.stats.warnings.append(text)
         log.warning(text)
 
-    def _current_run(self, record: CompileRecord) -> int:
-        return self._local.runs.get(id(record), record.stats.runs)
-
-    # ---- log events -------------------------------------------------------------------------
-    def _on_recompile(self, message: str) -> None:
-        frame = self._local.stack[-1] if self._local.stack else None
-        if frame is None:
-            return  # not inside a tracked call: not ours to count
+    def _on_recompile(self, message: str) -> None:  # from the log tap
+        if not self._local.stack:
+            return  # outside a tracked call: not ours to count
+        frame = self._local.stack[-1]
         rec, s = frame.record, frame.record.stats
         with self._lock:
             known = s.flag_states + self._flag_states
         event = explain_recompile(parse_recompile(message), known)
         with self._lock:
-            event.update(time=time.time(), run=self._current_run(rec), call=s.calls)
+            event.update(time=time.time(), run=self._local.runs[id(rec)], call=s.calls)
             s.recompiles.append(event)
             frame.recompiles.append(event)
-            s.updated = event["time"]
         if not rec.cache_entries():  # compiled in place (no code objects to count): count messages instead
             fn = event["function"] or "?"
             n = sum(1 for r in s.recompiles if (r["function"] or "?") == fn)
             self._near_limit(rec, fn, n, f"recompiled {n} time(s)", event["reason"])
 
     def _on_limit_hit(self, message: str) -> None:
-        frame = self._local.stack[-1] if self._local.stack else None
-        if frame is not None:
+        if self._local.stack:
+            rec = self._local.stack[-1].record
             with self._lock:
-                event = {**parse_limit_hit(message), "time": time.time(), "run": self._current_run(frame.record)}
-                frame.record.stats.fallbacks.append(event)
-                frame.record.stats.updated = event["time"]
-
-    # ---- log tap and state ------------------------------------------------------------------
-    def _install_tap(self) -> None:
-        with self._lock:
-            if self._tap is None:
-                self._tap = torch_compat.install_recompile_log_tap(self._on_recompile, self._on_limit_hit)
-                self._tap_note = self._tap.note
+                event = {**parse_limit_hit(message), "time": time.time(), "run": self._local.runs[id(rec)]}
+                rec.stats.fallbacks.append(event)
 
     def close(self) -> None:
         """Remove the log tap (torch's logging state as it was before); records are kept."""
         with self._lock:
-            tap, self._tap, self._tap_note = self._tap, None, "closed"
+            tap, self._tap = self._tap, None
             if tap is not None:
                 torch_compat.remove_recompile_log_tap(tap)
-
-    def clear(self) -> None:
-        """Forget all records (the log tap stays)."""
-        with self._lock:
-            self._records = weakref.WeakKeyDictionary()
 
     def as_json(self) -> dict[str, Any]:
         """JSON-serialisable state: torch version, recompile limit, log tap state, records."""
         with self._lock:
+            note = self._tap.note if self._tap else "not installed (installed by the first tracked call)"
             return {"torch": torch.version.__version__, "recompile_limit": torch_compat.recompile_limit(),
-                    "recompile_logging": self._tap_note, "records": [r.as_dict() for r in self.records()]}
+                    "recompile_logging": note, "records": [r.as_dict() for r in self.records()]}
 
 
 REGISTRY = CompileRegistry()

@@ -262,8 +262,8 @@ def open_compile_cache(backend: str, name: str = "", inductor_options: dict | No
     if root is None:
         return None, f"compile cache: off ({source}); inductor's default directory applies"
     device = comfy.model_management.get_torch_device()
-    fields = compile_cache.cache_key_fields(device, inductor_options=inductor_options)
-    cache = compile_cache.open_cache(root, chosen, fields=fields, source=source, forbidden=client_writable_dirs())
+    cache = compile_cache.open_cache(root, chosen, device=device, inductor_options=inductor_options, source=source,
+                                     forbidden=client_writable_dirs())
     if cache is None:
         return None, f"compile cache {chosen!r} is not usable (see the server log); inductor's default directory applies"
     line = f"compile cache: {chosen!r} ({source})"

@@ -41,9 +41,9 @@ def test_preset_merges_with_a_compile_mode() -> None:
 
 
 def test_cache_key_has_one_directory_per_preset_and_keeps_the_default() -> None:
-    plain = compile_cache.cache_key_fields("cpu", "1.0")
-    assert compile_cache.cache_key_fields("cpu", "1.0", inductor_options={}) == plain  # no preset: key unchanged
-    fast = compile_cache.cache_key_fields("cpu", "1.0", inductor_options=inductor_presets.PRESETS["diffusers-fast"])
+    plain = compile_cache.cache_key_fields("cpu")
+    assert compile_cache.cache_key_fields("cpu", inductor_options={}) == plain  # no preset: key unchanged
+    fast = compile_cache.cache_key_fields("cpu", inductor_options=inductor_presets.PRESETS["diffusers-fast"])
     assert fast["inductor_options"]["conv_1x1_as_mm"] is True
     assert compile_cache.cache_key(fast) != compile_cache.cache_key(plain)
 

@@ -14,9 +14,8 @@ from torch._dynamo.utils import counters
 
 from steadfast.core import torch_state
 from steadfast.core.compile import CompileOptions
-from steadfast.core.recompile_watch import (ParamIdentity, closest_changes, code_of,
-                                            describe_flag_changes, dynamo_global_state_names, flag_changes,
-                                            fingerprint_fields_for, guarded_flags)
+from steadfast.core.recompile_watch import (ParamIdentity, code_of, explain_recompile, guarded_flags,
+                                            parse_recompile)
 from steadfast.core.registry import CompileRegistry, RecompileError
 from steadfast.core.torch_compat import cache_entry_count
 
@@ -68,18 +67,31 @@ def call(reg, m, rec, x):
         return m(x)
 
 
+def global_state_event(*names: str) -> dict:
+    return parse_recompile("Recompiling function forward in x.py:1\n    triggered by the following guard failure(s):\n"
+                           f"    - 0/0: GLOBAL_STATE changed: {' '.join(names)} ")
+
+
 def test_fingerprint_and_diff():
     before = guarded_flags()
     assert {"deterministic_algorithms", "float32_matmul_precision", "num_threads", "grad_mode",
             "default_dtype", "allow_fp16_accumulation"} <= set(before)
     torch.use_deterministic_algorithms(True)
     now = guarded_flags()
-    changes = flag_changes(before, now)
-    assert [c.name for c in changes] == ["deterministic_algorithms"]
-    assert describe_flag_changes(changes) == "global flag changed since compile: deterministic_algorithms False -> True"
-    assert closest_changes([now, before], now) == [] and closest_changes([], now) == []
-    assert dynamo_global_state_names("GLOBAL_STATE changed: allow_tf32 num_threads ") == ["allow_tf32", "num_threads"]
-    assert fingerprint_fields_for(["allow_tf32"]) == ["float32_matmul_precision", "cuda_matmul_allow_tf32"]
+    event = explain_recompile(global_state_event("deterministic_algorithms"), [before])
+    assert event["reason"] == "global flag changed since compile: deterministic_algorithms False -> True"
+    assert event["flag_changes"] == ["deterministic_algorithms False -> True"] and event["cause"] == "global_flag"
+    assert "GLOBAL_STATE changed: deterministic_algorithms" in event["guard"]
+    # the closest known fingerprint explains it (none differs: the names alone); no fingerprint: the names alone
+    assert explain_recompile(global_state_event("deterministic_algorithms"), [now, before])["flag_changes"] == []
+    unknown = explain_recompile(global_state_event("allow_tf32", "num_threads"), [])
+    assert unknown["reason"] == "global flag changed since compile: allow_tf32, num_threads"
+    # Dynamo's allow_tf32 maps to float32_matmul_precision; the derived cuda_matmul_allow_tf32 is left out
+    torch.set_float32_matmul_precision("high")
+    tf32 = explain_recompile(global_state_event("allow_tf32", "num_threads"), [now])
+    assert tf32["flag_changes"] == ["float32_matmul_precision highest -> high"]
+    assert explain_recompile(parse_recompile("Recompiling function f\n - 0/1: size mismatch"), [now]).keys() == {
+        "function", "reason", "reasons"}
 
 
 def test_flag_change_is_the_recompile_reason(reg):
