@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     _common.print_header("Warm start of one regional unit (Flux DoubleStreamBlock)",
-                         {"hidden": args.hidden, "load average at start": _common.loadavg()})
+                         {"hidden": args.hidden})
     work = Path(tempfile.mkdtemp(prefix="steadfast-warm-"))
     results: dict[str, dict[str, Any]] = {}
     for label, mode, folder, save_mega in ROWS:
