@@ -7,15 +7,19 @@ torchao does the work (``torchao.quantization.quantize_`` with ``Int8DynamicActi
 
 * it registers the *original* ``weight``/``bias`` Parameters (same objects), so ``state_dict()`` keys and
   values are unchanged and weight patches addressed to ``<path>.weight`` (LoRA) land on the full-precision
-  weight, as without quantization;
+  weight, as without quantization. A Parameter assigned to it is assigned to the source Linear too, and
+  :meth:`QuantizedLinear.refresh_` first adopts the source's current Parameters: ComfyUI patches (and restores)
+  whichever module is in the tree, and skips re-patching when a copy of the model with the same weight patches
+  was loaded before, so the source and the wrapper must always hold the same tensors (measured: without this a
+  LoRA was silently missing, on the quantized or on the plain copy, depending on which ran first);
 * :meth:`QuantizedLinear.refresh_` builds a quantized copy (a plain ``nn.Linear`` quantized by torchao) from
   the current weight, and builds it again only when the weight or bias changed since (other tensor, new
   data, in-place update, other device/dtype): a LoRA applied before a run is quantized with the weight;
-* ``forward`` runs the quantized copy only. The source Linear is never modified.
+* ``forward`` runs the quantized copy only. The source Linear's values are never changed by this module;
+  it only receives the Parameters ComfyUI assigns through the wrapper (restored by ComfyUI's unpatching).
 
-One :class:`QuantizedLinear` per model copy (ComfyUI clone), never shared between copies: ComfyUI keeps
-per-module load state on the modules in the tree (``comfy_patched_weights``), which a module shared by
-copies with other object patches carries stale into the next load (measured: a LoRA then was not applied).
+One :class:`QuantizedLinear` per model copy (ComfyUI clone); copies never share one (ComfyUI also keeps
+per-module load state, ``comfy_patched_weights``, on the modules in the tree).
 
 The full-precision weights stay (LoRA and ComfyUI's unpatching need them): the int8 copies add about a
 quarter of the quantized layers' fp32 weight bytes. Output bits differ from the unquantized model (measured
@@ -193,6 +197,18 @@ class QuantizedLinear(nn.Module):
         object.__setattr__(self, "_built_from", None)
         self.builds = 0
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name in ("weight", "bias") and "source" in self.__dict__:
+            setattr(self.source, name, value)  # keep the source holding the same tensor (see module docstring)
+
+    def sync_(self) -> None:
+        """Adopt the source Linear's current ``weight``/``bias`` objects (assigned to it while it was in the tree)."""
+        for name in ("weight", "bias"):
+            value = getattr(self.source, name)
+            if getattr(self, name) is not value:
+                nn.Module.__setattr__(self, name, value)
+
     def refresh_(self, device: torch.device | None = None, dtype: torch.dtype | None = None,
                  token: Any = None) -> bool:
         """(Re)build the quantized copy from the current ``weight``/``bias`` when they (or the target
@@ -200,6 +216,7 @@ class QuantizedLinear(nn.Module):
         when it built. In-place writes are seen through the version counter, except on inference tensors
         (no counter): for those the caller passes a ``token`` naming the weight patches applied (ComfyUI's
         ``patches_uuid``)."""
+        self.sync_()
         device = self.weight.device if device is None else torch.device(device)
         dtype = self.weight.dtype if dtype is None else dtype
         key = (_state(self.weight), _state(self.bias), device, dtype, token)

@@ -79,7 +79,10 @@ def test_compare_node_says_different_as_expected(server: ComfyServer) -> None:
 
 
 def test_lora_is_quantized_with_the_weights(server: ComfyServer, eager_runs: dict[str, Any]) -> None:
-    """LoRA patches land on the full-precision weights before the quantized copies are built (ON_PRE_RUN)."""
+    """LoRA patches land on the full-precision weights before the quantized copies are built (ON_PRE_RUN).
+
+    The quantized and the plain copy below carry the same weight patches, so ComfyUI switches between them
+    without patching again: the wrapper must see what was patched through the source and the other way round."""
     wf = build(compile="off", lora=(LORA, 1.0))
     wf["opt"]["inputs"]["quantize"] = "int8-dynamic"
     plain = add(wf, "SteadfastOptimizeModel", **dict(wf["opt"]["inputs"], quantize="off"))
@@ -88,6 +91,8 @@ def test_lora_is_quantized_with_the_weights(server: ComfyServer, eager_runs: dic
     entry = run(server, wf, timeout=900)
     q_lora = record_of(entry, "samp")["output_sha256"]
     assert q_lora != eager_runs["q1"]["hash"]  # the LoRA acts on the quantized model (not lost)
+    # ... and on the unquantized copy sharing the same weight patches (ComfyUI loads the two without re-patching)
+    assert record_of(entry, samp)["output_sha256"] != eager_runs["base"]["hash"]
     lora_err = compare_of(entry, vs_lora)["max_abs"]
     assert lora_err > 0 and q_lora != record_of(entry, samp)["output_sha256"]
     print(f"\n[quantize] int8+LoRA vs fp32+LoRA latent max|d| {lora_err:.4g}")

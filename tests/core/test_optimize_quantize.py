@@ -147,3 +147,21 @@ def test_expected_difference_names_each_reason_once() -> None:
     assert expected is True and text.count("optimization changes the kernels") == 1
     assert "fingerprint.attention" in text and "fingerprint.quantize." in text
 
+
+
+def test_source_and_wrapper_always_hold_the_same_parameters() -> None:
+    """ComfyUI assigns patched weights to whichever module is in the tree: through the wrapper (mirrored to the
+    source) or, while another copy of the model runs unquantized, to the source (adopted at the next refresh)."""
+    torch.manual_seed(3)
+    lin = nn.Linear(64, 64)
+    q = qz.QuantizedLinear(lin, "int8-dynamic")
+    q.refresh_()
+    through_wrapper = nn.Parameter(lin.weight.detach() + 0.1, requires_grad=False)
+    q.weight = through_wrapper
+    assert lin.weight is through_wrapper and q.refresh_() is True
+    on_source = nn.Parameter(lin.weight.detach() * 2, requires_grad=False)
+    lin.weight = on_source
+    assert q.refresh_() is True and q.weight is on_source
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        assert ((q(x) - lin(x)).abs().max() / lin(x).abs().max()).item() < 0.02  # quantized from the new weight
