@@ -19,7 +19,7 @@ row pays inductor's one-time CPU ISA probes. Each output is compared with eager 
 
 ``torch.compiler.precompile`` specializes to its example: shapes, control flow and every non-tensor argument
 (ComfyUI's ``transformer_options``, with its patches) are baked in and NOT checked at call time; the pack does not
-use it (docs/benchmarks.md section 6 says why). Usage: ``python benchmarks/bench_warm_start.py [--hidden 256]``
+use it (docs/benchmarks.md section 8 says why). Usage: ``python benchmarks/bench_warm_start.py [--hidden 256]``
 """
 from __future__ import annotations
 

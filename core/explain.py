@@ -6,8 +6,8 @@ identity and the environment fingerprint. :func:`explain` flattens both records 
 
 - ``changes bits``: known to change output bits (measured; see ``docs/measurements.md`` and the tests named
   there): thread count, torch/CUDA/cuDNN version, GPU, CPU vector ISA, attention backend, compile
-  mode/backend/inductor preset, determinism and TF32 flags, dtype (precision), QKV fusion, channels-last, model
-  digest, sampler settings, seeds, latent shape, batch-invariance policy;
+  mode/backend/inductor preset, determinism and TF32 flags, dtype (precision), QKV fusion, channels-last, quantization,
+  model digest, sampler settings, seeds, latent shape, batch-invariance policy;
 - ``may change bits``: not measured either way (Python/numpy/ComfyUI/pack version, platform ...).
 
 Fields that differ on every run without touching the bits (timings, counters, the output hashes themselves)
@@ -44,6 +44,7 @@ _KNOWN: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p), why) for
     (r"(^|\.)(dtype|precision)$", "numeric precision (compute dtype)"),
     (r"(^|\.)compile\.inductor_preset$", "inductor config preset changes generated code"),
     (r"(^|\.)(qkv_fusion|channels_last)(\..*)?$", "optimization changes the kernels"),
+    (r"(^|\.)quantize(\..*)?$", "quantized weights and activations (expected to differ)"),
     (r"(^|\.)model(\.(digest|file|file_size|tensors|bytes))?$", "a different model (weights or patches)"),
     (r"(^|\.)(seeds|seed|batch_seed_mode|per_step_noise)(\[.*\])?$", "another noise"),
     (r"(^|\.)(sampler|scheduler|steps|cfg|denoise)$", "sampler settings"),
@@ -144,7 +145,8 @@ def expected_difference(record_a: Mapping[str, Any] | str | None,
                         record_b: Mapping[str, Any] | str | None) -> tuple[bool, str]:
     """``(expected, text)`` for two outputs whose bytes differ, from the run records that made them.
 
-    Expected when the records differ in a field known to change bits (named in ``text``, at most six); not
+    Expected when the records differ in a field known to change bits (named in ``text``: the first field of
+    each reason, at most six reasons, so one setting's many fields cannot hide another setting); not
     expected when a record is missing (nothing to tell by) or when they agree on every such field (a broken
     promise). Raises ValueError when a record is not a JSON object (:func:`parse_record`).
     """
@@ -153,4 +155,6 @@ def expected_difference(record_a: Mapping[str, Any] | str | None,
     known = [d for d in explain(record_a, record_b).diffs if d.known]
     if not known:
         return False, "DIFFERENT although no recorded setting known to change bits differs: a broken promise"
-    return True, "different, as expected: " + "; ".join(f"{d.field} ({d.why})" for d in known[:6])
+    seen: set[str] = set()
+    first = [d for d in known if not (d.why in seen or seen.add(d.why))]  # first field per reason, in order
+    return True, "different, as expected: " + "; ".join(f"{d.field} ({d.why})" for d in first[:6])

@@ -31,7 +31,7 @@ __all__ = [
     "cache_entry_count", "supports_guard_filter_fn", "inductor_mode_options", "is_compile_error",
     "clear_inductor_caches", "has_fp32_precision_api", "get_fp32_precision", "set_fp32_precision",
     "inductor_deterministic", "set_inductor_deterministic", "RecompileLogTap", "install_recompile_log_tap",
-    "remove_recompile_log_tap", "compile_events", "PROBE_CPU_ISA_ENV", "trusted_cpu_isa",
+    "remove_recompile_log_tap", "compile_events", "PROBE_CPU_ISA_ENV", "trusted_cpu_isa", "tensor_version",
 ]
 
 #: Names of the settings as messages to users should spell them.
@@ -173,6 +173,19 @@ def supports_guard_filter_fn() -> bool:
     if target is None:
         raise TorchAPIMissing(f"torch {torch.__version__}: torch._dynamo.eval_frame has no _optimize/optimize")
     return "guard_filter_fn" in inspect.signature(target).parameters
+
+
+def tensor_version(t: torch.Tensor) -> int | None:
+    """The tensor's in-place version counter (``Tensor._version``): it grows with every in-place write, so a
+    cached derivative (a quantized copy) can tell that the tensor's data changed. None for an inference tensor
+    (made under ``torch.inference_mode``, as ComfyUI loads weights), which has no counter."""
+    if t.is_inference():
+        return None
+    try:
+        return int(t._version)
+    except AttributeError as e:
+        raise TorchAPIMissing(f"change detection needs Tensor._version, which torch {torch.__version__} does not "
+                              f"have ({e})") from e
 
 
 def is_compile_error(exc: BaseException) -> bool:

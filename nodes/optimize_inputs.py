@@ -77,6 +77,30 @@ def strict_and_cache_inputs() -> list[io.Input]:
     ]
 
 
+QUANTIZE_CHOICES = ["off", "int8-dynamic", "fp8-dynamic"]
+
+
+def quantize_input() -> io.Combo.Input:
+    """``quantize`` (optional, Optimize Model only, after every other widget): torchao dynamic quantization."""
+    return io.Combo.Input("quantize", options=QUANTIZE_CHOICES, default="off", optional=True,
+                          tooltip="Dynamic quantization of the Linear layers with torchao (pip install torchao). "
+                                  "int8-dynamic: int8 activations and weights, CPU and GPU; fp8-dynamic: float8, "
+                                  "only on GPUs with compute capability >= 8.9. Output bits differ from off "
+                                  "(run-to-run identical); a LoRA is quantized with the weights.")
+
+
+def check_quantize(quantize: str) -> bool | str:
+    """``validate_inputs`` result for ``quantize``: True, or why this server cannot run the mode (fp8 on a
+    CPU or an older GPU), so the prompt is refused before anything runs."""
+    import comfy.model_management
+    from ..core.optimize import quantize as qz
+    try:
+        qz.check_supported(quantize, comfy.model_management.get_torch_device())
+    except (qz.QuantizeUnavailable, ValueError) as e:
+        return str(e)
+    return True
+
+
 def check_compile_cache(compile_cache: str) -> bool | str:
     """``validate_inputs`` result for the ``compile_cache`` widget: True, or why the name is refused
     (:func:`core.compile_cache_location.check_name`: a name, never a path)."""
@@ -113,4 +137,5 @@ def compile_settings(backend: str, mode: str, dynamic: str, fullgraph: bool,
 
 __all__ = ["SDPA_CHOICES", "MODEL_ATTENTION_CHOICES", "COMPILE_CHOICES", "BACKENDS", "MODES", "DYNAMIC_CHOICES",
            "layout_inputs", "attention_input", "compile_inputs", "strict_and_cache_inputs", "check_compile_cache",
+           "QUANTIZE_CHOICES", "quantize_input", "check_quantize",
            "compile_settings", "knob_inputs"]

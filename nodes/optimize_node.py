@@ -1,4 +1,4 @@
-"""Steadfast Optimize Model: QKV fusion, channels-last, SDPA backend and (regional) torch.compile on a MODEL.
+"""Steadfast Optimize Model: QKV fusion, channels-last, SDPA backend, quantization and (regional) torch.compile on a MODEL.
 
 Diffusers pipelines have their own node, Pipeline Optimize (``nodes/pipeline_optimize_node.py``); both
 declare their shared widgets from :mod:`.optimize_inputs`.
@@ -12,6 +12,7 @@ import comfy.model_management
 from ..core import blocks, registry
 from ..core.guard_filters import comfy_guard_filter
 from ..core.optimize import attention as sdpa
+from ..core.optimize import quantize as qz
 from . import model_patches as mp
 from . import optimize_inputs as oi
 
@@ -34,20 +35,23 @@ class SteadfastOptimizeModel(io.ComfyNode):
                 *oi.compile_inputs(),
                 *oi.strict_and_cache_inputs(),
                 *oi.knob_inputs(),
+                oi.quantize_input(),
             ],
             outputs=[io.Model.Output(display_name="MODEL", tooltip="The optimized clone."),
                      io.String.Output(display_name="report", tooltip="What was applied, and to which blocks.")],
         )
 
     @classmethod
-    def validate_inputs(cls, compile_cache: str = "") -> bool | str:
+    def validate_inputs(cls, compile_cache: str = "", quantize: str = "off") -> bool | str:
         # named arguments only: ComfyUI then keeps its own combo/min/max checks for every other input
-        return oi.check_compile_cache(compile_cache)
+        ok = oi.check_compile_cache(compile_cache)
+        return oi.check_quantize(quantize) if ok is True else ok
 
     @classmethod
     def execute(cls, model, qkv_fusion: bool, channels_last: bool, attention: str, compile: str,
                 backend: str, mode: str, dynamic: str, fullgraph: bool, strict_recompiles: bool = False,
-                compile_cache: str = "", precision: str = "model", inductor_preset: str = "none") -> io.NodeOutput:
+                compile_cache: str = "", precision: str = "model", inductor_preset: str = "none",
+                quantize: str = "off") -> io.NodeOutput:
         m = model.clone()
         lines: list[str] = []
         device = comfy.model_management.get_torch_device()
@@ -76,6 +80,12 @@ class SteadfastOptimizeModel(io.ComfyNode):
 
         if compile == "off" and inductor_preset != "none":
             lines.append(f"inductor_preset {inductor_preset}: no effect (compile is off)")
+        if quantize != "off":
+            qz.check_supported(quantize, device)
+            choice = mp.add_quantize(m, quantize)
+            lines.append(f"quantize: {quantize} (torchao), {choice.as_text()}; built at the first run from the "
+                         "weights as patched (LoRA included)")
+
         if compile != "off":
             options = oi.compile_settings(backend, mode, dynamic, fullgraph, inductor_preset)  # ValueError: not inductor
             diffusion_model = m.get_model_object("diffusion_model")

@@ -164,6 +164,7 @@ class SteadfastSeededSampler(io.ComfyNode):
             channels_last=opts.get("channels_last", False),
             compile=compiled,
             determinism=opts.get("last_determinism") or opts.get("determinism") or "not set (Determinism Setup not used)",
+            **({"quantize": opts["quantize"]} if "quantize" in opts else {}),  # absent when off (older records)
             **identity.versions(),
         )
         if during:  # the process state after sampling may differ (the policy is restored)
