@@ -89,19 +89,13 @@ def build_configs(model: Any, names: list[str]) -> tuple[dict[str, Any], dict[st
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    names = [n.strip() for n in args.configs.split(",") if n.strip()]
-    unknown = [n for n in names if n not in CONFIGS]
-    if unknown:
-        raise SystemExit(f"unknown config(s) {unknown}; choose from {list(CONFIGS)}")
-    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    names, sizes = bench_tiny_sd15.names_and_sizes(args, CONFIGS)
     tmp_cache = tempfile.mkdtemp(prefix="steadfast_bench_knobs_")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tmp_cache
     t_start = time.perf_counter()
     try:
         _common.import_pack()
         import torch
-        import comfy.sample
-        import comfy.sd
 
         ckpt = _common.tiny_sd15_module().cached_tiny_sd15()
         _common.print_header("bench_knobs_precision", {
@@ -111,26 +105,9 @@ def main(argv: list[str] | None = None) -> int:
             "inductor cache": "fresh empty dir (cold)",
         })
         with torch.inference_mode():  # as ComfyUI's prompt executor runs nodes
-            model, clip, _, _ = comfy.sd.load_checkpoint_guess_config(str(ckpt), output_vae=False, output_clip=True)
-            pos = clip.encode_from_tokens_scheduled(clip.tokenize("a red fox in the snow, photograph"))
-            neg = clip.encode_from_tokens_scheduled(clip.tokenize(""))
+            model, sample = bench_tiny_sd15.load_and_sampler(ckpt, args)
             configs, records = build_configs(model, names)
-
-            def sample(patcher: Any, side: int, marks: list[float] | None = None) -> torch.Tensor:
-                latent = torch.zeros(1, 4, side, side)
-                noise = comfy.sample.prepare_noise(latent, args.seed)
-                callback = None if marks is None else (lambda *_: marks.append(time.perf_counter()))
-                return comfy.sample.sample(patcher, noise, args.steps, args.cfg, "euler", "normal", pos, neg,
-                                           latent, seed=args.seed, disable_pbar=True, callback=callback)
-
-            rows: list[list[Any]] = []
-            notes: dict[str, list[str]] = {}
-            for side in sizes:
-                r, n = bench_tiny_sd15.run_size(side, configs, records, sample, args)
-                rows += r
-                for k, v in n.items():
-                    notes.setdefault(k, []).append(f"{side}x{side}: {v}" if k == "_rounds"
-                                                   else f"after {side}x{side}: {v}")
+            rows, notes = bench_tiny_sd15.run_sizes(sizes, configs, records, sample, args)
     finally:
         shutil.rmtree(tmp_cache, ignore_errors=True)
 

@@ -52,13 +52,7 @@ def quantize_copy(dm: Any, mode: str = "int8-dynamic") -> tuple[int, str]:
     """Swap the chosen Linears of ``dm`` for built :class:`QuantizedLinear` s; ``(count, choice text)``."""
     from steadfast.core.optimize import quantize as qz
 
-    choice = qz.choose_linears(dm)
-    for path in choice.paths:
-        parent, _, leaf = path.rpartition(".")
-        holder = dm.get_submodule(parent) if parent else dm
-        q = qz.QuantizedLinear(holder.get_submodule(leaf), mode)
-        q.refresh_()
-        setattr(holder, leaf, q)
+    choice = qz.quantize_in_place(dm, mode)
     return len(choice.paths), choice.as_text()
 
 

@@ -214,13 +214,52 @@ def run_size(side: int, configs: dict[str, Any], records: dict[str, Any], sample
     return rows, notes
 
 
+def load_and_sampler(ckpt: Path, args: argparse.Namespace) -> tuple[Any, Callable[..., Any]]:
+    """``(MODEL, sample)``: the checkpoint's ModelPatcher and ``sample(patcher, side, marks=None)``, one
+    ``comfy.sample.sample`` call (euler/normal, ``args.steps``/``args.cfg``/``args.seed``, a fixed prompt) on a
+    ``1 x 4 x side x side`` zero latent; ``marks`` collects one ``perf_counter`` per step. Call inside inference mode."""
+    import torch
+    import comfy.sample
+    import comfy.sd
+
+    model, clip, _, _ = comfy.sd.load_checkpoint_guess_config(str(ckpt), output_vae=False, output_clip=True)
+    pos = clip.encode_from_tokens_scheduled(clip.tokenize("a red fox in the snow, photograph"))
+    neg = clip.encode_from_tokens_scheduled(clip.tokenize(""))
+
+    def sample(patcher: Any, side: int, marks: list[float] | None = None) -> torch.Tensor:
+        latent = torch.zeros(1, 4, side, side)
+        noise = comfy.sample.prepare_noise(latent, args.seed)
+        callback = None if marks is None else (lambda *_: marks.append(time.perf_counter()))
+        return comfy.sample.sample(patcher, noise, args.steps, args.cfg, "euler", "normal", pos, neg,
+                                   latent, seed=args.seed, disable_pbar=True, callback=callback)
+    return model, sample
+
+
+def run_sizes(sizes: list[int], configs: dict[str, Any], records: dict[str, Any], sample: Callable[..., Any],
+              args: argparse.Namespace) -> tuple[list[list[Any]], dict[str, list[str]]]:
+    """:func:`run_size` for each latent side: the table rows and the notes (timing rounds, compile states)."""
+    rows: list[list[Any]] = []
+    notes: dict[str, list[str]] = {}
+    for side in sizes:
+        r, n = run_size(side, configs, records, sample, args)
+        rows += r
+        for k, v in n.items():
+            notes.setdefault(k, []).append(f"{side}x{side}: {v}" if k == "_rounds" else f"after {side}x{side}: {v}")
+    return rows, notes
+
+
+def names_and_sizes(args: argparse.Namespace, known: Any) -> tuple[list[str], list[int]]:
+    """``--configs`` as names (``SystemExit`` naming any not in ``known``) and ``--sizes`` as ints."""
+    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"unknown config(s) {unknown}; choose from {list(known)}")
+    return names, [int(s) for s in args.sizes.split(",") if s.strip()]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    names = [n.strip() for n in args.configs.split(",") if n.strip()]
-    unknown = [n for n in names if n not in CONFIGS]
-    if unknown:
-        raise SystemExit(f"unknown config(s) {unknown}; choose from {list(CONFIGS)}")
-    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    names, sizes = names_and_sizes(args, CONFIGS)
 
     tmp_cache = None
     if args.cache_dir is None:
@@ -232,8 +271,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _common.import_pack()
         import torch
-        import comfy.sample
-        import comfy.sd
 
         ckpt = _common.tiny_sd15_module().cached_tiny_sd15()
         _common.print_header("bench_tiny_sd15", {
@@ -245,26 +282,9 @@ def main(argv: list[str] | None = None) -> int:
             "inductor cache": "fresh empty dir (cold)" if tmp_cache else os.environ["TORCHINDUCTOR_CACHE_DIR"],
         })
         with torch.inference_mode():  # as ComfyUI's prompt executor runs nodes
-            model, clip, _, _ = comfy.sd.load_checkpoint_guess_config(str(ckpt), output_vae=False, output_clip=True)
-            pos = clip.encode_from_tokens_scheduled(clip.tokenize("a red fox in the snow, photograph"))
-            neg = clip.encode_from_tokens_scheduled(clip.tokenize(""))
+            model, sample = load_and_sampler(ckpt, args)
             configs, records = build_configs(model, names, os.environ["TORCHINDUCTOR_CACHE_DIR"])
-
-            def sample(patcher: Any, side: int, marks: list[float] | None = None) -> torch.Tensor:
-                latent = torch.zeros(1, 4, side, side)
-                noise = comfy.sample.prepare_noise(latent, args.seed)
-                callback = None if marks is None else (lambda *_: marks.append(time.perf_counter()))
-                return comfy.sample.sample(patcher, noise, args.steps, args.cfg, "euler", "normal", pos, neg,
-                                           latent, seed=args.seed, disable_pbar=True, callback=callback)
-
-            rows: list[list[Any]] = []
-            notes: dict[str, list[str]] = {}
-            for side in sizes:
-                r, n = run_size(side, configs, records, sample, args)
-                rows += r
-                for k, v in n.items():
-                    notes.setdefault(k, []).append(f"{side}x{side}: {v}" if k == "_rounds"
-                                                   else f"after {side}x{side}: {v}")
+            rows, notes = run_sizes(sizes, configs, records, sample, args)
     finally:
         if tmp_cache is not None:
             shutil.rmtree(tmp_cache, ignore_errors=True)

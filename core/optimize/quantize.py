@@ -43,7 +43,8 @@ from torch import Tensor, nn
 from .. import torch_compat
 
 __all__ = ["MODES", "MIN_FEATURES", "MULTIPLE", "FP8_MIN_CAPABILITY", "QuantizeUnavailable", "require_torchao",
-           "torchao_version", "check_supported", "config_for", "Choice", "choose_linears", "quantized_copy", "QuantizedLinear"]
+           "torchao_version", "check_supported", "config_for", "Choice", "choose_linears", "quantized_copy",
+           "QuantizedLinear", "quantize_in_place"]
 
 MODES = ("off", "int8-dynamic", "fp8-dynamic")
 #: Linears with fewer input or output features are left alone (quantizing activations costs more than it saves).
@@ -248,3 +249,16 @@ class QuantizedLinear(nn.Module):
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, mode={self.mode}"
 
+
+def quantize_in_place(root: nn.Module, mode: str = "int8-dynamic") -> Choice:
+    """Replace the Linears :func:`choose_linears` picks in ``root`` by built :class:`QuantizedLinear` s (``root`` is
+    modified: for scripts and tests; ComfyUI's path patches a clone instead). Returns the choice. Raises
+    :class:`QuantizeUnavailable` without torchao, ``ValueError`` for an unknown ``mode``."""
+    choice = choose_linears(root)
+    for path in choice.paths:
+        parent, _, leaf = path.rpartition(".")
+        holder = root.get_submodule(parent) if parent else root
+        q = QuantizedLinear(holder.get_submodule(leaf), mode)
+        q.refresh_()
+        setattr(holder, leaf, q)
+    return choice

@@ -34,14 +34,7 @@ class MLPBlock(nn.Module):
 
 
 def quantized(model: nn.Module, mode: str = "int8-dynamic") -> tuple[nn.Module, qz.Choice]:
-    choice = qz.choose_linears(model)
-    for path in choice.paths:
-        parent, _, leaf = path.rpartition(".")
-        holder = model.get_submodule(parent) if parent else model
-        q = qz.QuantizedLinear(holder.get_submodule(leaf), mode)
-        q.refresh_()
-        setattr(holder, leaf, q)
-    return model, choice
+    return model, qz.quantize_in_place(model, mode)
 
 
 @pytest.fixture
