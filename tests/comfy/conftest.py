@@ -83,9 +83,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     setattr(item, f"rep_{report.when}", report)
 
 
+@pytest.fixture
 def artifacts_dir() -> Path:
     """Where tests leave files for a person to look at after a failure (``STEADFAST_ARTIFACTS``, default
-    ``test-artifacts/`` in the repository, ignored by git)."""
+    ``test-artifacts/`` in the repository, ignored by git). A fixture: ``from conftest import ...`` would find
+    whichever ``conftest`` module the run imported first (tests/core has one too)."""
     path = Path(os.environ.get("STEADFAST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts"))
     path.mkdir(parents=True, exist_ok=True)
     return path

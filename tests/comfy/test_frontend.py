@@ -163,10 +163,9 @@ def screenshot_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
     report = getattr(request.node, "rep_call", None)
     if report is None or not report.failed or "page" not in request.fixturenames:
         return
-    from conftest import artifacts_dir
     pg = request.getfixturevalue("page")
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in request.node.name)
-    shot = artifacts_dir() / f"frontend-{safe}.png"
+    shot = request.getfixturevalue("artifacts_dir") / f"frontend-{safe}.png"
     pg.screenshot(path=str(shot), full_page=True)
     (shot.with_suffix(".errors.txt")).write_text("\n".join(pg.steadfast_errors) or "no page errors\n")
     print(f"screenshot of the failed page: {shot}")
@@ -386,13 +385,14 @@ def test_old_optimize_widgets_values_load_by_name(page: Any, object_info: dict[s
                "strict_recompiles": True, "compile_cache": "my_cache"}}}
     workflow = api_to_ui.convert(api, object_info)
     node = next(n for n in workflow["nodes"] if n["type"] == "SteadfastOptimizeModel")
-    assert len(node["widgets_values"]) == 12  # ten, then precision and inductor_preset (defaults)
+    assert len(node["widgets_values"]) == 13  # ten, then precision, inductor_preset and quantize (defaults)
     old = node["widgets_values"]
     node["widgets_values"] = old[:8] + [True, False] + old[8:10]  # the old layout: ..., fullgraph, vae_slicing, vae_tiling, ...
     page.evaluate("async (wf) => { await window.app.loadGraphData(wf) }", workflow)
     check_round_trip(page, api, object_info, "old Optimize Model widgets_values")
-    # today's list has the same length (12): it must load as saved, not be taken for the old layout
-    api["2"]["inputs"].update(precision="bf16", inductor_preset="diffusers-fast", backend="inductor")
+    # today's list (13 values, the new widgets not at their defaults) must load as saved
+    api["2"]["inputs"].update(precision="bf16", inductor_preset="diffusers-fast", quantize="int8-dynamic",
+                              backend="inductor")
     page.evaluate("async (wf) => { await window.app.loadGraphData(wf) }", api_to_ui.convert(api, object_info))
     check_round_trip(page, api, object_info, "current Optimize Model widgets_values")
 

@@ -90,7 +90,9 @@ def test_one_node_per_job_and_model_nodes_keep_their_inputs(server: ComfyServer)
     assert opt["output"][0] == wu["output"][0] == "MODEL"
     assert opt["input_order"]["required"] == ["model", "qkv_fusion", "channels_last", "attention", "compile",
                                               "backend", "mode", "dynamic", "fullgraph"]
-    assert opt["input_order"]["optional"] == ["strict_recompiles", "compile_cache"]
+    # optional inputs only ever appended: saved workflows keep their positions
+    assert opt["input_order"]["optional"] == ["strict_recompiles", "compile_cache", "precision", "inductor_preset",
+                                              "quantize"]
     assert smp["input_order"]["required"] == ["model", "seed", "steps", "cfg", "sampler_name", "scheduler",
                                               "positive", "negative", "latent_image", "denoise", "batch_seed_mode"]
     assert "optional" not in smp["input_order"] or not smp["input_order"]["optional"]
