@@ -99,12 +99,15 @@ def check_supported(mode: str, device: torch.device | str) -> None:
 
 
 def config_for(mode: str) -> Any:
-    """The torchao config object for ``mode`` (imports torchao)."""
+    """The torchao config object for ``mode`` (imports torchao), with ``set_inductor_config=False``: by default
+    torchao's configs set five inductor config values process-wide and never restore them (coordinate-descent
+    tuning, ``force_fuse_int_mm_with_mul``, ...: every later compile in the server, of any model, would change;
+    found by ``tests/comfy/test_process_state.py``)."""
     tq = require_torchao()
     if mode == "int8-dynamic":
-        return tq.Int8DynamicActivationInt8WeightConfig()
+        return tq.Int8DynamicActivationInt8WeightConfig(set_inductor_config=False)
     if mode == "fp8-dynamic":
-        return tq.Float8DynamicActivationFloat8WeightConfig()
+        return tq.Float8DynamicActivationFloat8WeightConfig(set_inductor_config=False)
     raise ValueError(f"quantize: no torchao config for mode {mode!r}")
 
 

@@ -85,7 +85,8 @@ def main() -> None:
         det = SteadfastDeterminismSetup.execute(model=model, strict=True, allow_tf32=False, num_threads=1).result[0]
         opt = SteadfastOptimizeModel.execute(model=det, qkv_fusion=True, channels_last=True, attention="math",
                                              compile="regional", backend="inductor", mode="default",
-                                             dynamic="true", fullgraph=False).result[0]
+                                             dynamic="true", fullgraph=False,
+                                             quantize="int8-dynamic").result[0]
     hashes = []
     for key in ("after_run", "after_second_run"):
         with torch.inference_mode():
