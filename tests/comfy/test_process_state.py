@@ -1,6 +1,7 @@
 """docs/architecture.md's list of process-wide changes is the truth: a full workflow (Determinism Setup,
 Optimize with QKV fusion + channels-last + SDPA math + regional inductor compile + int8 quantize, Seeded Sampler,
-Hash) run in-process changes nothing process-wide that the list does not name as kept, and everything it names as kept is observed.
+Hash) run in-process changes nothing process-wide that the list does not name as kept, and everything it names
+as kept is observed.
 
 Compared: environment variables, torch's global flags and thread count, logging (level, handlers, propagate of
 every logger that existed before), Dynamo and inductor config values, and the diffusion model's Parameters
