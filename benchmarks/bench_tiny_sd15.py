@@ -217,7 +217,8 @@ def run_size(side: int, configs: dict[str, Any], records: dict[str, Any], sample
 def load_and_sampler(ckpt: Path, args: argparse.Namespace) -> tuple[Any, Callable[..., Any]]:
     """``(MODEL, sample)``: the checkpoint's ModelPatcher and ``sample(patcher, side, marks=None)``, one
     ``comfy.sample.sample`` call (euler/normal, ``args.steps``/``args.cfg``/``args.seed``, a fixed prompt) on a
-    ``1 x 4 x side x side`` zero latent; ``marks`` collects one ``perf_counter`` per step. Call inside inference mode."""
+    ``1 x 4 x side x side`` zero latent; ``marks`` collects one ``perf_counter`` per step. Call inside inference
+    mode."""
     import torch
     import comfy.sample
     import comfy.sd

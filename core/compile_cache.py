@@ -178,8 +178,9 @@ def open_cache(root: str | os.PathLike[str], name: str = DEFAULT_NAME, *, device
                inductor_options: Mapping[str, Any] | None = None, source: str = "",
                forbidden: tuple[str | os.PathLike[str], ...] = ()) -> CompileCache | None:
     """Open (create) ``<root>/<name>/<key>`` (:func:`cache_key_fields` of ``device``, ``inductor_options``),
-    ``root`` the operator's, ``name`` the workflow's. :class:`CacheRefused`, before creating anything: not a plain name, a root overlapping a
-    ``forbidden`` folder (HTTP clients write there), a name that is a link, a file or escapes the root. A foreign
+    ``root`` the operator's, ``name`` the workflow's. :class:`CacheRefused`, before creating anything: not a plain
+    name, a root overlapping a ``forbidden`` folder (HTTP clients write there), a name that is a link, a file or
+    escapes the root. A foreign
     manifest is moved aside with a message. None, with a logged warning, when it cannot be created or written."""
     if check_name(name) != name:
         raise CacheRefused(f"compile cache name {name!r} is not a plain name")

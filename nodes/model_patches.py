@@ -221,7 +221,8 @@ def add_quantize(model, mode: str) -> qz.Choice:
     does not run them). Returns the choice (layers quantized, skipped with reasons). Imports torchao."""
     qz.require_torchao()  # "pip install torchao" before anything is patched
     root = model.get_model_object("diffusion_model")
-    fused = {k[len("diffusion_model."):] for k, p in model.object_patches.items() if isinstance(p, FusedQKVCrossAttention)}
+    fused = {k[len("diffusion_model."):] for k, p in model.object_patches.items()
+             if isinstance(p, FusedQKVCrossAttention)}
     choice = qz.choose_linears(root)
     paths, skipped = [], dict(choice.skipped)
     for path in choice.paths:

@@ -86,7 +86,8 @@ def check_supported(mode: str, device: torch.device | str) -> None:
         raise ValueError(f"quantize: unknown mode {mode!r}; expected one of {MODES}")
     device = torch.device(device)
     if mode == "fp8-dynamic":
-        need = f"a CUDA GPU with compute capability >= {FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]} (Ada/Hopper or newer)"
+        major, minor = FP8_MIN_CAPABILITY
+        need = f"a CUDA GPU with compute capability >= {major}.{minor} (Ada/Hopper or newer)"
         if device.type != "cuda" or not torch.cuda.is_available():
             raise QuantizeUnavailable(f"quantize=fp8-dynamic needs {need}; this model runs on {device}. "
                                       "Use int8-dynamic (CPU and GPU) or off")

@@ -387,7 +387,8 @@ def test_old_optimize_widgets_values_load_by_name(page: Any, object_info: dict[s
     node = next(n for n in workflow["nodes"] if n["type"] == "SteadfastOptimizeModel")
     assert len(node["widgets_values"]) == 13  # ten, then precision, inductor_preset and quantize (defaults)
     old = node["widgets_values"]
-    node["widgets_values"] = old[:8] + [True, False] + old[8:10]  # the old layout: ..., fullgraph, vae_slicing, vae_tiling, ...
+    # the old layout: ..., fullgraph, vae_slicing, vae_tiling, strict_recompiles, compile_cache
+    node["widgets_values"] = old[:8] + [True, False] + old[8:10]
     page.evaluate("async (wf) => { await window.app.loadGraphData(wf) }", workflow)
     check_round_trip(page, api, object_info, "old Optimize Model widgets_values")
     # today's list (13 values, the new widgets not at their defaults) must load as saved
