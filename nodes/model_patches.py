@@ -13,7 +13,7 @@ key                        extension point                             job
 ``steadfast.compile``      ``WrappersMP.APPLY_MODEL``                  swap compiled blocks in/out
 ``steadfast.qkv``          object patches + ``CallbacksMP.ON_PRE_RUN``  fused q/k/v projections
 ``steadfast.layout``       ``ON_PRE_RUN`` / ``ON_CLEANUP``             channels-last for the run only
-``steadfast.quantize``     object patches + ``ON_PRE_RUN`` / ``ON_DETACH``  torchao-quantized Linear copies
+``steadfast.quantize``     object patches + ``ON_PRE_RUN`` / ``ON_DETACH``  quantized Linears (:mod:`.quantize_patch`)
 =========================  ==========================================  ===============================
 """
 from __future__ import annotations
@@ -35,7 +35,6 @@ from ..core.compile_record import CompileRecord
 from ..core.determinism_policy import DeterminismPolicy
 from ..core.optimize import attention as sdpa
 from ..core.optimize import layout, precision, qkv, qkv_project
-from ..core.optimize import quantize as qz
 
 log = logging.getLogger("steadfast")
 
@@ -43,7 +42,6 @@ KEY_DET = "steadfast.determinism"
 KEY_COMPILE = "steadfast.compile"
 KEY_QKV = "steadfast.qkv"
 KEY_LAYOUT = "steadfast.layout"
-KEY_QUANT = "steadfast.quantize"
 OPTIONS_KEY = "steadfast"  # model_options["steadfast"]: what this clone carries, for run records
 
 
@@ -206,50 +204,6 @@ def add_qkv_fusion(model) -> int:
     model.weight_inplace_update = True
     steadfast_options(model)["qkv_fusion"] = len(found)
     return len(found)
-
-
-# --------------------------------------------------------------------------------------------
-# Quantization: object patches that swap each chosen Linear for a core.optimize.quantize.QuantizedLinear.
-# It registers the original weight/bias Parameters (LoRA patches land on them, the shared model is never
-# modified) and runs a torchao-quantized copy built at ON_PRE_RUN, i.e. after weight patches: a LoRA is
-# quantized with the weight. The copies are dropped at ON_DETACH (model unloaded) and rebuilt on the next run.
-# --------------------------------------------------------------------------------------------
-def add_quantize(model, mode: str) -> qz.Choice:
-    """Quantize the Linears of ``model``'s (a clone's) diffusion model with ``mode`` (:data:`qz.MODES`).
-
-    The q/k/v projections of attention modules fused by :func:`add_qkv_fusion` are skipped (the fused matmul
-    does not run them). Returns the choice (layers quantized, skipped with reasons). Imports torchao."""
-    qz.require_torchao()  # "pip install torchao" before anything is patched
-    root = model.get_model_object("diffusion_model")
-    fused = {k[len("diffusion_model."):] for k, p in model.object_patches.items()
-             if isinstance(p, FusedQKVCrossAttention)}
-    choice = qz.choose_linears(root)
-    paths, skipped = [], dict(choice.skipped)
-    for path in choice.paths:
-        parent, _, leaf = path.rpartition(".")
-        if parent in fused and leaf in ("to_q", "to_k", "to_v"):
-            skipped["fused by qkv_fusion"] = skipped.get("fused by qkv_fusion", 0) + 1
-            continue
-        mod = model.get_model_object(f"diffusion_model.{path}")  # this clone's view (another clone may be loaded)
-        source = mod.source if isinstance(mod, qz.QuantizedLinear) else mod
-        model.add_object_patch(f"diffusion_model.{path}", qz.QuantizedLinear(source, mode))
-        paths.append(path)
-    layers = [model.object_patches[f"diffusion_model.{p}"] for p in paths]
-
-    def build(patcher):
-        dtype = getattr(patcher.model, "manual_cast_dtype", None)
-        for q in layers:
-            q.refresh_(device=patcher.load_device, dtype=dtype, token=patcher.patches_uuid)
-
-    def release(patcher, unpatch_all):
-        for q in layers:
-            q.release_()
-
-    for kind, fn in ((CallbacksMP.ON_PRE_RUN, build), (CallbacksMP.ON_DETACH, release)):
-        model.remove_callbacks_with_key(kind, KEY_QUANT)
-        model.add_callback_with_key(kind, KEY_QUANT, fn)
-    steadfast_options(model)["quantize"] = {"mode": mode, "layers": len(paths), "torchao": qz.torchao_version()}
-    return qz.Choice(tuple(paths), skipped)
 
 
 # --------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from ..core.optimize import attention as sdpa
 from ..core.optimize import quantize as qz
 from . import model_patches as mp
 from . import optimize_inputs as oi
+from . import quantize_patch
 
 
 class SteadfastOptimizeModel(io.ComfyNode):
@@ -82,7 +83,7 @@ class SteadfastOptimizeModel(io.ComfyNode):
             lines.append(f"inductor_preset {inductor_preset}: no effect (compile is off)")
         if quantize != "off":
             qz.check_supported(quantize, device)
-            choice = mp.add_quantize(m, quantize)
+            choice = quantize_patch.add_quantize(m, quantize)
             lines.append(f"quantize: {quantize} (torchao), {choice.as_text()}; built at the first run from the "
                          "weights as patched (LoRA included)")
 
