@@ -373,6 +373,5 @@ def set_precision(model, name: str) -> torch.dtype | None:
     lacks (:func:`core.optimize.precision.precision_dtype`)."""
     dtype = precision.precision_dtype(name, model.load_device)
     if dtype is not None:
-        model.set_model_compute_dtype(dtype)
-        steadfast_options(model)["precision"] = name
+        model.set_model_compute_dtype(dtype)  # the run record reads it back as fingerprint.dtype
     return dtype

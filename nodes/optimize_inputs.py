@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
+import comfy.model_management
+
 from ..core import compile_cache_location, inductor_presets
 from ..core.compile import CompileOptions
+from ..core.optimize import quantize as qz
 from ..core.optimize.precision import PRECISIONS
 from . import model_patches as mp
 
@@ -77,7 +80,7 @@ def strict_and_cache_inputs() -> list[io.Input]:
     ]
 
 
-QUANTIZE_CHOICES = ["off", "int8-dynamic", "fp8-dynamic"]
+QUANTIZE_CHOICES = list(qz.MODES)  # importing core.optimize.quantize does not import torchao
 
 
 def quantize_input() -> io.Combo.Input:
@@ -92,8 +95,6 @@ def quantize_input() -> io.Combo.Input:
 def check_quantize(quantize: str) -> bool | str:
     """``validate_inputs`` result for ``quantize``: True, or why this server cannot run the mode (fp8 on a
     CPU or an older GPU), so the prompt is refused before anything runs."""
-    import comfy.model_management
-    from ..core.optimize import quantize as qz
     try:
         qz.check_supported(quantize, comfy.model_management.get_torch_device())
     except (qz.QuantizeUnavailable, ValueError) as e:

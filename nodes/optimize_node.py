@@ -1,4 +1,4 @@
-"""Steadfast Optimize Model: QKV fusion, channels-last, SDPA backend, quantization and (regional) torch.compile on a MODEL.
+"""Steadfast Optimize Model: QKV fusion, channels-last, SDPA backend, precision, quantization, (regional) compile.
 
 Diffusers pipelines have their own node, Pipeline Optimize (``nodes/pipeline_optimize_node.py``); both
 declare their shared widgets from :mod:`.optimize_inputs`.
