@@ -7,8 +7,10 @@ identity and the environment fingerprint. :func:`explain` flattens both records 
 - ``changes bits``: known to change output bits (measured; see ``docs/measurements.md`` and the tests named
   there): thread count, torch/CUDA/cuDNN version, GPU, CPU vector ISA, attention backend, compile
   mode/backend/inductor preset, determinism and TF32 flags, dtype (precision), QKV fusion, channels-last, quantization,
-  model digest, sampler settings, seeds, latent shape, batch-invariance policy;
-- ``may change bits``: not measured either way (Python/numpy/ComfyUI/pack version, platform ...).
+  model digest, sampler settings, seeds, latent shape, batch-invariance policy, the ComfyUI version, Dynamic VRAM,
+  ComfyUI's ``--fast`` options, fp16 accumulation, ComfyUI's dtype/attention switches, comfy-kitchen's version
+  (``core/comfy_env.py``);
+- ``may change bits``: not measured either way (Python/numpy/pack version, comfy-aimdo version, platform ...).
 
 Fields that differ on every run without touching the bits (timings, counters, the output hashes themselves)
 are not listed. When nothing recorded differs, :meth:`Explanation.as_text` says so plainly: the cause is then
@@ -50,6 +52,12 @@ _KNOWN: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p), why) for
     (r"(^|\.)(sampler|scheduler|steps|cfg|denoise)$", "sampler settings"),
     (r"(^|\.)(latent_shape|output_shape)$", "another size or batch"),
     (r"(^|\.)batch_invariant(\..*)?$", "batch-invariance policy (free memory / batch composition)"),
+    (r"(^|\.)comfyui$", "ComfyUI's own code changed (e.g. 0.33.0 draws fp16/bf16 noise in float32; docs/compatibility.md)"),
+    (r"(^|\.)dynamic_vram$", "Dynamic VRAM (comfy-aimdo) loads weights another way; upstream reports leaks between runs"),
+    (r"(^|\.)comfy_fast$", "ComfyUI --fast options change kernels (fp16 accumulation, fp8 matmul, cuBLAS ops, autotune)"),
+    (r"(^|\.)fp16_accumulation$", "fp16 accumulation in matmuls (speed vs bits)"),
+    (r"(^|\.)comfy_numeric_args(\..*)?$", "ComfyUI dtype / attention switches"),
+    (r"(^|\.)comfy_kitchen$", "comfy-kitchen supplies ComfyUI's kernels"),
 ))
 
 

@@ -82,6 +82,7 @@ def seeded_noise(
     mode: Literal["incremental", "comfy"] = "incremental",
     dtype: torch.dtype = torch.float32,
     batch_index: Sequence[int] | None = None,
+    draw_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Standard-normal noise of ``shape`` on the CPU, from private generators only.
 
@@ -96,9 +97,13 @@ def seeded_noise(
             for a plain tensor latent of this shape/dtype (one stream for the whole batch; with
             ``batch_index``, item ``j`` is the ``batch_index[j]``-th batch-1 draw of that stream),
             but without reseeding the global RNG.
-        dtype: dtype the noise is drawn in (ComfyUI draws in the latent's dtype; drawing in fp16 is
-            not the same as drawing fp32 and casting).
+        dtype: dtype of the returned noise (the latent's dtype).
         batch_index: optional per-item indices (``latent["batch_index"]``), one per batch item, >= 0.
+        draw_dtype: dtype the values are drawn in before the cast to ``dtype``; ``None`` draws in
+            ``dtype``. Drawing fp16 is not the same as drawing fp32 and casting, and ComfyUI changed
+            which it does: 0.8.0's ``prepare_noise_inner`` draws in the latent's dtype, 0.33.0's draws
+            ``torch.float32`` and casts. ``"comfy"`` callers pass what the running ComfyUI does
+            (``nodes/comfy_noise.py`` asks it).
     Returns:
         ``torch.Tensor`` of ``shape`` and ``dtype`` on the CPU, contiguous.
     Raises:
@@ -113,25 +118,29 @@ def seeded_noise(
         raise ValueError(f"mode must be one of {NOISE_MODES}, got {mode!r}")
     inds = _check_batch_index(batch_index, dims[0])
     item_shape = (1, *dims[1:])
+    draw = dtype if draw_dtype is None else draw_dtype
+
+    def randn(size, generator):
+        return torch.randn(size, dtype=draw, generator=generator).to(dtype)
 
     if mode == "incremental":
         offsets = inds if inds is not None else range(dims[0])
         check_seed(seed, count=max(offsets) + 1)
-        items = [torch.randn(item_shape, dtype=dtype, generator=_generator(seed + k)) for k in offsets]
+        items = [randn(item_shape, _generator(seed + k)) for k in offsets]
         return torch.cat(items, dim=0)
 
     generator = _generator(seed)
     if inds is None:
-        return torch.randn(dims, dtype=dtype, generator=generator)
+        return randn(dims, generator)
     # The stream is consumed one batch-1 draw at a time up to the largest index requested. A single
     # [max+1, ...] draw is not the same in general (measured on torch 2.14 CPU: equal for 16 and
     # 256 elements per item, different for 6 and 105).
     wanted = set(inds)
     kept: dict[int, torch.Tensor] = {}
     for k in range(max(inds) + 1):
-        draw = torch.randn(item_shape, dtype=dtype, generator=generator)
+        item = randn(item_shape, generator)
         if k in wanted:
-            kept[k] = draw
+            kept[k] = item
     return torch.cat([kept[k] for k in inds], dim=0)
 
 

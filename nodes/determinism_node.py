@@ -5,6 +5,7 @@ from comfy_api.latest import io, ui
 
 from ..core import determinism_policy
 from .batch_invariance import add_batch_invariance
+from .identity import server_risks_text
 from .model_patches import add_determinism, steadfast_options
 
 
@@ -60,5 +61,5 @@ class SteadfastDeterminismSetup(io.ComfyNode):
         rows = add_batch_invariance(m, batch_invariant)
         steadfast_options(m)["batch_invariant"] = rows
         report = determinism_policy.describe_policy(policy) + "\nbatch-invariant sampling: " + (
-            "on (" + "; ".join(rows.values()) + ")" if isinstance(rows, dict) else rows)
+            "on (" + "; ".join(rows.values()) + ")" if isinstance(rows, dict) else rows) + "\n" + server_risks_text()
         return io.NodeOutput(m, report, ui=ui.PreviewText(report))

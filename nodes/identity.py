@@ -7,12 +7,14 @@ file, dtype, LoRA or strength is a named cause of a mismatch. The file is found 
 """
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import sys
 from typing import Any
 
 import folder_paths
 
-from ..core import model_identity
+from ..core import comfy_env, model_identity
 
 LOADER_KEYS = {"ckpt_name": "checkpoints", "unet_name": "diffusion_models"}
 
@@ -26,6 +28,36 @@ def versions() -> dict[str, str]:
     except (ImportError, AttributeError):
         comfy = "unknown"
     return {"comfyui": comfy, "steadfast": str(pack)}
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def comfy_environment() -> dict[str, Any]:
+    """The running ComfyUI's settings that touch determinism (fields: ``core/comfy_env.py``), for run records
+    beside :func:`versions`.
+
+    Read from the server itself: the comfy-aimdo / comfy-kitchen distributions, whether Dynamic VRAM
+    is active (``comfy.memory_management.aimdo_enabled``, absent before Dynamic VRAM existed: False), the
+    ``--fast`` options and the numeric switches that are set (``comfy.cli_args.args``).
+    """
+    import comfy.cli_args
+    import torch
+    args = comfy.cli_args.args
+    memory = sys.modules.get("comfy.memory_management")
+    fast = getattr(args, "fast", None) or ()
+    return {
+        "comfy_aimdo": _dist_version("comfy-aimdo"),
+        "comfy_kitchen": _dist_version("comfy-kitchen"),
+        "dynamic_vram": bool(getattr(memory, "aimdo_enabled", False)),
+        "comfy_fast": sorted(str(getattr(f, "value", f)) for f in fast),
+        "comfy_numeric_args": {k: getattr(args, k) for k in comfy_env.NUMERIC_ARGS if getattr(args, k, None)},
+        "fp16_accumulation": getattr(torch.backends.cuda.matmul, "allow_fp16_accumulation", None),
+    }
 
 
 def model_file(prompt: dict[str, Any] | None, node_id: str | None) -> dict[str, Any]:
@@ -53,3 +85,12 @@ def model_identity_of(patcher: Any) -> dict[str, Any]:
     """:func:`core.model_identity.module_digest` of ``patcher``'s diffusion model, keyed by its patch state."""
     module = patcher.model.diffusion_model
     return model_identity.module_digest(module, token=str(getattr(patcher, "patches_uuid", "")))
+
+
+def server_risks_text() -> str:
+    """Determinism Setup's lines on the running server: each setting known to break run-to-run equality
+    (:func:`core.comfy_env.run_to_run_risks`), or one line saying none is known."""
+    risks = comfy_env.run_to_run_risks(comfy_environment())
+    if not risks:
+        return "server settings: none known to break run-to-run equality"
+    return "\n".join("WARNING, server setting: " + r for r in risks)

@@ -14,6 +14,7 @@ from ..core.pipelines.handle import optimized_handle
 from ..core.registry import REGISTRY
 from . import optimize_inputs as oi
 from .determinism_node import policy_inputs
+from .identity import server_risks_text
 from .pipeline_nodes import DiffusersPipeline, as_handle
 
 
@@ -121,6 +122,7 @@ class SteadfastPipelineDeterminismSetup(io.ComfyNode):
         handle = as_handle(pipeline, "Pipeline Determinism Setup")
         policy = determinism_policy.DeterminismPolicy(strict=strict, allow_tf32=allow_tf32, num_threads=num_threads or None)
         report = determinism_policy.describe_policy(policy) + "\nbatch-invariant sampling: " + (
-            "on (image by image, batch-1 pipeline calls)" if batch_invariant else "off (one batched pipeline call)")
+            "on (image by image, batch-1 pipeline calls)" if batch_invariant else "off (one batched pipeline call)"
+        ) + "\n" + server_risks_text()
         return io.NodeOutput(handle.replace(determinism=policy, batch_invariant=batch_invariant), report,
                              ui=ui.PreviewText(report))

@@ -21,6 +21,7 @@ from ..core.pipelines import warmup as core_warmup
 from ..core.pipelines.handle import RUN_LOCK, PipelineHandle, prepare_run
 from ..core.run_record import RunRecord
 from ..core.sizes import parse_sizes
+from . import identity
 from .pipeline_nodes import DiffusersPipeline, as_handle
 
 NO_POLICY = "not set (Pipeline Determinism Setup not used)"
@@ -86,7 +87,7 @@ class SteadfastPipelineSampler(io.ComfyNode):
                                   batch_mode="sequential" if handle.batch_invariant else "batched")
                 seconds = time.perf_counter() - t0
                 report = pipeline_report(pipe)  # inside the policy: threads and flags as they were for the run
-        env = report["environment"]
+        env = {**report["environment"], **identity.versions(), **identity.comfy_environment()}
         env["determinism"] = det.as_dict() if det is not None else NO_POLICY
         record = RunRecord(
             kind="pipeline", seeds=[seed + i for i in range(batch_size)],

@@ -14,7 +14,7 @@ import latent_preview
 
 from ..core import fingerprint, hashing, noise, torch_state
 from ..core.run_record import RunRecord
-from . import identity
+from . import comfy_noise, identity
 from .model_patches import compile_state, qkv_counters, steadfast_options
 
 BATCH_SEED_MODES = ["incremental", "comfy"]
@@ -110,8 +110,9 @@ class SteadfastSeededSampler(io.ComfyNode):
         latent = latent_image["samples"]
         latent = comfy.sample.fix_empty_latent_channels(model, latent)
         batch_index = latent_image.get("batch_index")
+        draw = comfy_noise.draw_dtype(latent.dtype) if batch_seed_mode == "comfy" else None
         x0 = noise.seeded_noise(tuple(latent.shape), seed, mode=batch_seed_mode, dtype=latent.dtype,
-                                batch_index=batch_index)
+                                batch_index=batch_index, draw_dtype=draw)
 
         sampler = comfy.samplers.sampler_object(sampler_name)
         ks = comfy.samplers.KSampler(model, steps=steps, device=model.load_device, sampler=sampler_name,
@@ -166,6 +167,7 @@ class SteadfastSeededSampler(io.ComfyNode):
             determinism=opts.get("last_determinism") or opts.get("determinism") or "not set (Determinism Setup not used)",
             **({"quantize": opts["quantize"]} if "quantize" in opts else {}),  # absent when off (older records)
             **identity.versions(),
+            **identity.comfy_environment(),
         )
         if during:  # the process state after sampling may differ (the policy is restored)
             fp["num_threads"], fp["flags"] = during["num_threads"], during["flags"]

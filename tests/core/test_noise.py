@@ -72,6 +72,8 @@ COMFY_CASES = [
     ("video", (2, 16, 3, 8, 8), torch.float32, 42, None),
     ("fp16", (2, 4, 8, 8), torch.float16, 7, None),
     ("bf16", (2, 4, 8, 8), torch.bfloat16, 7, None),
+    ("fp16_odd_inds", (3, 3, 5, 7), torch.float16, 11, [1, 0, 1]),
+    ("bf16_inds", (2, 4, 8, 8), torch.bfloat16, 11, [3, 0]),
     ("inds", (3, 4, 8, 8), torch.float32, 99, [2, 0, 2]),
     ("inds_odd", (3, 3, 5, 7), torch.float32, 99, [2, 0, 2]),
     ("inds_video", (2, 16, 2, 8, 8), torch.float32, 99, [5, 1]),
@@ -87,11 +89,16 @@ COMFY_SCRIPT = textwrap.dedent(
     comfy.cli_args.args.cpu = True  # no GPU needed to import comfy.sample
     import comfy.sample
     import comfy.k_diffusion.sampling as kds
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("comfy_noise", sys.argv[3])
+    comfy_noise = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(comfy_noise)
 
     cases = {}
     for name, shape, dtype, seed, inds in CASES:
         latent = torch.zeros(shape, dtype=dtype)
         cases[name] = comfy.sample.prepare_noise(latent, seed, inds)
+        cases["draw_dtype:" + name] = comfy_noise.draw_dtype(dtype)  # what the Seeded Sampler passes
     x = torch.zeros(2, 4, 8, 8)
     ns = kds.default_noise_sampler(x, seed=10)
     cases["sampler"] = torch.stack([ns(1.0, 0.5) for _ in range(3)])
@@ -108,7 +115,8 @@ def comfy_reference(tmp_path_factory):
     out = tmp_path_factory.mktemp("comfy") / "noise.pt"
     script = out.parent / "ref.py"
     script.write_text(COMFY_SCRIPT)
-    proc = subprocess.run([sys.executable, str(script), str(COMFY), str(out)],
+    comfy_noise = Path(__file__).resolve().parents[2] / "nodes" / "comfy_noise.py"
+    proc = subprocess.run([sys.executable, str(script), str(COMFY), str(out), str(comfy_noise)],
                           capture_output=True, text=True, timeout=300, cwd=str(out.parent))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return torch.load(out)
@@ -117,8 +125,13 @@ def comfy_reference(tmp_path_factory):
 @pytest.mark.comfyui
 @pytest.mark.parametrize("name, shape, dtype, seed, inds", COMFY_CASES, ids=[c[0] for c in COMFY_CASES])
 def test_comfy_mode_bit_identical_to_comfyui(comfy_reference, name, shape, dtype, seed, inds):
-    """Runs ComfyUI's own prepare_noise in a subprocess (so its imports stay out of this process)."""
-    ours = seeded_noise(shape, seed, mode="comfy", dtype=dtype, batch_index=inds)
+    """Runs ComfyUI's own prepare_noise in a subprocess (so its imports stay out of this process).
+
+    The draw dtype is what ``nodes/comfy_noise.draw_dtype`` learned from the same running ComfyUI (0.8.0
+    draws in the latent's dtype, 0.33.0 draws float32 and casts), exactly as the Seeded Sampler passes it.
+    """
+    draw = comfy_reference["draw_dtype:" + name]
+    ours = seeded_noise(shape, seed, mode="comfy", dtype=dtype, batch_index=inds, draw_dtype=draw)
     assert tensor_digest(ours) == tensor_digest(comfy_reference[name])
 
 
@@ -276,3 +289,18 @@ def test_cpu_noise_sampler_per_item_matches_batch1_runs():
     assert not torch.equal(CPUNoiseSampler(x, 20)(), CPUNoiseSampler(x, 20, per_item=True)())
     with pytest.raises(ValueError):
         CPUNoiseSampler(torch.zeros(2, 4), 2**64 - 1, per_item=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_draw_dtype_float32_then_cast_differs_from_drawing_in_the_dtype(dtype):
+    """The two ways ComfyUI has drawn half-precision noise give different bytes (so following the running one matters).
+
+    1000 elements: torch 2.14.1's CPU half randn equals float32-then-cast for 8, 16, 256 elements, not for 1000
+    (measured on this pack's CI machine); torch 2.11.0's differs from 16 elements on.
+    """
+    native = seeded_noise((1, 4, 25, 10), 3, mode="comfy", dtype=dtype)
+    cast = seeded_noise((1, 4, 25, 10), 3, mode="comfy", dtype=dtype, draw_dtype=torch.float32)
+    ref = torch.randn((1, 4, 25, 10), generator=torch.Generator().manual_seed(3)).to(dtype)
+    assert cast.dtype == native.dtype == dtype
+    assert torch.equal(cast, ref)
+    assert not torch.equal(cast, native)
