@@ -14,8 +14,8 @@ _cublas_config.ensure_cublas_workspace_config()
 WEB_DIRECTORY = "./js"
 __version__ = "0.1.0"
 
-try:  # feature detection, not a version check: the V3 API is what we build on
-    import comfy_api.latest  # noqa: F401
+try:  # feature detection, not a version check: the pinned V3 node API (docs/compatibility.md) is what we build on
+    import comfy_api.v0_0_2  # noqa: F401
 except ImportError:  # plain Python / library use
     pass
 else:

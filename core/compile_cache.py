@@ -33,6 +33,7 @@ log = logging.getLogger("steadfast.compile_cache")
 INDUCTOR_ENV = "TORCHINDUCTOR_CACHE_DIR"
 TRITON_ENV = "TRITON_CACHE_DIR"
 MANIFEST = "steadfast_cache.json"
+FILES = "steadfast_files.json"  # {relative path: [size, mtime_ns, sha256]} of what inductor wrote under our activation
 CACHE_FORMAT = 1
 _ENV_LOCK = threading.RLock()
 _last_dir: list[str | None] = [None]  # the directory inductor last compiled into under our activation
@@ -116,6 +117,8 @@ class CompileCache:
                 with _ENV_LOCK:
                     for k, v in previous.items():
                         os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+                    with contextlib.suppress(OSError):
+                        _record_files(self)
 
     def quarantine(self, reason: str) -> str:
         """Move the key directory aside (``<key>.bad-<ms>``), start an empty one; returns the message (also logged,
@@ -155,6 +158,61 @@ def _write_manifest(cache: CompileCache) -> None:
     os.replace(tmp, cache.path / MANIFEST)
 
 
+def _walk(cache: CompileCache) -> Iterator[tuple[str, os.stat_result, Path]]:
+    """``(relative path, stat, path)`` of each artifact: regular files, without our own and hidden/lock/tmp files."""
+    for f in cache.path.rglob("*"):
+        if not f.is_file() or f.is_symlink() or f.name.startswith(".") or f.name.endswith((".lock", ".tmp")):
+            continue
+        if f.parent == cache.path and f.name in (MANIFEST, FILES):
+            continue
+        yield f.relative_to(cache.path).as_posix(), f.stat(), f
+
+
+def _sha256(f: Path) -> str:
+    h = hashlib.sha256()
+    with f.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _load_files(cache: CompileCache) -> dict[str, list]:
+    try:
+        body = json.loads((cache.path / FILES).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _record_files(cache: CompileCache) -> None:
+    """Checksum every artifact in the cache after a run that compiled into it (only new or changed files are read)."""
+    old, new = _load_files(cache), {}
+    for rel, st, f in _walk(cache):
+        seen = old.get(rel)
+        same = isinstance(seen, list) and len(seen) == 3 and seen[:2] == [st.st_size, st.st_mtime_ns]
+        new[rel] = seen if same else [st.st_size, st.st_mtime_ns, _sha256(f)]
+    if new != old:
+        tmp = cache.path / f".{FILES}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(new, sort_keys=True), encoding="utf-8")
+        os.replace(tmp, cache.path / FILES)
+
+
+def _files_problem(cache: CompileCache) -> str | None:
+    """The first recorded artifact whose bytes changed since it was written (None when all that remain match).
+
+    torch 2.11's inductor, given a corrupted ``.so``, fails the compile, and the in-process retry then compiles
+    code that is not bit-equal to a fresh process's (measured: sum 33.330055 vs 33.330059 on a LayerNorm + Linear
+    + GELU block); checking the bytes before inductor sees them keeps a corrupted cache on the fresh-compile bits."""
+    for rel, entry in _load_files(cache).items():
+        f = cache.path / rel
+        if not (isinstance(entry, list) and len(entry) == 3) or not f.is_file():
+            continue
+        st = f.stat()
+        if [st.st_size, st.st_mtime_ns] != entry[:2] and _sha256(f) != entry[2]:
+            return f"an artifact changed since it was written ({rel}: checksum differs)"
+    return None
+
+
 def _manifest_problem(cache: CompileCache) -> str | None:
     """Why the existing manifest does not fit (None when it does or there is none)."""
     manifest = cache.path / MANIFEST
@@ -191,7 +249,7 @@ def open_cache(root: str | os.PathLike[str], name: str = DEFAULT_NAME, *, device
         named = check_location(base, name, tuple(Path(p) for p in forbidden))
         cache = CompileCache(root=named, key=cache_key(f), fields=f, source=source, name=name)
         cache.path.mkdir(parents=True, exist_ok=True)
-        if (problem := _manifest_problem(cache)) is not None:
+        if (problem := _manifest_problem(cache) or _files_problem(cache)) is not None:
             cache.quarantine(problem)
         elif not (cache.path / MANIFEST).exists():
             _write_manifest(cache)
@@ -223,6 +281,8 @@ def run_cached(cache: CompileCache | None, fn: Callable[[], T], *,
             link = link.__cause__ or link.__context__
         if not (retry_if(e) and any(marker in str(x) or any(marker in str(a) for a in x.args) for x in chain)):
             raise
-        cache.quarantine(f"compile failed on a cached file ({type(e).__name__}: {cache.redact(str(e))[:300]})")
+        cache.quarantine(f"compile failed on a cached file ({type(e).__name__}: {cache.redact(str(e))[:300]}); "
+                         "compiled again in this process, which on torch 2.11 was measured not bit-equal to a fresh "
+                         "process's compile: restart ComfyUI for those bits")
     with cache.activate():
         return fn()

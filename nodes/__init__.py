@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing_extensions import override
 
-from comfy_api.latest import ComfyExtension, io
+from comfy_api.v0_0_2 import ComfyExtension, io
 
 from .compare_node import SteadfastCompare
 from .determinism_node import SteadfastDeterminismSetup

@@ -1,7 +1,7 @@
 """Steadfast Compare: are two IMAGEs (or LATENTs) bit-identical, and if not, by how much do they differ."""
 from __future__ import annotations
 
-from comfy_api.latest import io
+from comfy_api.v0_0_2 import io
 
 from ..core import compare, explain
 

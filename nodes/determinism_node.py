@@ -1,7 +1,7 @@
 """Steadfast Determinism Setup: MODEL -> MODEL carrying a determinism policy applied around sampling."""
 from __future__ import annotations
 
-from comfy_api.latest import io, ui
+from comfy_api.v0_0_2 import io, ui
 
 from ..core import determinism_policy
 from .batch_invariance import add_batch_invariance

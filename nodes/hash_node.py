@@ -1,7 +1,7 @@
 """Steadfast Hash: SHA-256 of an IMAGE (as the uint8 pixels SaveImage writes) and/or a LATENT."""
 from __future__ import annotations
 
-from comfy_api.latest import io
+from comfy_api.v0_0_2 import io
 
 from ..core import explain, hashing
 

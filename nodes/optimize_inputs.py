@@ -5,7 +5,7 @@ Both nodes declare these inputs from here (same names, defaults, tooltips) and t
 """
 from __future__ import annotations
 
-from comfy_api.latest import io
+from comfy_api.v0_0_2 import io
 
 import comfy.model_management
 

@@ -5,7 +5,7 @@ declare their shared widgets from :mod:`.optimize_inputs`.
 """
 from __future__ import annotations
 
-from comfy_api.latest import io, ui
+from comfy_api.v0_0_2 import io, ui
 
 import comfy.model_management
 

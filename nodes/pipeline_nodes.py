@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from comfy_api.latest import io, ui
+from comfy_api.v0_0_2 import io, ui
 
 import comfy.model_management
 import folder_paths

@@ -6,7 +6,7 @@ determinism policy is carried by the handle and applied around each run (``gener
 """
 from __future__ import annotations
 
-from comfy_api.latest import io, ui
+from comfy_api.v0_0_2 import io, ui
 
 from ..core import determinism_policy
 from ..core.pipelines import PipelineOptions, compile_record

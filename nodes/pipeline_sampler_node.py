@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 
-from comfy_api.latest import io, ui
+from comfy_api.v0_0_2 import io, ui
 
 from ..core import determinism
 from ..core.fingerprint import fingerprint_digest

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 
 import torch
-from comfy_api.latest import io
+from comfy_api.v0_0_2 import io
 
 import comfy.model_management
 import comfy.sample

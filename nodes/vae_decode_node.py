@@ -1,7 +1,7 @@
 """Steadfast VAE Decode: LATENT -> IMAGE, each item alone, so the image bits never depend on free memory."""
 from __future__ import annotations
 
-from comfy_api.latest import io
+from comfy_api.v0_0_2 import io
 
 import comfy.utils
 

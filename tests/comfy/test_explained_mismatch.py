@@ -8,6 +8,7 @@ compile: inductor, since the eager backend is bit-equal to eager and so causes n
 """
 from __future__ import annotations
 
+import importlib.metadata
 import json
 from typing import Any
 
@@ -84,11 +85,24 @@ def test_identical_environment_explains_nothing(comfy_server: ComfyServer, refer
     assert shown["match"] == "match" and shown["explanation"] == ""
 
 
-def test_model_record_names_digest_file_and_versions(reference: dict[str, Any], tiny_ckpt) -> None:
+def test_model_record_names_digest_file_and_versions(comfy_server: ComfyServer, reference: dict[str, Any],
+                                                    tiny_ckpt) -> None:
     rec = json.loads(reference["record"])
     assert len(rec["model"]["digest"]) == 64 and rec["model"]["file"] == CHECKPOINT_NAME
     assert rec["model"]["file_size"] == tiny_ckpt.stat().st_size and rec["model"]["tensors"] > 100
-    assert rec["fingerprint"]["comfyui"] == "0.8.0" and rec["fingerprint"]["steadfast"]
+    running = comfy_server.get("/system_stats")["system"]["comfyui_version"]  # asked, not a literal
+    assert rec["fingerprint"]["comfyui"] == running and rec["fingerprint"]["steadfast"]
+    # what changed upstream and touches determinism (core/comfy_env.py): present on every version
+    for key in ("comfy_aimdo", "comfy_kitchen", "dynamic_vram", "comfy_fast", "comfy_numeric_args"):
+        assert key in rec["fingerprint"], key
+    assert rec["fingerprint"]["dynamic_vram"] is False  # --cpu: ComfyUI never enables Dynamic VRAM on the CPU
+    assert rec["fingerprint"]["comfy_fast"] == []
+    for key, dist in (("comfy_aimdo", "comfy-aimdo"), ("comfy_kitchen", "comfy-kitchen")):  # the server's venv is ours
+        try:
+            want = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            want = None
+        assert rec["fingerprint"][key] == want, key
 
 
 def test_fail_on_mismatch_error_carries_the_explanation(comfy_server: ComfyServer, reference: dict[str, Any]) -> None:
