@@ -157,15 +157,17 @@ def page(browser_ok: None, comfy_server: ComfyServer) -> Iterator[Any]:
 
 
 @pytest.fixture(autouse=True)
-def screenshot_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
-    """A failed browser test leaves a screenshot of the page (and the page errors) in the artifacts folder."""
+def screenshot_on_failure(request: pytest.FixtureRequest, artifacts_dir: Path) -> Iterator[None]:
+    """A failed browser test leaves a screenshot of the page (and the page errors) in the artifacts folder.
+
+    ``artifacts_dir`` is requested up front: pytest refuses ``getfixturevalue`` of a new fixture during teardown."""
     yield
     report = getattr(request.node, "rep_call", None)
     if report is None or not report.failed or "page" not in request.fixturenames:
         return
     pg = request.getfixturevalue("page")
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in request.node.name)
-    shot = request.getfixturevalue("artifacts_dir") / f"frontend-{safe}.png"
+    shot = artifacts_dir / f"frontend-{safe}.png"
     pg.screenshot(path=str(shot), full_page=True)
     (shot.with_suffix(".errors.txt")).write_text("\n".join(pg.steadfast_errors) or "no page errors\n")
     print(f"screenshot of the failed page: {shot}")
