@@ -229,10 +229,53 @@ STRUCTURE: dict[str, tuple[str, str, dict[str, Any], dict[str, Callable[[Any], i
 }
 
 
+#: Parameters a newer ComfyUI added to a config: ``{arch: ((module, callable whose signature is asked), {name:
+#: value})}``; each is passed only where the running ComfyUI's signature has it (``inspect.signature``).
+OPTIONAL_KWARGS: dict[str, tuple[tuple[str, str], dict[str, Any]]] = {
+    # 0.33.0: ChromaRadianceParams gained use_sequential_txt_ids (model_detection: False unless `__sequential__`)
+    "chroma_radiance": (("comfy.ldm.chroma_radiance.model", "ChromaRadianceParams"), {"use_sequential_txt_ids": False}),
+}
+
+
+def accepted_kwargs(arch: str) -> dict[str, Any]:
+    """The :data:`OPTIONAL_KWARGS` of ``arch`` that the running ComfyUI's signature accepts."""
+    if arch not in OPTIONAL_KWARGS:
+        return {}
+    import inspect
+
+    (module, name), optional = OPTIONAL_KWARGS[arch]
+    params = inspect.signature(_cls(module, name)).parameters
+    return {k: v for k, v in optional.items() if k in params}
+
+
+#: Architectures newer than some supported ComfyUI: ``{arch: version that added it}``. Where the running ComfyUI
+#: (``comfyui_version.__version__``) is older and lacks the class, the arch is reported skipped, not failed.
+SINCE: dict[str, str] = {}
+
+
+def comfyui_version() -> str:
+    import comfyui_version
+
+    return comfyui_version.__version__
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in v.split(".")[:3] if p.isdigit())
+
+
 def structure(arch: str) -> dict[str, Any]:
     module, name, kwargs, counters = STRUCTURE[arch]
     t0 = time.perf_counter()
-    model = _cls(module, name)(**kwargs, device="meta", operations=OPS)
+    try:
+        _cls(module, name)
+    except (ImportError, AttributeError) as e:
+        since, running = SINCE.get(arch), comfyui_version()
+        if since is None or _version_tuple(running) >= _version_tuple(since):
+            raise  # should exist here: a real error
+        return {"skipped": f"{module}.{name} is not in ComfyUI {running} (added in {since}): "
+                           f"{type(e).__name__}: {e}"}
+    optional = accepted_kwargs(arch)
+    model = _cls(module, name)(**kwargs, **optional, device="meta", operations=OPS)
     choice = sblocks.choose_blocks(model)
     auto = sblocks.choose_blocks(model, discover=True)
     disc, auto_check = auto.discovery, auto.check
@@ -255,6 +298,7 @@ def structure(arch: str) -> dict[str, Any]:
         "auto_refused_sample": dict(list(disc.refused.items())[:2]),
         "auto_check_ok": not auto_check.refused,
         "auto_equals_declared": disc.paths == choice.paths,
+        "optional_kwargs": optional,
         "seconds": round(time.perf_counter() - t0, 2),
     }
 
@@ -529,6 +573,7 @@ def main(argv: list[str] | None = None) -> None:
     out: dict[str, Any] = {"torch": torch.__version__,
                            "attention": getattr(comfy_attention.optimized_attention, "__name__", "?")}
     if a.mode == "structure":
+        out["comfyui_version"] = comfyui_version()
         for arch in a.archs or list(STRUCTURE):
             try:
                 out[arch] = structure(arch)
