@@ -54,6 +54,8 @@ KNOWN_AUTO_DIFF = {
     "wan_vace": ({"VaceWanAttentionBlock"}, set()),      # int block_id -> one graph per block (measured)
     "wan_s2v": ({"WanT2VCrossAttention"}, set()),        # audio injector attention layers
     "kandinsky5": (set(), {"TransformerEncoderBlock"}),  # 2 text blocks = 4.4% of params < 5% cut
+    "hidream_o1": ({"Qwen35VisionBlock"}, set()),        # reference-image ViT, its output cached across steps
+    "wan_dancer": ({"WanT2VCrossAttention"}, set()),     # music injector attention layers (as wan_s2v's audio)
 }
 REL_TOL = 1e-3
 #: The worker's structure architectures (arch_worker.STRUCTURE; the worker imports ComfyUI, this process may not):
@@ -63,9 +65,14 @@ STRUCTURE_ARCHS = [
     "auraflow", "wan", "wan_i2v", "wan_vace", "wan_camera", "wan_s2v", "wan_humo", "wan_animate", "ltxv", "ltxav",
     "lumina2", "qwen_image", "hidream", "pixart", "hunyuan_dit", "hunyuan3d21", "mochi", "cosmos", "cosmos_predict2",
     "ace", "stable_audio", "kandinsky5", "omnigen2", "stable_cascade_c", "stable_cascade_b",
+    # new in ComfyUI 0.33.0 (skipped on older ones)
+    "anima", "ace15", "boogu", "cogvideox", "ernie", "hidream_o1", "ideogram4", "joyimage", "krea2", "lens",
+    "zimage_pixel", "mage_flow", "minimax_h3", "minimax_music3", "pixeldit", "pid", "seedvr2", "trellis2", "triposplat",
+    "wan_causal", "wan_scail", "wan_scail2", "wan_dancer", "wan_animate2",
 ]
 #: ``{arch: text its REGIONAL_UNSUPPORTED reason contains}``
-UNSUPPORTED_ARCHS = {"stable_cascade_c": "isinstance", "stable_cascade_b": "isinstance"}
+UNSUPPORTED_ARCHS = {"stable_cascade_c": "isinstance", "stable_cascade_b": "isinstance",
+                     "wan_animate2": "block.forward_gen"}
 
 
 def _worker(comfyui_path: Path, *args: str, timeout: int = 900, **env_extra: str) -> dict[str, Any]:
@@ -128,6 +135,9 @@ def test_declared_blocks_found(structure: dict[str, Any], arch: str) -> None:
     if arch in UNSUPPORTED_ARCHS:
         assert r["how"] == "unsupported" and UNSUPPORTED_ARCHS[arch] in r["reason"], (arch, r)
         assert r["paths"] == []
+        # where repeated blocks exist (counted from the model's containers), auto-discovery would pick them:
+        # the table's row is what keeps them from being swapped
+        assert r["expected"].items() <= r["auto_groups"].items(), (arch, r["expected"], r["auto_groups"])
         return
     assert r["how"] == "declared", (arch, r["how"], r["reason"])
     assert r["found"] == r["expected"], (arch, r["found"], r["expected"])
@@ -355,6 +365,10 @@ def test_declaration_walks_mro_and_qualified_names() -> None:
     assert sblocks.declaration(type("OpenAISignatureMMDITWrapper", (Sd3,), {})) == (("JointBlock",), None)
     Wan = type("WanModel", (nn.Module,), {})
     assert sblocks.declaration(type("CameraWanModel", (Wan,), {})) == (("WanAttentionBlock",), None)
+    # a subclass's own row (ComfyUI 0.33.0) wins over its base's, an unsupported one too
+    assert sblocks.declaration(type("CausalWanModel", (Wan,), {})) == (("CausalWanAttentionBlock",), None)
+    blocks, reason = sblocks.declaration(type("WanAnimate2Model", (Wan,), {}))
+    assert blocks == () and "forward_gen" in reason
     assert sblocks.declaration(type("Unknown", (nn.Module,), {})) == (None, None)
     blocks, reason = sblocks.declaration(type("StageC", (nn.Module,), {}))
     assert blocks == () and "isinstance" in reason
