@@ -42,7 +42,8 @@ COMFY_REPEATED_BLOCKS: dict[str, tuple[str, ...]] = {
     "HumoWanModel": ("WanAttentionBlockAudio",),  # wan/model.py HumoWanModel.forward_orig `block(x, e=, audio=)`
     "LTXVModel": ("BasicTransformerBlock",),  # lightricks/model.py _process_transformer_blocks `block(x, context=)`
     "LTXAVModel": ("BasicAVTransformerBlock",),  # lightricks/av_model.py `block((vx, ax), v_context=, ...)`
-    "NextDiT": ("JointTransformerBlock",),  # Lumina 2/Z-Image: lumina/model.py `layer(x, mask, ...)`, refiners too
+    # Lumina 2/Z-Image: lumina/model.py `layer(x, mask, ...)`, refiners too (0.33.0: Z-Image Omni's siglip_refiner)
+    "NextDiT": ("JointTransformerBlock",),
     "QwenImageTransformer2DModel": ("QwenImageTransformerBlock",),  # qwen_image/model.py `block(hidden_states=)`
     # hidream/model.py: HiDreamImageBlock wrappers `return self.block(...)`; MoE boolean masks break fullgraph
     "HiDreamImageTransformer2DModel": ("HiDreamImageTransformerBlock", "HiDreamImageSingleTransformerBlock"),

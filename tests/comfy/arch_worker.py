@@ -154,6 +154,12 @@ COSMOS2_2B = dict(max_img_h=240, max_img_w=240, max_frames=128, in_channels=16, 
 SEEDVR2_3B = dict(vid_dim=2560, heads=20, num_layers=32, norm_eps=1e-5, mlp_type="swiglu", vid_out_norm=True)
 TRELLIS2_FULL = dict(resolution=64)  # model_detection: 64 unless metadata is_512; shape model only (no texture)
 ANIMA_FULL = COSMOS2_2B  # model_detection: cosmos_predict2 detection + llm_adapter -> "anima" (2B)
+# Z-Image (model_detection's dim == 3840 branch) with SigLIP features (0.33.0: NextDiT's siglip_feat_dim, the Omni
+# variant; its siglip_refiner is a third refiner list of JointTransformerBlocks). 1152: a SigLIP width (any works)
+ZIMAGE_OMNI = dict(patch_size=2, in_channels=16, dim=3840, cap_feat_dim=2560, n_layers=30, n_refiner_layers=2,
+                   qk_norm=True, n_heads=30, n_kv_heads=30, axes_dims=[32, 48, 48], axes_lens=[1536, 512, 512],
+                   rope_theta=256.0, ffn_dim_multiplier=8.0 / 3.0, z_image_modulation=True, time_scale=1000.0,
+                   pad_tokens_multiple=32, siglip_feat_dim=1152)
 
 def _n(*attrs: str) -> Callable[[Any], int]:
     """Count of blocks read from the model's own containers (independent of class-name matching)."""
@@ -250,6 +256,8 @@ STRUCTURE: dict[str, tuple[str, str, dict[str, Any], dict[str, Callable[[Any], i
                  {"JoyImageTransformerBlock": _n("double_blocks")}),
     "krea2": ("comfy.ldm.krea2.model", "SingleStreamDiT", {}, {"SingleStreamBlock": _n("blocks")}),
     "lens": ("comfy.ldm.lens.model", "LensTransformer2DModel", {}, {"LensTransformerBlock": _n("transformer_blocks")}),
+    "zimage_omni": ("comfy.ldm.lumina.model", "NextDiT", ZIMAGE_OMNI,
+                    {"JointTransformerBlock": _n("layers", "noise_refiner", "context_refiner", "siglip_refiner")}),
     "zimage_pixel": ("comfy.ldm.lumina.model", "NextDiTPixelSpace", {},
                      {"JointTransformerBlock": _n("layers", "noise_refiner", "context_refiner")}),
     "mage_flow": ("comfy.ldm.mage_flow.model", "MageFlowTransformer2DModel", {},
@@ -301,7 +309,10 @@ def accepted_kwargs(arch: str) -> dict[str, Any]:
 SINCE: dict[str, str] = {a: "0.33.0" for a in (
     "anima", "ace15", "boogu", "cogvideox", "ernie", "hidream_o1", "ideogram4", "joyimage", "krea2", "lens",
     "zimage_pixel", "mage_flow", "minimax_h3", "minimax_music3", "pixeldit", "pid", "seedvr2", "trellis2", "triposplat",
-    "wan_causal", "wan_scail", "wan_scail2", "wan_dancer", "wan_animate2")}
+    "wan_causal", "wan_scail", "wan_scail2", "wan_dancer", "wan_animate2", "zimage_omni")}
+#: Architectures of an older class that need a newer constructor parameter: ``{arch: parameter names}``
+#: (missing where the running ComfyUI is older than ``SINCE``: skipped like a missing class).
+NEEDS_PARAMS: dict[str, tuple[str, ...]] = {"zimage_omni": ("siglip_feat_dim",)}
 
 
 @contextlib.contextmanager
@@ -343,13 +354,18 @@ def structure(arch: str) -> dict[str, Any]:
     module, name, kwargs, counters = STRUCTURE[arch]
     t0 = time.perf_counter()
     try:
-        _cls(module, name)
+        cls = _cls(module, name)
+        import inspect
+
+        params = inspect.signature(cls).parameters
+        if missing := [p for p in NEEDS_PARAMS.get(arch, ()) if p not in params]:
+            raise AttributeError(f"{name} has no parameter {', '.join(missing)}")
     except (ImportError, AttributeError) as e:
         since, running = SINCE.get(arch), comfyui_version()
         if since is None or _version_tuple(running) >= _version_tuple(since):
             raise  # should exist here: a real error
-        return {"skipped": f"{module}.{name} is not in ComfyUI {running} (the table covers it from ComfyUI {since}): "
-                           f"{type(e).__name__}: {e}"}
+        return {"skipped": f"{arch}: ComfyUI {running} lacks {module}.{name} as this config needs it (the table covers "
+                           f"it from ComfyUI {since}): {type(e).__name__}: {e}"}
     optional = accepted_kwargs(arch)
     with BUILD_CONTEXT.get(arch, contextlib.nullcontext)():
         model = _cls(module, name)(**kwargs, **optional, device="meta", operations=OPS)
