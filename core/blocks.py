@@ -73,7 +73,8 @@ COMFY_REPEATED_BLOCKS: dict[str, tuple[str, ...]] = {
     "HiDreamO1Transformer": ("TransformerBlock",),
     "Ideogram4Transformer2DModel": ("Ideogram4TransformerBlock",),  # ideogram4/model.py _backbone `layer(h, ...)`
     "JoyImageTransformer3DModel": ("JoyImageTransformerBlock",),  # joyimage/model.py _forward `block(img=, txt=..)`
-    "SingleStreamDiT": ("SingleStreamBlock",),  # Krea 2: krea2/model.py _forward `block(combined, tvec, ...)`
+    # Krea 2: krea2/model.py _forward `block(combined, tvec, ...)`; the small text-fusion blocks left out
+    "SingleStreamDiT": ("SingleStreamBlock",),
     "LensTransformer2DModel": ("LensTransformerBlock",),  # lens/model.py _forward `block(hidden_states=, ...)`
     "MageFlowTransformer2DModel": ("QwenImageTransformerBlock",),  # mage_flow/model.py _forward `block(..)`
     "MiniMaxH3Model": ("DiTBlock",),  # minimax/model.py _forward `block(h, t_emb, ...)`; small RefinerBlocks left out

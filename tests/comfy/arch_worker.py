@@ -154,6 +154,9 @@ COSMOS2_2B = dict(max_img_h=240, max_img_w=240, max_frames=128, in_channels=16, 
 SEEDVR2_3B = dict(vid_dim=2560, heads=20, num_layers=32, norm_eps=1e-5, mlp_type="swiglu", vid_out_norm=True)
 TRELLIS2_FULL = dict(resolution=64)  # model_detection: 64 unless metadata is_512; shape model only (no texture)
 ANIMA_FULL = COSMOS2_2B  # model_detection: cosmos_predict2 detection + llm_adapter -> "anima" (2B)
+# LTX-2.3-style switches (0.33.0 LTXAVModel parameters; detection reads them from a checkpoint's metadata "config"),
+# sizes: the constructor defaults as the ltxav row
+LTXAV_NEW_SWITCHES = dict(apply_gated_attention=True, cross_attention_adaln=True, caption_proj_before_connector=True)
 # Z-Image (model_detection's dim == 3840 branch) with SigLIP features (0.33.0: NextDiT's siglip_feat_dim, the Omni
 # variant; its siglip_refiner is a third refiner list of JointTransformerBlocks). 1152: a SigLIP width (any works)
 ZIMAGE_OMNI = dict(patch_size=2, in_channels=16, dim=3840, cap_feat_dim=2560, n_layers=30, n_refiner_layers=2,
@@ -256,6 +259,8 @@ STRUCTURE: dict[str, tuple[str, str, dict[str, Any], dict[str, Callable[[Any], i
                  {"JoyImageTransformerBlock": _n("double_blocks")}),
     "krea2": ("comfy.ldm.krea2.model", "SingleStreamDiT", {}, {"SingleStreamBlock": _n("blocks")}),
     "lens": ("comfy.ldm.lens.model", "LensTransformer2DModel", {}, {"LensTransformerBlock": _n("transformer_blocks")}),
+    "ltxav_switches": ("comfy.ldm.lightricks.av_model", "LTXAVModel", LTXAV_NEW_SWITCHES,
+                       {"BasicAVTransformerBlock": _n("transformer_blocks")}),
     "zimage_omni": ("comfy.ldm.lumina.model", "NextDiT", ZIMAGE_OMNI,
                     {"JointTransformerBlock": _n("layers", "noise_refiner", "context_refiner", "siglip_refiner")}),
     "zimage_pixel": ("comfy.ldm.lumina.model", "NextDiTPixelSpace", {},
@@ -309,10 +314,11 @@ def accepted_kwargs(arch: str) -> dict[str, Any]:
 SINCE: dict[str, str] = {a: "0.33.0" for a in (
     "anima", "ace15", "boogu", "cogvideox", "ernie", "hidream_o1", "ideogram4", "joyimage", "krea2", "lens",
     "zimage_pixel", "mage_flow", "minimax_h3", "minimax_music3", "pixeldit", "pid", "seedvr2", "trellis2", "triposplat",
-    "wan_causal", "wan_scail", "wan_scail2", "wan_dancer", "wan_animate2", "zimage_omni")}
+    "wan_causal", "wan_scail", "wan_scail2", "wan_dancer", "wan_animate2", "zimage_omni", "ltxav_switches")}
 #: Architectures of an older class that need a newer constructor parameter: ``{arch: parameter names}``
 #: (missing where the running ComfyUI is older than ``SINCE``: skipped like a missing class).
-NEEDS_PARAMS: dict[str, tuple[str, ...]] = {"zimage_omni": ("siglip_feat_dim",)}
+NEEDS_PARAMS: dict[str, tuple[str, ...]] = {"zimage_omni": ("siglip_feat_dim",),
+                                            "ltxav_switches": tuple(LTXAV_NEW_SWITCHES)}
 
 
 @contextlib.contextmanager

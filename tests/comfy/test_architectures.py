@@ -70,6 +70,7 @@ STRUCTURE_ARCHS = [
     "anima", "ace15", "boogu", "cogvideox", "ernie", "hidream_o1", "ideogram4", "joyimage", "krea2", "lens",
     "zimage_pixel", "mage_flow", "minimax_h3", "minimax_music3", "pixeldit", "pid", "seedvr2", "trellis2", "triposplat",
     "wan_causal", "wan_scail", "wan_scail2", "wan_dancer", "wan_animate2", "zimage_omni",
+    "ltxav_switches",
 ]
 #: ``{arch: text its REGIONAL_UNSUPPORTED reason contains}``
 UNSUPPORTED_ARCHS = {"stable_cascade_c": "isinstance", "stable_cascade_b": "isinstance",
