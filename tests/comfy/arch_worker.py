@@ -309,8 +309,8 @@ def accepted_kwargs(arch: str) -> dict[str, Any]:
     return {k: v for k, v in optional.items() if k in params}
 
 
-#: Architectures newer than some supported ComfyUI: ``{arch: version that added it}``. Where the running ComfyUI
-#: (``comfyui_version.__version__``) is older and lacks the class, the arch is reported skipped, not failed.
+#: Architectures newer than some supported ComfyUI: ``{arch: first tested ComfyUI that has it}``. Where the running
+#: ComfyUI (``comfyui_version.__version__``) is older and lacks the class, the arch is reported skipped, not failed.
 SINCE: dict[str, str] = {a: "0.33.0" for a in (
     "anima", "ace15", "boogu", "cogvideox", "ernie", "hidream_o1", "ideogram4", "joyimage", "krea2", "lens",
     "zimage_pixel", "mage_flow", "minimax_h3", "minimax_music3", "pixeldit", "pid", "seedvr2", "trellis2", "triposplat",
