@@ -23,7 +23,10 @@ from .compile import submodule
 
 _FLUX = ("DoubleStreamBlock", "SingleStreamBlock")
 #: ``{model class: block classes}`` by ``__name__`` (``"module.QualName"`` where two share a name); outermost match
-#: wins. Comments: the parent's generic call in ComfyUI v0.8.0 ``comfy/ldm/`` (tests/comfy/test_architectures.py).
+#: wins. Covers ComfyUI 0.8.0 and 0.33.0 (tests/comfy/test_architectures.py builds each at real size on both; those
+#: new in 0.33.0 are skipped on 0.8.0). Comments: the parent's generic call in ``comfy/ldm/`` (0.8.0 rows as there,
+#: still the same calls in 0.33.0; rows below "0.33.0" cite 0.33.0). Subclasses inherit their base's row (MRO):
+#: 0.33.0's Anima (MiniTrainDIT), NextDiTPixelSpace (NextDiT), SCAILWanModel/SCAIL2WanModel/WanDancerModel (WanModel).
 COMFY_REPEATED_BLOCKS: dict[str, tuple[str, ...]] = {
     "UNetModel": ("BasicTransformerBlock",),  # SD1/2/XL/SVD: attention.py SpatialTransformer `block(x, context=)`
     "Flux": _FLUX,  # Flux.1/2/Kontext: flux/model.py forward_orig `block(img=, txt=, vec=, pe=)`, `block(img, vec=)`
@@ -39,7 +42,8 @@ COMFY_REPEATED_BLOCKS: dict[str, tuple[str, ...]] = {
     "HumoWanModel": ("WanAttentionBlockAudio",),  # wan/model.py HumoWanModel.forward_orig `block(x, e=, audio=)`
     "LTXVModel": ("BasicTransformerBlock",),  # lightricks/model.py _process_transformer_blocks `block(x, context=)`
     "LTXAVModel": ("BasicAVTransformerBlock",),  # lightricks/av_model.py `block((vx, ax), v_context=, ...)`
-    "NextDiT": ("JointTransformerBlock",),  # Lumina 2/Z-Image: lumina/model.py `layer(x, mask, ...)`, refiners too
+    # Lumina 2/Z-Image: lumina/model.py `layer(x, mask, ...)`, refiners too (0.33.0: Z-Image Omni's siglip_refiner)
+    "NextDiT": ("JointTransformerBlock",),
     "QwenImageTransformer2DModel": ("QwenImageTransformerBlock",),  # qwen_image/model.py `block(hidden_states=)`
     # hidream/model.py: HiDreamImageBlock wrappers `return self.block(...)`; MoE boolean masks break fullgraph
     "HiDreamImageTransformer2DModel": ("HiDreamImageTransformerBlock", "HiDreamImageSingleTransformerBlock"),
@@ -53,6 +57,38 @@ COMFY_REPEATED_BLOCKS: dict[str, tuple[str, ...]] = {
     "AudioDiffusionTransformer": ("TransformerBlock",),  # audio/dit.py ContinuousTransformer `layer(x, ...)`
     "Kandinsky5": ("TransformerEncoderBlock", "TransformerDecoderBlock"),  # kandinsky5/model.py `block(...)`
     "OmniGen2Transformer2DModel": ("OmniGen2TransformerBlock",),  # omnigen/omnigen2.py `layer(hidden_states, ..)`
+    # ---- 0.33.0 ----
+    # ACE-Step 1.5: ace/ace_step15.py AceStepDiTModel.forward `layer(hidden_states=x, temb=, ...)` (the denoiser;
+    # sliding/full attention: 2 variants) and, run on every call by prepare_condition, the encoder layers:
+    # AceStepLyricEncoder/AceStepTimbreEncoder.forward `layer(hidden_states=, ...)`, AttentionPooler and
+    # AudioTokenDetokenizer.forward `layer(x, (cos, sin))`
+    "AceStepConditionGenerationModel": ("AceStepDiTLayer", "AceStepEncoderLayer"),
+    # boogu/model.py BooguTransformer2DModel.forward `layer(text_hidden_states, ...)` (refiners),
+    # `layer(combined_img_hidden_states, ...)` (double stream), `layer(hidden_states, None, rotary_emb, temb, ..)`
+    "BooguTransformer2DModel": ("OmniGen2TransformerBlock", "BooguDoubleStreamBlock"),
+    "CogVideoXTransformer3DModel": ("CogVideoXBlock",),  # cogvideo/model.py _forward `block(hidden_states=, ...)`
+    "ErnieImageModel": ("ErnieImageSharedAdaLNBlock",),  # ernie/model.py forward `layer(hidden_states, rope, temb)`
+    # hidream_o1/model.py _forward `layer(x=, attention_mask=, freqs_cis=, optimized_attention=, past_key_value=)`:
+    # the language model's layers; the reference-image ViT (visual.blocks, output cached across steps) left out
+    "HiDreamO1Transformer": ("TransformerBlock",),
+    "Ideogram4Transformer2DModel": ("Ideogram4TransformerBlock",),  # ideogram4/model.py _backbone `layer(h, ...)`
+    "JoyImageTransformer3DModel": ("JoyImageTransformerBlock",),  # joyimage/model.py _forward `block(img=, txt=..)`
+    # Krea 2: krea2/model.py _forward `block(combined, tvec, ...)`; the small text-fusion blocks left out
+    "SingleStreamDiT": ("SingleStreamBlock",),
+    "LensTransformer2DModel": ("LensTransformerBlock",),  # lens/model.py _forward `block(hidden_states=, ...)`
+    "MageFlowTransformer2DModel": ("QwenImageTransformerBlock",),  # mage_flow/model.py _forward `block(..)`
+    "MiniMaxH3Model": ("DiTBlock",),  # minimax/model.py _forward `block(h, t_emb, ...)`; small RefinerBlocks left out
+    # minimax_music/dit.py ContinuousTransformer.forward `layer(x, rotation_matrix)`
+    "MiniMaxMusic3DiT": ("TransformerBlock",),
+    # pixeldit/model.py PixDiT_T2I._forward `blk(s, y_emb, ...)`, `blk(x_pixels, s_cond, ...)` (PidNet: the same)
+    "PixDiT_T2I": ("MMDiTBlockT2I", "PiTBlock"),
+    "NaDiT": ("NaMMSRTransformerBlock",),  # SeedVR2: seedvr/model.py forward `block(vid=, txt=, ...)`; 5 variants
+    # trellis2/model.py SLatFlowModel.forward `block(h, t_emb, cond, ...)` (sparse), SparseStructureFlowModel.forward
+    "Trellis2": ("ModulatedSparseTransformerCrossBlock", "ModulatedTransformerCrossBlock"),
+    # TripoSplat: triposplat/model.py _forward `block(h_x, mod=, rotary_emb=, ...)`: refiners and main blocks
+    "LatentSeqMMFlowModel": ("UnifiedTransformerBlock",),
+    # wan/ar_model.py forward_block `block(x, e=, ..., kv_cache=)`, else WanModel.forward_orig's call
+    "CausalWanModel": ("CausalWanAttentionBlock",),
 }
 #: Callers that do not call (some of) their children generically: ``{caller class: reason}``.
 NON_GENERIC_PARENTS: dict[str, str] = {
@@ -63,6 +99,9 @@ NON_GENERIC_PARENTS: dict[str, str] = {
 }
 #: Models whose repeated blocks cannot be swapped: ``{model class: reason}``.
 REGIONAL_UNSUPPORTED = {k: f"Stable Cascade: {NON_GENERIC_PARENTS[k]} (compile it whole)" for k in ("StageC", "StageB")}
+REGIONAL_UNSUPPORTED["WanAnimate2Model"] = (  # ComfyUI 0.33.0 wan/model_animate2.py
+    "Wan Animate 2: forward_orig calls its blocks only through methods (block.forward_gen, block.forward_pose, "
+    "block.kv_from_input), never block(...): a swapped compiled block would never run (compile it whole)")
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict)  # never called themselves; their owner iterates them
 _source = functools.lru_cache(maxsize=256)(inspect.getsource)  # of a caller's module, scanned per block
 

@@ -29,6 +29,8 @@ max |compiled - eager| (absolute and relative to max |eager|), graphs after the 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
 import logging
 import math
@@ -37,7 +39,7 @@ import sys
 import time
 import types
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -80,8 +82,6 @@ OPS = comfy.ops.disable_weight_init
 # Architectures
 # ---------------------------------------------------------------------------------------------
 def _cls(module: str, name: str) -> type:
-    import importlib
-
     return getattr(importlib.import_module(module), name)
 
 
@@ -148,6 +148,21 @@ COSMOS2_2B = dict(max_img_h=240, max_img_w=240, max_frames=128, in_channels=16, 
                   extra_per_block_abs_pos_emb=False, rope_h_extrapolation_ratio=4.0,
                   rope_w_extrapolation_ratio=4.0, rope_t_extrapolation_ratio=1.0)
 
+# ComfyUI 0.33.0 architectures (absent from 0.8.0): real-size configs from 0.33.0's model_detection.py, or the
+# constructor defaults where detection returns only {"image_model": ...} (PixelDiT, TripoSplat, HiDream-O1) or the
+# defaults are the released model's (checked against detection's derivation where it has one)
+SEEDVR2_3B = dict(vid_dim=2560, heads=20, num_layers=32, norm_eps=1e-5, mlp_type="swiglu", vid_out_norm=True)
+TRELLIS2_FULL = dict(resolution=64)  # model_detection: 64 unless metadata is_512; shape model only (no texture)
+ANIMA_FULL = COSMOS2_2B  # model_detection: cosmos_predict2 detection + llm_adapter -> "anima" (2B)
+# LTX-2.3-style switches (0.33.0 LTXAVModel parameters; detection reads them from a checkpoint's metadata "config"),
+# sizes: the constructor defaults as the ltxav row
+LTXAV_NEW_SWITCHES = dict(apply_gated_attention=True, cross_attention_adaln=True, caption_proj_before_connector=True)
+# Z-Image (model_detection's dim == 3840 branch) with SigLIP features (0.33.0: NextDiT's siglip_feat_dim, the Omni
+# variant; its siglip_refiner is a third refiner list of JointTransformerBlocks). 1152: a SigLIP width (any works)
+ZIMAGE_OMNI = dict(patch_size=2, in_channels=16, dim=3840, cap_feat_dim=2560, n_layers=30, n_refiner_layers=2,
+                   qk_norm=True, n_heads=30, n_kv_heads=30, axes_dims=[32, 48, 48], axes_lens=[1536, 512, 512],
+                   rope_theta=256.0, ffn_dim_multiplier=8.0 / 3.0, z_image_modulation=True, time_scale=1000.0,
+                   pad_tokens_multiple=32, siglip_feat_dim=1152)
 
 def _n(*attrs: str) -> Callable[[Any], int]:
     """Count of blocks read from the model's own containers (independent of class-name matching)."""
@@ -224,15 +239,144 @@ STRUCTURE: dict[str, tuple[str, str, dict[str, Any], dict[str, Callable[[Any], i
                     "TransformerDecoderBlock": _n("visual_transformer_blocks")}),
     "omnigen2": ("comfy.ldm.omnigen.omnigen2", "OmniGen2Transformer2DModel", {},
                  {"OmniGen2TransformerBlock": _n("noise_refiner", "ref_image_refiner", "context_refiner", "layers")}),
+    # ---- new in ComfyUI 0.33.0 (SINCE) ----
+    "anima": ("comfy.ldm.anima.model", "Anima", ANIMA_FULL, {"Block": _n("blocks")}),
+    "ace15": ("comfy.ldm.ace.ace_step15", "AceStepConditionGenerationModel", {},
+              {"AceStepDiTLayer": _n("decoder.layers"),
+               "AceStepEncoderLayer": _n("encoder.lyric_encoder.layers", "encoder.timbre_encoder.layers",
+                                         "tokenizer.attention_pooler.layers", "detokenizer.layers")}),
+    "boogu": ("comfy.ldm.boogu.model", "BooguTransformer2DModel", {},
+              {"OmniGen2TransformerBlock": _n("noise_refiner", "ref_image_refiner", "context_refiner",
+                                              "single_stream_layers"),
+               "BooguDoubleStreamBlock": _n("double_stream_layers")}),
+    "cogvideox": ("comfy.ldm.cogvideo.model", "CogVideoXTransformer3DModel", {}, {"CogVideoXBlock": _n("blocks")}),
+    "ernie": ("comfy.ldm.ernie.model", "ErnieImageModel", {}, {"ErnieImageSharedAdaLNBlock": _n("layers")}),
+    "hidream_o1": ("comfy.ldm.hidream_o1.model", "HiDreamO1Transformer", {},
+                   {"TransformerBlock": _n("language_model.layers")}),
+    "ideogram4": ("comfy.ldm.ideogram4.model", "Ideogram4Transformer2DModel", {},
+                  {"Ideogram4TransformerBlock": _n("layers")}),
+    "joyimage": ("comfy.ldm.joyimage.model", "JoyImageTransformer3DModel", {},
+                 {"JoyImageTransformerBlock": _n("double_blocks")}),
+    "krea2": ("comfy.ldm.krea2.model", "SingleStreamDiT", {}, {"SingleStreamBlock": _n("blocks")}),
+    "lens": ("comfy.ldm.lens.model", "LensTransformer2DModel", {}, {"LensTransformerBlock": _n("transformer_blocks")}),
+    "ltxav_switches": ("comfy.ldm.lightricks.av_model", "LTXAVModel", LTXAV_NEW_SWITCHES,
+                       {"BasicAVTransformerBlock": _n("transformer_blocks")}),
+    "zimage_omni": ("comfy.ldm.lumina.model", "NextDiT", ZIMAGE_OMNI,
+                    {"JointTransformerBlock": _n("layers", "noise_refiner", "context_refiner", "siglip_refiner")}),
+    "zimage_pixel": ("comfy.ldm.lumina.model", "NextDiTPixelSpace", {},
+                     {"JointTransformerBlock": _n("layers", "noise_refiner", "context_refiner")}),
+    "mage_flow": ("comfy.ldm.mage_flow.model", "MageFlowTransformer2DModel", {},
+                  {"QwenImageTransformerBlock": _n("transformer_blocks")}),
+    "minimax_h3": ("comfy.ldm.minimax.model", "MiniMaxH3Model", {}, {"DiTBlock": _n("blocks")}),
+    "minimax_music3": ("comfy.ldm.minimax_music.dit", "MiniMaxMusic3DiT", {},
+                       {"TransformerBlock": _n("diffusion_transformer.transformer.layers")}),
+    "pixeldit": ("comfy.ldm.pixeldit.model", "PixDiT_T2I", {},
+                 {"MMDiTBlockT2I": _n("patch_blocks"), "PiTBlock": _n("pixel_blocks")}),
+    "pid": ("comfy.ldm.pixeldit.pid", "PidNet", {},
+            {"MMDiTBlockT2I": _n("patch_blocks"), "PiTBlock": _n("pixel_blocks")}),
+    "seedvr2": ("comfy.ldm.seedvr.model", "NaDiT", SEEDVR2_3B, {"NaMMSRTransformerBlock": _n("blocks")}),
+    "trellis2": ("comfy.ldm.trellis2.model", "Trellis2", TRELLIS2_FULL,
+                 {"ModulatedSparseTransformerCrossBlock": _n("img2shape.blocks", "img2shape_512.blocks"),
+                  "ModulatedTransformerCrossBlock": _n("structure_model.blocks")}),
+    "triposplat": ("comfy.ldm.triposplat.model", "LatentSeqMMFlowModel", {},
+                   {"UnifiedTransformerBlock": _n("noise_refiner", "context_refiner", "blocks")}),
+    "wan_causal": ("comfy.ldm.wan.ar_model", "CausalWanModel", {}, {"CausalWanAttentionBlock": _n("blocks")}),
+    "wan_scail": ("comfy.ldm.wan.model", "SCAILWanModel", {}, {"WanAttentionBlock": _n("blocks")}),
+    "wan_scail2": ("comfy.ldm.wan.model", "SCAIL2WanModel", {}, {"WanAttentionBlock": _n("blocks")}),
+    "wan_dancer": ("comfy.ldm.wan.model_wandancer", "WanDancerModel", {}, {"WanAttentionBlock": _n("blocks")}),
+    "wan_animate2": ("comfy.ldm.wan.model_animate2", "WanAnimate2Model", {}, {"WanAnimate2Block": _n("blocks")}),
     "stable_cascade_c": ("comfy.ldm.cascade.stage_c", "StageC", {}, {}),
     "stable_cascade_b": ("comfy.ldm.cascade.stage_b", "StageB", {}, {}),
 }
 
 
+#: Parameters a newer ComfyUI added to a config: ``{arch: ((module, callable whose signature is asked), {name:
+#: value})}``; each is passed only where the running ComfyUI's signature has it (``inspect.signature``).
+OPTIONAL_KWARGS: dict[str, tuple[tuple[str, str], dict[str, Any]]] = {
+    # 0.33.0: ChromaRadianceParams gained use_sequential_txt_ids (model_detection: False unless `__sequential__`)
+    "chroma_radiance": (("comfy.ldm.chroma_radiance.model", "ChromaRadianceParams"), {"use_sequential_txt_ids": False}),
+}
+
+
+def accepted_kwargs(arch: str) -> dict[str, Any]:
+    """The :data:`OPTIONAL_KWARGS` of ``arch`` that the running ComfyUI's signature accepts."""
+    if arch not in OPTIONAL_KWARGS:
+        return {}
+    import inspect
+
+    (module, name), optional = OPTIONAL_KWARGS[arch]
+    params = inspect.signature(_cls(module, name)).parameters
+    return {k: v for k, v in optional.items() if k in params}
+
+
+#: Architectures newer than some supported ComfyUI: ``{arch: first tested ComfyUI that has it}``. Where the running
+#: ComfyUI (``comfyui_version.__version__``) is older and lacks the class, the arch is reported skipped, not failed.
+SINCE: dict[str, str] = {a: "0.33.0" for a in (
+    "anima", "ace15", "boogu", "cogvideox", "ernie", "hidream_o1", "ideogram4", "joyimage", "krea2", "lens",
+    "zimage_pixel", "mage_flow", "minimax_h3", "minimax_music3", "pixeldit", "pid", "seedvr2", "trellis2", "triposplat",
+    "wan_causal", "wan_scail", "wan_scail2", "wan_dancer", "wan_animate2", "zimage_omni", "ltxav_switches")}
+#: Architectures of an older class that need a newer constructor parameter: ``{arch: parameter names}``
+#: (missing where the running ComfyUI is older than ``SINCE``: skipped like a missing class).
+NEEDS_PARAMS: dict[str, tuple[str, ...]] = {"zimage_omni": ("siglip_feat_dim",),
+                                            "ltxav_switches": tuple(LTXAV_NEW_SWITCHES)}
+
+
+@contextlib.contextmanager
+def _ace15_fsq_off_meta() -> Iterator[None]:
+    """ACE-Step 1.5's FSQ quantizer calls ``.item()`` on a buffer in ``__init__`` (impossible on meta): built on
+    the CPU (levels, a 64000x6 codebook, two 2048x6 linears: ~2 MB), then moved to meta; everything else is meta."""
+    mod = importlib.import_module("comfy.ldm.ace.ace_step15")
+    original = mod.FSQ
+
+    class CpuFSQ(original):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            meta = kwargs.get("device") is not None and torch.device(kwargs["device"]).type == "meta"
+            super().__init__(*args, **{**kwargs, "device": "cpu" if meta else kwargs.get("device")})
+            if meta:
+                self.to("meta")
+
+    mod.FSQ = CpuFSQ
+    try:
+        yield
+    finally:
+        mod.FSQ = original
+
+
+#: Per-arch context the meta build runs in (a ComfyUI constructor that cannot run on meta as is).
+BUILD_CONTEXT: dict[str, Callable[[], contextlib.AbstractContextManager]] = {"ace15": _ace15_fsq_off_meta}
+
+
+def comfyui_version() -> str:
+    import comfyui_version
+
+    return comfyui_version.__version__
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in v.split(".")[:3] if p.isdigit())
+
+
 def structure(arch: str) -> dict[str, Any]:
     module, name, kwargs, counters = STRUCTURE[arch]
     t0 = time.perf_counter()
-    model = _cls(module, name)(**kwargs, device="meta", operations=OPS)
+    try:
+        cls = _cls(module, name)
+        import inspect
+
+        params = inspect.signature(cls).parameters
+        if missing := [p for p in NEEDS_PARAMS.get(arch, ()) if p not in params]:
+            raise AttributeError(f"{name} has no parameter {', '.join(missing)}")
+    except (ImportError, AttributeError) as e:
+        since, running = SINCE.get(arch), comfyui_version()
+        if since is None or _version_tuple(running) >= _version_tuple(since):
+            raise  # should exist here: a real error
+        return {"skipped": f"{arch}: ComfyUI {running} lacks {module}.{name} as this config needs it (the table covers "
+                           f"it from ComfyUI {since}): {type(e).__name__}: {e}"}
+    optional = accepted_kwargs(arch)
+    with BUILD_CONTEXT.get(arch, contextlib.nullcontext)():
+        model = _cls(module, name)(**kwargs, **optional, device="meta", operations=OPS)
+    # elements ComfyUI's constructors put off meta anyway (computed rope/positional buffers): reported
+    off_meta = sum(t.numel() for t in [*model.parameters(), *model.buffers()] if not t.is_meta)
     choice = sblocks.choose_blocks(model)
     auto = sblocks.choose_blocks(model, discover=True)
     disc, auto_check = auto.discovery, auto.check
@@ -255,6 +399,8 @@ def structure(arch: str) -> dict[str, Any]:
         "auto_refused_sample": dict(list(disc.refused.items())[:2]),
         "auto_check_ok": not auto_check.refused,
         "auto_equals_declared": disc.paths == choice.paths,
+        "optional_kwargs": optional,
+        "off_meta_numel": off_meta,
         "seconds": round(time.perf_counter() - t0, 2),
     }
 
@@ -529,6 +675,7 @@ def main(argv: list[str] | None = None) -> None:
     out: dict[str, Any] = {"torch": torch.__version__,
                            "attention": getattr(comfy_attention.optimized_attention, "__name__", "?")}
     if a.mode == "structure":
+        out["comfyui_version"] = comfyui_version()
         for arch in a.archs or list(STRUCTURE):
             try:
                 out[arch] = structure(arch)
