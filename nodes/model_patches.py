@@ -325,8 +325,8 @@ def add_compile(model, record: CompileRecord, mode: str,
     model.add_wrapper_with_key(WrappersMP.APPLY_MODEL, KEY_COMPILE, apply_model_wrapper)
     model.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, KEY_COMPILE, outer_sample_wrapper)
     model.weight_inplace_update = True  # LoRA patches keep Parameter identity -> no recompiles
-    if cache is not None:
-        registry.REGISTRY.note_compile_cache(record, cache.as_dict())
+    if cache is not None:  # with what opening it said (a cache moved aside at open: foreign, or an artifact changed)
+        registry.REGISTRY.note_compile_cache(record, cache.as_dict(), cache.messages)
     steadfast_options(model)["compile"] = {"mode": mode, "record_created": record.created, **record.summary(),
                                            **({} if inductor_preset == inductor_presets.NONE
                                               else {"inductor_preset": inductor_preset})}

@@ -212,6 +212,12 @@ def overlapping_nodes(page: Any) -> list[list[int]]:
     return page.evaluate(OVERLAPS_JS)
 
 
+# The saved widget values per node. A node without saved widgets serializes ``widgets_values`` as absent or ``[]``
+# depending on whether it holds a widget at all: frontend 1.49.6 writes ``[]`` once the display-only (never saved)
+# steadfast_info widget exists, 1.35.9 leaves it absent; both mean "nothing saved", so both read as ``[]`` here.
+SAVED_WIDGETS_JS = "() => window.app.graph.serialize().nodes.map(n => [n.id, n.widgets_values ?? []])"
+
+
 def frontend_prompt(page: Any) -> dict[str, Any]:
     return page.evaluate("async () => (await window.app.graphToPrompt()).output")
 
@@ -301,7 +307,7 @@ def test_run_from_browser_shows_hash_and_compare(page: Any, comfy_server: ComfyS
     cmp_id = next(i for i, n in twin.items() if n["class_type"] == "SteadfastCompare")
     comfy_server.free()  # no cached outputs from earlier tests: every node executes and reports
     load_template(page, name)
-    saved_before = page.evaluate("() => window.app.graph.serialize().nodes.map(n => [n.id, n.widgets_values])")
+    saved_before = page.evaluate(SAVED_WIDGETS_JS)
     client_id = page.evaluate("() => window.app.api.clientId")
     known = set(comfy_server.get("/history"))
 
@@ -342,7 +348,7 @@ def test_run_from_browser_shows_hash_and_compare(page: Any, comfy_server: ComfyS
     assert not overlapping_nodes(page), "nodes grown by the run (info boxes, previews) overlap"
 
     # The info widget is display-only: neither the saved workflow nor the prompt change.
-    assert page.evaluate("() => window.app.graph.serialize().nodes.map(n => [n.id, n.widgets_values])") == saved_before
+    assert page.evaluate(SAVED_WIDGETS_JS) == saved_before
     assert prompt_core(frontend_prompt(page)) == expected_prompt(twin, object_info)
     assert "steadfast_state" not in json.dumps(page.evaluate("() => window.app.graph.serialize()"))
 
@@ -434,3 +440,45 @@ def test_compare_draws_expected_difference_apart_from_a_failure(page: Any) -> No
         return out;
     }""")
     assert states == ["match", "expected", "mismatch"]
+
+
+def test_vue_nodes_renderer_shows_the_report(page: Any, comfy_server: ComfyServer) -> None:
+    """The "Nodes 2.0" (Vue) renderer, in the frontends that have it (both tested: setting ``Comfy.VueNodes.Enabled``):
+    the determinism check runs from the page and the Hash node's report is a visible DOM element holding the
+    whole text (canvas-drawn widgets are known to break there; ``steadfast_info`` is a DOM widget)."""
+    has_vue = page.evaluate("() => { try { window.app.extensionManager.setting.get('Comfy.VueNodes.Enabled');"
+                            " return true } catch (e) { return false } }")
+    if not has_vue:
+        pytest.skip("this frontend has no Comfy.VueNodes.Enabled setting (no Nodes 2.0 renderer)")
+    page.evaluate("async () => { await window.app.extensionManager.setting.set('Comfy.VueNodes.Enabled', true) }")
+    try:
+        name = api_to_ui.ui_template_name("determinism_check")
+        twin = api_twin(name)
+        hash_id = next(i for i, n in twin.items() if n["class_type"] == "SteadfastHash")
+        comfy_server.free()
+        load_template(page, name)
+        known = set(comfy_server.get("/history"))
+        page.evaluate("async () => { await window.app.queuePrompt(0, 1) }")
+        deadline = time.monotonic() + 120
+        while True:
+            new = {p: e for p, e in comfy_server.get("/history").items() if p not in known}
+            if new and all(e.get("status", {}).get("completed") is not None for e in new.values()):
+                break
+            assert time.monotonic() < deadline, f"prompt not finished; log:\n{comfy_server.log_tail()}"
+            time.sleep(0.2)
+        (entry,) = new.values()
+        want = "\n".join(entry["outputs"][hash_id]["text"])
+        page.wait_for_function(
+            "([id, text]) => window.app.graph.getNodeById(+id)?.widgets?.find(w => w.name === 'steadfast_info')"
+            "?.value === text", arg=[hash_id, want], timeout=30_000)
+        box = page.evaluate(
+            "(id) => { const w = window.app.graph.getNodeById(+id).widgets.find(w => w.name === 'steadfast_info');"
+            " const el = w.element; if (!el) return null; const r = el.getBoundingClientRect();"
+            " return {connected: el.isConnected, w: r.width, h: r.height, text: el.value ?? el.textContent,"
+            " cut: el.scrollHeight - el.clientHeight} }", hash_id)
+        assert box is not None and box["connected"], box
+        assert box["w"] > 20 and box["h"] > 20, box  # laid out on the page, not hidden
+        assert box["text"] == want and entry["outputs"][hash_id]["steadfast_hash"][0]["hash"] in box["text"]
+        assert box["cut"] <= 2, box  # the whole report fits its box
+    finally:
+        page.evaluate("async () => { await window.app.extensionManager.setting.set('Comfy.VueNodes.Enabled', false) }")
