@@ -32,14 +32,16 @@ Fewer than 16 elements (or float16/bfloat16 in torch <= 2.11) go through other t
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import struct
-from typing import Sequence
+import threading
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
 
-__all__ = ["PORTABLE_DTYPES", "portable_randn", "box_muller_avx2"]
+__all__ = ["PORTABLE_DTYPES", "portable_randn", "box_muller_avx2", "portable_generator_randn"]
 
 #: dtypes :func:`portable_randn` draws: float32, and float16/bfloat16 as float32 noise cast down.
 PORTABLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -277,3 +279,60 @@ def portable_randn(shape: Sequence[int], generator: torch.Generator,
             values[n - 16:] = box_muller_avx2(uniforms[drawn - 16:].reshape(1, 16)).reshape(-1)
     out = torch.from_numpy(values).reshape(dims)
     return out if dtype == torch.float32 else out.to(dtype)
+
+
+_ROUTE_LOCK = threading.Lock()
+_ROUTE_DEPTH = 0
+_ORIGINAL_RANDN = None
+
+
+_PASSIVE = {"generator", "dtype", "device", "layout", "size"}  # the only keywords a routed call may carry
+
+
+def _routed_randn(*size, **kwargs):
+    """``torch.randn`` replacement: calls that draw from a CPU generator on the CPU go portable."""
+    generator = kwargs.get("generator")
+    dims = kwargs.get("size", size[0] if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size)
+    device = kwargs.get("device")
+    target = torch.device(device) if device is not None else torch.get_default_device()
+    dtype = kwargs.get("dtype") or torch.get_default_dtype()
+    if (isinstance(generator, torch.Generator) and generator.device.type == "cpu" and target.type == "cpu"
+            and dtype in PORTABLE_DTYPES and set(kwargs) <= _PASSIVE
+            and kwargs.get("layout") in (None, torch.strided) and all(isinstance(d, int) for d in dims)):
+        return portable_randn(dims, generator, dtype=dtype)
+    return _ORIGINAL_RANDN(*size, **kwargs)
+
+
+@contextlib.contextmanager
+def portable_generator_randn() -> Iterator[None]:
+    """While active, ``torch.randn(..., generator=<CPU generator>)`` on the CPU is :func:`portable_randn`.
+
+    For noise drawn inside code the pack does not own: torchsde's ``BrownianInterval`` (ComfyUI's
+    ``BrownianTreeNoiseSampler`` with ``cpu=True``: ``torchsde/_brownian/brownian_interval.py``
+    ``_randn`` calls ``torch.randn(size, dtype=, device=, generator=)``) and diffusers' ``randn_tensor``
+    (``diffusers/utils/torch_utils.py``: one ``torch.randn(shape, generator=g, device=, dtype=,
+    layout=)`` per generator). Draws without a generator (the global RNG), on other devices, of other
+    dtypes or with ``out=``/``requires_grad``/``names`` keep ``torch.randn``. On an x86 AVX2/AVX512 CPU
+    the routed bytes equal torch's own, so the patch changes bytes only where torch's differ (no AVX2,
+    ARM, ``ATEN_CPU_CAPABILITY=default``).
+
+    The attribute ``torch.randn`` is replaced process-wide for the duration (re-entrant, reference
+    counted); code holding its own reference to the original function is not affected.
+
+    Yields:
+        None.
+    """
+    global _ROUTE_DEPTH, _ORIGINAL_RANDN
+    with _ROUTE_LOCK:
+        if _ROUTE_DEPTH == 0:
+            _ORIGINAL_RANDN = torch.randn
+            torch.randn = _routed_randn
+        _ROUTE_DEPTH += 1
+    try:
+        yield
+    finally:
+        with _ROUTE_LOCK:
+            _ROUTE_DEPTH -= 1
+            if _ROUTE_DEPTH == 0:
+                torch.randn = _ORIGINAL_RANDN
+                _ORIGINAL_RANDN = None

@@ -67,6 +67,17 @@ ISA_SCRIPT = textwrap.dedent(
         seq_p = torch.cat([portable_randn((n,), g1, dtype=dt).float() for n in (3, 40, 5, 1, 17, 7, 16)])
         seq_t = torch.cat([torch.randn(n, generator=g2, dtype=dt).float() for n in (3, 40, 5, 1, 17, 7, 16)])
         out["portable"][dtype + "/sequence/-1"], out["randn"][dtype + "/sequence/-1"] = digest(seq_p), digest(seq_t)
+    # torchsde's Brownian-interval draw (ComfyUI's CPU BrownianTreeNoiseSampler), routed and not
+    try:
+        from torchsde._brownian import brownian_interval as bi
+    except ImportError:
+        bi = None
+    if bi is not None:
+        from steadfast.core.portable_randn import portable_generator_randn
+        draw = lambda: bi._randn((2, 4, 24, 24), torch.float32, torch.device("cpu"), 12345)
+        with portable_generator_randn():
+            out["portable"]["float32/torchsde/-2"] = digest(draw())
+        out["randn"]["float32/torchsde/-2"] = digest(draw())
     print(json.dumps(out))
     """
 )
@@ -370,3 +381,37 @@ def test_rejects_bad_input():
         portable_randn((-1, 4), torch.Generator())
     with pytest.raises(TypeError):
         portable_randn((4,), None)
+
+
+# ----------------------------------------------------------------------------- routing torch.randn
+
+
+def test_generator_randn_routing_is_scoped_and_selective():
+    original = torch.randn
+    torch.manual_seed(0)
+    global_draw = torch.randn(100)
+    with pr.portable_generator_randn():
+        with pr.portable_generator_randn():  # re-entrant
+            routed = torch.randn(3, 40, generator=torch.Generator().manual_seed(8))
+            routed_kw = torch.randn(size=(3, 40), generator=torch.Generator().manual_seed(8), device="cpu",
+                                    dtype=torch.float32, layout=torch.strided)
+            torch.manual_seed(0)
+            global_inside = torch.randn(100)  # no generator: torch's own path, untouched
+            double = torch.randn(40, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+        assert torch.randn is not original
+    assert torch.randn is original
+    expected = portable_randn((3, 40), torch.Generator().manual_seed(8))
+    assert torch.equal(routed, expected) and torch.equal(routed_kw, expected)
+    assert torch.equal(global_inside, global_draw)
+    assert torch.equal(double, torch.randn(40, generator=torch.Generator().manual_seed(8), dtype=torch.float64))
+    with pytest.raises(RuntimeError):
+        with pr.portable_generator_randn():
+            raise RuntimeError("boom")
+    assert torch.randn is original
+
+
+def test_torchsde_brownian_draws_are_routed():
+    bi = pytest.importorskip("torchsde._brownian.brownian_interval")
+    with pr.portable_generator_randn():
+        draw = bi._randn((4, 16, 16), torch.float32, torch.device("cpu"), 77)
+    assert torch.equal(draw, portable_randn((4, 16, 16), torch.Generator().manual_seed(77)))
