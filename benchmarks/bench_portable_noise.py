@@ -9,7 +9,7 @@ bytes are equal (they are wherever torch runs its AVX2 kernel: x86 with AVX2/AVX
 
 No ComfyUI needed. Usage::
 
-    python benchmarks/bench_portable_noise.py [--rounds 30] [--seed 42]
+    python benchmarks/bench_portable_noise.py [--rounds 30] [--seed 42] [--threads 1]
 """
 from __future__ import annotations
 
@@ -27,6 +27,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=30, help="interleaved timed rounds per case")
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads (1: on a shared 2-core machine OpenMP spin-waiting made the "
+                        "per-item torch.cat 80 ms with 2 threads); both draws are single-threaded anyway")
     return p.parse_args(argv)
 
 
@@ -39,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from steadfast.core.portable_randn import portable_randn
 
+    torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
     _common.print_header("Portable noise vs torch.randn (CPU generator)", {"rounds": args.rounds})
 
