@@ -415,3 +415,48 @@ def test_torchsde_brownian_draws_are_routed():
     with pr.portable_generator_randn():
         draw = bi._randn((4, 16, 16), torch.float32, torch.device("cpu"), 77)
     assert torch.equal(draw, portable_randn((4, 16, 16), torch.Generator().manual_seed(77)))
+
+
+BROWNIAN_SCRIPT = textwrap.dedent(
+    """
+    import hashlib, sys
+    import torch
+    sys.path.insert(0, sys.argv[1])
+    import comfy.cli_args
+    comfy.cli_args.args.cpu = True
+    from comfy.k_diffusion.sampling import BrownianTreeNoiseSampler
+    sys.path.insert(0, sys.argv[2])
+    from _steadfast_import import import_steadfast
+    import_steadfast()
+    from steadfast.core.portable_randn import portable_generator_randn
+    x = torch.zeros(2, 4, 16, 16)
+    sig = torch.tensor([14.6, 9.1, 5.3, 2.9, 1.4, 0.6, 0.2, 0.03])  # literal: torch.linspace is ISA-dependent
+    def steps():
+        ns = BrownianTreeNoiseSampler(x, sig.min(), sig.max(), seed=[5, 6], cpu=True)  # per-item trees
+        return torch.stack([ns(sig[i], sig[i + 1]) for i in range(7)])
+    digest = lambda t: hashlib.sha256(t.numpy().tobytes()).hexdigest()
+    with portable_generator_randn():
+        routed = digest(steps())
+    print(torch.backends.cpu.get_cpu_capability(), routed, digest(steps()))
+    """
+)
+
+
+@pytest.mark.comfyui
+def test_comfyui_brownian_tree_noise_is_isa_independent_when_routed():
+    comfy = Path(os.environ.get("COMFYUI_PATH", Path.home() / "comfy" / "ComfyUI")).expanduser()
+    if not (comfy / "comfy" / "k_diffusion" / "sampling.py").is_file():
+        pytest.skip(f"ComfyUI NOT FOUND at {comfy}: the Brownian-tree routing is NOT verified in this run")
+    pytest.importorskip("torchsde")
+    runs = {}
+    for isa in ("avx2", "default"):
+        proc = subprocess.run([sys.executable, "-c", BROWNIAN_SCRIPT, str(comfy), str(REPO / "scripts")],
+                              capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "ATEN_CPU_CAPABILITY": isa})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[isa] = proc.stdout.split()[-3:]
+    assert runs["default"][0] == "DEFAULT"
+    assert runs["avx2"][1] == runs["default"][1]  # routed: the same steps on both ISAs
+    if runs["avx2"][0] in ("AVX2", "AVX512"):
+        assert runs["avx2"][1] == runs["avx2"][2]  # and torch's own AVX2 bytes
+        assert runs["default"][2] != runs["avx2"][2]  # unrouted, torch's default path differs
