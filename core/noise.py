@@ -8,6 +8,10 @@ A private CPU generator seeded with ``torch.Generator().manual_seed(seed)`` prod
 as the default CPU generator after ``torch.manual_seed(seed)`` (``torch.manual_seed`` seeds the
 default CPU generator with exactly that call, plus the accelerators), which is what makes the
 ``"comfy"`` mode bit-identical to ComfyUI.
+
+Every draw goes through :func:`core.portable_randn.portable_randn` (float32/float16/bfloat16): the
+bytes torch's AVX2 CPU kernel gives, on any CPU (x86 with or without AVX2/AVX512, ARM, Windows), so a
+seed gives the same noise on a Mac as on a PC, and on x86 the same as ``torch.randn`` (issue 17).
 """
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ import numbers
 from typing import Literal, Sequence
 
 import torch
+
+from .portable_randn import PORTABLE_DTYPES, portable_randn
 
 __all__ = ["MAX_SEED", "NOISE_MODES", "CPUNoiseSampler", "check_seed", "seeded_noise"]
 
@@ -48,6 +54,16 @@ def check_seed(seed: object, *, count: int = 1, name: str = "seed") -> int:
 
 def _generator(seed: int) -> torch.Generator:
     return torch.Generator(device="cpu").manual_seed(seed)
+
+
+def _randn(shape: Sequence[int], dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
+    """The pack's one noise draw: :func:`portable_randn` (same bytes on every CPU) for float32/16/bf16.
+
+    Other dtypes (float64) fall back to ``torch.randn``, whose bytes depend on the platform's libm.
+    """
+    if dtype in PORTABLE_DTYPES:
+        return portable_randn(shape, generator, dtype=dtype)
+    return torch.randn(tuple(shape), dtype=dtype, generator=generator)
 
 
 def _check_shape(shape: Sequence[int]) -> tuple[int, ...]:
@@ -96,7 +112,10 @@ def seeded_noise(
             ``"comfy"``: bit-identical to ``comfy.sample.prepare_noise(latent, seed, batch_index)``
             for a plain tensor latent of this shape/dtype (one stream for the whole batch; with
             ``batch_index``, item ``j`` is the ``batch_index[j]``-th batch-1 draw of that stream),
-            but without reseeding the global RNG.
+            but without reseeding the global RNG. "Bit-identical" holds where ComfyUI's own
+            ``torch.randn`` runs torch's AVX2 kernel (x86-64 CPUs with AVX2 or AVX512) and, for
+            noise drawn in float16/bfloat16 (``draw_dtype`` None), on torch >= 2.14; elsewhere this gives the
+            x86 noise and ComfyUI does not.
         dtype: dtype of the returned noise (the latent's dtype).
         batch_index: optional per-item indices (``latent["batch_index"]``), one per batch item, >= 0.
         draw_dtype: dtype the values are drawn in before the cast to ``dtype``; ``None`` draws in
@@ -121,7 +140,7 @@ def seeded_noise(
     draw = dtype if draw_dtype is None else draw_dtype
 
     def randn(size, generator):
-        return torch.randn(size, dtype=draw, generator=generator).to(dtype)
+        return _randn(size, draw, generator).to(dtype)
 
     if mode == "incremental":
         offsets = inds if inds is not None else range(dims[0])
@@ -148,7 +167,8 @@ class CPUNoiseSampler:
     """Per-step noise for ancestral/SDE samplers, drawn on the CPU from a private generator.
 
     ``sampler(sigma, sigma_next)`` returns standard-normal noise shaped like ``x_like``, drawn in
-    ``x_like.dtype`` on the CPU and then moved to ``x_like.device``. The sequence of calls is fully
+    ``x_like.dtype`` on the CPU with :func:`portable_randn` (the same bytes on every CPU) and then moved
+    to ``x_like.device``. The sequence of calls is fully
     determined by ``seed`` and is the same on every device; the global RNG is never used.
 
     Compatibility: ComfyUI's ``k_diffusion.sampling.default_noise_sampler`` draws on the latent's
@@ -188,8 +208,7 @@ class CPUNoiseSampler:
         self.calls += 1
         if self.per_item:
             item_shape = (1, *self.shape[1:])
-            noise = torch.cat([torch.randn(item_shape, dtype=self.dtype, generator=g)
-                               for g in self.generators], dim=0)
+            noise = torch.cat([_randn(item_shape, self.dtype, g) for g in self.generators], dim=0)
         else:
-            noise = torch.randn(self.shape, dtype=self.dtype, generator=self.generators[0])
+            noise = _randn(self.shape, self.dtype, self.generators[0])
         return noise.to(self.device)

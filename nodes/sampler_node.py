@@ -12,7 +12,7 @@ import comfy.samplers
 import comfy.utils
 import latent_preview
 
-from ..core import fingerprint, hashing, noise, torch_state
+from ..core import fingerprint, hashing, noise, portable_randn, torch_state
 from ..core.run_record import RunRecord
 from . import comfy_noise, identity
 from .model_patches import compile_state, qkv_counters, steadfast_options
@@ -140,9 +140,11 @@ class SteadfastSeededSampler(io.ComfyNode):
 
         qkv_before = qkv_counters(model)
         t0 = time.perf_counter()
-        samples = comfy.sample.sample_custom(model, x0, cfg, sampler, ks.sigmas, positive, negative, latent,
-                                             noise_mask=latent_image.get("noise_mask"), callback=callback,
-                                             disable_pbar=not comfy.utils.PROGRESS_BAR_ENABLED, seed=seed)
+        # CPU Brownian trees (torchsde) draw with torch.randn on CPU generators: route them to portable noise
+        with portable_randn.portable_generator_randn():
+            samples = comfy.sample.sample_custom(model, x0, cfg, sampler, ks.sigmas, positive, negative, latent,
+                                                 noise_mask=latent_image.get("noise_mask"), callback=callback,
+                                                 disable_pbar=not comfy.utils.PROGRESS_BAR_ENABLED, seed=seed)
         seconds = time.perf_counter() - t0
         out = dict(latent_image)
         out["samples"] = samples

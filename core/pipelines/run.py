@@ -15,6 +15,7 @@ from ..determinism_policy import DeterminismPolicy
 from ..fingerprint import environment_fingerprint, fingerprint_digest
 from ..noise import check_seed
 from ..optimize.attention import sdpa_context
+from ..portable_randn import portable_generator_randn
 from ..compile_record import CompileRecord
 from ..registry import REGISTRY
 from .load import count_params, denoiser_of, module_components
@@ -73,6 +74,8 @@ def _run_once(pipe: Any, kw: dict[str, Any], record: CompileRecord | None, shape
         if record is not None:
             stack.enter_context(REGISTRY.run(record))
             stack.enter_context(REGISTRY.track(record, shape=shape))
+        # diffusers' randn_tensor draws each image's noise from its CPU generator: portable bytes
+        stack.enter_context(portable_generator_randn())
         out = pipe(**kw)
     images = out.images if hasattr(out, "images") else out[0]
     if not isinstance(images, torch.Tensor) or images.ndim != 4:

@@ -23,6 +23,7 @@ downloads a browser. Without them the tests skip loudly. Install (Debian)::
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -471,11 +472,14 @@ def test_vue_nodes_renderer_shows_the_report(page: Any, comfy_server: ComfyServe
         page.wait_for_function(
             "([id, text]) => window.app.graph.getNodeById(+id)?.widgets?.find(w => w.name === 'steadfast_info')"
             "?.value === text", arg=[hash_id, want], timeout=30_000)
-        box = page.evaluate(
-            "(id) => { const w = window.app.graph.getNodeById(+id).widgets.find(w => w.name === 'steadfast_info');"
-            " const el = w.element; if (!el) return null; const r = el.getBoundingClientRect();"
-            " return {connected: el.isConnected, w: r.width, h: r.height, text: el.value ?? el.textContent,"
-            " cut: el.scrollHeight - el.clientHeight} }", hash_id)
+        measure = ("(id) => { const w = window.app.graph.getNodeById(+id).widgets.find(w => w.name === 'steadfast_info');"
+                   " const el = w.element; if (!el) return null; const r = el.getBoundingClientRect();"
+                   " return {connected: el.isConnected, w: r.width, h: r.height, text: el.value ?? el.textContent,"
+                   " cut: el.scrollHeight - el.clientHeight} }")
+        with contextlib.suppress(Exception):  # the Vue layout settles after the text arrives: give it 10 s
+            page.wait_for_function(f"(id) => {{ const b = ({measure})(id); return b && b.cut <= 2 }}", arg=hash_id,
+                                   timeout=10_000)
+        box = page.evaluate(measure, hash_id)
         assert box is not None and box["connected"], box
         assert box["w"] > 20 and box["h"] > 20, box  # laid out on the page, not hidden
         assert box["text"] == want and entry["outputs"][hash_id]["steadfast_hash"][0]["hash"] in box["text"]

@@ -1,0 +1,349 @@
+"""Portable ``torch.randn``: the bytes torch's AVX2 CPU kernel gives, on every platform.
+
+Why: ``torch.randn(..., generator=cpu_gen)`` for 16 or more float32 elements runs a Box-Muller transform
+whose log/sin/cos depend on the CPU build (PyTorch 2.11 and 2.14, ``aten/src/ATen/native/cpu/``):
+
+- ``DistributionTemplates.h`` ``normal_fill`` with ``NormalFill16<float>`` (2.14; ``normal_fill_AVX2`` /
+  ``normal_fill_16_AVX2`` in 2.11, the same math): under ``CPU_CAPABILITY_AVX2`` the 16-element
+  Box-Muller uses ``log256_ps`` and ``sincos256_ps`` from ``avx_mathfun.h`` (Julien Pommier's cephes
+  polynomials, compiled with FMA contraction); elsewhere (``ATEN_CPU_CAPABILITY=default``, ARM, other
+  ISAs) the scalar template calls the platform libm's ``logf``/``cosf``/``sinf``.
+- ``DistributionKernels.cpp`` registers ``normal_stub`` with ``REGISTER_NO_AVX512_DISPATCH``, so an AVX512
+  CPU runs the AVX2 kernel.
+
+So the same seed gives one noise on x86 PCs (AVX2 or AVX512) and another on Apple silicon. This module
+reproduces the AVX2 kernel's output bit for bit with operations whose rounding IEEE 754 fixes (numpy
+float32 ``+ - *`` and ``sqrt``, float64 ``+ - *``, and from those an exactly rounded fused multiply-add),
+drawn from the same generator stream: x86 seeds keep their pictures, other platforms get the x86 picture.
+``torch.sqrt`` is not used: on the CPU it is not correctly rounded (measured: about 20 % of float32
+inputs differ from IEEE ``sqrt`` by an ulp, torch 2.14.1 and 2.11.0, AVX2 and default alike).
+
+Algorithm (``normal_fill``, float32, ``n >= 16`` elements, mean 0, std 1):
+
+1. ``u[i] = (mt19937() & 0xFFFFFF) * 2**-24`` for ``i < n`` (``uniform_real_distribution<float>``,
+   ``core/TransformationHelper.h`` ``uniform_real``), plus 16 more when ``n % 16 != 0``. ``torch.rand``
+   draws exactly these (``uniform_kernel``, one ``random()`` per element, serial on every ISA).
+2. Each full 16-chunk ``c`` gives ``r = sqrt(-2 log(1 - c[j]))``, ``t = 2pi * c[j + 8]``,
+   ``out[j] = r cos t``, ``out[j + 8] = r sin t`` for ``j < 8``.
+3. When ``n % 16 != 0`` the 16 extra uniforms form one more chunk that overwrites ``out[n-16:]``.
+
+The polynomial and the FMA sites were read from ``avx_mathfun.h`` and from the disassembly of
+``NormalFill16<float, true>::operator()`` in ``libtorch_cpu.so`` (torch 2.14.1 and 2.11.0, x86-64 wheels).
+
+Fewer than 16 elements (or float16/bfloat16 in torch <= 2.11) go through other torch code: see
+:func:`portable_randn`.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import struct
+import threading
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["PORTABLE_DTYPES", "portable_randn", "box_muller_avx2", "portable_generator_randn"]
+
+#: dtypes :func:`portable_randn` draws: float32, and float16/bfloat16 the way torch 2.14 draws them.
+PORTABLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _f32(bits: int) -> np.float32:
+    return np.frombuffer(struct.pack("<I", bits), dtype=np.float32)[0]
+
+
+# Constants of avx_mathfun.h (cephes), as the float32 bit patterns found in libtorch_cpu.so; each equals
+# the float32 rounding of the decimal literal in the header (tests/core/test_portable_randn.py checks).
+_ONE = np.float32(1.0)
+_TWO_PI = _f32(0x40C90FDB)          # (float)(2.0 * c10::pi<double>)
+_MIN_NORM = 0x00800000              # smallest normal float32
+_SQRTHF = _f32(0x3F3504F3)          # cephes_SQRTHF 0.707106781186547524
+_LOG_P = tuple(_f32(b) for b in (   # cephes_log_p0 .. p8
+    0x3D9021BB, 0xBDEBD1B8, 0x3DEF251A, 0xBDFE5D4F, 0x3E11E9BF, 0xBE2AAE50, 0x3E4CCEAC, 0xBE7FFFFC,
+    0x3EAAAAAA))
+_LOG_Q1 = _f32(0xB95E8083)          # cephes_log_q1 -2.12194440e-4
+_LOG_Q2 = _f32(0x3F318000)          # cephes_log_q2 0.693359375
+_FOPI = _f32(0x3FA2F983)            # cephes_FOPI 4/pi
+_DP = (_f32(0xBF490000), _f32(0xB97DA000), _f32(0xB3222169))  # minus_cephes_DP1..DP3
+_COS_P = (_f32(0x37CCF5CE), _f32(0xBAB6061A), _f32(0x3D2AAAA5))  # coscof_p0..p2
+_SIN_P = (_f32(0xB94CA1F9), _f32(0x3C08839E), _f32(0xBE2AAAA3))  # sincof_p0..p2
+
+
+def _fma(a: np.ndarray, b, c) -> np.ndarray:
+    """float32 ``a * b + c`` rounded once (what ``vfmadd*ps`` computes), on any platform.
+
+    ``a * b`` is exact in float64 (24 + 24 bits), so ``s = a*b + c`` in float64 is the exact value ``v``
+    rounded once. Rounding ``s`` to float32 gives the correctly rounded ``v`` unless ``s`` is exactly
+    halfway between two float32 values while ``v`` is not (no float32 midpoint lies strictly between
+    ``v`` and ``s``: it would be a float64 nearer to ``v``). Those rare ties are settled from the exact
+    error of the sum (TwoSum): the result is rounded towards ``v``, i.e. rounding to odd (Boldo &
+    Melquiond, "Emulation of FMA and correctly rounded sums: proved algorithms using rounding to
+    odd", IEEE TC 2008).
+
+    Args:
+        a: float32 array. b: float32 scalar, or array of float32 values (dtype float32 or float64).
+        c: float32 scalar or float32 array (broadcastable).
+    Returns:
+        float32 array of the broadcast shape.
+    """
+    s = a.astype(np.float64)
+    s *= b if np.ndim(b) == 0 or b.dtype == np.float64 else b.astype(np.float64)
+    p = s.copy()
+    s += c                                          # float32/float64 arrays or scalars: exact inputs
+    tie = (s.view(np.int64) & 0x1FFFFFFF) == 0x10000000  # halfway between two float32 values
+    if tie.any():
+        idx = np.nonzero(tie)
+        pt, ct, st = p[idx], np.broadcast_to(np.asarray(c, dtype=np.float64), s.shape)[idx], s[idx]
+        bb = st - pt
+        err = (pt - (st - bb)) + (ct - bb)          # TwoSum: v = st + err exactly
+        s.view(np.int64)[idx] += (np.sign(err) * np.sign(st)).astype(np.int64)  # towards v: no tie
+    return s.astype(np.float32)
+
+
+def _log256(x: np.ndarray) -> np.ndarray:
+    """``log256_ps`` (``avx_mathfun.h``) as compiled in torch's AVX2 kernel, for ``x > 0`` (float32)."""
+    xi = np.maximum(x, _f32(_MIN_NORM)).view(np.int32)
+    e = ((xi >> 23) - 127).astype(np.float32) + _ONE
+    m = ((xi & 0x007FFFFF) | 0x3F000000).view(np.float32)      # mantissa in [0.5, 1)
+    small = m < _SQRTHF
+    e = e - np.where(small, _ONE, np.float32(0))
+    m = (m + np.float32(-1.0)) + np.where(small, m, np.float32(0))  # exact (Sterbenz)
+    z = m * m
+    m64 = m.astype(np.float64)
+    y = np.full_like(m, _LOG_P[0])
+    for p in _LOG_P[1:]:
+        y = _fma(y, m64, p)                                     # vfmadd132ps
+    y = y * m
+    y = _fma(y, z, e * _LOG_Q1)                                 # y*z + e*q1 contracted
+    y = y - z * np.float32(0.5)                                 # vfnmadd: z*0.5 is exact
+    m = m + y
+    return _fma(e, _LOG_Q2, m)                                  # e*q2 + x contracted
+
+
+def _sincos256(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``sincos256_ps`` (``avx_mathfun.h``) as compiled in torch's AVX2 kernel (float32, ``0 <= x < 8192``)."""
+    xi = x.view(np.int32)
+    sign_sin = xi & np.int32(-0x80000000)
+    x = (xi & 0x7FFFFFFF).view(np.float32)
+    j = (x * _FOPI).astype(np.int32)                            # cvttps2dq: truncation
+    j = (j + 1) & ~np.int32(1)
+    y = j.astype(np.float32)
+    sign_sin = sign_sin ^ ((j & 4) << 29)
+    sign_cos = (~(j - 2) & 4) << 29
+    poly_mask = (j & 2) == 0
+    for dp in _DP:                                              # x = ((x - y*DP1) - y*DP2) - y*DP3, fused
+        x = _fma(y, dp, x)
+    z = x * x
+    z64 = z.astype(np.float64)
+    c = _fma(np.full_like(z, _COS_P[0]), z64, _COS_P[1])
+    c = _fma(c, z64, _COS_P[2])
+    c = c * z
+    c = _fma(c, z64, -(z * np.float32(0.5)))                    # vfmsub: y*z - z*0.5
+    c = c + _ONE
+    s = _fma(np.full_like(z, _SIN_P[0]), z64, _SIN_P[1])
+    s = _fma(s, z64, _SIN_P[2])
+    s = s * z
+    s = _fma(x, s, x)                                           # y2*x + x contracted
+    zero = np.float32(0)
+    s_part = np.where(poly_mask, s, zero)                       # and/andnot selects, then the adds
+    c_part = np.where(poly_mask, zero, c)
+    sin_v = c_part + s_part
+    cos_v = (c - c_part) + (s - s_part)
+    sin_v = (sin_v.view(np.int32) ^ sign_sin).view(np.float32)
+    cos_v = (cos_v.view(np.int32) ^ sign_cos).view(np.float32)
+    return sin_v, cos_v
+
+
+_BLOCK_ROWS = 2048  # 16 Ki lanes of float64 temporaries per block: 128 KiB, fits a core's L2
+
+
+def box_muller_avx2(chunks: np.ndarray) -> np.ndarray:
+    """torch's AVX2 ``NormalFill16<float>`` on rows of 16 uniforms (mean 0, std 1).
+
+    Args:
+        chunks: float32 array ``[k, 16]`` of uniforms in ``[0, 1)``.
+    Returns:
+        float32 array ``[k, 16]``: ``r*cos`` in columns 0-7, ``r*sin`` in columns 8-15.
+    """
+    chunks = np.ascontiguousarray(chunks, dtype=np.float32)
+    if chunks.shape[0] > _BLOCK_ROWS:  # cache-sized blocks: about 2x faster than whole latents
+        return np.concatenate([box_muller_avx2(chunks[i:i + _BLOCK_ROWS])
+                               for i in range(0, chunks.shape[0], _BLOCK_ROWS)])
+    u1 = _ONE - chunks[:, :8]
+    radius = np.sqrt(_log256(u1) * np.float32(-2.0))            # IEEE sqrt (torch.sqrt is not exact)
+    sin_v, cos_v = _sincos256(chunks[:, 8:] * _TWO_PI)
+    out = np.empty_like(chunks)
+    out[:, :8] = radius * cos_v + np.float32(0)                 # fmadd(n, std=1, mean=0): -0 -> +0
+    out[:, 8:] = radius * sin_v + np.float32(0)
+    return out
+
+
+# CPUGeneratorImplState (aten/src/ATen/CPUGeneratorImpl.cpp): legacy_pod.normal_y and
+# legacy_pod.normal_is_valid hold the cached second sample of normal_distribution<double>.
+_STATE_SIZE = 5056
+_NORMAL_Y = 5024
+_NORMAL_VALID = 5040
+
+
+def _round53(value) -> float:
+    """An mpmath value rounded to nearest float64."""
+    import mpmath
+    with mpmath.workprec(53):
+        return float(+value)
+
+
+def _scalar_normals(n: int, generator: torch.Generator) -> np.ndarray:
+    """``n < 16`` samples of torch's scalar path, with correctly rounded log1p/sin/cos.
+
+    ``normal_kernel`` (``DistributionTemplates.h``) draws small tensors element by element with
+    ``at::normal_distribution<double>`` (``core/DistributionsHelper.h``): a cached sample if the generator
+    holds one, else two ``random64()`` uniforms ``u1, u2``, ``r = sqrt(-2 log1p(-u2))``,
+    ``t = 2pi u1``, return ``r cos t`` and cache ``r sin t``. torch calls libm there; here log1p, sin and
+    cos are evaluated at 120 bits and rounded to nearest float64 (mpmath), the rest in float64.
+
+    Returns:
+        float64 array ``[n]``; the generator's stream and its cached sample advance as torch's would.
+    Raises:
+        RuntimeError: the generator state has an unknown layout.
+    """
+    import mpmath
+
+    state = generator.get_state()
+    if state.numel() != _STATE_SIZE:
+        raise RuntimeError(f"unknown CPU generator state layout ({state.numel()} bytes, expected {_STATE_SIZE})")
+    raw = bytes(state.numpy())
+    out: list[float] = []
+    if struct.unpack_from("<i", raw, _NORMAL_VALID)[0]:
+        out.append(struct.unpack_from("<d", raw, _NORMAL_Y)[0])
+    pairs = (n - len(out) + 1) // 2
+    uniforms = torch.rand(2 * pairs, dtype=torch.float64, generator=generator).tolist() if pairs else []
+    cached = None
+    with mpmath.workprec(120):
+        for k in range(pairs):
+            u1, u2 = uniforms[2 * k], uniforms[2 * k + 1]
+            radius = math.sqrt(-2.0 * _round53(mpmath.log1p(mpmath.mpf(-u2))))
+            theta = (2.0 * math.pi) * u1
+            out.append(radius * _round53(mpmath.cos(mpmath.mpf(theta))))
+            sample = radius * _round53(mpmath.sin(mpmath.mpf(theta)))
+            if len(out) < n:
+                out.append(sample)
+            else:
+                cached = sample
+    new = bytearray(bytes(generator.get_state().numpy()))
+    struct.pack_into("<d", new, _NORMAL_Y, cached if cached is not None else 0.0)
+    struct.pack_into("<i", new, _NORMAL_VALID, 1 if cached is not None else 0)
+    generator.set_state(torch.frombuffer(new, dtype=torch.uint8).clone())
+    return np.asarray(out, dtype=np.float64) + 0.0              # val * std + mean: -0 -> +0
+
+
+def portable_randn(shape: Sequence[int], generator: torch.Generator,
+                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Like ``torch.randn(shape, generator=generator, dtype=dtype)`` on the CPU, the same bytes everywhere.
+
+    For 16 or more elements the result equals torch's AVX2 kernel (x86-64 builds, AVX2 or AVX512 CPUs),
+    whatever CPU or ``ATEN_CPU_CAPABILITY`` runs it; the generator advances exactly as ``torch.randn``
+    advances it, so draws before and after stay in step with torch.
+
+    Args:
+        shape: the output shape (any number of dimensions, 0-size allowed).
+        generator: a CPU ``torch.Generator``; consumed as ``torch.randn`` consumes it.
+        dtype: ``torch.float32`` (default), ``torch.float16`` or ``torch.bfloat16``. Half types follow
+            torch 2.14's ``normal_fill``: the float32 Box-Muller on float32 uniforms, cast down, except
+            that a partial last chunk is not drawn before the 16 uniforms of the overwriting chunk (so
+            for ``n % 16 != 0`` it is not ``portable_randn(float32).to(dtype)``). torch 2.11 drew half
+            types with another, libm-based scalar algorithm on every ISA (``normal_fill<scalar_t>`` on
+            11-/8-bit uniforms), which this does not reproduce.
+    Returns:
+        Contiguous CPU tensor of ``shape`` and ``dtype``. Under 16 elements: torch's scalar
+        ``normal_distribution<double>`` path (the same code on every ISA) with correctly rounded
+        log1p/sin/cos, then cast through float32; equal to torch wherever the platform libm's
+        float64 results round to the same float32 (all 51,000 samples checked on glibc x86-64 were;
+        the cached float64 sample itself differed from glibc's in its last bit in some cases).
+    Raises:
+        ValueError: ``dtype`` not in :data:`PORTABLE_DTYPES`, or a negative dimension.
+        TypeError: ``generator`` is not a CPU ``torch.Generator``.
+    """
+    if dtype not in PORTABLE_DTYPES:
+        raise ValueError(f"portable_randn draws {[str(d) for d in PORTABLE_DTYPES]}, not {dtype}")
+    if not isinstance(generator, torch.Generator) or generator.device.type != "cpu":
+        raise TypeError(f"generator must be a CPU torch.Generator, got {generator!r}")
+    dims = tuple(int(s) for s in shape)
+    if any(d < 0 for d in dims):
+        raise ValueError(f"negative dimension in shape {dims}")
+    n = math.prod(dims)
+    if n == 0:
+        return torch.empty(dims, dtype=dtype)
+    if n < 16:
+        values = _scalar_normals(n, generator).astype(np.float32)
+    else:
+        tail = n % 16
+        full = n - tail
+        # float32 draws all n uniforms, then 16 for the last chunk; half types (opmath_t buffer) draw
+        # only the full chunks' uniforms, then 16 for the last chunk (normal_fill, torch 2.14).
+        drawn = (n if dtype == torch.float32 else full) + (16 if tail else 0)
+        uniforms = torch.rand(drawn, generator=generator).numpy()
+        values = np.empty(n, dtype=np.float32)
+        values[:full] = box_muller_avx2(uniforms[:full].reshape(-1, 16)).reshape(-1)
+        if tail:
+            values[n - 16:] = box_muller_avx2(uniforms[drawn - 16:].reshape(1, 16)).reshape(-1)
+    out = torch.from_numpy(values).reshape(dims)
+    return out if dtype == torch.float32 else out.to(dtype)
+
+
+_ROUTE_LOCK = threading.Lock()
+_ROUTE_DEPTH = 0
+_ORIGINAL_RANDN = None
+
+
+_PASSIVE = {"generator", "dtype", "device", "layout", "size"}  # the only keywords a routed call may carry
+
+
+def _routed_randn(*size, **kwargs):
+    """``torch.randn`` replacement: calls that draw from a CPU generator on the CPU go portable."""
+    generator = kwargs.get("generator")
+    dims = kwargs.get("size", size[0] if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size)
+    device = kwargs.get("device")
+    target = torch.device(device) if device is not None else torch.get_default_device()
+    dtype = kwargs.get("dtype") or torch.get_default_dtype()
+    if (isinstance(generator, torch.Generator) and generator.device.type == "cpu" and target.type == "cpu"
+            and dtype in PORTABLE_DTYPES and set(kwargs) <= _PASSIVE
+            and kwargs.get("layout") in (None, torch.strided) and all(isinstance(d, int) for d in dims)):
+        return portable_randn(dims, generator, dtype=dtype)
+    return _ORIGINAL_RANDN(*size, **kwargs)
+
+
+@contextlib.contextmanager
+def portable_generator_randn() -> Iterator[None]:
+    """While active, ``torch.randn(..., generator=<CPU generator>)`` on the CPU is :func:`portable_randn`.
+
+    For noise drawn inside code the pack does not own: torchsde's ``BrownianInterval`` (ComfyUI's
+    ``BrownianTreeNoiseSampler`` with ``cpu=True``: ``torchsde/_brownian/brownian_interval.py``
+    ``_randn`` calls ``torch.randn(size, dtype=, device=, generator=)``) and diffusers' ``randn_tensor``
+    (``diffusers/utils/torch_utils.py``: one ``torch.randn(shape, generator=g, device=, dtype=,
+    layout=)`` per generator). Draws without a generator (the global RNG), on other devices, of other
+    dtypes or with ``out=``/``requires_grad``/``names`` keep ``torch.randn``. On an x86 AVX2/AVX512 CPU
+    the routed bytes equal torch's own, so the patch changes bytes only where torch's differ (no AVX2,
+    ARM, ``ATEN_CPU_CAPABILITY=default``).
+
+    The attribute ``torch.randn`` is replaced process-wide for the duration (re-entrant, reference
+    counted); code holding its own reference to the original function is not affected.
+
+    Yields:
+        None.
+    """
+    global _ROUTE_DEPTH, _ORIGINAL_RANDN
+    with _ROUTE_LOCK:
+        if _ROUTE_DEPTH == 0:
+            _ORIGINAL_RANDN = torch.randn
+            torch.randn = _routed_randn
+        _ROUTE_DEPTH += 1
+    try:
+        yield
+    finally:
+        with _ROUTE_LOCK:
+            _ROUTE_DEPTH -= 1
+            if _ROUTE_DEPTH == 0:
+                torch.randn = _ORIGINAL_RANDN
+                _ORIGINAL_RANDN = None
