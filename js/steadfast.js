@@ -81,6 +81,9 @@ function addInfoWidget(node) {
 function showText(node, text) {
   const w = node.widgets?.find((x) => x.name === INFO) ?? addInfoWidget(node);
   w.value = text;
+  // The Vue ("Nodes 2.0") renderer lays DOM widgets out itself and ignores getMinHeight there: a CSS min-height
+  // keeps the whole report visible in both renderers (the canvas one sizes the node to the same height below).
+  if (w.element) w.element.style.minHeight = `${textHeight(text, node.size[0])}px`;
   const [minW, minH] = node.computeSize();
   node.setSize([Math.max(node.size[0], minW), Math.max(node.size[1], minH)]);
   node.setDirtyCanvas(true, true);
