@@ -77,13 +77,27 @@ function addInfoWidget(node) {
   return w;
 }
 
+// The Vue ("Nodes 2.0") renderer lays DOM widgets out itself (inside an element with data-node-id) and ignores
+// getMinHeight: there the box takes its content's height, measured after layout and again when its width changes.
+// The canvas renderer is left to getMinHeight and the node size set in showText.
+function fitVueBox(el) {
+  const fit = () => {
+    if (!el.isConnected || !el.closest("[data-node-id]")) return;
+    el.style.height = "auto";
+    el.style.minHeight = `${el.scrollHeight + 2}px`;
+  };
+  if (!el.steadfastObserver && typeof ResizeObserver === "function") {
+    el.steadfastObserver = new ResizeObserver(() => fit());
+    el.steadfastObserver.observe(el);
+  }
+  requestAnimationFrame(fit);
+}
+
 // The report box grows with its text (up to 30 lines, then it scrolls), so no line is cut off.
 function showText(node, text) {
   const w = node.widgets?.find((x) => x.name === INFO) ?? addInfoWidget(node);
   w.value = text;
-  // The Vue ("Nodes 2.0") renderer lays DOM widgets out itself and ignores getMinHeight there: a CSS min-height
-  // keeps the whole report visible in both renderers (the canvas one sizes the node to the same height below).
-  if (w.element) w.element.style.minHeight = `${textHeight(text, node.size[0])}px`;
+  if (w.element) fitVueBox(w.element);
   const [minW, minH] = node.computeSize();
   node.setSize([Math.max(node.size[0], minW), Math.max(node.size[1], minH)]);
   node.setDirtyCanvas(true, true);
