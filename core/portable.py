@@ -231,3 +231,40 @@ def refuse(what: str, why: str) -> None:
     if is_portable():
         raise PortableModeError(f"portable CPU mode refuses {what}: {why}. Run without --portable "
                                 f"(STEADFAST_PORTABLE) for it, or leave it out of the workflow.")
+
+
+def check_optimize(*, compile: str = "off", backend: str = "", quantize: str = "off",
+                   precision: str = "model") -> None:
+    """Refuse, in portable mode, the optimizations whose CPU bits cannot be pinned (nothing outside it).
+
+    Args:
+        compile: the compile widget ("off", "regional", "full"); refused unless "off" or backend "eager"
+            (inductor's C++ code depends on the C++ compiler and its version, not only on the ISA).
+        backend: the compile backend.
+        quantize: refused unless "off" (torchao's CPU kernels pick per ISA: VNNI/AMX or not).
+        precision: "model"/"fp32" pass; bf16/fp16 are refused (CPU low-precision matmuls take AMX, AVX512-BF16
+            or emulated paths by CPU; not measured portable).
+
+    Raises:
+        PortableModeError: in portable mode, for each refused request (the first one found).
+    """
+    if compile != "off" and backend != "eager":
+        refuse(f"compile={compile} (backend {backend})", "compiled C++ kernels depend on the C++ compiler, its "
+               "version and flags, not only on the vector ISA")
+    if quantize != "off":
+        refuse(f"quantize={quantize}", "torchao's CPU kernels are chosen per CPU (VNNI, AMX)")
+    if precision not in ("model", "fp32"):
+        refuse(f"precision={precision}", "CPU bf16/fp16 matmuls take AMX, AVX512-BF16 or emulated paths by CPU "
+               "(not measured portable; fp32 is)")
+
+
+def check_threads(num_threads: int | None) -> None:
+    """Refuse, in portable mode, a thread count other than the portable one (0/None = keep it).
+
+    Raises:
+        PortableModeError: in portable mode, for another count.
+    """
+    want = int(os.environ.get(ENV_THREADS) or DEFAULT_THREADS)
+    if num_threads and num_threads != want:
+        refuse(f"num_threads={num_threads}", f"portable mode pins {want} thread(s) on every machine (CPU "
+               f"reductions split by thread count); set num_threads to 0 or {want}")
