@@ -6,8 +6,12 @@
 ``--server`` a headless ComfyUI (``--cpu``, 127.0.0.1, this pack loaded; ``$COMFYUI_PATH`` or
 ``~/comfy/ComfyUI``) is started for the run; ``--ckpt`` files are linked into its ``models/checkpoints`` and
 every ``CheckpointLoaderSimple`` is pointed at the first one; a workflow that names the embedded tiny
-checkpoint gets it built (seeded, nothing downloaded). Exit codes: 0 every run gave the same bytes and every
-``expected`` matched; 1 they did not; 2 the workflow or a server could not be used (message says why).
+checkpoint gets it built (seeded, nothing downloaded). ``--portable`` starts it in portable CPU mode
+(:mod:`core.portable`). Exit codes: 0 identical bytes (every run, and every pinned ``expected``); 3 the bytes
+differ but every output is the same picture within tolerance (:mod:`core.verdict`: PSNR of the thumbnails
+against the first run or the pinned ``expected_reference``); 1 a different picture, or bytes that differ with
+nothing to grade them by, or a failed run; 2 the workflow or a server could not be used, or portable mode
+refused a setting (message says why).
 """
 from __future__ import annotations
 
@@ -140,7 +144,11 @@ def run_main(argv: Sequence[str]) -> int:
             return 1
         args.pin.write_text(json.dumps(runner.pin(prompt, first), indent=1), encoding="utf-8")
         print(f"pinned: {args.pin}")
-    return 0 if report.ok else 1
+    refused = [r.error for r in report.results if r.error and "PortableModeError" in r.error]
+    if refused:
+        print(f"steadfast run: {refused[0]}", file=sys.stderr)
+        return 2
+    return report.exit_code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
