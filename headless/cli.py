@@ -144,7 +144,7 @@ def run_main(argv: Sequence[str]) -> int:
             return 1
         args.pin.write_text(json.dumps(runner.pin(prompt, first), indent=1), encoding="utf-8")
         print(f"pinned: {args.pin}")
-    refused = [r.error for r in report.results if r.error and "PortableModeError" in r.error]
+    refused = [r.error for r in report.results if r.error and "portable CPU mode refuses" in r.error]
     if refused:
         print(f"steadfast run: {refused[0]}", file=sys.stderr)
         return 2
