@@ -37,6 +37,10 @@ GOLDEN = {
     ("0.33.0", "2.11.0"): ("1db636f2b4b1a1f90658b173575f4125dd442cea19c390573cc850dca49d1bf7",
                            "2026-11-25, AMD EPYC (family 25 model 17; KVM exposes AVX2+FMA, no AVX512), "
                            "torch 2.11.0+cu130 (MKL 2024.2, oneDNN 3.10.2), ComfyUI 0.33.0, 1 thread"),
+    # the same bytes on the other tested row (another torch, oneDNN 3.12.0, another ComfyUI), same machine
+    ("0.8.0", "2.14.1"): ("1db636f2b4b1a1f90658b173575f4125dd442cea19c390573cc850dca49d1bf7",
+                          "2026-11-25, the same AMD EPYC, torch 2.14.1+cu130 (oneDNN 3.12.0), ComfyUI 0.8.0, "
+                          "1 thread"),
 }
 
 
