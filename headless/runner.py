@@ -184,8 +184,8 @@ class Report:
         lines += self.explanations
         lines += [f"Hash node {g['node']}: {g['against']} -> {g['run']}: {g['text']}" for g in self.grades
                   if g["level"] != "identical"]
-        lines += [f"FAIL: {f}" for f in self.failures if self.level != "same_picture"]
         level = self.level
+        lines += [("bytes differ: " if level == "same_picture" else "FAIL: ") + f for f in self.failures]
         lines.append("PASS: every run gave the same bytes" if level == "identical" else
                      "SAME PICTURE: the bytes differ but every output is the same picture within tolerance (exit 3)"
                      if level == "same_picture" else "FAIL: outputs differ or a check failed (see above)")

@@ -69,12 +69,56 @@ def run(server: ComfyServer, wf: dict) -> tuple[dict, float, float | None]:
     return item, wall, rec.get("seconds")
 
 
+def cost(rounds: int) -> int:
+    """Portable vs default cost: three servers alive at once (default, default with 1 thread, portable), prompts
+    interleaved round by round (load drift is spread over all three); also more different-picture samples
+    (other seeds, another prompt) graded against the default run. Prints Markdown."""
+    wf = json.loads(WORKFLOW.read_text())
+    ckpt = cached_tiny_sd15(in_subprocess=True)
+    envs = {"default (2 threads)": {}, "default, 1 thread": {"OMP_NUM_THREADS": "1"}, "portable": portable_env()}
+    servers = {n: ComfyServer({CHECKPOINT_NAME: ckpt}, env=e).start() for n, e in envs.items()}
+    try:
+        walls: dict[str, list[float]] = {n: [] for n in servers}
+        secs: dict[str, list[float]] = {n: [] for n in servers}
+        for _ in range(rounds):
+            for n, srv in servers.items():
+                _, wall, sec = run(srv, wf)
+                walls[n].append(wall)
+                secs[n].append(sec)
+        srv = servers["default (2 threads)"]
+        ref = run(srv, wf)[0]
+        others = {}
+        for seed in (43, 44, 1000):
+            w = copy.deepcopy(wf)
+            for n in ("6", "7"):
+                w[n]["inputs"]["seed"] = seed
+            others[f"seed {seed}"] = run(srv, w)[0]
+        w = copy.deepcopy(wf)
+        w["2"]["inputs"]["text"] = "a red bicycle leaning on a wall"
+        others["another prompt"] = run(srv, w)[0]
+    finally:
+        for s in servers.values():
+            s.close()
+    print("| server | prompt wall s (median, min) | sampler s (median, min) |\n|---|---|---|")
+    for n in servers:
+        print(f"| {n} | {statistics.median(walls[n]):.2f}, {min(walls[n]):.2f} | "
+              f"{statistics.median(secs[n]):.2f}, {min(secs[n]):.2f} |")
+    print("\n| variant | verdict vs default | PSNR (dB) | max abs delta |\n|---|---|---|---|")
+    for n, item in others.items():
+        v = verdict.grade(item["hash"], ref["hash"], item["reference"], ref["reference"])
+        print(f"| {n} | {v.level} | {v.psnr:.1f} | {v.max_abs:.3g} |")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the variants and print the table."""
+    """Run the variants and print the table (``--cost``: the interleaved cost run instead)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeat", type=int, default=3, help="prompts per server for the timing (default 3)")
     p.add_argument("--json", type=Path, help="write the rows as JSON")
+    p.add_argument("--cost", type=int, metavar="ROUNDS", help="interleaved portable vs default cost, ROUNDS rounds")
     a = p.parse_args(argv)
+    if a.cost:
+        return cost(a.cost)
     wf = json.loads(WORKFLOW.read_text())
     ckpt = cached_tiny_sd15(in_subprocess=True)
     items: dict[str, dict] = {}
