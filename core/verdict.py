@@ -123,8 +123,15 @@ class Verdict:
         """``steadfast run``'s exit code for this level (:data:`EXIT_CODES`)."""
         return EXIT_CODES[self.level]
 
-    def as_text(self) -> str:
-        """One headline, then the measured figures and the differing environment fields."""
+    def as_text(self, env: bool = True) -> str:
+        """One headline, then the measured figures and (``env``) the differing environment fields.
+
+        Args:
+            env: list the differing run-record fields (off where the caller already shows the explanation).
+
+        Returns:
+            The text, one item a line.
+        """
         head = {"identical": "IDENTICAL BYTES", "same_picture": "SAME PICTURE within tolerance (bytes differ)",
                 "different_picture": "DIFFERENT PICTURE", "unknown": "bytes differ; no reference to grade by"}[self.level]
         lines = [head]
@@ -134,7 +141,7 @@ class Verdict:
                          f"max |delta| {self.max_abs:.3g}")
         if self.why:
             lines.append("  " + self.why)
-        lines += [f"  env differs: {d}" for d in self.env_diffs[:12]]
+        lines += [f"  env differs: {d}" for d in self.env_diffs[:12]] if env else []
         return "\n".join(lines)
 
     def as_dict(self) -> dict[str, Any]:

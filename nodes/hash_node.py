@@ -84,7 +84,7 @@ class SteadfastHash(io.ComfyNode):
                                    record_now=run_record, record_ref=(expected_record or "").strip() or None)
         text = result.as_text() + ("\n" + check.as_text() if check.checked else "") + (f"\n{why}" if why else "")
         if graded is not None and not check.match:
-            text += "\nverdict: " + graded.as_text()
+            text += "\nverdict: " + graded.as_text(env=False)  # the explanation above lists the fields
         ui_out = {"text": [text], "steadfast_hash": [{"hash": result.primary, "match": check.status,
                                                       "explanation": why, "record": run_record or "",
                                                       "reference": thumb,
