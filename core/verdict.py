@@ -144,6 +144,20 @@ class Verdict:
         lines += [f"  env differs: {d}" for d in self.env_diffs[:12]] if env else []
         return "\n".join(lines)
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Verdict:
+        """The verdict :meth:`as_dict` wrote (e.g. a Hash node's, read back from ComfyUI's history).
+
+        Raises:
+            ValueError: an unknown level.
+        """
+        if d.get("level") not in LEVELS:
+            raise ValueError(f"unknown verdict level {d.get('level')!r}")
+        psnr = d.get("psnr")
+        return cls(d["level"], float(psnr) if psnr is not None else None, d.get("max_abs"),
+                   float(d.get("threshold_db", SAME_PICTURE_PSNR_DB)), tuple(d.get("env_diffs") or ()),
+                   d.get("why", ""))
+
     def as_dict(self) -> dict[str, Any]:
         """JSON-safe dict (infinite PSNR as the string "inf")."""
         d = dataclasses.asdict(self)

@@ -154,7 +154,7 @@ class Report:
     def level(self) -> str:
         """The worst graded verdict: "identical", "same_picture", "different_picture", "unknown" (bytes differ,
         nothing to grade by) or "failed" (a run failed)."""
-        if any(r.error for r in self.results):
+        if any(r.error for r in self.results) or any("gave no output" in f for f in self.failures):
             return "failed"
         levels = {g["level"] for g in self.grades}
         if self.ok and not levels - {"identical"}:
@@ -186,9 +186,13 @@ class Report:
                   if g["level"] != "identical"]
         level = self.level
         lines += [("bytes differ: " if level == "same_picture" else "FAIL: ") + f for f in self.failures]
-        lines.append("PASS: every run gave the same bytes" if level == "identical" else
-                     "SAME PICTURE: the bytes differ but every output is the same picture within tolerance (exit 3)"
-                     if level == "same_picture" else "FAIL: outputs differ or a check failed (see above)")
+        lines.append({"identical": "PASS: every run gave the same bytes",
+                      "same_picture": "SAME PICTURE: the bytes differ but every output is the same picture within "
+                                      "tolerance (exit 3)",
+                      "different_picture": "FAIL: DIFFERENT PICTURE (see above)",
+                      "unknown": "FAIL: the bytes differ and there is no reference to grade them by (pin one: "
+                                 "--pin writes expected_reference)",
+                      "failed": "FAIL: a run failed or a check could not be made (see above)"}[level])
         return "\n".join(lines)
 
     def as_dict(self) -> dict[str, Any]:
@@ -235,11 +239,9 @@ def _grades(prompt: Mapping[str, Any], ok_runs: Sequence[RunResult]) -> list[dic
         samplers = upstream(prompt, n, SAMPLER_NODES)
         for r in ok_runs:
             if r.checks.get(n) == "mismatch":
-                v = r.verdicts.get(n) or {"level": "unknown"}
-                text = v.get("level", "unknown") + (f", PSNR {v.get('psnr')} dB, max |delta| {v.get('max_abs')}"
-                                                    if v.get("psnr") is not None else "")
+                v = verdict.Verdict.from_dict(r.verdicts[n]) if r.verdicts.get(n) else verdict.Verdict("unknown")
                 out.append({"node": n, "run": f"{r.server} {r.run}", "against": "pinned reference",
-                            "level": v.get("level", "unknown"), "text": text, "verdict": v})
+                            "level": v.level, "text": v.as_text().replace("\n", "\n    "), "verdict": v.as_dict()})
             elif r.checks.get(n) == "match":
                 out.append({"node": n, "run": f"{r.server} {r.run}", "against": "pinned reference",
                             "level": "identical", "text": "identical bytes", "verdict": None})

@@ -52,12 +52,14 @@ def _versions(comfyui_path: Path) -> tuple[str, str]:
     return str(ns.get("__version__")), torch.__version__.split("+")[0]
 
 
-def steadfast_run(*args: str | Path, timeout: float = 900) -> tuple[int, str, dict | None]:
-    """``python scripts/steadfast.py run ...`` -> (exit code, output, JSON report or None)."""
+def steadfast_run(*args: str | Path, timeout: float = 900, env: dict | None = None) -> tuple[int, str, dict | None]:
+    """``python scripts/steadfast.py run ...`` (``env`` added to this process's) -> (exit code, output, report)."""
     report = Path(str(args[0]) + ".report.json")
     report.unlink(missing_ok=True)
     cmd = [sys.executable, str(ROOT / "scripts" / "steadfast.py"), "run", *map(str, args), "--json", str(report)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    import os
+
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
     data = json.loads(report.read_text()) if report.is_file() else None
     return proc.returncode, proc.stdout + proc.stderr, data
 
@@ -116,6 +118,18 @@ def test_portable_hash_holds_under_other_isa_caps(caps: dict, portable_hash: tup
     assert _only_hash(report) == portable_hash[0]
     env = report["runs"][0]["records"]["6"]["fingerprint"]["cpu_settings"]["env"]
     assert env["ONEDNN_MAX_CPU_ISA"] == caps["ONEDNN_MAX_CPU_ISA"]  # the variation really reached the server
+
+
+def test_portable_overrides_the_callers_cpu_settings(portable_hash: tuple[str, dict], tmp_path: Path) -> None:
+    """A shell that sets other CPU settings (scalar ATen kernels, MKL's AVX2 branch, 2 threads, oneDNN capped)
+    still gets the portable hash: --portable replaces every one of them."""
+    wf = tmp_path / "wf.json"
+    wf.write_text(WORKFLOW.read_text())
+    code, out, report = steadfast_run(wf, "--portable", "--runs", "1", env={
+        "ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "AVX2", "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2",
+        "ONEDNN_MAX_CPU_ISA": "SSE41"})
+    assert code == 0, out
+    assert _only_hash(report) == portable_hash[0]
 
 
 def test_portable_mode_refuses_compile_with_a_clear_error(tiny_ckpt: Path, tmp_path: Path) -> None:
