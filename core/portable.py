@@ -30,7 +30,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENV_FLAG", "PortableModeError", "portable_env", "is_portable", "check_cpu", "apply_in_process",
+__all__ = ["ENV_FLAG", "PortableModeError", "portable_env", "is_portable", "check_cpu", "apply_in_process", "pin_thread",
            "cpu_settings", "refuse", "EXPLAIN_LABELS", "SETTINGS_ENV"]
 
 ENV_FLAG = "STEADFAST_PORTABLE"
@@ -149,13 +149,24 @@ def apply_in_process() -> dict[str, Any]:
                                 + ", ".join(f"{k}={want[k]} (is {v!r})" for k, v in sorted(wrong.items())))
     torch.backends.mkldnn.enabled = False
     torch.set_num_threads(threads)
+    pin_thread()
+    return cpu_settings()
+
+
+def pin_thread() -> None:
+    """In portable mode, set inductor's ``cpp.simdlen`` in the calling thread (nothing outside portable mode).
+
+    Measured: torch 2.14's inductor config keeps a value set in one thread to that thread (ComfyUI samples in a
+    worker thread, the pack is imported in the main one); torch 2.11's is process-wide. So the sampler calls this
+    before sampling. oneDNN's switch and the thread count are process-wide in both."""
+    if not is_portable():
+        return
     try:
         import torch._inductor.config as inductor_config
 
         inductor_config.cpp.simdlen = SIMDLEN
     except Exception:  # noqa: BLE001 - a torch without inductor: compile is refused anyway
         pass
-    return cpu_settings()
 
 
 def _mkl_cbwr() -> str | None:
