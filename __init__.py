@@ -11,6 +11,13 @@ from .core import cublas_config as _cublas_config
 # ComfyUI lets a pack run code: at import. It is recorded, and reported by Determinism Setup.
 _cublas_config.ensure_cublas_workspace_config()
 
+# Portable CPU mode (STEADFAST_PORTABLE=1, set by `steadfast run --portable`): oneDNN off, threads and inductor's
+# vector width pinned before any model runs. A missing start-up variable fails the import loudly.
+from .core import portable as _portable  # noqa: E402
+
+if _portable.is_portable():
+    _portable.apply_in_process()
+
 WEB_DIRECTORY = "./js"
 __version__ = "0.1.0"
 

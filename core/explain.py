@@ -24,6 +24,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from .portable import EXPLAIN_LABELS
+
 __all__ = ["FieldDiff", "Explanation", "flatten", "explain", "parse_record", "expected_difference"]
 
 # Leaf patterns (regex on the dotted name) that differ run to run without changing the bits.
@@ -59,6 +61,9 @@ _KNOWN: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p), why) for
     (r"(^|\.)comfy_numeric_args(\..*)?$", "ComfyUI dtype / attention switches"),
     (r"(^|\.)comfy_kitchen$", "comfy-kitchen supplies ComfyUI's kernels"),
 ))
+# The CPU code-path settings (fingerprint.cpu_settings.*, core/portable.py), each with its own label.
+_KNOWN = tuple((re.compile(rf"(^|\.)cpu_settings\.{name}(\..*)?$"), why)
+               for name, why in EXPLAIN_LABELS.items()) + _KNOWN
 
 
 @dataclasses.dataclass(frozen=True)

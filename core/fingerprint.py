@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .portable import cpu_settings
 from .torch_state import snapshot_state
 
 __all__ = ["FINGERPRINT_VERSION", "environment_fingerprint", "fingerprint_digest"]
@@ -79,7 +80,8 @@ def environment_fingerprint(**extra: Any) -> dict[str, Any]:
     Fields: ``fingerprint_version``, ``torch``, ``python``, ``numpy``, ``platform``, ``machine``,
     ``cpu`` (model name), ``cpu_capability`` (torch's vector ISA, e.g. "AVX512"), ``cuda_available``,
     ``cuda``/``cudnn`` versions, ``gpu`` name/capability/count, ``num_threads``,
-    ``num_interop_threads``, ``flags`` (``snapshot_state(load_inductor=True).as_dict()``), then every
+    ``num_interop_threads``, ``flags`` (``snapshot_state(load_inductor=True).as_dict()``), ``cpu_settings``
+    (the CPU code-path settings in use, :func:`core.portable.cpu_settings`), then every
     keyword in ``extra`` (values: JSON scalars, lists/tuples, dicts, ``torch.dtype``/``device``,
     enums, paths; non-finite floats become strings).
 
@@ -100,6 +102,7 @@ def environment_fingerprint(**extra: Any) -> dict[str, Any]:
         "num_threads": torch.get_num_threads(),
         "num_interop_threads": torch.get_num_interop_threads(),
         "flags": snapshot_state(load_inductor=True).as_dict(),
+        "cpu_settings": cpu_settings(),
     }
     clash = sorted(set(extra) & set(fp))
     if clash:

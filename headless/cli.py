@@ -6,8 +6,12 @@
 ``--server`` a headless ComfyUI (``--cpu``, 127.0.0.1, this pack loaded; ``$COMFYUI_PATH`` or
 ``~/comfy/ComfyUI``) is started for the run; ``--ckpt`` files are linked into its ``models/checkpoints`` and
 every ``CheckpointLoaderSimple`` is pointed at the first one; a workflow that names the embedded tiny
-checkpoint gets it built (seeded, nothing downloaded). Exit codes: 0 every run gave the same bytes and every
-``expected`` matched; 1 they did not; 2 the workflow or a server could not be used (message says why).
+checkpoint gets it built (seeded, nothing downloaded). ``--portable`` starts it in portable CPU mode
+(:mod:`core.portable`). Exit codes: 0 identical bytes (every run, and every pinned ``expected``); 3 the bytes
+differ but every output is the same picture within tolerance (:mod:`core.verdict`: PSNR of the thumbnails
+against the first run or the pinned ``expected_reference``); 1 a different picture, or bytes that differ with
+nothing to grade them by, or a failed run; 2 the workflow or a server could not be used, or portable mode
+refused a setting (message says why).
 """
 from __future__ import annotations
 
@@ -41,10 +45,17 @@ def build_run_parser() -> argparse.ArgumentParser:
     p.add_argument("--ckpt", action="append", default=[], type=Path, metavar="FILE",
                    help="checkpoint for the started server (repeatable; the first is used by the workflow)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per prompt (default 1800)")
+    p.add_argument("--portable", action="store_true",
+                   help="portable CPU mode: start ComfyUI with every setting that decides CPU bits pinned (ATen "
+                        "AVX2 kernels, oneDNN off, MKL_CBWR=COMPATIBLE,STRICT, fixed threads), so any x86-64 CPU "
+                        "with AVX2 gives the same bytes; compile, quantize and bf16/fp16 are refused "
+                        "(core/portable.py, docs/reproducing.md)")
+    p.add_argument("--portable-threads", type=int, default=1, metavar="N",
+                   help="threads in portable mode (default 1; every machine must use the same N)")
     return p
 
 
-def _start_server(prompt: dict[str, Any], ckpts: list[Path]) -> Any:
+def _start_server(prompt: dict[str, Any], ckpts: list[Path], env: dict[str, str] | None = None) -> Any:
     from .comfy_server import ComfyServer, find_comfyui
 
     comfy = find_comfyui()
@@ -63,12 +74,24 @@ def _start_server(prompt: dict[str, Any], ckpts: list[Path]) -> Any:
         from .tiny_sd15 import cached_tiny_sd15
         files[TINY_NAME] = cached_tiny_sd15(in_subprocess=True)
         print(f"checkpoint: embedded tiny SD1.5-architecture model (seeded random weights) {files[TINY_NAME]}")
-    server = ComfyServer(files, comfyui=comfy).start()
+    server = ComfyServer(files, comfyui=comfy, env=env).start()
     failures = server.import_failures()
     if failures:
         server.close()
         raise runner.WorkflowError("the Steadfast pack failed to import in ComfyUI:\n" + "\n".join(failures))
     return server
+
+
+def _portable_env(threads: int) -> dict[str, str]:
+    from ..core import portable
+
+    try:
+        portable.check_cpu()
+        env = portable.portable_env(threads)
+    except (portable.PortableModeError, ValueError) as e:
+        raise runner.WorkflowError(str(e)) from None
+    print("portable CPU mode: " + " ".join(f"{k}={v}" for k, v in sorted(env.items())))
+    return env
 
 
 def _remote(url: str) -> Any:
@@ -93,10 +116,15 @@ def run_main(argv: Sequence[str]) -> int:
             raise runner.WorkflowError("--restart needs a server started by steadfast run (leave out --server)")
         if args.ckpt and args.server:
             raise runner.WorkflowError("--ckpt is for the started server; a --server uses its own model folders")
+        if args.portable and args.server:
+            raise runner.WorkflowError("--portable starts its own server with the pinned settings; a --server "
+                                       "was started by someone else (start it by the recipe in "
+                                       "docs/reproducing.md and its run records say whether it is portable)")
+        env = _portable_env(args.portable_threads) if args.portable else None
         if args.server:
             servers = [_remote(u) for u in args.server]
         else:
-            started = _start_server(prompt, args.ckpt)
+            started = _start_server(prompt, args.ckpt, env)
             servers = [started]
         report = runner.run_all(prompt, servers, runs=args.runs, free_between=args.free_between,
                                 restart=args.restart, timeout=args.timeout)
@@ -116,7 +144,11 @@ def run_main(argv: Sequence[str]) -> int:
             return 1
         args.pin.write_text(json.dumps(runner.pin(prompt, first), indent=1), encoding="utf-8")
         print(f"pinned: {args.pin}")
-    return 0 if report.ok else 1
+    refused = [r.error for r in report.results if r.error and "portable CPU mode refuses" in r.error]
+    if refused:
+        print(f"steadfast run: {refused[0]}", file=sys.stderr)
+        return 2
+    return report.exit_code
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..core import verdict
 from ..core.explain import explain
 
 __all__ = ["HASH_NODE", "SAMPLER_NODES", "WorkflowError", "load_workflow", "hash_nodes", "missing_node_types",
@@ -105,13 +106,16 @@ def upstream(prompt: Mapping[str, Any], node: str, class_types: Sequence[str]) -
 @dataclasses.dataclass
 class RunResult:
     """One run on one server: ``hashes`` {hash node: digest}, ``checks`` {hash node: match status},
-    ``records`` {sampler node: run record}, ``error`` (text) when the prompt failed."""
+    ``records`` {sampler node: run record}, ``references`` {hash node: thumbnail}, ``verdicts`` {hash node: the
+    node's own verdict against its pinned reference}, ``error`` (text) when the prompt failed."""
 
     server: str
     run: str
     hashes: dict[str, str] = dataclasses.field(default_factory=dict)
     checks: dict[str, str] = dataclasses.field(default_factory=dict)
     records: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    references: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    verdicts: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     error: str | None = None
 
 
@@ -122,6 +126,10 @@ def collect(server: str, run: str, entry: Mapping[str, Any]) -> RunResult:
         for item in ui.get("steadfast_hash") or []:
             out.hashes[str(nid)] = item["hash"]
             out.checks[str(nid)] = item.get("match", "unchecked")
+            if item.get("reference"):
+                out.references[str(nid)] = item["reference"]
+            if item.get("verdict"):
+                out.verdicts[str(nid)] = item["verdict"]
         for record in ui.get(RECORD_KEY) or []:
             out.records[str(nid)] = record
     return out
@@ -136,10 +144,30 @@ class Report:
     distinct: dict[str, list[str]]
     failures: list[str]
     explanations: list[str]
+    grades: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.failures and all(len(v) == 1 for v in self.distinct.values())
+
+    @property
+    def level(self) -> str:
+        """The worst graded verdict: "identical", "same_picture", "different_picture", "unknown" (bytes differ,
+        nothing to grade by) or "failed" (a run failed)."""
+        if any(r.error for r in self.results) or any("gave no output" in f for f in self.failures):
+            return "failed"
+        levels = {g["level"] for g in self.grades}
+        if self.ok and not levels - {"identical"}:
+            return "identical"
+        for worst in ("different_picture", "unknown", "same_picture"):
+            if worst in levels:
+                return worst
+        return "unknown" if not self.ok else "identical"
+
+    @property
+    def exit_code(self) -> int:
+        """0 identical bytes, 3 same picture within tolerance, 1 different picture / ungraded / a failed run."""
+        return 1 if self.level == "failed" else verdict.EXIT_CODES[self.level]
 
     def table(self) -> str:
         nodes = sorted(self.distinct, key=str)
@@ -154,14 +182,23 @@ class Report:
     def as_text(self) -> str:
         lines = [self.table(), ""]
         lines += self.explanations
-        lines += [f"FAIL: {f}" for f in self.failures]
-        lines.append("PASS: every run gave the same bytes" if self.ok else
-                     "FAIL: outputs differ or a check failed (see above)")
+        lines += [f"Hash node {g['node']}: {g['against']} -> {g['run']}: {g['text']}" for g in self.grades
+                  if g["level"] != "identical"]
+        level = self.level
+        lines += [("bytes differ: " if level == "same_picture" else "FAIL: ") + f for f in self.failures]
+        lines.append({"identical": "PASS: every run gave the same bytes",
+                      "same_picture": "SAME PICTURE: the bytes differ but every output is the same picture within "
+                                      "tolerance (exit 3)",
+                      "different_picture": "FAIL: DIFFERENT PICTURE (see above)",
+                      "unknown": "FAIL: the bytes differ and there is no reference to grade them by (pin one: "
+                                 "--pin writes expected_reference)",
+                      "failed": "FAIL: a run failed or a check could not be made (see above)"}[level])
         return "\n".join(lines)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "distinct": self.distinct, "failures": self.failures,
-                "explanations": self.explanations, "runs": [dataclasses.asdict(r) for r in self.results]}
+        return {"ok": self.ok, "verdict": self.level, "exit_code": self.exit_code, "distinct": self.distinct,
+                "failures": self.failures, "explanations": self.explanations, "grades": self.grades,
+                "runs": [dataclasses.asdict(r) for r in self.results]}
 
 
 def compare(prompt: Mapping[str, Any], results: Sequence[RunResult]) -> Report:
@@ -188,7 +225,34 @@ def compare(prompt: Mapping[str, Any], results: Sequence[RunResult]) -> Report:
                     explanations.append(head + " (no Seeded Sampler run record upstream to explain it)")
                 for s, a, b in recs:
                     explanations.append(f"{head}; run record of sampler {s}:\n" + explain(a, b).as_text())
-    return Report(dict(prompt), list(results), distinct, failures, explanations)
+    return Report(dict(prompt), list(results), distinct, failures, explanations, _grades(prompt, ok_runs))
+
+
+def _grades(prompt: Mapping[str, Any], ok_runs: Sequence[RunResult]) -> list[dict[str, Any]]:
+    """Per Hash node: each run graded against the first run (thumbnails, :mod:`core.verdict`), and each run's
+    own verdict against the reference pinned in the workflow."""
+    out: list[dict[str, Any]] = []
+    if not ok_runs:
+        return out
+    ref = ok_runs[0]
+    for n in hash_nodes(prompt):
+        samplers = upstream(prompt, n, SAMPLER_NODES)
+        for r in ok_runs:
+            if r.checks.get(n) == "mismatch":
+                v = verdict.Verdict.from_dict(r.verdicts[n]) if r.verdicts.get(n) else verdict.Verdict("unknown")
+                out.append({"node": n, "run": f"{r.server} {r.run}", "against": "pinned reference",
+                            "level": v.level, "text": v.as_text().replace("\n", "\n    "), "verdict": v.as_dict()})
+            elif r.checks.get(n) == "match":
+                out.append({"node": n, "run": f"{r.server} {r.run}", "against": "pinned reference",
+                            "level": "identical", "text": "identical bytes", "verdict": None})
+            if r is ref or n not in r.hashes or n not in ref.hashes:
+                continue
+            s = next((s for s in samplers if s in r.records and s in ref.records), None)
+            v = verdict.grade(r.hashes[n], ref.hashes[n], r.references.get(n), ref.references.get(n),
+                              record_now=r.records.get(s) if s else None, record_ref=ref.records.get(s) if s else None)
+            out.append({"node": n, "run": f"{r.server} {r.run}", "against": f"{ref.server} {ref.run}",
+                        "level": v.level, "text": v.as_text().replace("\n", "\n    "), "verdict": v.as_dict()})
+    return out
 
 
 def pin(prompt: Mapping[str, Any], result: RunResult) -> dict[str, Any]:
@@ -200,6 +264,8 @@ def pin(prompt: Mapping[str, Any], result: RunResult) -> dict[str, Any]:
             continue
         inputs = out[n].setdefault("inputs", {})
         inputs["expected"] = result.hashes[n]
+        if n in result.references:
+            inputs["expected_reference"] = json.dumps(result.references[n], sort_keys=True)
         samplers = [s for s in upstream(out, n, SAMPLER_NODES) if s in result.records]
         if samplers:
             inputs["expected_record"] = json.dumps(result.records[samplers[0]], sort_keys=True)

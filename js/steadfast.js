@@ -41,7 +41,24 @@ function migrateOptimizeWidgets(node, info, nodeData) {
 
 // Colours show the state of the LAST RUN in this session: kept on the node object (never serialized), drawn as a
 // frame in onDrawForeground, so a loaded workflow or a dropped PNG shows no old green/red before anything ran.
-const STATE_COLORS = { match: "#2e7d32", mismatch: "#c62828", expected: "#b7791f" };
+const STATE_COLORS = { match: "#2e7d32", mismatch: "#c62828", expected: "#b7791f", same_picture: "#1565c0" };
+// Graded verdicts (core/verdict.py): the frame colour and a label above the node say which level.
+const LEVEL_TEXT = { identical: "IDENTICAL BYTES", same_picture: "SAME PICTURE (within tolerance)",
+  different_picture: "DIFFERENT PICTURE", unknown: "BYTES DIFFER (no reference to grade by)" };
+
+// The state and label of a graded verdict ({level, psnr, max_abs}): identical bytes stay green ("match"), a
+// different picture red ("mismatch"), the same picture within tolerance is blue; the label names the level.
+const LEVEL_STATE = { identical: "match", same_picture: "same_picture", different_picture: "mismatch",
+  unknown: "mismatch" };
+function verdictState(v, fallback) {
+  if (!v?.level) return { state: fallback, label: null };
+  let label = LEVEL_TEXT[v.level] ?? v.level;
+  if (v.level !== "identical" && v.psnr !== null && v.psnr !== undefined) {
+    const psnr = typeof v.psnr === "number" ? v.psnr.toFixed(1) : v.psnr;
+    label += ` PSNR ${psnr} dB`;
+  }
+  return { state: LEVEL_STATE[v.level] ?? fallback, label };
+}
 const LINE_PX = 14;
 const CHAR_PX = 6.7; // monospace 11 px
 
@@ -103,8 +120,9 @@ function showText(node, text) {
   node.setDirtyCanvas(true, true);
 }
 
-function setState(node, state) {
+function setState(node, state, label) {
   node.steadfast_state = state ?? null; // transient: not part of the workflow
+  node.steadfast_label = label ?? null;
   node.setDirtyCanvas(true, true);
 }
 
@@ -119,6 +137,7 @@ function pin(node) {
   };
   set("expected", last.hash);
   if (last.record) set("expected_record", last.record);
+  if (last.reference) set("expected_reference", JSON.stringify(last.reference));
   node.setDirtyCanvas(true, true);
   return true;
 }
@@ -156,6 +175,11 @@ app.registerExtension({
       ctx.lineWidth = 4;
       const th = window.LiteGraph?.NODE_TITLE_HEIGHT ?? 30;
       ctx.strokeRect(-2, -th - 2, this.size[0] + 4, this.size[1] + th + 4);
+      if (this.steadfast_label) {
+        ctx.fillStyle = color;
+        ctx.font = "bold 12px sans-serif";
+        ctx.fillText(this.steadfast_label, 0, -th - 8);
+      }
       ctx.restore();
     };
     const onExecuted = nodeType.prototype.onExecuted;
@@ -165,11 +189,17 @@ app.registerExtension({
       if (text) showText(this, text);
       const h = message?.steadfast_hash?.[0];
       if (h) {
-        this.steadfast_last = { hash: h.hash, record: h.record || "" };
-        setState(this, h.match === "unchecked" ? null : h.match);
+        this.steadfast_last = { hash: h.hash, record: h.record || "", reference: h.reference || null };
+        const v = h.match === "unchecked" ? { state: null, label: null } : verdictState(h.verdict, h.match);
+        setState(this, v.state, v.label);
       }
       const cmp = message?.steadfast_compare?.[0];
-      if (cmp) setState(this, cmp.identical ? "match" : (cmp.expected_to_differ ? "expected" : "mismatch"));
+      if (cmp) {
+        const v = verdictState(cmp.verdict, cmp.identical ? "match" : "mismatch");
+        // a difference the run records explain stays amber; its label still says which level
+        setState(this, !cmp.identical && cmp.expected_to_differ ? "expected" : v.state,
+                 v.label && !cmp.identical && cmp.expected_to_differ ? `EXPECTED: ${v.label}` : v.label);
+      }
     };
   },
 });

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from comfy_api.v0_0_2 import io
 
-from ..core import compare, explain
+from ..core import compare, explain, verdict
 
 
 class SteadfastCompare(io.ComfyNode):
@@ -56,6 +56,10 @@ class SteadfastCompare(io.ComfyNode):
         details["n_pixels"] = positions
         details["n_pixels_differ"] = round(report.pct_pixels_differ * positions / 100.0)
         text = report.as_text()
+        graded = verdict.grade_tensors(a, b, kind, identical=report.identical, record_a=run_record_a,
+                                       record_b=run_record_b)
+        details["verdict"] = graded.as_dict()
+        text += "\nverdict: " + graded.as_text()
         if not report.identical:
             text += f"\n{details['n_pixels_differ']} of {positions} pixels differ"
             expected, why = explain.expected_difference(run_record_a, run_record_b)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from comfy_api.v0_0_2 import io, ui
 
-from ..core import determinism_policy
+from ..core import determinism_policy, portable
 from .batch_invariance import add_batch_invariance
 from .identity import server_risks_text
 from .model_patches import add_determinism, steadfast_options
@@ -54,6 +54,7 @@ class SteadfastDeterminismSetup(io.ComfyNode):
     @classmethod
     def execute(cls, model, strict: bool, allow_tf32: bool, num_threads: int,
                 batch_invariant: bool = True) -> io.NodeOutput:
+        portable.check_threads(num_threads)
         policy = determinism_policy.DeterminismPolicy(strict=strict, allow_tf32=allow_tf32,
                                                       num_threads=num_threads or None)
         m = model.clone()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from comfy_api.v0_0_2 import io
 
-from ..core import explain, hashing
+from ..core import explain, hashing, verdict
 
 
 class HashMismatchError(RuntimeError):
@@ -37,6 +37,10 @@ class SteadfastHash(io.ComfyNode):
                 io.String.Input("expected_record", default="", multiline=True, optional=True,
                                 tooltip="The reference run's record (JSON), e.g. pinned from a run with the node's "
                                         "'Pin hash and record' menu entry. Empty = no explanation."),
+                io.String.Input("expected_reference", default="", multiline=True, optional=True,
+                                tooltip="The reference run's low-resolution thumbnail (JSON, a few KB; pinned with "
+                                        "the hash). When the bytes differ it grades the output: same picture within "
+                                        "tolerance (PSNR, max |delta|) or different picture."),
             ],
             outputs=[io.String.Output(display_name="hash",
                                       tooltip="The image hash if an image is connected, else the latent hash.")],
@@ -44,7 +48,11 @@ class SteadfastHash(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, expected: str = "", fail_on_mismatch: bool = False,
-                        expected_record: str = "") -> bool | str:
+                        expected_record: str = "", expected_reference: str = "") -> bool | str:
+        try:
+            verdict.parse_reference(expected_reference)
+        except ValueError as e:
+            return f"expected_reference: {e}"
         if (expected_record or "").strip():
             try:
                 explain.parse_record(expected_record)
@@ -62,13 +70,25 @@ class SteadfastHash(io.ComfyNode):
 
     @classmethod
     def execute(cls, image=None, latent=None, expected: str = "", fail_on_mismatch: bool = False,
-                raw_float: bool = False, run_record: str | None = None, expected_record: str = "") -> io.NodeOutput:
+                raw_float: bool = False, run_record: str | None = None, expected_record: str = "",
+                expected_reference: str = "") -> io.NodeOutput:
         result = hashing.hash_inputs(image=image, latent=latent, raw_float=raw_float)
         check = hashing.check_expected(result.primary, expected)
         why = mismatch_explanation(check, run_record, expected_record)
+        thumb = (verdict.thumbnail(image, "image") if image is not None else
+                 verdict.thumbnail(latent["samples"] if isinstance(latent, dict) else latent, "latent")
+                 if latent is not None else None)
+        graded = None
+        if check.checked:
+            graded = verdict.grade(result.primary, expected, thumb, verdict.parse_reference(expected_reference),
+                                   record_now=run_record, record_ref=(expected_record or "").strip() or None)
         text = result.as_text() + ("\n" + check.as_text() if check.checked else "") + (f"\n{why}" if why else "")
+        if graded is not None and not check.match:
+            text += "\nverdict: " + graded.as_text(env=False)  # the explanation above lists the fields
         ui_out = {"text": [text], "steadfast_hash": [{"hash": result.primary, "match": check.status,
-                                                      "explanation": why, "record": run_record or ""}]}
+                                                      "explanation": why, "record": run_record or "",
+                                                      "reference": thumb,
+                                                      "verdict": graded.as_dict() if graded else None}]}
         if fail_on_mismatch and check.checked and not check.match:
             raise HashMismatchError(check.as_text() + (f"\n{why}" if why else ""))
         return io.NodeOutput(result.primary, ui=ui_out)

@@ -9,7 +9,7 @@ from comfy_api.v0_0_2 import io, ui
 
 import comfy.model_management
 
-from ..core import blocks, registry
+from ..core import blocks, portable, registry
 from ..core.guard_filters import comfy_guard_filter
 from ..core.optimize import attention as sdpa
 from ..core.optimize import quantize as qz
@@ -53,6 +53,7 @@ class SteadfastOptimizeModel(io.ComfyNode):
                 backend: str, mode: str, dynamic: str, fullgraph: bool, strict_recompiles: bool = False,
                 compile_cache: str = "", precision: str = "model", inductor_preset: str = "none",
                 quantize: str = "off") -> io.NodeOutput:
+        portable.check_optimize(compile=compile, backend=backend, quantize=quantize, precision=precision)
         m = model.clone()
         lines: list[str] = []
         device = comfy.model_management.get_torch_device()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from comfy_api.v0_0_2 import io, ui
 
-from ..core import determinism_policy
+from ..core import determinism_policy, portable
 from ..core.pipelines import PipelineOptions, compile_record
 from ..core.pipelines.handle import optimized_handle
 from ..core.registry import REGISTRY
@@ -66,6 +66,7 @@ class SteadfastPipelineOptimize(io.ComfyNode):
     def execute(cls, pipeline, qkv_fusion: bool, channels_last: bool, attention: str, compile: str, backend: str,
                 mode: str, dynamic: str, fullgraph: bool, vae_slicing: bool, vae_tiling: bool,
                 strict_recompiles: bool = False, compile_cache: str = "") -> io.NodeOutput:
+        portable.check_optimize(compile=compile, backend=backend)
         handle = as_handle(pipeline, "Pipeline Optimize")
         opts = pipeline_options(qkv_fusion, channels_last, attention, compile, backend, mode, dynamic, fullgraph,
                                 vae_slicing, vae_tiling)
@@ -119,6 +120,7 @@ class SteadfastPipelineDeterminismSetup(io.ComfyNode):
     @classmethod
     def execute(cls, pipeline, strict: bool, allow_tf32: bool, num_threads: int,
                 batch_invariant: bool = True) -> io.NodeOutput:
+        portable.check_threads(num_threads)
         handle = as_handle(pipeline, "Pipeline Determinism Setup")
         policy = determinism_policy.DeterminismPolicy(strict=strict, allow_tf32=allow_tf32, num_threads=num_threads or None)
         report = determinism_policy.describe_policy(policy) + "\nbatch-invariant sampling: " + (

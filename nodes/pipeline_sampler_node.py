@@ -12,7 +12,7 @@ import time
 
 from comfy_api.v0_0_2 import io, ui
 
-from ..core import determinism
+from ..core import determinism, portable
 from ..core.fingerprint import fingerprint_digest
 from ..core.hashing import hash_image
 from ..core.pipelines import compile_record, generate, pipeline_report
@@ -76,6 +76,7 @@ class SteadfastPipelineSampler(io.ComfyNode):
     def execute(cls, pipeline, prompt: str, negative_prompt: str, seed: int, steps: int, cfg: float, width: int,
                 height: int, batch_size: int) -> io.NodeOutput:
         handle = as_handle(pipeline, "Pipeline Sampler")
+        portable.pin_thread()  # inductor's config is per thread in torch 2.14 (core/portable.py)
         with RUN_LOCK:
             pipe, events = prepare_run(handle)
             rec = compile_record(pipe)

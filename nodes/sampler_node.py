@@ -12,7 +12,7 @@ import comfy.samplers
 import comfy.utils
 import latent_preview
 
-from ..core import fingerprint, hashing, noise, portable_randn, torch_state
+from ..core import fingerprint, hashing, noise, portable, portable_randn, torch_state
 from ..core.run_record import RunRecord
 from . import comfy_noise, identity
 from .model_patches import compile_state, qkv_counters, steadfast_options
@@ -135,9 +135,11 @@ class SteadfastSeededSampler(io.ComfyNode):
             if not during:
                 during["num_threads"] = torch.get_num_threads()
                 during["flags"] = torch_state.snapshot_state(load_inductor=True).as_dict()
+                during["cpu_settings"] = portable.cpu_settings()
                 during["model"] = identity.model_identity_of(model)  # the weights as sampled (patches applied)
             return preview(step, x0_pred, x, total_steps)
 
+        portable.pin_thread()  # inductor's config is per thread in torch 2.14 (core/portable.py)
         qkv_before = qkv_counters(model)
         t0 = time.perf_counter()
         # CPU Brownian trees (torchsde) draw with torch.randn on CPU generators: route them to portable noise
@@ -173,6 +175,7 @@ class SteadfastSeededSampler(io.ComfyNode):
         )
         if during:  # the process state after sampling may differ (the policy is restored)
             fp["num_threads"], fp["flags"] = during["num_threads"], during["flags"]
+            fp["cpu_settings"] = during["cpu_settings"]
         fp["flags_measured"] = "during sampling" if during else "after sampling (no step callback ran)"
         record = RunRecord(
             kind="model",

@@ -486,3 +486,32 @@ def test_vue_nodes_renderer_shows_the_report(page: Any, comfy_server: ComfyServe
         assert box["cut"] <= 2, box  # the whole report fits its box
     finally:
         page.evaluate("async () => { await window.app.extensionManager.setting.set('Comfy.VueNodes.Enabled', false) }")
+
+
+def test_graded_verdicts_have_their_own_colour_and_label(page: Any) -> None:
+    """Hash and Compare show the graded verdict (core/verdict.py): identical bytes green, the same picture within
+    tolerance blue, a different picture red, and a label above the node names the level (with the PSNR). Fed as
+    ComfyUI's 'executed' message is, through the node's onExecuted."""
+    load_template(page, api_to_ui.ui_template_name("determinism_check"))
+    shown = page.evaluate("""() => {
+        const out = [];
+        const h = window.app.graph.nodes.find(x => x.type === 'SteadfastHash');
+        const c = window.app.graph.nodes.find(x => x.type === 'SteadfastCompare');
+        const levels = [{level: 'identical', psnr: 'inf'}, {level: 'same_picture', psnr: 47.25},
+                        {level: 'different_picture', psnr: 9.5}];
+        for (const v of levels) {
+            h.onExecuted({text: ['t'], steadfast_hash: [{hash: 'ab', match: v.level === 'identical' ? 'match'
+                          : 'mismatch', record: '', reference: {format: 'steadfast-thumb/1'}, verdict: v}]});
+            out.push([h.steadfast_state, h.steadfast_label]);
+            c.onExecuted({text: ['t'], steadfast_compare: [{identical: v.level === 'identical', verdict: v}]});
+            out.push([c.steadfast_state, c.steadfast_label]);
+        }
+        h.steadfastPin();
+        out.push(h.widgets.find(w => w.name === 'expected_reference').value);
+        return out;
+    }""")
+    assert shown[:6] == [["match", "IDENTICAL BYTES"], ["match", "IDENTICAL BYTES"],
+                         ["same_picture", "SAME PICTURE (within tolerance) PSNR 47.3 dB"],
+                         ["same_picture", "SAME PICTURE (within tolerance) PSNR 47.3 dB"],
+                         ["mismatch", "DIFFERENT PICTURE PSNR 9.5 dB"], ["mismatch", "DIFFERENT PICTURE PSNR 9.5 dB"]]
+    assert json.loads(shown[6]) == {"format": "steadfast-thumb/1"}  # Pin copies the reference too

@@ -70,9 +70,10 @@ def test_two_servers_and_an_explained_difference(wf_file: Path, servers) -> None
     code, out, report = steadfast_run(wf_file, "--server", a.url, "--server", a.url, "--runs", "1")
     assert code == 0 and report["ok"], out
     code, out, report = steadfast_run(wf_file, "--server", a.url, "--server", b.url, "--runs", "1")
-    assert code == 1 and not report["ok"], out
+    # other bytes, the same picture (graded verdict, core/verdict.py): exit 3, not 0
+    assert code == 3 and not report["ok"] and report["verdict"] == "same_picture", out
     assert "fingerprint.num_threads: 2 -> 1  [changes bits" in out
-    assert "FAIL" in out
+    assert "SAME PICTURE" in out
 
 
 def test_png_input_and_pin_round_trip(wf_file: Path, servers, tmp_path: Path) -> None:
@@ -93,6 +94,11 @@ def test_png_input_and_pin_round_trip(wf_file: Path, servers, tmp_path: Path) ->
     assert code == 0 and report["runs"][0]["checks"][hid] == "match", out
     wf[hid]["inputs"]["expected"] = ("0" if digest[0] != "0" else "1") + digest[1:]
     bad = tmp_path / "tampered.json"
+    bad.write_text(json.dumps(wf))
+    # with the pinned thumbnail the picture is graded: equal thumbnails, other bytes -> the same picture (3)
+    code, out, _ = steadfast_run(bad, "--server", a.url, "--runs", "1")
+    assert code == 3 and "does not match its expected hash" in out
+    del wf[hid]["inputs"]["expected_reference"]  # nothing to grade by: a mismatch is a failure (1)
     bad.write_text(json.dumps(wf))
     code, out, _ = steadfast_run(bad, "--server", a.url, "--runs", "1")
     assert code == 1 and "does not match its expected hash" in out

@@ -1,0 +1,281 @@
+"""Portable CPU mode: the settings that decide CPU output bits, pinned so that any x86-64 CPU with AVX2 and
+FMA (Intel or AMD, AVX512/AMX or not) runs the same code paths.
+
+The recipe (``steadfast run --portable`` sets it; ``docs/reproducing.md`` gives it for a hand-started
+ComfyUI). The environment variables must be set *before* the process starts (torch, oneDNN and MKL read them
+once at start-up):
+
+- ``ATEN_CPU_CAPABILITY=avx2``: ATen's vectorized kernels (softmax, SDPA, elementwise, ``randn``'s Box-Muller)
+  take their AVX2 build on every CPU, AVX512 ones included.
+- ``ONEDNN_MAX_CPU_ISA=AVX2`` *and* oneDNN switched off in the process (``torch.backends.mkldnn.enabled =
+  False``): convolutions and GELU take ATen's own kernels (im2col + BLAS), whose blocking does not depend on
+  the CPU's cache sizes; the ISA cap is a second line for anything that still reaches oneDNN.
+- ``MKL_CBWR=COMPATIBLE,STRICT``: MKL's conditional numerical reproducibility in its cross-vendor branch.
+  Measured here (AMD EPYC, MKL 2024.2): MKL honours *only* ``COMPATIBLE`` on a non-Intel CPU; ``AVX2``,
+  ``AVX512`` ... read back as ``AUTO`` (it picks per CPU), so ``MKL_CBWR=AVX2`` would not pin AMD.
+  ``MKL_ENABLE_INSTRUCTIONS=AVX2`` is set as well (an upper bound, harmless under COMPATIBLE).
+- threads: ``OMP_NUM_THREADS`` = ``MKL_NUM_THREADS`` = N (default 1), ``MKL_DYNAMIC=FALSE`` and
+  ``torch.set_num_threads(N)``: CPU reductions split their work by the thread count.
+- inductor: ``torch._inductor.config.cpp.simdlen = 256`` (AVX2 width), but compiled code also depends on the
+  C++ compiler and its version, so :func:`refuse` makes a compile request an error in portable mode.
+
+In the ComfyUI process the pack applies the in-process part at import when ``STEADFAST_PORTABLE=1``
+(:func:`apply_in_process`), and every run record carries :func:`cpu_settings` (read back, not as requested).
+This module imports nothing from ComfyUI.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ENV_FLAG", "PortableModeError", "portable_env", "is_portable", "check_cpu", "apply_in_process", "pin_thread",
+           "cpu_settings", "refuse", "EXPLAIN_LABELS", "SETTINGS_ENV"]
+
+ENV_FLAG = "STEADFAST_PORTABLE"
+ENV_THREADS = "STEADFAST_PORTABLE_THREADS"
+DEFAULT_THREADS = 1
+SIMDLEN = 256
+
+# The environment variables that decide CPU code paths (read back into the run record as the server sees them).
+SETTINGS_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_CBWR",
+                "MKL_ENABLE_INSTRUCTIONS", "MKL_DYNAMIC", "MKL_NUM_THREADS", "OMP_NUM_THREADS",
+                "MKL_DEBUG_CPU_TYPE", ENV_FLAG, ENV_THREADS)
+
+# Second-line ISA caps: set by portable_env, recorded, not required (oneDNN is off, MKL runs COMPATIBLE).
+CAPS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+# MKL's mkl_cbwr_get values (mkl_service.h, MKL 2024).
+_CBWR_NAMES = {1: "OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 6: "SSSE3", 7: "SSE4_1", 8: "SSE4_2", 9: "AVX",
+               10: "AVX2", 11: "AVX512_MIC", 12: "AVX512", 13: "AVX512_MIC_E1", 14: "AVX512_E1"}
+_CBWR_STRICT = 0x10000
+
+#: Run-record field (dotted, under ``fingerprint.cpu_settings``) -> what :mod:`core.explain` says about it.
+EXPLAIN_LABELS: dict[str, str] = {
+    "portable": "portable CPU mode on/off (pinned code paths vs this CPU's fastest)",
+    "aten_capability": "ATen vector kernels (ATEN_CPU_CAPABILITY): softmax, SDPA, elementwise, randn",
+    "mkldnn_enabled": "oneDNN on/off: convolution and GELU kernels",
+    "mkl_cbwr": "MKL numerical-reproducibility branch (MKL_CBWR): linear, bmm, SDPA, exp",
+    "threads": "CPU reductions split by thread count",
+    "mkl_max_threads": "MKL threads: GEMM split by thread count",
+    "inductor_simdlen": "inductor's vector width for compiled CPU code",
+    "env": "a CPU-settings environment variable (read at start-up)",
+    "cpu_flags": "the CPU's vector ISA (which kernels run when nothing is pinned)",
+}
+
+
+class PortableModeError(RuntimeError):
+    """Something that cannot be made portable was asked for in portable CPU mode, or this CPU cannot run it."""
+
+
+def portable_env(threads: int = DEFAULT_THREADS) -> dict[str, str]:
+    """The environment variables of portable mode, for a process started with them.
+
+    Args:
+        threads: intra-op thread count (every machine must use the same one; the golden hashes use 1).
+
+    Returns:
+        ``{name: value}`` to add to the child's environment (it also sets ``STEADFAST_PORTABLE=1``).
+
+    Raises:
+        ValueError: ``threads`` < 1.
+    """
+    if threads < 1:
+        raise ValueError(f"portable mode needs a fixed thread count >= 1, got {threads}")
+    n = str(int(threads))
+    return {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "DNNL_MAX_CPU_ISA": "AVX2",
+            "MKL_CBWR": "COMPATIBLE,STRICT", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "MKL_DYNAMIC": "FALSE",
+            "MKL_NUM_THREADS": n, "OMP_NUM_THREADS": n, ENV_FLAG: "1", ENV_THREADS: n}
+
+
+def is_portable() -> bool:
+    """True when this process runs in portable CPU mode (``STEADFAST_PORTABLE=1``)."""
+    return os.environ.get(ENV_FLAG, "") == "1"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def check_cpu() -> None:
+    """Raise :class:`PortableModeError` unless this is an x86-64 CPU with AVX2 and FMA (what the recipe pins).
+
+    On a system without ``/proc/cpuinfo`` (Windows, macOS) the x86-64 check alone is made: the flags cannot be
+    read there, so the error would come from torch itself if AVX2 were missing."""
+    import platform
+
+    machine = platform.machine().lower()
+    if machine not in ("x86_64", "amd64"):
+        raise PortableModeError(f"portable CPU mode pins x86-64 AVX2 code paths; this machine is {machine} "
+                                f"(an ARM CPU runs other kernels: the same bytes cannot be promised, see "
+                                f"docs/reproducing.md for the graded verdict instead)")
+    flags = _cpu_flags()
+    if flags and not {"avx2", "fma"} <= flags:
+        raise PortableModeError("portable CPU mode needs AVX2 and FMA; this CPU lacks "
+                                + ", ".join(sorted({"avx2", "fma"} - flags)))
+
+
+def apply_in_process() -> dict[str, Any]:
+    """Apply the in-process part of portable mode (oneDNN off, thread count, inductor simdlen).
+
+    Call it where the process starts (the pack does at import when :func:`is_portable`). The environment part
+    (:func:`portable_env`) must already be in place: it is checked here, since setting it now would be too late.
+    The second-line caps in :data:`CAPS` are recorded but not required: with oneDNN off and MKL in its
+    COMPATIBLE branch their value does not change the bits (``tests/comfy/test_portable.py`` varies them).
+
+    Returns:
+        :func:`cpu_settings` after applying.
+
+    Raises:
+        PortableModeError: an environment variable of the recipe is missing or has another value, or the CPU
+            cannot run the recipe (:func:`check_cpu`).
+    """
+    import torch
+
+    check_cpu()
+    threads = int(os.environ.get(ENV_THREADS) or DEFAULT_THREADS)
+    want = {k: v for k, v in portable_env(threads).items() if k not in CAPS}
+    wrong = {k: os.environ.get(k) for k, v in want.items() if os.environ.get(k) != v}
+    if wrong:
+        raise PortableModeError("portable CPU mode: these variables must be set before the process starts: "
+                                + ", ".join(f"{k}={want[k]} (is {v!r})" for k, v in sorted(wrong.items())))
+    torch.backends.mkldnn.enabled = False
+    torch.set_num_threads(threads)
+    pin_thread()
+    return cpu_settings()
+
+
+def pin_thread() -> None:
+    """In portable mode, set inductor's ``cpp.simdlen`` in the calling thread (nothing outside portable mode).
+
+    Measured: torch 2.14's inductor config keeps a value set in one thread to that thread (ComfyUI samples in a
+    worker thread, the pack is imported in the main one); torch 2.11's is process-wide. So the sampler calls this
+    before sampling. oneDNN's switch and the thread count are process-wide in both."""
+    if not is_portable():
+        return
+    try:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp.simdlen = SIMDLEN
+    except Exception:  # noqa: BLE001 - a torch without inductor: compile is refused anyway
+        pass
+
+
+def _mkl_cbwr() -> str | None:
+    """MKL's CBWR branch in use (``mkl_cbwr_get(MKL_CBWR_ALL)`` through ``libtorch_cpu``), or None when unknown."""
+    try:
+        import torch
+
+        lib = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+        get = lib.mkl_serv_cbwr_get
+    except (OSError, AttributeError):
+        return None
+    get.restype, get.argtypes = ctypes.c_int, [ctypes.c_int]
+    value = int(get(-1))
+    name = _CBWR_NAMES.get(value & 0xFFFF, str(value & 0xFFFF))
+    return name + (",STRICT" if value & _CBWR_STRICT else "")
+
+
+def _mkl_max_threads() -> int | None:
+    try:
+        import torch
+
+        lib = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+        fn = lib.mkl_get_max_threads
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_int
+    return int(fn())
+
+
+def cpu_settings() -> dict[str, Any]:
+    """The settings that decide CPU bits, as in use in this process (read back from torch and MKL).
+
+    Returns:
+        ``portable`` (bool), ``aten_capability`` (``torch.backends.cpu.get_cpu_capability()``),
+        ``mkldnn_enabled``, ``mkl_cbwr`` (MKL's branch in use, e.g. "COMPATIBLE,STRICT"; None when MKL's
+        service functions are not reachable), ``threads`` (``torch.get_num_threads()``), ``mkl_max_threads``,
+        ``inductor_simdlen`` (None = inductor picks this CPU's widest), ``cpu_flags`` (the AVX512/AMX/AVX2
+        flags this CPU has) and ``env`` (every variable of :data:`SETTINGS_ENV` that is set, as this process
+        sees it).
+    """
+    import torch
+
+    getter = getattr(torch.backends.cpu, "get_cpu_capability", None)
+    try:
+        cap = str(getter()) if getter is not None else None
+    except RuntimeError:
+        cap = None
+    try:
+        import torch._inductor.config as inductor_config
+
+        simdlen = inductor_config.cpp.simdlen
+    except Exception:  # noqa: BLE001 - no inductor in this build
+        simdlen = None
+    flags = sorted(f for f in _cpu_flags() if f in ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni",
+                                                     "amx_tile", "amx_bf16", "avx_vnni"))
+    return {"portable": is_portable(), "aten_capability": cap,
+            "mkldnn_enabled": bool(torch.backends.mkldnn.enabled), "mkl_cbwr": _mkl_cbwr(),
+            "threads": torch.get_num_threads(), "mkl_max_threads": _mkl_max_threads(),
+            "inductor_simdlen": simdlen, "cpu_flags": flags,
+            "env": {k: os.environ[k] for k in SETTINGS_ENV if k in os.environ}}
+
+
+def refuse(what: str, why: str) -> None:
+    """Raise :class:`PortableModeError` for ``what`` when in portable mode; do nothing otherwise.
+
+    Args:
+        what: the request, as the user named it (e.g. "compile (inductor)").
+        why: why it cannot be made portable.
+
+    Raises:
+        PortableModeError: in portable mode.
+    """
+    if is_portable():
+        raise PortableModeError(f"portable CPU mode refuses {what}: {why}. Run without --portable "
+                                f"(STEADFAST_PORTABLE) for it, or leave it out of the workflow.")
+
+
+def check_optimize(*, compile: str = "off", backend: str = "", quantize: str = "off",
+                   precision: str = "model") -> None:
+    """Refuse, in portable mode, the optimizations whose CPU bits cannot be pinned (nothing outside it).
+
+    Args:
+        compile: the compile widget ("off", "regional", "full"); refused unless "off" or backend "eager"
+            (inductor's C++ code depends on the C++ compiler and its version, not only on the ISA).
+        backend: the compile backend.
+        quantize: refused unless "off" (torchao's CPU kernels pick per ISA: VNNI/AMX or not).
+        precision: "model"/"fp32" pass; bf16/fp16 are refused (CPU low-precision matmuls take AMX, AVX512-BF16
+            or emulated paths by CPU; not measured portable).
+
+    Raises:
+        PortableModeError: in portable mode, for each refused request (the first one found).
+    """
+    if compile != "off" and backend != "eager":
+        refuse(f"compile={compile} (backend {backend})", "compiled C++ kernels depend on the C++ compiler, its "
+               "version and flags, not only on the vector ISA")
+    if quantize != "off":
+        refuse(f"quantize={quantize}", "torchao's CPU kernels are chosen per CPU (VNNI, AMX)")
+    if precision not in ("model", "fp32"):
+        refuse(f"precision={precision}", "CPU bf16/fp16 matmuls take AMX, AVX512-BF16 or emulated paths by CPU "
+               "(not measured portable; fp32 is)")
+
+
+def check_threads(num_threads: int | None) -> None:
+    """Refuse, in portable mode, a thread count other than the portable one (0/None = keep it).
+
+    Raises:
+        PortableModeError: in portable mode, for another count.
+    """
+    want = int(os.environ.get(ENV_THREADS) or DEFAULT_THREADS)
+    if num_threads and num_threads != want:
+        refuse(f"num_threads={num_threads}", f"portable mode pins {want} thread(s) on every machine (CPU "
+               f"reductions split by thread count); set num_threads to 0 or {want}")

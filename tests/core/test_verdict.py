@@ -1,0 +1,120 @@
+"""core/verdict.py and core/portable.py without ComfyUI: thumbnails stay a few KB, the three levels, the exit
+codes, the runner's worst-level report, portable mode's refusals and the explain labels of its settings."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from steadfast.core import explain, portable, verdict
+from steadfast.headless import runner
+
+
+def _image(seed: int, side: int = 64) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    base = torch.rand(1, 8, 8, 3, generator=g)
+    return torch.nn.functional.interpolate(base.permute(0, 3, 1, 2), size=(side, side), mode="bilinear",
+                                           align_corners=False).permute(0, 2, 3, 1).contiguous()
+
+
+def test_thumbnail_is_a_few_kb_and_round_trips() -> None:
+    img = _image(0, 512)
+    ref = verdict.thumbnail(img, "image")
+    assert ref["thumb_shape"] == [1, 3, 16, 16] and ref["shape"] == [1, 512, 512, 3]
+    assert len(json.dumps(ref)) < 2_500
+    back = verdict.decode_thumbnail(json.loads(json.dumps(ref)))
+    pooled = torch.nn.functional.adaptive_avg_pool2d(img.permute(0, 3, 1, 2).double(), (16, 16))
+    assert float((back - pooled).abs().max()) < 1e-3  # float16 rounding only
+    lat = verdict.thumbnail(torch.randn(2, 4, 8, 8), "latent")
+    assert lat["thumb_shape"] == [2, 4, 8, 8]  # small latents are kept whole
+    big = verdict.thumbnail(torch.randn(9, 16, 128, 128), "latent")
+    assert big["thumb_shape"] == [4, 16, 6, 6] and len(json.dumps(big)) < 8_000
+
+
+def test_three_levels_and_exit_codes() -> None:
+    a = _image(0)
+    near = a + 1e-4 * torch.randn(a.shape, generator=torch.Generator().manual_seed(1))
+    other = _image(2)
+    ta, tn, to = (verdict.thumbnail(x) for x in (a, near, other))
+    same = verdict.grade("ab" * 32, "ab" * 32, tn, ta)
+    assert same.level == "identical" and same.exit_code == 0
+    close = verdict.grade("cd" * 32, "ab" * 32, tn, ta)
+    assert close.level == "same_picture" and close.exit_code == 3 and close.psnr > 60
+    far = verdict.grade("cd" * 32, "ab" * 32, to, ta)
+    assert far.level == "different_picture" and far.exit_code == 1 and far.psnr < verdict.SAME_PICTURE_PSNR_DB
+    assert verdict.grade("cd" * 32, "ab" * 32, tn, None).level == "unknown"
+    assert "SAME PICTURE" in close.as_text() and "DIFFERENT PICTURE" in far.as_text()
+    full = verdict.grade_tensors(a, near, "image")
+    assert full.level == "same_picture" and verdict.grade_tensors(a, a.clone()).level == "identical"
+
+
+def test_env_fields_that_differ_are_listed() -> None:
+    rec = {"fingerprint": {"num_threads": 2, "cpu_settings": {"mkl_cbwr": "OFF"}}}
+    now = {"fingerprint": {"num_threads": 1, "cpu_settings": {"mkl_cbwr": "COMPATIBLE,STRICT"}}}
+    a = _image(0)
+    v = verdict.grade_tensors(a, a + 1e-4, "image", record_a=rec, record_b=now)
+    text = "\n".join(v.env_diffs)
+    assert "fingerprint.num_threads: 2 -> 1" in text
+    assert "fingerprint.cpu_settings.mkl_cbwr" in text and "MKL numerical-reproducibility branch" in text
+
+
+def _result(run: str, h: str, thumb: dict) -> runner.RunResult:
+    return runner.RunResult("s", run, hashes={"11": h}, checks={"11": "unchecked"}, references={"11": thumb})
+
+
+def test_runner_reports_the_worst_level() -> None:
+    prompt = {"11": {"class_type": "SteadfastHash", "inputs": {}}}
+    a = _image(0)
+    ta, tn, to = verdict.thumbnail(a), verdict.thumbnail(a + 1e-4), verdict.thumbnail(_image(2))
+    same = runner.compare(prompt, [_result("1", "ab" * 32, ta), _result("2", "ab" * 32, ta)])
+    assert same.level == "identical" and same.exit_code == 0
+    near = runner.compare(prompt, [_result("1", "ab" * 32, ta), _result("2", "cd" * 32, tn)])
+    assert near.level == "same_picture" and near.exit_code == 3 and "SAME PICTURE" in near.as_text()
+    far = runner.compare(prompt, [_result("1", "ab" * 32, ta), _result("2", "cd" * 32, tn),
+                                  _result("3", "ef" * 32, to)])
+    assert far.level == "different_picture" and far.exit_code == 1
+    assert runner.pin(prompt, near.results[0])["11"]["inputs"]["expected_reference"] == json.dumps(ta, sort_keys=True)
+
+
+def test_portable_env_and_refusals(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = portable.portable_env()
+    assert env["ATEN_CPU_CAPABILITY"] == "avx2" and env["MKL_CBWR"] == "COMPATIBLE,STRICT"
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "1" and env["STEADFAST_PORTABLE"] == "1"
+    with pytest.raises(ValueError):
+        portable.portable_env(0)
+    monkeypatch.delenv("STEADFAST_PORTABLE", raising=False)
+    portable.check_optimize(compile="regional", backend="inductor", quantize="int8", precision="bf16")  # not portable
+    monkeypatch.setenv("STEADFAST_PORTABLE", "1")
+    with pytest.raises(portable.PortableModeError, match="compile=regional"):
+        portable.check_optimize(compile="regional", backend="inductor")
+    with pytest.raises(portable.PortableModeError, match="quantize"):
+        portable.check_optimize(quantize="int8")
+    with pytest.raises(portable.PortableModeError, match="precision=bf16"):
+        portable.check_optimize(precision="bf16")
+    with pytest.raises(portable.PortableModeError, match="num_threads=4"):
+        portable.check_threads(4)
+    portable.check_optimize(compile="regional", backend="eager", precision="fp32")
+    portable.check_threads(0)
+
+
+def test_apply_in_process_refuses_a_missing_startup_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in portable.portable_env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("MKL_CBWR", "AVX2")
+    with pytest.raises(portable.PortableModeError, match="MKL_CBWR=COMPATIBLE,STRICT"):
+        portable.apply_in_process()
+
+
+def test_cpu_settings_are_read_back_and_labelled() -> None:
+    s = portable.cpu_settings()
+    assert s["aten_capability"] == str(torch.backends.cpu.get_cpu_capability())
+    assert s["threads"] == torch.get_num_threads() and isinstance(s["mkldnn_enabled"], bool)
+    a = {"fingerprint": {"cpu_settings": s}}
+    b = json.loads(json.dumps(a))
+    b["fingerprint"]["cpu_settings"]["aten_capability"] = "DEFAULT"
+    b["fingerprint"]["cpu_settings"]["env"]["ATEN_CPU_CAPABILITY"] = "default"
+    diffs = {d.field: d for d in explain.explain(a, b).diffs}
+    assert diffs["fingerprint.cpu_settings.aten_capability"].known
+    assert "ATEN_CPU_CAPABILITY" in diffs["fingerprint.cpu_settings.aten_capability"].why
+    assert diffs["fingerprint.cpu_settings.env.ATEN_CPU_CAPABILITY"].known
