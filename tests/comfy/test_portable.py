@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -45,11 +46,11 @@ GOLDEN = {
 
 
 def _versions(comfyui_path: Path) -> tuple[str, str]:
-    ns: dict = {}
-    exec((comfyui_path / "comfyui_version.py").read_text(), ns)  # noqa: S102 - ComfyUI's own version file
     import torch
 
-    return str(ns.get("__version__")), torch.__version__.split("+")[0]
+    # ComfyUI's own version file (``__version__ = "0.33.0"``), read, not executed (tests/core/test_registry_package.py)
+    found = re.search(r"__version__\s*=\s*[\"']([^\"']+)[\"']", (comfyui_path / "comfyui_version.py").read_text())
+    return (found.group(1) if found else "unknown"), torch.__version__.split("+")[0]
 
 
 def steadfast_run(*args: str | Path, timeout: float = 900, env: dict | None = None) -> tuple[int, str, dict | None]:
