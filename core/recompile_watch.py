@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from . import torch_compat
+from .paths import redact
 from .torch_state import snapshot_state
 
 #: Dynamo's GLOBAL_STATE name -> the fingerprint fields that can explain it, first the setting users change (a name
@@ -85,8 +86,9 @@ def parse_recompile(message: str) -> dict[str, Any]:
     ``{"function": "F in FILE:LINE" or "", "reason": first reason (else the message), "reasons": [...]}``."""
     lines = message.splitlines() or [message]
     function = lines[0].removeprefix("Recompiling function ").strip() if lines[0].startswith("Recompiling") else ""
-    reasons = [r for line in lines[1:] if (m := _REASON_LINE.match(line)) and (r := m.group(1).strip())]
-    return {"function": function, "reason": reasons[0] if reasons else message.strip(), "reasons": reasons}
+    function = redact(function)  # "forward in comfy/ldm/modules/attention.py:848": no install path in records
+    reasons = [redact(r) for line in lines[1:] if (m := _REASON_LINE.match(line)) and (r := m.group(1).strip())]
+    return {"function": function, "reason": reasons[0] if reasons else redact(message.strip()), "reasons": reasons}
 
 
 def parse_limit_hit(message: str) -> dict[str, Any]:
@@ -96,7 +98,8 @@ def parse_limit_hit(message: str) -> dict[str, Any]:
     field = {k: ln.split(":", 1)[1].strip() for ln in lines for k in ("function", "last reason")
              if ln.startswith(k + ":")}
     reason = field.get("last reason", "")
-    return {"kind": "recompile_limit", "limit": lines[0] if lines else message, "function": field.get("function", ""),
+    return {"kind": "recompile_limit", "limit": lines[0] if lines else message,
+            "function": redact(field.get("function", "")),
             "reason": _REASON_LINE.sub(r"\1", "- " + reason) if reason else message}
 
 

@@ -18,6 +18,7 @@ from ..core.pipelines import DTYPES, PipelineLoadError, count_params, denoiser_o
 from ..core.pipelines.handle import LoraSpec, PipelineHandle
 from ..core.pipelines.run import compile_record
 from ..core.pipelines.state import peek_state
+from .public_text import public
 
 DiffusersPipeline = io.Custom("DIFFUSERS_PIPELINE")
 FOLDER = "diffusers"  # ComfyUI's models/diffusers (folder_paths)
@@ -52,7 +53,8 @@ def resolve_folder(name: str) -> str:
         path = os.path.join(root, name)
         if os.path.isdir(path):
             return path
-    raise PipelineLoadError(f"pipeline folder {name!r} not found in models/{FOLDER} (searched: {', '.join(roots)}); "
+    searched = ", ".join(public(r) for r in roots)
+    raise PipelineLoadError(f"pipeline folder {name!r} not found in models/{FOLDER} (searched: {searched}); "
                             f"available: {', '.join(pipeline_folders()) or 'none'}")
 
 
@@ -106,7 +108,7 @@ class SteadfastLoadDiffusersPipeline(io.ComfyNode):
         try:
             resolve_folder(pipeline_name)
         except PipelineLoadError as e:
-            return str(e)
+            return public(str(e))
         return True
 
     @classmethod
@@ -125,7 +127,7 @@ class SteadfastLoadDiffusersPipeline(io.ComfyNode):
         den = denoiser_of(pipe)[0]
         comps = ", ".join(f"{k} {type(m).__name__} ({count_params(m) / 1e6:.2f} M)"
                           for k, m in module_components(pipe).items())
-        report = f"{type(pipe).__name__} from {path} ({dtype}, {device}); denoiser: {den}\n{comps}"
+        report = f"{type(pipe).__name__} from models/{FOLDER}/{pipeline_name} ({dtype}, {device}); denoiser: {den}\n{comps}"
         return io.NodeOutput(handle, report, ui=ui.PreviewText(report))
 
 
