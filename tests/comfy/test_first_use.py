@@ -1,0 +1,41 @@
+"""What a first-time user reads: reports as lines (no Python reprs), tooltips that promise only what holds.
+
+Over HTTP on the tiny SD1.5 checkpoint (the session server).
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from comfy_server import ComfyServer
+from steadfast_workflows import run, text, workflow
+
+pytestmark = pytest.mark.comfyui
+
+DICT_REPR = re.compile(r"\{\s*['\"][\w.]+['\"]\s*:")  # {'backend': ... / {"mode": ...
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_optimize_report_is_lines_not_a_dict(comfy_server: ComfyServer, backend: str) -> None:
+    """Optimize Model's report used to print the compile options as ``{'backend': 'eager', 'mode': None ...}``."""
+    wf = workflow("optimized_vs_baseline", steps=2)
+    wf["13"]["inputs"].update(compile="regional", backend=backend)
+    entry = run(comfy_server, wf)
+    report = text(entry, "13")
+    assert not DICT_REPR.search(report), report
+    assert f"backend {backend}, mode default, dynamic " in report and "fullgraph off" in report, report
+    for node, out in entry["outputs"].items():  # no node of the template shows a dict repr
+        shown = "\n".join(x for x in out.get("text", []) if isinstance(x, str))
+        assert not DICT_REPR.search(shown), (node, shown)
+
+
+def test_incremental_tooltip_says_what_needs_determinism_setup(comfy_server: ComfyServer) -> None:
+    """``incremental`` alone makes item i's NOISE equal to a single run at seed + i; the latent needs
+    Determinism Setup's batch_invariant (tests/comfy/test_batch_invariance.py), the image VAE Decode
+    (Steadfast). The tooltip must not promise equal items on its own."""
+    spec = comfy_server.get("/object_info/SteadfastSeededSampler")["SteadfastSeededSampler"]
+    tip = spec["input"]["required"]["batch_seed_mode"][1]["tooltip"]
+    assert "NOISE equal, not the result" in tip, tip
+    assert "Determinism Setup" in tip and "batch_invariant" in tip and "VAE Decode (Steadfast)" in tip, tip
+    assert "item i of a batch equals a single run" not in tip
