@@ -432,3 +432,34 @@ def test_compare_draws_expected_difference_apart_from_a_failure(page: Any) -> No
         return out;
     }""")
     assert states == ["match", "expected", "mismatch"]
+
+
+def test_pipeline_warmup_and_sampler_send_progress_per_step(page: Any, comfy_server: ComfyServer,
+                                                            tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The Diffusers template on the tiny SD pipeline, queued by the page: Pipeline Warmup and Pipeline Sampler
+    each move ComfyUI's progress bar once per denoising step (before, the sampler sent nothing until it was done),
+    ending at 100%."""
+    from steadfast.core import tiny
+
+    name = "steadfast-progress-sd"
+    comfy_server.link_models("diffusers", {name: tiny.build_tiny_sd(tmp_path_factory.mktemp("progress") / "sd")})
+    wf = api_twin(api_to_ui.ui_template_name("pipeline_generate"))
+    steps = 3
+    wf["1"]["inputs"]["pipeline_name"] = name
+    wf["3"]["inputs"].update(backend="eager")
+    wf["4"]["inputs"].update(width=64, height=64)
+    wf["5"]["inputs"].update(width=64, height=64, steps=steps, seed=7)
+    page.evaluate("() => { window.__steadfast_progress = []; window.app.api.addEventListener('progress',"
+                  " e => window.__steadfast_progress.push(e.detail)) }")
+    client_id = page.evaluate("() => window.app.api.clientId")
+    prompt_id = comfy_server.post("/prompt", {"prompt": wf, "client_id": client_id})["prompt_id"]
+    comfy_server.wait(prompt_id, timeout=600)
+    page.wait_for_timeout(500)  # the last websocket messages
+    events = page.evaluate("() => window.__steadfast_progress")
+    mine = [e for e in events if e.get("prompt_id") == prompt_id]
+    warm = [(e["value"], e["max"]) for e in mine if str(e.get("node")) == "4"]
+    samp = [(e["value"], e["max"]) for e in mine if str(e.get("node")) == "5"]
+    assert warm and warm[-1][0] == warm[-1][1] > 0, warm
+    # one event per step (ComfyUI >= 0.3x drops updates under 100 ms apart, never the first and the last)
+    assert samp[0] == (1, steps) and samp[-1] == (steps, steps), samp
+    assert all(m == steps for _, m in samp) and [v for v, _ in samp] == sorted({v for v, _ in samp}), samp
