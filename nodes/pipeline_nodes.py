@@ -22,6 +22,13 @@ from .public_text import public
 
 DiffusersPipeline = io.Custom("DIFFUSERS_PIPELINE")
 FOLDER = "diffusers"  # ComfyUI's models/diffusers (folder_paths)
+WHAT_TO_PUT = (
+    f"What to do: put a diffusers pipeline folder (model_index.json plus one sub-folder per component, as "
+    f"DiffusionPipeline.save_pretrained writes) in ComfyUI/models/{FOLDER}/, e.g. `huggingface-cli download "
+    f"stable-diffusion-v1-5/stable-diffusion-v1-5 --local-dir models/{FOLDER}/stable-diffusion-v1-5`; or, to try "
+    f"the workflow in seconds, write the pack's tiny random-weight pipeline: `python custom_nodes/ComfyUI-Steadfast/"
+    f"scripts/steadfast.py tiny-pipeline models/{FOLDER}/steadfast-tiny-sd` (run in the ComfyUI folder; its "
+    f"images are noise). Then refresh (R) and choose it in pipeline_name.")
 
 
 def pipeline_folders() -> list[str]:
@@ -55,7 +62,7 @@ def resolve_folder(name: str) -> str:
             return path
     searched = ", ".join(public(r) for r in roots)
     raise PipelineLoadError(f"pipeline folder {name!r} not found in models/{FOLDER} (searched: {searched}); "
-                            f"available: {', '.join(pipeline_folders()) or 'none'}")
+                            f"available: {', '.join(pipeline_folders()) or 'none'}. {WHAT_TO_PUT}")
 
 
 def _folder_signature(path: str) -> tuple:
@@ -91,7 +98,10 @@ class SteadfastLoadDiffusersPipeline(io.ComfyNode):
             inputs=[
                 io.Combo.Input("pipeline_name", options=pipeline_folders(),
                                tooltip="A folder in models/diffusers holding model_index.json and one sub-folder "
-                                       "per component (what DiffusionPipeline.save_pretrained writes)."),
+                                       "per component (what DiffusionPipeline.save_pretrained writes). None yet? "
+                                       "`python custom_nodes/ComfyUI-Steadfast/scripts/steadfast.py tiny-pipeline "
+                                       "models/diffusers/steadfast-tiny-sd` writes a tiny one (noise images), or "
+                                       "download one, e.g. stable-diffusion-v1-5 in diffusers format."),
                 io.Combo.Input("dtype", options=list(DTYPES), default="fp32",
                                tooltip="Weight dtype of every model component. fp32 is the reproducible reference; "
                                        "bf16/fp16 halve memory and change the output bits."),
@@ -102,9 +112,9 @@ class SteadfastLoadDiffusersPipeline(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, pipeline_name: str, dtype: str) -> bool | str:
-        if dtype not in DTYPES:
-            return f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}"
+    def validate_inputs(cls, pipeline_name: str) -> bool | str:
+        # pipeline_name only: ComfyUI marks every argument of validate_inputs as at fault when it fails, and
+        # checks the dtype combo itself (value_not_in_list, on dtype alone)
         try:
             resolve_folder(pipeline_name)
         except PipelineLoadError as e:

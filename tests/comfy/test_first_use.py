@@ -39,3 +39,19 @@ def test_incremental_tooltip_says_what_needs_determinism_setup(comfy_server: Com
     assert "NOISE equal, not the result" in tip, tip
     assert "Determinism Setup" in tip and "batch_invariant" in tip and "VAE Decode (Steadfast)" in tip, tip
     assert "item i of a batch equals a single run" not in tip
+
+
+def test_diffusers_template_without_a_model_says_what_to_put_where(comfy_server: ComfyServer) -> None:
+    """The Diffusers template names a pipeline a new user does not have: the loader's validation error (shown on
+    the node) says where a pipeline goes, its layout, and the command that writes the tiny one."""
+    from comfy_server import PromptRejected
+
+    wf = workflow("pipeline_generate")
+    name = wf["1"]["inputs"]["pipeline_name"]
+    with pytest.raises(PromptRejected) as info:
+        comfy_server.queue(wf)
+    errors = info.value.node_errors["1"]["errors"]
+    assert [e["extra_info"]["input_name"] for e in errors] == ["pipeline_name"], errors  # the input at fault only
+    detail = errors[0]["details"]
+    assert f"{name!r} not found in models/diffusers" in detail, detail
+    assert "model_index.json" in detail and "tiny-pipeline models/diffusers/steadfast-tiny-sd" in detail, detail
