@@ -157,7 +157,7 @@ def page(browser_ok: None, comfy_server: ComfyServer) -> Iterator[Any]:
 
 
 @pytest.fixture(autouse=True)
-def screenshot_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
+def screenshot_on_failure(request: pytest.FixtureRequest, artifacts_dir: Path) -> Iterator[None]:
     """A failed browser test leaves a screenshot of the page (and the page errors) in the artifacts folder."""
     yield
     report = getattr(request.node, "rep_call", None)
@@ -165,7 +165,7 @@ def screenshot_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
         return
     pg = request.getfixturevalue("page")
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in request.node.name)
-    shot = request.getfixturevalue("artifacts_dir") / f"frontend-{safe}.png"
+    shot = artifacts_dir / f"frontend-{safe}.png"
     pg.screenshot(path=str(shot), full_page=True)
     (shot.with_suffix(".errors.txt")).write_text("\n".join(pg.steadfast_errors) or "no page errors\n")
     print(f"screenshot of the failed page: {shot}")
@@ -449,13 +449,14 @@ def test_pipeline_warmup_and_sampler_send_progress_per_step(page: Any, comfy_ser
     wf["3"]["inputs"].update(backend="eager")
     wf["4"]["inputs"].update(width=64, height=64)
     wf["5"]["inputs"].update(width=64, height=64, steps=steps, seed=7)
-    page.evaluate("() => { window.__steadfast_progress = []; window.app.api.addEventListener('progress',"
-                  " e => window.__steadfast_progress.push(e.detail)) }")
+    # an array of its own: an earlier test's listener pushes to window.__steadfast_progress
+    page.evaluate("() => { window.__steadfast_pipe_progress = []; window.app.api.addEventListener('progress',"
+                  " e => window.__steadfast_pipe_progress.push(e.detail)) }")
     client_id = page.evaluate("() => window.app.api.clientId")
     prompt_id = comfy_server.post("/prompt", {"prompt": wf, "client_id": client_id})["prompt_id"]
     comfy_server.wait(prompt_id, timeout=600)
     page.wait_for_timeout(500)  # the last websocket messages
-    events = page.evaluate("() => window.__steadfast_progress")
+    events = page.evaluate("() => window.__steadfast_pipe_progress")
     mine = [e for e in events if e.get("prompt_id") == prompt_id]
     warm = [(e["value"], e["max"]) for e in mine if str(e.get("node")) == "4"]
     samp = [(e["value"], e["max"]) for e in mine if str(e.get("node")) == "5"]
@@ -463,3 +464,37 @@ def test_pipeline_warmup_and_sampler_send_progress_per_step(page: Any, comfy_ser
     # one event per step (ComfyUI >= 0.3x drops updates under 100 ms apart, never the first and the last)
     assert samp[0] == (1, steps) and samp[-1] == (steps, steps), samp
     assert all(m == steps for _, m in samp) and [v for v, _ in samp] == sorted({v for v, _ in samp}), samp
+
+
+LONG_REPORT = "\n".join(
+    ["MISMATCH: expected 3f5a9c0e12ab but got 8d41b7e2c9f0 (sha256 of the LATENT, 1x4x8x8 float32)"]
+    + [f"  {i:2d}. fingerprint.compile.options.backend changed: 'inductor' -> 'eager' - compiled code is not "
+       f"bit-equal to eager; this long line wraps in a narrow node {'x' * (i % 4) * 20}" for i in range(14)]
+    + ["the last line must be fully visible"])
+
+BOX_JS = """(id) => { const n = window.app.graph.getNodeById(+id);
+  const w = n.widgets.find(w => w.name === 'steadfast_info'); const el = w.element;
+  return {cut: el.scrollHeight - el.clientHeight, client: el.clientHeight, lines: el.value.split('\\n').length} }"""
+
+
+@pytest.mark.parametrize("template, node_type", [("determinism_check", "SteadfastHash"),
+                                                 ("optimized_vs_baseline", "SteadfastCompare"),
+                                                 ("optimized_vs_baseline", "SteadfastHash")])
+def test_report_box_fits_a_long_report_and_overlaps_nothing(page: Any, template: str, node_type: str) -> None:
+    """A long mismatch explanation (wrapped lines) shown on a node of a template, as ComfyUI's 'executed'
+    message delivers it: the text box is as tall as its text (nothing cut, measured in the DOM), and the grown
+    node overlaps no other node (the nodes below make room)."""
+    load_template(page, api_to_ui.ui_template_name(template))
+    ids = page.evaluate("(t) => window.app.graph.nodes.filter(n => n.type === t).map(n => n.id)", node_type)
+    for nid in ids:
+        page.evaluate("([id, text]) => window.app.graph.getNodeById(id).onExecuted({text: [text]})",
+                      [nid, LONG_REPORT])
+    page.evaluate("() => window.app.canvas.setDirty(true, true)")
+    page.wait_for_timeout(300)  # one frame: the DOM widgets take their size
+    for nid in ids:
+        page.evaluate("(id) => { const c = window.app.canvas; c.ds.scale = 1; c.centerOnNode(c.graph.getNodeById(id));"
+                      " c.setDirty(true, true) }", nid)
+        page.wait_for_timeout(300)  # DOM widgets are laid out (and shown) when their node is drawn on screen
+        box = page.evaluate(BOX_JS, nid)
+        assert box["cut"] <= 2 and box["client"] > 0, (template, nid, box)
+    assert not overlapping_nodes(page), f"{template}: a node grown by its report overlaps another"
