@@ -55,3 +55,29 @@ def test_diffusers_template_without_a_model_says_what_to_put_where(comfy_server:
     detail = errors[0]["details"]
     assert f"{name!r} not found in models/diffusers" in detail, detail
     assert "model_index.json" in detail and "tiny-pipeline models/diffusers/steadfast-tiny-sd" in detail, detail
+
+
+def test_slow_run_after_free_is_the_whole_graph_re_executing_not_a_recompile(comfy_server: ComfyServer) -> None:
+    """The issue's finding (runs after ``POST /free`` took seconds, their records said 0 graphs, 0 recompiles)
+    explained: ``free_memory`` makes ComfyUI drop its executor caches (``main.py``: ``e.reset()``), so the next
+    prompt re-runs EVERY node - the checkpoint is read from disk again, the prompts re-encoded, Optimize Model
+    runs on the new model object (a new compile record). Dynamo reuses the code it compiled for the same blocks:
+    the new record's first call compiles nothing. ``unload_models`` alone keeps the cached outputs."""
+    from recompile_workflows import build
+
+    def cached(seed: int) -> tuple[list[str], dict]:
+        entry = run(comfy_server, build(backend="eager", seed=seed))
+        nodes = next((d["nodes"] for ev, d in entry["status"]["messages"] if ev == "execution_cached"), [])
+        state = comfy_server.get("/steadfast/compile_state")["records"]
+        regional = [r for r in state if r["label"].startswith("UNetModel (regional)")]
+        return sorted(nodes), regional[-1]  # the newest record: the model object this run used
+
+    run(comfy_server, build(backend="eager", seed=1))
+    before, rec_before = cached(2)
+    assert {"ckpt", "pos", "neg", "opt"} <= set(before)  # a plain rerun: only the sampler side runs
+    comfy_server.post("/free", {"unload_models": True, "free_memory": True})
+    after, rec_after = cached(3)
+    assert after == [], after  # everything re-executed: the checkpoint loaded again
+    assert rec_after["graphs"] == 0 and rec_after["recompiles"] == [], rec_after  # no compile: code reused
+    comfy_server.post("/free", {"unload_models": True, "free_memory": False})
+    assert {"ckpt", "pos", "neg", "opt"} <= set(cached(4)[0])  # unload only: outputs stay cached
