@@ -1,4 +1,4 @@
-"""``steadfast`` command line: ``steadfast verify [PIPELINE_DIR | --tiny sd|flux] [options]``.
+"""``steadfast`` command line: ``steadfast verify [PIPELINE_DIR | --tiny sd|flux] [options]``, ``steadfast tiny-pipeline DIR``.
 
 Entry point ``main(argv=None) -> int``. Runs as ``steadfast`` (console script), as
 ``python -m steadfast.core.cli`` when the pack is importable as ``steadfast``, as ``python -m core.cli``
@@ -76,7 +76,29 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--out", default="steadfast-verify", help="output folder (report JSON + grid PNG)")
     v.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
     v.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    t = sub.add_parser(
+        "tiny-pipeline", help="write a tiny random-weight diffusers pipeline folder (for the Diffusers template)",
+        description="Write the tiny random-weight pipeline the tests use (seeded, a few MB, save_pretrained layout) "
+                    "to DIR, e.g. ComfyUI/models/diffusers/steadfast-tiny-sd: Load Diffusers Pipeline then lists "
+                    "it. Its images are noise; it shows that the workflow runs and is reproducible.")
+    t.add_argument("out_dir", help="new or empty folder to write")
+    t.add_argument("--kind", choices=("sd", "flux"), default="sd")
+    t.add_argument("--seed", type=int, default=0)
     return parser
+
+
+def _tiny_pipeline(args: argparse.Namespace) -> int:
+    from . import tiny
+
+    _quiet_libraries()
+    build = tiny.build_tiny_sd if args.kind == "sd" else tiny.build_tiny_flux
+    try:
+        out = build(args.out_dir, seed=args.seed)
+    except FileExistsError as e:
+        print(f"steadfast tiny-pipeline: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote the tiny {args.kind} pipeline to {out}")
+    return 0
 
 
 def _quiet_libraries() -> None:
@@ -148,6 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("verify needs PIPELINE_DIR or --tiny sd|flux")
     if args.command == "verify":
         return _verify(args)
+    if args.command == "tiny-pipeline":
+        return _tiny_pipeline(args)
     parser.error(f"unknown command {args.command!r}")
     return 2
 

@@ -56,6 +56,26 @@ class CompileOptions:
         return {"backend": self.backend, "mode": mode, "dynamic": self.dynamic, "fullgraph": self.fullgraph,
                 "options": options or None}
 
+    def as_text(self) -> str:
+        """One readable line for reports, e.g. ``backend eager, mode default, dynamic auto, fullgraph off;
+        inductor options: max_autotune=True``.
+
+        Returns:
+            the settings as words (``dynamic`` None is "auto"; contiguous_inputs / specialize_ints named only
+            when off); inductor options as ``name=value`` pairs, sorted.
+        """
+        dyn = {None: "auto", True: "on (dynamic shapes)", False: "off (one graph per shape)"}.get(self.dynamic,
+                                                                                                 str(self.dynamic))
+        parts = [f"backend {self.backend}", f"mode {self.mode or 'default'}", f"dynamic {dyn}",
+                 f"fullgraph {'on' if self.fullgraph else 'off'}"]
+        parts += [f"{name} off" for name in ("contiguous_inputs", "specialize_ints") if not getattr(self, name)]
+        text = ", ".join(parts)
+        if self.options:
+            shown = {k: v for k, v in self.options.items() if k != "guard_filter_fn"}
+            if shown:
+                text += "; inductor options: " + ", ".join(f"{k}={v}" for k, v in sorted(shown.items()))
+        return text
+
     def as_dict(self) -> dict[str, Any]:
         """JSON-serialisable view (option values that are not JSON scalars become their ``repr``)."""
         opts = None if self.options is None else {

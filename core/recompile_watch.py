@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from . import torch_compat
+from .paths import redact
 from .torch_state import snapshot_state
 
 #: Dynamo's GLOBAL_STATE name -> the fingerprint fields that can explain it, first the setting users change (a name
@@ -85,8 +86,9 @@ def parse_recompile(message: str) -> dict[str, Any]:
     ``{"function": "F in FILE:LINE" or "", "reason": first reason (else the message), "reasons": [...]}``."""
     lines = message.splitlines() or [message]
     function = lines[0].removeprefix("Recompiling function ").strip() if lines[0].startswith("Recompiling") else ""
-    reasons = [r for line in lines[1:] if (m := _REASON_LINE.match(line)) and (r := m.group(1).strip())]
-    return {"function": function, "reason": reasons[0] if reasons else message.strip(), "reasons": reasons}
+    function = redact(function)  # "forward in comfy/ldm/modules/attention.py:848": no install path in records
+    reasons = [redact(r) for line in lines[1:] if (m := _REASON_LINE.match(line)) and (r := m.group(1).strip())]
+    return {"function": function, "reason": reasons[0] if reasons else redact(message.strip()), "reasons": reasons}
 
 
 def parse_limit_hit(message: str) -> dict[str, Any]:
@@ -96,7 +98,8 @@ def parse_limit_hit(message: str) -> dict[str, Any]:
     field = {k: ln.split(":", 1)[1].strip() for ln in lines for k in ("function", "last reason")
              if ln.startswith(k + ":")}
     reason = field.get("last reason", "")
-    return {"kind": "recompile_limit", "limit": lines[0] if lines else message, "function": field.get("function", ""),
+    return {"kind": "recompile_limit", "limit": lines[0] if lines else message,
+            "function": redact(field.get("function", "")),
             "reason": _REASON_LINE.sub(r"\1", "- " + reason) if reason else message}
 
 
@@ -121,3 +124,54 @@ def explain_recompile(event: dict[str, Any], known: Sequence[Mapping[str, Any]])
         event.update(cause="module_type", guard=event["reason"], reason=f"submodule {m.group('path').strip()} changed "
                      f"type since compile (compiled for {cls}): an object patch (e.g. QKV fusion) swapped it")
     return event
+
+
+class FullgraphBreakError(RuntimeError):
+    """``fullgraph=True`` and Dynamo met a graph break: the message names the cause, where, and the switch."""
+
+
+_USER_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)')
+
+
+def graph_break_message(error: BaseException, label: str) -> str:
+    """A user's explanation of Dynamo's ``Unsupported`` (a graph break) raised under ``fullgraph=True``.
+
+    Args:
+        error: the exception Dynamo raised (its text: a first line, ``Explanation:``/``Hint:`` lines and
+            ``from user code:`` frames).
+        label: the compiled model's name (the compile record's label).
+    Returns:
+        "what happened / where / what to do" on separate lines; file names without install paths.
+    """
+    text = str(error)
+    lines = [ln.strip() for ln in text.splitlines()]
+    first = next((ln for ln in lines if ln), type(error).__name__)
+    explanation = next((ln.removeprefix("Explanation:").strip() for ln in lines if ln.startswith("Explanation:")), "")
+    frames = [f"{m['fn']} ({redact(m['file'])}:{m['line']})"
+              for m in _USER_FRAME.finditer(text.partition("from user code:")[2])]
+    where = " -> ".join(frames[-5:]) if frames else "not reported by Dynamo"
+    cause = f"{first}: {explanation}" if explanation else first
+    avoid = ("attention=comfy (ComfyUI's own attention, sub-quadratic on CPU) breaks the graph: choose an SDPA "
+             "attention (auto, math ...) on Optimize Model, or turn on Determinism Setup's batch_invariant"
+             if any("attention_sub_quad" in f or "get_free_memory" in f for f in frames)
+             else "change the code the 'where' line names")
+    return (f"{label}: graph break under fullgraph=True. fullgraph requires each compiled block to trace as ONE "
+            f"graph, and Dynamo could not trace this:\n"
+            f"  cause: {cause}\n"
+            f"  where (innermost last): {where}\n"
+            f"What to do: switch `fullgraph` off on the Optimize node that compiled this model (Optimize Model or "
+            f"Pipeline Optimize): the block then runs as several graphs (counted as graph_breaks in "
+            f"GET /steadfast/compile_state). Or {avoid}.")
+
+
+def is_graph_break(error: BaseException) -> bool:
+    """True for Dynamo's ``Unsupported`` (what a graph break raises under ``fullgraph=True``).
+
+    Args:
+        error: any exception.
+    Returns:
+        whether it is (a subclass of) ``torch._dynamo.exc.Unsupported``.
+    """
+    exc_mod = getattr(getattr(torch, "_dynamo", None), "exc", None)
+    unsupported = getattr(exc_mod, "Unsupported", None)
+    return unsupported is not None and isinstance(error, unsupported)

@@ -22,7 +22,8 @@ from . import torch_compat
 from .compile import CompileOptions, compile_blocks
 from .compile_record import CompileRecord, CompileStats, normalise_shape
 from .guard_filters import GuardFilterFn
-from .recompile_watch import ParamIdentity, explain_recompile, guarded_flags, parse_limit_hit, parse_recompile
+from .recompile_watch import (FullgraphBreakError, ParamIdentity, explain_recompile, graph_break_message, guarded_flags,
+                              is_graph_break, parse_limit_hit, parse_recompile)
 
 log = logging.getLogger("steadfast.registry")
 
@@ -159,7 +160,8 @@ class CompileRegistry:
         """Attribute the compiles, recompiles and graph breaks inside one call of the compiled model to ``record``
         (``shape``: Tensor or nested ints, kept in ``stats.shapes_seen``; outside :meth:`run`, a run of its own). The
         first call that finishes turns it "warm" (``first_call_seconds``); an exception is kept in ``stats.errors``
-        and re-raised; nested tracking of the same record passes through. :class:`RecompileError` on exit when
+        and re-raised (Dynamo's graph break under ``fullgraph`` as :class:`FullgraphBreakError`, naming the cause, where
+        and the switch); nested tracking of the same record passes through. :class:`RecompileError` on exit when
         ``strict`` (default ``stats.strict``) and a warm call recompiled."""
         stack, s = self._local.stack, record.stats
         if any(f.record is record for f in stack):
@@ -191,6 +193,8 @@ class CompileRegistry:
             with self._lock:
                 s.errors.append({"error": f"{type(e).__name__}: {e}"[:2000], "time": time.time(),
                                  "run": self._local.runs[id(record)], "call": s.calls})
+            if getattr(record.compile_options, "fullgraph", False) and is_graph_break(e):
+                raise FullgraphBreakError(graph_break_message(e, record.label)) from e
             raise
         finally:
             stack.pop()

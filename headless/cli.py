@@ -152,14 +152,15 @@ def run_main(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``steadfast run ...`` here; every other subcommand (``verify``) goes to :func:`core.cli.main`."""
+    """``steadfast run ...`` here; every other subcommand (``verify``, ``tiny-pipeline``) goes to :func:`core.cli.main`."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "run":
         return run_main(args[1:])
     if not args or args[0] in ("-h", "--help"):
-        print("usage: steadfast {run,verify} ...\n\n  run     run a ComfyUI workflow headless and check its hashes "
-              "(steadfast run --help)\n  verify  self-consistency, parity and speed of optimizations on a diffusers "
-              "pipeline (steadfast verify --help)")
+        print("usage: steadfast {run,verify,tiny-pipeline} ...\n\n  run     run a ComfyUI workflow headless and check "
+              "its hashes (steadfast run --help)\n  verify  self-consistency, parity and speed of optimizations on a "
+              "diffusers pipeline (steadfast verify --help)\n  tiny-pipeline  write a tiny random-weight diffusers "
+              "pipeline folder, e.g. into models/diffusers (steadfast tiny-pipeline --help)")
         return 0 if args else 2
     from ..core.cli import main as core_main
     return core_main(args)

@@ -59,14 +59,57 @@ function verdictState(v, fallback) {
   }
   return { state: LEVEL_STATE[v.level] ?? fallback, label };
 }
-const LINE_PX = 14;
-const CHAR_PX = 6.7; // monospace 11 px
+const MAX_BOX_PX = 2400; // a longer report scrolls inside its box
+const GAP_PX = 20; // room left between a grown node and the nodes it pushes down
 
-// Height for ``text`` in a box ``width`` px wide: its lines, wrapped, at most 30 (then the box scrolls).
-function textHeight(text, width) {
-  const perRow = Math.max(10, Math.floor((width - 36) / CHAR_PX));
-  const rows = (text || "").split("\n").reduce((n, line) => n + Math.max(1, Math.ceil(line.length / perRow)), 0);
-  return Math.min(30, Math.max(2, rows)) * LINE_PX + 12;
+// Height the report box needs for its text, measured in the DOM: a hidden twin of the box (same class, font,
+// padding, border and width) holds the text and reports its scrollHeight. Frontends lay out the box from
+// getMinHeight, so the text is never cut, whatever font the theme uses and however lines wrap.
+let measurer = null;
+function textHeight(el, node) {
+  if (!measurer) {
+    measurer = document.createElement("textarea");
+    measurer.setAttribute("aria-hidden", "true");
+    measurer.tabIndex = -1;
+    Object.assign(measurer.style, { position: "absolute", left: "-10000px", top: "0", visibility: "hidden",
+                                    overflow: "hidden", height: "0px", minHeight: "0px", resize: "none" });
+    document.body.appendChild(measurer);
+  }
+  measurer.className = el.className;
+  const cs = getComputedStyle(el);
+  for (const p of ["fontFamily", "fontSize", "fontWeight", "lineHeight", "letterSpacing", "whiteSpace", "wordBreak",
+                   "overflowWrap", "tabSize", "paddingTop", "paddingBottom", "paddingLeft", "paddingRight",
+                   "borderTopWidth", "borderBottomWidth", "borderLeftWidth", "borderRightWidth", "borderStyle",
+                   "boxSizing"]) measurer.style[p] = cs[p] || el.style[p];
+  // the box's own width once the frontend laid it out; before that, the node's width less the widget margins
+  measurer.style.width = `${el.offsetWidth > 0 ? el.offsetWidth : Math.max(60, node.size[0] - 20)}px`;
+  measurer.value = el.value || " ";
+  const border = measurer.offsetHeight - measurer.clientHeight; // 0 px tall: only the borders remain
+  return Math.min(MAX_BOX_PX, Math.ceil(measurer.scrollHeight + border) + 2);
+}
+
+// Nodes the grown ``node`` now overlaps, and below them in turn, move down to make room (the layout keeps its
+// columns; a node above or beside the grown one never moves).
+function makeRoom(node) {
+  const graph = node.graph;
+  if (!graph) return;
+  const th = window.LiteGraph?.NODE_TITLE_HEIGHT ?? 30;
+  const nodes = graph.nodes ?? graph._nodes ?? [];
+  const queue = [node];
+  const moved = new Set([node]);
+  while (queue.length) {
+    const a = queue.shift();
+    const bottom = a.pos[1] + a.size[1];
+    for (const b of nodes) {
+      if (moved.has(b) || b.pos[1] < a.pos[1]) continue;
+      const across = b.pos[0] < a.pos[0] + a.size[0] && a.pos[0] < b.pos[0] + b.size[0];
+      if (across && b.pos[1] - th < bottom + GAP_PX / 2) {
+        b.pos = [b.pos[0], bottom + th + GAP_PX];
+        moved.add(b);
+        queue.push(b);
+      }
+    }
+  }
 }
 
 const INFO = "steadfast_info";
@@ -80,11 +123,13 @@ function addInfoWidget(node) {
     el.spellcheck = false;
     el.className = "comfy-multiline-input steadfast-info";
     Object.assign(el.style, { fontFamily: "monospace", fontSize: "11px", opacity: 0.9, resize: "none" });
-    const w = node.addDOMWidget(INFO, "steadfast_info", el, {
+    // the frontend sizes the box to the widget's height less its margin above and below
+    let w = null;
+    w = node.addDOMWidget(INFO, "steadfast_info", el, {
       getValue: () => el.value,
       setValue: (v) => { el.value = v ?? ""; },
       serialize: false,
-      getMinHeight: () => textHeight(el.value, node.size[0]),
+      getMinHeight: () => textHeight(el, node) + 2 * (w?.margin ?? 10),
     });
     w.serialize = false; // never saved into widgets_values: saved workflows stay loadable
     return w;
@@ -110,14 +155,25 @@ function fitVueBox(el) {
   requestAnimationFrame(fit);
 }
 
-// The report box grows with its text (up to 30 lines, then it scrolls), so no line is cut off.
+// The report box grows with its text (up to MAX_BOX_PX, then it scrolls), so no line is cut off; the nodes
+// below make room, so the grown node covers none of them.
 function showText(node, text) {
   const w = node.widgets?.find((x) => x.name === INFO) ?? addInfoWidget(node);
   w.value = text;
   if (w.element) fitVueBox(w.element);
   const [minW, minH] = node.computeSize();
   node.setSize([Math.max(node.size[0], minW), Math.max(node.size[1], minH)]);
+  makeRoom(node);
   node.setDirtyCanvas(true, true);
+  // once the frontend has laid the box out at its real width, measure again (wrapping depends on it)
+  requestAnimationFrame(() => {
+    const [, h] = node.computeSize();
+    if (h > node.size[1] + 1) {
+      node.setSize([node.size[0], h]);
+      makeRoom(node);
+      node.setDirtyCanvas(true, true);
+    }
+  });
 }
 
 function setState(node, state, label) {

@@ -12,6 +12,7 @@ from .optimize_node import SteadfastOptimizeModel
 from .pipeline_nodes import SteadfastLoadDiffusersPipeline, SteadfastPipelineLoRA
 from .pipeline_optimize_node import SteadfastPipelineDeterminismSetup, SteadfastPipelineOptimize
 from .pipeline_sampler_node import SteadfastPipelineSampler, SteadfastPipelineWarmup
+from .public_text import guard_node
 from .routes import register_routes
 from .sampler_node import SteadfastSeededSampler
 from .vae_decode_node import SteadfastVAEDecode
@@ -32,6 +33,8 @@ NODES: list[type[io.ComfyNode]] = [
     SteadfastPipelineSampler,
     SteadfastPipelineWarmup,
 ]
+for _node in NODES:  # errors raised while a node runs reach the client without absolute paths
+    guard_node(_node)
 
 
 class SteadfastExtension(ComfyExtension):

@@ -110,8 +110,9 @@ class SteadfastOptimizeModel(io.ComfyNode):
             if attention == "comfy":
                 lines.append("WARNING: compiling with ComfyUI's own attention (sub_quad on CPU) graph-breaks and "
                              "recompiles often (measured: 15 graphs, 9 recompiles in 4 steps); pick an SDPA backend")
-            lines.append(f"  {record.options}; {'new' if created else 'reused'} compile record "
-                         f"({record.stats.status}); compiles lazily on the first run or in Warmup")
+            lines.append(f"  {options.as_text()}")
+            lines.append(f"  {'new' if created else 'reused'} compile record ({record.stats.status}); compiles "
+                         "lazily on the first run or in Warmup")
             if inductor_preset != "none":
                 lines.append(f"inductor_preset: {inductor_preset} (options above"
                              + ("; a compile cache directory of its own)" if cache is not None else ")"))

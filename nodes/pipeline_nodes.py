@@ -18,9 +18,17 @@ from ..core.pipelines import DTYPES, PipelineLoadError, count_params, denoiser_o
 from ..core.pipelines.handle import LoraSpec, PipelineHandle
 from ..core.pipelines.run import compile_record
 from ..core.pipelines.state import peek_state
+from .public_text import public
 
 DiffusersPipeline = io.Custom("DIFFUSERS_PIPELINE")
 FOLDER = "diffusers"  # ComfyUI's models/diffusers (folder_paths)
+WHAT_TO_PUT = (
+    f"What to do: put a diffusers pipeline folder (model_index.json plus one sub-folder per component, as "
+    f"DiffusionPipeline.save_pretrained writes) in ComfyUI/models/{FOLDER}/, e.g. `huggingface-cli download "
+    f"stable-diffusion-v1-5/stable-diffusion-v1-5 --local-dir models/{FOLDER}/stable-diffusion-v1-5`; or, to try "
+    f"the workflow in seconds, write the pack's tiny random-weight pipeline: `python custom_nodes/ComfyUI-Steadfast/"
+    f"scripts/steadfast.py tiny-pipeline models/{FOLDER}/steadfast-tiny-sd` (run in the ComfyUI folder; its "
+    f"images are noise). Then refresh (R) and choose it in pipeline_name.")
 
 
 def pipeline_folders() -> list[str]:
@@ -52,8 +60,9 @@ def resolve_folder(name: str) -> str:
         path = os.path.join(root, name)
         if os.path.isdir(path):
             return path
-    raise PipelineLoadError(f"pipeline folder {name!r} not found in models/{FOLDER} (searched: {', '.join(roots)}); "
-                            f"available: {', '.join(pipeline_folders()) or 'none'}")
+    searched = ", ".join(public(r) for r in roots)
+    raise PipelineLoadError(f"pipeline folder {name!r} not found in models/{FOLDER} (searched: {searched}); "
+                            f"available: {', '.join(pipeline_folders()) or 'none'}. {WHAT_TO_PUT}")
 
 
 def _folder_signature(path: str) -> tuple:
@@ -89,7 +98,10 @@ class SteadfastLoadDiffusersPipeline(io.ComfyNode):
             inputs=[
                 io.Combo.Input("pipeline_name", options=pipeline_folders(),
                                tooltip="A folder in models/diffusers holding model_index.json and one sub-folder "
-                                       "per component (what DiffusionPipeline.save_pretrained writes)."),
+                                       "per component (what DiffusionPipeline.save_pretrained writes). None yet? "
+                                       "`python custom_nodes/ComfyUI-Steadfast/scripts/steadfast.py tiny-pipeline "
+                                       "models/diffusers/steadfast-tiny-sd` writes a tiny one (noise images), or "
+                                       "download one, e.g. stable-diffusion-v1-5 in diffusers format."),
                 io.Combo.Input("dtype", options=list(DTYPES), default="fp32",
                                tooltip="Weight dtype of every model component. fp32 is the reproducible reference; "
                                        "bf16/fp16 halve memory and change the output bits."),
@@ -100,13 +112,13 @@ class SteadfastLoadDiffusersPipeline(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, pipeline_name: str, dtype: str) -> bool | str:
-        if dtype not in DTYPES:
-            return f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}"
+    def validate_inputs(cls, pipeline_name: str) -> bool | str:
+        # pipeline_name only: ComfyUI marks every argument of validate_inputs as at fault when it fails, and
+        # checks the dtype combo itself (value_not_in_list, on dtype alone)
         try:
             resolve_folder(pipeline_name)
         except PipelineLoadError as e:
-            return str(e)
+            return public(str(e))
         return True
 
     @classmethod
@@ -125,7 +137,7 @@ class SteadfastLoadDiffusersPipeline(io.ComfyNode):
         den = denoiser_of(pipe)[0]
         comps = ", ".join(f"{k} {type(m).__name__} ({count_params(m) / 1e6:.2f} M)"
                           for k, m in module_components(pipe).items())
-        report = f"{type(pipe).__name__} from {path} ({dtype}, {device}); denoiser: {den}\n{comps}"
+        report = f"{type(pipe).__name__} from models/{FOLDER}/{pipeline_name} ({dtype}, {device}); denoiser: {den}\n{comps}"
         return io.NodeOutput(handle, report, ui=ui.PreviewText(report))
 
 

@@ -12,6 +12,9 @@ import time
 
 from comfy_api.v0_0_2 import io, ui
 
+import comfy.model_management
+import comfy.utils
+
 from ..core import determinism, portable
 from ..core.fingerprint import fingerprint_digest
 from ..core.hashing import hash_image
@@ -25,6 +28,7 @@ from . import identity
 from .pipeline_nodes import DiffusersPipeline, as_handle
 
 NO_POLICY = "not set (Pipeline Determinism Setup not used)"
+WARMUP_STEPS = 2  # denoising steps of each throw-away warm-up generation (compiling needs one call per shape)
 
 
 def _size_inputs() -> list[io.Input]:
@@ -34,6 +38,18 @@ def _size_inputs() -> list[io.Input]:
         io.Int.Input("height", default=512, min=16, max=16384, step=8, tooltip="Image height in pixels."),
         io.Int.Input("batch_size", default=1, min=1, max=4096, tooltip="Number of images; image i uses seed + i."),
     ]
+
+
+def _progress(total: int, unique_id: str | None = None):
+    """``on_step(done, total)`` for ``core.pipelines.generate``: ComfyUI's progress bar on the node (the
+    frontend's bar and the ``progress`` websocket event), and the Cancel button honoured between steps."""
+    bar = comfy.utils.ProgressBar(total, node_id=unique_id)
+
+    def on_step(done: int, _total: int) -> None:
+        comfy.model_management.throw_exception_if_processing_interrupted()
+        bar.update_absolute(done, total)
+
+    return on_step
 
 
 def _policy(handle: PipelineHandle):
@@ -83,9 +99,11 @@ class SteadfastPipelineSampler(io.ComfyNode):
             recompiles_before = len(rec.stats.recompiles) if rec is not None else 0
             with _policy(handle) as det:
                 t0 = time.perf_counter()
+                mode = "sequential" if handle.batch_invariant else "batched"
+                total = steps * (batch_size if mode == "sequential" else 1)
                 images = generate(pipe, prompt, negative_prompt, steps=steps, guidance=cfg, width=width,
-                                  height=height, seed=seed, batch=batch_size,
-                                  batch_mode="sequential" if handle.batch_invariant else "batched")
+                                  height=height, seed=seed, batch=batch_size, batch_mode=mode,
+                                  on_step=_progress(total))
                 seconds = time.perf_counter() - t0
                 report = pipeline_report(pipe)  # inside the policy: threads and flags as they were for the run
         env = {**report["environment"], **identity.versions(), **identity.comfy_environment()}
@@ -145,13 +163,21 @@ class SteadfastPipelineWarmup(io.ComfyNode):
             rec = compile_record(pipe)
             # compiling is what a warm-up is for: strict mode applies to the runs after it
             strict = REGISTRY.set_strict(rec, False) if rec is not None else False
+            todo = [(w, h) for w, h in targets if rec is None or not rec.is_warm_for((batch_size, h, w))]
+            on_step = _progress(WARMUP_STEPS * len(todo)) if todo else None
+            offset = [0]
+
+            def step(done: int, _total: int) -> None:
+                on_step(offset[0] + done, WARMUP_STEPS * len(todo))
             try:
                 for w, h in targets:
                     target = (batch_size, h, w)
-                    if rec is not None and rec.is_warm_for(target):
+                    if (w, h) not in todo:
                         lines.append(f"already warm for {list(target)} (batch, height, width): nothing to do")
                         continue
-                    res = core_warmup(pipe, w, h, batch_size, guidance=cfg, policy=handle.determinism)
+                    res = core_warmup(pipe, w, h, batch_size, steps=WARMUP_STEPS, guidance=cfg,
+                                      policy=handle.determinism, on_step=step)
+                    offset[0] += WARMUP_STEPS
                     lines.append(f"warm-up generation at {list(target)} (batch, height, width): {res.seconds:.2f} s")
             finally:
                 if rec is not None:

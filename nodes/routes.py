@@ -1,9 +1,11 @@
-"""HTTP route ``GET /steadfast/compile_state`` (also under ``/api/``): the compile registry as JSON."""
+"""HTTP route ``GET /steadfast/compile_state`` (also under ``/api/``): the compile registry as JSON, with
+every path shown relative to ComfyUI's folders (the route needs no login)."""
 from __future__ import annotations
 
 import logging
 
 from ..core.registry import REGISTRY
+from .public_text import public_value
 
 log = logging.getLogger("steadfast")
 _registered = False
@@ -25,7 +27,7 @@ def register_routes() -> bool:
 
     @instance.routes.get("/steadfast/compile_state")
     async def compile_state(request):
-        return web.json_response(REGISTRY.as_json())
+        return web.json_response(public_value(REGISTRY.as_json()))  # no install path reaches a client
 
     _registered = True
     return True

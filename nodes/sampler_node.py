@@ -92,8 +92,12 @@ class SteadfastSeededSampler(io.ComfyNode):
                 io.Float.Input("denoise", default=1.0, min=0.0, max=1.0, step=0.01,
                                tooltip="How much of the latent is replaced by noise (1.0 = all)."),
                 io.Combo.Input("batch_seed_mode", options=BATCH_SEED_MODES, default="incremental",
-                               tooltip="incremental: item i uses seed + i, so item i of a batch equals a single run at "
-                                       "seed + i. comfy: ComfyUI's own batch noise stream, bit-identical to KSampler's."),
+                               tooltip="incremental: item i of a batch gets the noise of a single run at seed + i "
+                                       "(initial and per-step noise). That alone makes the NOISE equal, not the result: "
+                                       "the model may compute a batch differently from a single item. For item i's "
+                                       "latent to equal the single run, add Determinism Setup with batch_invariant on; "
+                                       "for the image too, decode with VAE Decode (Steadfast). "
+                                       "comfy: ComfyUI's own batch noise stream, bit-identical to KSampler's."),
             ],
             hidden=[io.Hidden.prompt, io.Hidden.unique_id],  # to name the model file in the run record
             not_idempotent=True,  # two identical sampler nodes in one workflow must both run (determinism check)

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ..compile import contiguous_inputs_hook
 from ..optimize.layout import to_channels_last_
 from ..registry import REGISTRY
 from .attention import resolve_attention, set_model_attention_backend
@@ -136,6 +137,37 @@ def _vae_step(comps: dict[str, torch.nn.Module], kind: str) -> StepReport:
     return StepReport(kind, True, ["vae"], details)
 
 
+def contiguous_compiled_inputs(module: torch.nn.Module) -> bool:
+    """Make the inputs of ``module``'s in-place compiled call dense row-major before they reach Dynamo.
+
+    ``Module.compile()`` (what diffusers' ``compile_repeated_blocks`` calls) compiles ``_call_impl``, hooks
+    included, so a forward pre-hook would run inside the graph and Dynamo would still guard on the caller's
+    strides. SD1.5's transformer blocks get ``hidden_states`` as a permuted view whose size-1 dimension has
+    another stride at the lowest resolution: a "stride mismatch" recompile during the warm-up. The wrapper
+    put on ``module._compiled_call_impl`` applies :func:`core.compile.contiguous_inputs_hook` outside the graph
+    (same bits: contiguous clones).
+
+    Args:
+        module: a module after ``module.compile()``.
+    Returns:
+        False (nothing changed) when ``module`` has no compiled call (not compiled, or a torch without
+        ``Module._compiled_call_impl``).
+    """
+    compiled = getattr(module, "_compiled_call_impl", None)
+    if compiled is None or getattr(compiled, "_steadfast_contiguous", False):
+        return compiled is not None
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        changed = contiguous_inputs_hook(module, args, kwargs)
+        if changed is not None:
+            args, kwargs = changed
+        return compiled(*args, **kwargs)
+
+    call._steadfast_contiguous = True  # type: ignore[attr-defined]
+    module._compiled_call_impl = call
+    return True
+
+
 def _compile_step(pipe: Any, den: torch.nn.Module, den_name: str, opts: PipelineOptions) -> StepReport:
     copts = opts.compile_options()
     kwargs = copts.to_kwargs()
@@ -150,6 +182,12 @@ def _compile_step(pipe: Any, den: torch.nn.Module, den_name: str, opts: Pipeline
                     f"(torch.compile) instead")
         kind = "full"
         den.compile(**kwargs)
+    if copts.contiguous_inputs:
+        wrapped = [contiguous_compiled_inputs(den.get_submodule(p)) for p in paths] if paths else \
+            [contiguous_compiled_inputs(den)]
+        if not all(wrapped):
+            note = (note + "; " if note else "") + ("strided inputs not made contiguous (this torch has no "
+                                                    "Module._compiled_call_impl): expect stride recompiles")
     classes: dict[str, int] = {}
     for p in paths:
         cls = type(den.get_submodule(p)).__name__

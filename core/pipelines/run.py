@@ -5,6 +5,7 @@ import contextlib
 import inspect
 import time
 from dataclasses import asdict, dataclass
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -69,6 +70,19 @@ def _call_kwargs(pipe: Any, prompt: str, negative_prompt: str, steps: int, guida
     return kw
 
 
+def _step_callback(pipe: Any, on_step: Callable[[], None] | None) -> dict[str, Any]:
+    """``{"callback_on_step_end": ...}`` calling ``on_step()`` after each denoising step, where the pipeline
+    takes one (diffusers >= 0.22 text-to-image pipelines); else ``{}``. The callback changes nothing."""
+    if on_step is None or "callback_on_step_end" not in inspect.signature(pipe.__call__).parameters:
+        return {}
+
+    def callback(_pipe: Any, _step: int, _timestep: Any, callback_kwargs: dict[str, Any]) -> dict[str, Any]:
+        on_step()
+        return callback_kwargs
+
+    return {"callback_on_step_end": callback}
+
+
 def _run_once(pipe: Any, kw: dict[str, Any], record: CompileRecord | None, shape: tuple) -> torch.Tensor:
     with contextlib.ExitStack() as stack:
         if record is not None:
@@ -87,7 +101,8 @@ def generate(pipe: Any, prompt: str, negative_prompt: str = "", *, steps: int = 
              guidance: float | None = None, width: int | None = None, height: int | None = None,
              seed: int = 0, batch: int = 1, output_type: str = "pt",
              policy: DeterminismPolicy | None = None, batch_mode: str = "batched",
-             extra: dict[str, Any] | None = None) -> torch.Tensor | np.ndarray:
+             extra: dict[str, Any] | None = None,
+             on_step: Callable[[int, int], None] | None = None) -> torch.Tensor | np.ndarray:
     """Generate ``batch`` images with one CPU ``torch.Generator`` per image (image ``i``: ``seed + i``).
 
     Args:
@@ -105,6 +120,12 @@ def generate(pipe: Any, prompt: str, negative_prompt: str = "", *, steps: int = 
             bits: measured max |d| ~1e-6 on the tiny pipelines) or "sequential" (``batch`` batch-1 calls:
             image ``i`` *is* the batch-1 image at ``seed + i``).
         extra: more keyword arguments for the pipeline call (e.g. ``{"max_sequence_length": 64}``).
+        on_step: called as ``on_step(done, total)`` after each denoising step (``total`` = ``steps``, times
+            ``batch`` in sequential mode), e.g. to drive a progress bar; it may raise to stop the run. Needs
+            the pipeline's ``callback_on_step_end`` (else never called).
+    Returns:
+        the images, ``[B, H, W, C]`` float32 in [0, 1] on the CPU.
+
     The torch SDPA backend chosen by ``optimize_pipeline`` is pinned around the call, and a compiled
     denoiser's compiles/recompiles are attributed to its :func:`compile_record`.
 
@@ -123,6 +144,13 @@ def generate(pipe: Any, prompt: str, negative_prompt: str = "", *, steps: int = 
     record = state.record if state is not None else None
     sdpa = state.sdpa_backend if state is not None else "auto"
     shape = (batch, int(height or 0), int(width or 0))
+    total, done = steps * (batch if batch_mode == "sequential" else 1), [0]
+
+    def step() -> None:
+        done[0] += 1
+        on_step(min(done[0], total), total)
+
+    extra = {**(extra or {}), **_step_callback(pipe, step if on_step is not None else None)}
     with contextlib.ExitStack() as stack:
         if policy is not None:
             stack.enter_context(deterministic(policy))
@@ -160,17 +188,18 @@ class WarmupResult:
 
 def warmup(pipe: Any, width: int | None = None, height: int | None = None, batch: int = 1, *,
            steps: int = 2, prompt: str = "warm-up", guidance: float | None = None,
-           extra: dict[str, Any] | None = None, policy: DeterminismPolicy | None = None) -> WarmupResult:
+           extra: dict[str, Any] | None = None, policy: DeterminismPolicy | None = None,
+           on_step: Callable[[int, int], None] | None = None) -> WarmupResult:
     """Run one throw-away generation at the target size so a compiled denoiser compiles now, not later.
 
     The compile record (if any) is marked warm for ``(batch, height, width)``. Compilation does not depend
     on the prompt, seed or step count, only on shapes/dtypes (and guidance on/off, which changes the batch)
     and on global flags such as deterministic algorithms: warm up under the ``policy`` you will generate with.
-    Raises what :func:`generate` raises.
+    ``on_step(done, steps)`` after each step, as for :func:`generate`. Raises what :func:`generate` raises.
     """
     t0 = time.perf_counter()
     generate(pipe, prompt, steps=steps, guidance=guidance, width=width, height=height, seed=0, batch=batch,
-             extra=extra, policy=policy)
+             extra=extra, policy=policy, on_step=on_step)
     seconds = time.perf_counter() - t0
     target = (batch, int(height or 0), int(width or 0))
     rec = compile_record(pipe)

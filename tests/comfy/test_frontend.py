@@ -515,3 +515,69 @@ def test_graded_verdicts_have_their_own_colour_and_label(page: Any) -> None:
                          ["same_picture", "SAME PICTURE (within tolerance) PSNR 47.3 dB"],
                          ["mismatch", "DIFFERENT PICTURE PSNR 9.5 dB"], ["mismatch", "DIFFERENT PICTURE PSNR 9.5 dB"]]
     assert json.loads(shown[6]) == {"format": "steadfast-thumb/1"}  # Pin copies the reference too
+
+
+def test_pipeline_warmup_and_sampler_send_progress_per_step(page: Any, comfy_server: ComfyServer,
+                                                            tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The Diffusers template on the tiny SD pipeline, queued by the page: Pipeline Warmup and Pipeline Sampler
+    each move ComfyUI's progress bar once per denoising step (before, the sampler sent nothing until it was done),
+    ending at 100%."""
+    from steadfast.core import tiny
+
+    name = "steadfast-progress-sd"
+    comfy_server.link_models("diffusers", {name: tiny.build_tiny_sd(tmp_path_factory.mktemp("progress") / "sd")})
+    wf = api_twin(api_to_ui.ui_template_name("pipeline_generate"))
+    steps = 3
+    wf["1"]["inputs"]["pipeline_name"] = name
+    wf["3"]["inputs"].update(backend="eager")
+    wf["4"]["inputs"].update(width=64, height=64)
+    wf["5"]["inputs"].update(width=64, height=64, steps=steps, seed=7)
+    # an array of its own: an earlier test's listener pushes to window.__steadfast_progress
+    page.evaluate("() => { window.__steadfast_pipe_progress = []; window.app.api.addEventListener('progress',"
+                  " e => window.__steadfast_pipe_progress.push(e.detail)) }")
+    client_id = page.evaluate("() => window.app.api.clientId")
+    prompt_id = comfy_server.post("/prompt", {"prompt": wf, "client_id": client_id})["prompt_id"]
+    comfy_server.wait(prompt_id, timeout=600)
+    page.wait_for_timeout(500)  # the last websocket messages
+    events = page.evaluate("() => window.__steadfast_pipe_progress")
+    mine = [e for e in events if e.get("prompt_id") == prompt_id]
+    warm = [(e["value"], e["max"]) for e in mine if str(e.get("node")) == "4"]
+    samp = [(e["value"], e["max"]) for e in mine if str(e.get("node")) == "5"]
+    assert warm and warm[-1][0] == warm[-1][1] > 0, warm
+    # one event per step (ComfyUI >= 0.3x drops updates under 100 ms apart, never the first and the last)
+    assert samp[0] == (1, steps) and samp[-1] == (steps, steps), samp
+    assert all(m == steps for _, m in samp) and [v for v, _ in samp] == sorted({v for v, _ in samp}), samp
+
+
+LONG_REPORT = "\n".join(
+    ["MISMATCH: expected 3f5a9c0e12ab but got 8d41b7e2c9f0 (sha256 of the LATENT, 1x4x8x8 float32)"]
+    + [f"  {i:2d}. fingerprint.compile.options.backend changed: 'inductor' -> 'eager' - compiled code is not "
+       f"bit-equal to eager; this long line wraps in a narrow node {'x' * (i % 4) * 20}" for i in range(14)]
+    + ["the last line must be fully visible"])
+
+BOX_JS = """(id) => { const n = window.app.graph.getNodeById(+id);
+  const w = n.widgets.find(w => w.name === 'steadfast_info'); const el = w.element;
+  return {cut: el.scrollHeight - el.clientHeight, client: el.clientHeight, lines: el.value.split('\\n').length} }"""
+
+
+@pytest.mark.parametrize("template, node_type", [("determinism_check", "SteadfastHash"),
+                                                 ("optimized_vs_baseline", "SteadfastCompare"),
+                                                 ("optimized_vs_baseline", "SteadfastHash")])
+def test_report_box_fits_a_long_report_and_overlaps_nothing(page: Any, template: str, node_type: str) -> None:
+    """A long mismatch explanation (wrapped lines) shown on a node of a template, as ComfyUI's 'executed'
+    message delivers it: the text box is as tall as its text (nothing cut, measured in the DOM), and the grown
+    node overlaps no other node (the nodes below make room)."""
+    load_template(page, api_to_ui.ui_template_name(template))
+    ids = page.evaluate("(t) => window.app.graph.nodes.filter(n => n.type === t).map(n => n.id)", node_type)
+    for nid in ids:
+        page.evaluate("([id, text]) => window.app.graph.getNodeById(id).onExecuted({text: [text]})",
+                      [nid, LONG_REPORT])
+    page.evaluate("() => window.app.canvas.setDirty(true, true)")
+    page.wait_for_timeout(300)  # one frame: the DOM widgets take their size
+    for nid in ids:
+        page.evaluate("(id) => { const c = window.app.canvas; c.ds.scale = 1; c.centerOnNode(c.graph.getNodeById(id));"
+                      " c.setDirty(true, true) }", nid)
+        page.wait_for_timeout(300)  # DOM widgets are laid out (and shown) when their node is drawn on screen
+        box = page.evaluate(BOX_JS, nid)
+        assert box["cut"] <= 2 and box["client"] > 0, (template, nid, box)
+    assert not overlapping_nodes(page), f"{template}: a node grown by its report overlaps another"

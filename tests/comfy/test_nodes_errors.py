@@ -144,7 +144,9 @@ def test_attention_backend_missing_on_cpu_names_working_ones(comfy_server: Comfy
 def test_fullgraph_graph_break_fails_the_run_naming_it(comfy_server: ComfyServer) -> None:
     """fullgraph=True with ComfyUI's own attention: on CPU that is sub-quadratic attention, which Dynamo
     cannot trace in one graph. As the fullgraph tooltip says, the graph break fails the run (at the sampler
-    that compiles), with Dynamo's reason; it does not silently run eager.
+    that compiles); it does not silently run eager. The error says what Dynamo could not trace (psutil's
+    ``open`` under ``get_free_memory``), where (module paths, innermost last), and what to do: the
+    ``fullgraph`` switch of Optimize Model, or an SDPA attention.
 
     Backend aot_eager is used by no other test: Dynamo shares compiled code between compile calls with
     the same backend, so an earlier non-fullgraph compile of this code would be reused without failing.
@@ -156,7 +158,11 @@ def test_fullgraph_graph_break_fails_the_run_naming_it(comfy_server: ComfyServer
         run(comfy_server, wf)
     err = info.value
     assert err.node_id == "7" and err.node_type == "SteadfastSeededSampler", err.exception_message
-    assert "graph break" in err.exception_message.lower() or "Unsupported" in (err.exception_type or "")
+    msg = err.exception_message
+    assert (err.exception_type or "").endswith("FullgraphBreakError"), err.exception_type
+    assert "graph break under fullgraph=True" in msg and "`open`" in msg, msg
+    assert "get_free_memory (comfy/model_management.py:" in msg and "where (innermost last)" in msg, msg
+    assert "switch `fullgraph` off" in msg and "Optimize Model" in msg and "SDPA attention" in msg, msg
 
 
 @pytest.mark.parametrize("name, value", [("dynamic", "bogus"), ("compile", "bogus"), ("attention", "sdpa")])

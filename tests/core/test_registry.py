@@ -17,10 +17,11 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from tiny_modules import Tiny, block_paths
+from tiny_modules import Block, Tiny, block_paths
 from steadfast.core.compile import CompileOptions, swap_in
 from steadfast.core.guard_filters import SkipGuardsOn
 from steadfast.core.compile_record import CompileRecord, CompileStats
+from steadfast.core.recompile_watch import FullgraphBreakError
 from steadfast.core.registry import REGISTRY, CompileRegistry, RecompileError
 
 STATIC = CompileOptions(backend="eager", dynamic=False)
@@ -282,3 +283,31 @@ def test_graphs_shared_across_models_with_equal_settings(reg):
     call(reg, c, rc, x)
     assert rc.stats.graphs >= 1
     assert any("BACKEND_MATCH" in r for ev in rc.stats.recompiles for r in ev["reasons"])
+
+
+class _Breaking(Block):
+    """A block whose forward opens a file: Dynamo cannot trace ``open`` (a graph break)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with open(__file__, "rb") as f:
+            f.read(1)
+        return super().forward(x)
+
+
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_graph_break_under_fullgraph_names_cause_where_and_switch(reg, fullgraph: bool):
+    m = Tiny(n=2)
+    m.blocks[0] = _Breaking()
+    rec, _ = register(reg, m, CompileOptions(backend="eager", dynamic=False, fullgraph=fullgraph))
+    if not fullgraph:  # the same break without fullgraph: two graphs, no error
+        call(reg, m, rec, torch.randn(1, 4, 8))
+        assert rec.stats.graph_breaks
+        return
+    with pytest.raises(FullgraphBreakError) as info:
+        call(reg, m, rec, torch.randn(1, 4, 8))
+    msg = str(info.value)
+    assert "fullgraph" in msg and "`open`" in msg, msg
+    assert "forward (" in msg and "test_registry.py:" in msg, msg  # where: the block's forward, file and line
+    assert "switch `fullgraph` off" in msg and "Optimize Model" in msg
+    assert str(ROOT) not in msg  # the file by module path, not the checkout's absolute path
+    assert type(info.value.__cause__).__name__ == "Unsupported"

@@ -1,0 +1,117 @@
+"""Absolute server paths never reach a client: they are shown relative to a known root instead.
+
+A ComfyUI server is reachable by browsers that must not learn where it is installed (home folder, user
+name, install layout). Every text the pack hands out (errors, reports, ``GET /steadfast/compile_state``)
+goes through :func:`redact`: a path under a given root (e.g. ComfyUI's ``models/diffusers`` folder) is
+shown relative to it (``models/diffusers/sd15``), a source file under a ``sys.path`` entry as its
+module path (``comfy/ldm/modules/attention.py``), and any other absolute path as ``.../parent/name``.
+No ComfyUI imports: the node layer passes ComfyUI's folders as ``roots``.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Iterable, Sequence
+
+__all__ = ["display_path", "redact", "redact_value", "find_absolute_paths", "ABSOLUTE_PATH"]
+
+Roots = Sequence[tuple[str, str]]
+
+_SEG = r"[\w.+@~%-]+"
+ABSOLUTE_PATH = re.compile(
+    rf"(?<![\w.:/\\~-])/{_SEG}(?:/{_SEG})+/?"           # POSIX: /a/b/c (not a URL, not a relative a/b)
+    r"|(?<![\w])[A-Za-z]:[\\/](?:[^\\/\s'\":*?<>|]+[\\/])*[^\\/\s'\":*?<>|]*"  # Windows: C:\a\b
+)
+"""An absolute path inside free text (the pattern :func:`redact` replaces and tests search for)."""
+
+
+def _norm(path: str) -> str:
+    return os.path.normcase(os.path.normpath(path))
+
+
+def _code_roots() -> list[tuple[str, str]]:
+    """``sys.path`` entries (site-packages, ComfyUI's folder ...): a file under one shows as its module path."""
+    return [(p, "") for p in sys.path if p and os.path.isabs(p) and os.path.isdir(p)]
+
+
+def _under(path: str, root: str) -> str | None:
+    """``path`` relative to ``root`` (forward slashes), or None when ``path`` is not under ``root``."""
+    p, r = _norm(path), _norm(root)
+    if p == r:
+        return ""
+    if not p.startswith(r.rstrip(os.sep) + os.sep):
+        return None
+    return os.path.relpath(path, root).replace(os.sep, "/")
+
+
+def display_path(path: str, roots: Roots = ()) -> str:
+    """What a client may see of the absolute ``path``.
+
+    Args:
+        path: a filesystem path (relative paths are returned unchanged).
+        roots: ``(absolute root, label)`` pairs tried longest root first; a path under one is shown as
+            ``label/relative`` (``label`` alone for the root itself; no label: just ``relative``).
+            Then the ``sys.path`` entries (shortest first: the fullest module path, ``comfy/ldm/x.py``
+            rather than ``ldm/x.py`` when both ``ComfyUI`` and ``ComfyUI/comfy`` are on it), no label.
+    Returns:
+        the path relative to the longest matching root, else ``.../parent/name``; a POSIX path whose first
+        component does not exist here (an HTTP route such as ``/steadfast/compile_state``) is unchanged.
+    """
+    if not (path.startswith("/") or re.match(r"[A-Za-z]:[\\/]", path)):
+        return path
+    longest_first = lambda pairs: sorted(pairs, key=lambda rl: len(_norm(rl[0])), reverse=True)  # noqa: E731
+    shortest_first = sorted(_code_roots(), key=lambda rl: len(_norm(rl[0])))  # the fullest module path
+    for root, label in [*longest_first(roots), *shortest_first]:
+        rel = _under(path, root)
+        if rel is not None and (rel or label):
+            return "/".join(x for x in (label, rel) if x)
+    parts = [x for x in re.split(r"[\\/]+", path) if x and not re.fullmatch(r"[A-Za-z]:", x)]
+    if path.startswith("/") and parts and not os.path.exists("/" + parts[0]):
+        return path  # not a path on this machine: an HTTP route (/steadfast/compile_state) or the like
+    return ".../" + "/".join(parts[-2:]) if parts else path
+
+
+def redact(text: str, roots: Roots = ()) -> str:
+    """``text`` with every absolute path in it replaced by :func:`display_path` (``roots`` as there).
+
+    Args:
+        text: any message (an exception text, a report, a Dynamo recompile reason).
+        roots: as for :func:`display_path`.
+    Returns:
+        the text; unchanged when it holds no absolute path.
+    """
+    if not isinstance(text, str) or ("/" not in text and "\\" not in text):
+        return text
+    return ABSOLUTE_PATH.sub(lambda m: display_path(m.group(0), roots), text)
+
+
+def redact_value(value, roots: Roots = ()):
+    """:func:`redact` applied to every string inside ``value`` (dicts, lists, tuples; keys too).
+
+    Args:
+        value: a JSON-like value.
+        roots: as for :func:`display_path`.
+    Returns:
+        a copy with every string redacted (other values unchanged).
+    """
+    if isinstance(value, str):
+        return redact(value, roots)
+    if isinstance(value, dict):
+        return {redact_value(k, roots): redact_value(v, roots) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(redact_value(v, roots) for v in value)
+    return value
+
+
+def find_absolute_paths(texts: Iterable[str]) -> list[str]:
+    """Every absolute path of this machine in ``texts`` (for tests and audits): what :func:`redact` would
+    replace (a POSIX path whose first folder does not exist here, such as an HTTP route, is not one).
+
+    Args:
+        texts: strings to search.
+    Returns:
+        the matches, in order.
+    """
+    found = [m.group(0) for t in texts for m in ABSOLUTE_PATH.finditer(t)]
+    return [p for p in found if not p.startswith("/") or os.path.exists("/" + p.split("/")[1])]
