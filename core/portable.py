@@ -16,8 +16,8 @@ once at start-up):
   ``MKL_ENABLE_INSTRUCTIONS=AVX2`` is set as well (an upper bound, harmless under COMPATIBLE).
 - threads: ``OMP_NUM_THREADS`` = ``MKL_NUM_THREADS`` = N (default 1), ``MKL_DYNAMIC=FALSE`` and
   ``torch.set_num_threads(N)``: CPU reductions split their work by the thread count.
-- inductor: ``torch._inductor.config.cpp.simdlen = 256`` (AVX2 width), but compiled code also depends on the
-  C++ compiler and its version, so :func:`refuse` makes a compile request an error in portable mode.
+- inductor: its ``cpp.simdlen`` config = 256 (AVX2 width; :mod:`core.torch_compat`), but compiled code also
+  depends on the C++ compiler and its version, so :func:`refuse` makes a compile request an error in portable mode.
 
 In the ComfyUI process the pack applies the in-process part at import when ``STEADFAST_PORTABLE=1``
 (:func:`apply_in_process`), and every run record carries :func:`cpu_settings` (read back, not as requested).
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-from pathlib import Path
 from typing import Any
 
 __all__ = ["ENV_FLAG", "PortableModeError", "portable_env", "is_portable", "check_cpu", "apply_in_process", "pin_thread",
@@ -161,22 +160,17 @@ def pin_thread() -> None:
     before sampling. oneDNN's switch and the thread count are process-wide in both."""
     if not is_portable():
         return
-    try:
-        import torch._inductor.config as inductor_config
+    from . import torch_compat  # imports torch: kept out of this module's import (the CLI reads it first)
 
-        inductor_config.cpp.simdlen = SIMDLEN
-    except Exception:  # noqa: BLE001 - a torch without inductor: compile is refused anyway
-        pass
+    torch_compat.set_inductor_simdlen(SIMDLEN)
 
 
 def _mkl_cbwr() -> str | None:
     """MKL's CBWR branch in use (``mkl_cbwr_get(MKL_CBWR_ALL)`` through ``libtorch_cpu``), or None when unknown."""
-    try:
-        import torch
+    from . import torch_compat
 
-        lib = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
-        get = lib.mkl_serv_cbwr_get
-    except (OSError, AttributeError):
+    get = getattr(torch_compat.libtorch_cpu(), "mkl_serv_cbwr_get", None)
+    if get is None:
         return None
     get.restype, get.argtypes = ctypes.c_int, [ctypes.c_int]
     value = int(get(-1))
@@ -185,12 +179,10 @@ def _mkl_cbwr() -> str | None:
 
 
 def _mkl_max_threads() -> int | None:
-    try:
-        import torch
+    from . import torch_compat
 
-        lib = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
-        fn = lib.mkl_get_max_threads
-    except (OSError, AttributeError):
+    fn = getattr(torch_compat.libtorch_cpu(), "mkl_get_max_threads", None)
+    if fn is None:
         return None
     fn.restype = ctypes.c_int
     return int(fn())
@@ -214,12 +206,9 @@ def cpu_settings() -> dict[str, Any]:
         cap = str(getter()) if getter is not None else None
     except RuntimeError:
         cap = None
-    try:
-        import torch._inductor.config as inductor_config
+    from . import torch_compat
 
-        simdlen = inductor_config.cpp.simdlen
-    except Exception:  # noqa: BLE001 - no inductor in this build
-        simdlen = None
+    simdlen = torch_compat.inductor_simdlen()
     flags = sorted(f for f in _cpu_flags() if f in ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni",
                                                      "amx_tile", "amx_bf16", "avx_vnni"))
     return {"portable": is_portable(), "aten_capability": cap,

@@ -164,14 +164,4 @@ def graph_break_message(error: BaseException, label: str) -> str:
             f"GET /steadfast/compile_state). Or {avoid}.")
 
 
-def is_graph_break(error: BaseException) -> bool:
-    """True for Dynamo's ``Unsupported`` (what a graph break raises under ``fullgraph=True``).
-
-    Args:
-        error: any exception.
-    Returns:
-        whether it is (a subclass of) ``torch._dynamo.exc.Unsupported``.
-    """
-    exc_mod = getattr(getattr(torch, "_dynamo", None), "exc", None)
-    unsupported = getattr(exc_mod, "Unsupported", None)
-    return unsupported is not None and isinstance(error, unsupported)
+is_graph_break = torch_compat.is_graph_break  # what a graph break raises under fullgraph=True (core.torch_compat)

@@ -197,7 +197,56 @@ def is_compile_error(exc: BaseException) -> bool:
     return type(exc).__module__.startswith(("torch._dynamo", "torch._inductor"))
 
 
+def is_graph_break(error: BaseException) -> bool:
+    """True for Dynamo's ``Unsupported`` (what a graph break raises under ``fullgraph=True``).
+
+    Args:
+        error: any exception.
+    Returns:
+        whether it is (a subclass of) ``torch._dynamo.exc.Unsupported``; False when torch has no such class.
+    """
+    exc_mod = getattr(getattr(torch, "_dynamo", None), "exc", None)
+    unsupported = getattr(exc_mod, "Unsupported", None)
+    return unsupported is not None and isinstance(error, unsupported)
+
+
 # ---------------------------------------------------------------------------------------------- inductor
+def inductor_simdlen() -> int | None:
+    """``torch._inductor.config.cpp.simdlen`` (the vector width inductor's C++ code targets; None = this CPU's widest).
+
+    Returns None too when inductor is missing from this build. Imports inductor's config (about 1 s the first time).
+    """
+    try:
+        return importlib.import_module(_INDUCTOR_CONFIG).cpp.simdlen
+    except Exception:  # noqa: BLE001 - a torch build without inductor
+        return None
+
+
+def set_inductor_simdlen(bits: int) -> bool:
+    """Set ``torch._inductor.config.cpp.simdlen`` to ``bits`` (portable CPU mode pins 256, the AVX2 width); returns
+    whether inductor's config was there to set. Per thread on torch 2.14, process-wide on torch 2.11 (measured)."""
+    try:
+        importlib.import_module(_INDUCTOR_CONFIG).cpp.simdlen = bits
+    except Exception:  # noqa: BLE001 - a torch build without inductor: compile is refused in portable mode anyway
+        return False
+    return True
+
+
+def libtorch_cpu() -> Any:
+    """``ctypes.CDLL`` of the ``libtorch_cpu`` shared library torch loaded (``<torch package>/lib``), for MKL's
+    service functions linked into it (``mkl_serv_cbwr_get``, ``mkl_get_max_threads``); None where it is not there."""
+    import ctypes
+    from pathlib import Path
+
+    lib = Path(torch.__file__).parent / "lib"
+    for name in ("libtorch_cpu.so", "libtorch_cpu.dylib", "torch_cpu.dll"):
+        try:
+            return ctypes.CDLL(str(lib / name))
+        except OSError:
+            continue
+    return None
+
+
 def inductor_mode_options(mode: str, dynamic: bool | None = None) -> dict[str, Any]:
     """The inductor config ``torch.compile(mode=mode)`` applies (``torch._inductor.list_mode_options``).
 
