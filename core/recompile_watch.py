@@ -162,6 +162,3 @@ def graph_break_message(error: BaseException, label: str) -> str:
             f"What to do: switch `fullgraph` off on the Optimize node that compiled this model (Optimize Model or "
             f"Pipeline Optimize): the block then runs as several graphs (counted as graph_breaks in "
             f"GET /steadfast/compile_state). Or {avoid}.")
-
-
-is_graph_break = torch_compat.is_graph_break  # what a graph break raises under fullgraph=True (core.torch_compat)

@@ -23,7 +23,7 @@ from .compile import CompileOptions, compile_blocks
 from .compile_record import CompileRecord, CompileStats, normalise_shape
 from .guard_filters import GuardFilterFn
 from .recompile_watch import (FullgraphBreakError, ParamIdentity, explain_recompile, graph_break_message, guarded_flags,
-                              is_graph_break, parse_limit_hit, parse_recompile)
+                              parse_limit_hit, parse_recompile)
 
 log = logging.getLogger("steadfast.registry")
 
@@ -193,7 +193,7 @@ class CompileRegistry:
             with self._lock:
                 s.errors.append({"error": f"{type(e).__name__}: {e}"[:2000], "time": time.time(),
                                  "run": self._local.runs[id(record)], "call": s.calls})
-            if getattr(record.compile_options, "fullgraph", False) and is_graph_break(e):
+            if getattr(record.compile_options, "fullgraph", False) and torch_compat.is_graph_break(e):
                 raise FullgraphBreakError(graph_break_message(e, record.label)) from e
             raise
         finally:
