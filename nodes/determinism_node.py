@@ -6,7 +6,7 @@ from comfy_api.v0_0_2 import io, ui
 from ..core import determinism_policy, portable
 from .batch_invariance import add_batch_invariance
 from .identity import server_risks_text
-from .model_patches import add_determinism, steadfast_options
+from .model_patches import add_determinism, plan_attention, steadfast_options
 
 
 def policy_inputs(during: str) -> list[io.Input]:
@@ -59,6 +59,12 @@ class SteadfastDeterminismSetup(io.ComfyNode):
                                                       num_threads=num_threads or None)
         m = model.clone()
         add_determinism(m, policy)
+        pinned = steadfast_options(m).get("attention", "")
+        if strict and pinned.startswith("pytorch_sdpa:") and pinned != "pytorch_sdpa:auto":
+            # Optimize Model ran first: probe its pinned backend again under the strict policy (torch refuses
+            # cuDNN attention under strict deterministic algorithms): refused here, not mid-run
+            import comfy.model_management
+            plan_attention(m, pinned.split(":", 1)[1], comfy.model_management.get_torch_device())
         rows = add_batch_invariance(m, batch_invariant)
         steadfast_options(m)["batch_invariant"] = rows
         report = determinism_policy.describe_policy(policy) + "\nbatch-invariant sampling: " + (

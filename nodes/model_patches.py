@@ -77,13 +77,17 @@ def attention_override(backend: str) -> Callable:
 
     Same object for the same backend (stable compile guards, survives ``model.clone()``). It takes
     ComfyUI's arguments ``(func, q, k, v, heads, ...)``, ignores ``func`` and calls
-    ``attention_pytorch`` inside :func:`core.optimize.attention.sdpa_context`.
+    ``attention_pytorch`` inside :func:`core.optimize.attention.sdpa_context`; a call for which torch has no kernel
+    under the pin (e.g. CUDA flash with a mask or in fp32) falls back to torch's own choice, counted
+    (:func:`core.optimize.attention.run_pinned`; the run record lists the fallbacks of the run).
     """
     sdpa.sdpa_context(backend)  # ValueError for an unknown name, before anything is registered
 
     def steadfast_sdpa(func: Callable, *args, **kwargs):
-        with sdpa.sdpa_context(backend):
-            return comfy_attention.attention_pytorch(*args, **kwargs)
+        q = args[0] if args else kwargs.get("q")
+        mask = args[4] if len(args) > 4 else kwargs.get("mask")
+        why = f"{getattr(q, 'dtype', '?')}" + (" with an attention mask" if mask is not None else "")
+        return sdpa.run_pinned(backend, comfy_attention.attention_pytorch, *args, why=why, **kwargs)
 
     steadfast_sdpa.__name__ = steadfast_sdpa.__qualname__ = f"steadfast_sdpa_{backend}"
     return steadfast_sdpa
@@ -97,6 +101,28 @@ def comfy_attention_passthrough(func: Callable, *args, **kwargs):
     graph traced with an SDPA override is never reused for ComfyUI's attention, or the other way round.
     """
     return func(*args, **kwargs)
+
+
+def compute_dtype(model) -> torch.dtype:
+    """The dtype ``model``'s (a ModelPatcher's) diffusion model computes in: ``manual_cast_dtype`` as this clone sees
+    it (object patches included: ComfyUI's ``set_model_compute_dtype``), else the weight dtype. For fp8 weights
+    (``--fp8_e4m3fn-unet``, fp8 checkpoints) this is the cast dtype (bf16/fp16/fp32), never fp8."""
+    cast = model.get_model_object("manual_cast_dtype")
+    return cast if isinstance(cast, torch.dtype) else model.model.get_dtype()
+
+
+def policy_is_strict(model) -> bool:
+    """Whether ``model`` carries a Determinism Setup policy with ``strict`` on (torch then refuses cuDNN attention)."""
+    policy = steadfast_options(model).get("determinism")
+    return bool(isinstance(policy, dict) and policy.get("strict"))
+
+
+def plan_attention(model, backend: str, device) -> sdpa.BackendPlan:
+    """Probe SDPA ``backend`` for ``model`` on ``device``: in its compute dtype (:func:`compute_dtype`), with and
+    without a mask, in fp32, under strict determinism when the model carries a strict policy. Raises
+    :class:`core.optimize.attention.UnsupportedBackendError` when the backend cannot run the main case (refused up
+    front: e.g. cuDNN under a strict policy); other failing cases fall back per call, counted."""
+    return sdpa.plan_sdpa_backend(backend, device, compute_dtype(model), deterministic=policy_is_strict(model))
 
 
 def set_attention(model, backend: str) -> None:

@@ -11,7 +11,6 @@ import comfy.model_management
 
 from ..core import blocks, portable, registry
 from ..core.guard_filters import comfy_guard_filter
-from ..core.optimize import attention as sdpa
 from ..core.optimize import quantize as qz
 from . import model_patches as mp
 from . import optimize_inputs as oi
@@ -57,15 +56,17 @@ class SteadfastOptimizeModel(io.ComfyNode):
         m = model.clone()
         lines: list[str] = []
         device = comfy.model_management.get_torch_device()
-        dtype = mp.set_precision(m, precision) or m.model.get_dtype()  # ValueError for a dtype the device lacks
+        dtype = mp.set_precision(m, precision) or mp.compute_dtype(m)  # ValueError for a dtype the device lacks
         if precision != "model":
             lines.append(f"precision: {precision}, compute {dtype} (weights {m.model.get_dtype()}; ComfyUI's "
                          "set_model_compute_dtype)" + ("" if precision == "fp32" else ": changes bits vs fp32"))
 
         if attention != "comfy":
-            sdpa.check_sdpa_backend(attention, device=device, dtype=dtype)  # clear error if unusable here
+            # probed in the compute dtype (fp8 weights compute in manual_cast_dtype), with a mask, in fp32, and
+            # under the model's strict policy: UnsupportedBackendError names the cases and what runs there
+            plan = mp.plan_attention(m, attention, device)
             mp.set_attention(m, attention)
-            lines.append(f"attention: PyTorch SDPA, backend {attention} on {device}")
+            lines.append(f"attention: PyTorch SDPA, backend {attention} on {device} ({dtype}); {plan.as_text()}")
         elif compile != "off":
             mp.keep_comfy_attention(m)
             lines.append("attention: ComfyUI default (kept explicitly, so compiled graphs guard on it)")

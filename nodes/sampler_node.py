@@ -13,6 +13,7 @@ import comfy.utils
 import latent_preview
 
 from ..core import fingerprint, hashing, noise, portable, portable_randn, torch_state
+from ..core.optimize import attention as sdpa
 from ..core.run_record import RunRecord
 from . import comfy_noise, identity
 from .model_patches import compile_state, qkv_counters, steadfast_options
@@ -145,6 +146,7 @@ class SteadfastSeededSampler(io.ComfyNode):
 
         portable.pin_thread()  # inductor's config is per thread in torch 2.14 (core/portable.py)
         qkv_before = qkv_counters(model)
+        sdpa_before = sdpa.fallback_counts()
         t0 = time.perf_counter()
         # CPU Brownian trees (torchsde) draw with torch.randn on CPU generators: route them to portable noise
         with portable_randn.portable_generator_randn():
@@ -156,6 +158,7 @@ class SteadfastSeededSampler(io.ComfyNode):
         out["samples"] = samples
 
         opts = steadfast_options(model)
+        fell_back = sdpa.fallbacks_since(sdpa_before)  # pinned-backend calls torch refused, run on its own choice
         qkv_after = qkv_counters(model)
         qkv_state: dict | int = 0
         if qkv_after["modules"]:
@@ -195,6 +198,7 @@ class SteadfastSeededSampler(io.ComfyNode):
             recompiles_this_run=(compiled.get("recompiles_this_run") or 0) if isinstance(compiled, dict) else 0,
             seconds=round(seconds, 4),
             details={"per_step_noise": per_step, "qkv_fusion": qkv_state,
+                     **({"attention_fallbacks": fell_back} if fell_back else {}),
                      "batch_invariant": opts.get("batch_invariant", "not set")},
         )
         text = record.as_json()

@@ -53,7 +53,7 @@ def test_available_backends_on_cpu_are_found_by_trying_and_cached():
     print("available on cpu fp32:", avail, "bf16:", available_sdpa_backends("cpu", torch.bfloat16))
     assert "auto" in avail and "math" in avail
     assert set(avail) <= set(SDPA_BACKENDS)
-    assert ("math", "cpu", torch.float32, 64) in attn_mod._PROBE_CACHE
+    assert ("math", "cpu", torch.float32, 64, False, False) in attn_mod._PROBE_CACHE
     for name in SDPA_BACKENDS:  # consistent with check_sdpa_backend
         if name in avail:
             check_sdpa_backend(name, "cpu", torch.float32)
@@ -99,3 +99,59 @@ def test_backend_parity_on_cpu_is_measured():
     assert math_flash.max_abs < 1e-5
     assert math_flash_bf16.max_abs < 2e-2
     assert not compare_outputs(flash, _sdpa("flash", *_qkv(seed=6))).bit_equal  # output depends on the input
+
+
+def test_fp8_is_probed_in_no_backend_but_its_compute_dtype_is():
+    """Issue 24 item 2: no SDPA backend takes fp8 tensors, so probing the weight dtype of an fp8 model refuses every
+    backend; the compute dtype (manual_cast_dtype, e.g. bf16) runs. The node probes the compute dtype."""
+    clear_sdpa_backend_cache()
+    assert available_sdpa_backends("cpu", torch.float8_e4m3fn) == []
+    with pytest.raises(UnsupportedBackendError, match="float8_e4m3fn"):
+        check_sdpa_backend("auto", "cpu", torch.float8_e4m3fn)
+    check_sdpa_backend("auto", "cpu", torch.bfloat16)
+
+
+def test_probe_cases_mask_and_determinism_are_separate_cache_entries():
+    clear_sdpa_backend_cache()
+    check_sdpa_backend("math", "cpu", torch.float32, mask=True, deterministic=True)
+    assert ("math", "cpu", torch.float32, 64, True, True) in attn_mod._PROBE_CACHE
+    assert ("math", "cpu", torch.float32, 64, False, False) not in attn_mod._PROBE_CACHE
+    assert not torch.are_deterministic_algorithms_enabled()  # the probe restores the flag
+
+
+def test_plan_lists_the_cases_a_backend_refuses(monkeypatch):
+    """A backend that fails only with a mask / in fp32 (CUDA flash, sdp_utils.cpp) is planned with per-call
+    fallbacks; one that fails the main case is refused up front. CPU kernels accept every case, so the CUDA
+    refusals are emulated here by the probe's answers (the real ones: tests/comfy/test_gpu_correctness.py)."""
+    real = attn_mod._probe
+
+    def fake(name, device, dtype, head_dim, mask=False, deterministic=False):
+        if name == "flash" and (mask or dtype == torch.float32):
+            return "RuntimeError: No available kernel. Aborting execution."
+        if name == "cudnn" and deterministic:
+            return "RuntimeError: No available kernel. Aborting execution."
+        return real("math", device, dtype, head_dim, mask, deterministic)
+
+    monkeypatch.setattr(attn_mod, "_probe", fake)
+    plan = attn_mod.plan_sdpa_backend("flash", "cpu", torch.bfloat16)
+    assert plan.falls_back == ("torch.bfloat16 with an attention mask", "torch.float32",
+                               "torch.float32 with an attention mask")
+    assert "fall back to torch's own choice" in plan.as_text()
+    assert attn_mod.plan_sdpa_backend("cudnn", "cpu", torch.bfloat16).falls_back == ()
+    with pytest.raises(UnsupportedBackendError, match="under strict deterministic algorithms"):
+        attn_mod.plan_sdpa_backend("cudnn", "cpu", torch.bfloat16, deterministic=True)
+
+
+def test_run_pinned_falls_back_per_call_visibly():
+    """A call torch has no kernel for under the pin runs on torch's own choice and is counted; the result equals
+    an unpinned call. ``efficient`` has no CPU kernel, so every CPU call falls back."""
+    q, k, v = _qkv(length=32)
+    before = attn_mod.fallback_counts()
+    out = attn_mod.run_pinned("efficient", F.scaled_dot_product_attention, q, k, v, why="test case")
+    assert torch.equal(out, F.scaled_dot_product_attention(q, k, v))
+    assert attn_mod.fallbacks_since(before) == ["efficient -> auto: 1 calls (test case)"]
+    before = attn_mod.fallback_counts()
+    attn_mod.run_pinned("math", F.scaled_dot_product_attention, q, k, v, why="runs")
+    assert attn_mod.fallbacks_since(before) == []
+    with pytest.raises(RuntimeError, match="shape"):  # any other error is not swallowed
+        attn_mod.run_pinned("efficient", lambda: (_ for _ in ()).throw(RuntimeError("bad shape")))

@@ -1,0 +1,48 @@
+"""fp8 weights (ComfyUI ``--fp8_e4m3fn-unet``) with Optimize Model, through a real ComfyUI server on the CPU.
+
+Issue 24 item 2: the SDPA probe ran in the *weight* dtype (fp8), where no backend runs, so Optimize Model with the
+default ``attention=auto`` failed with ``UnsupportedBackendError`` although sampling computes in
+``manual_cast_dtype``. The probe now uses the compute dtype (``nodes/model_patches.py::compute_dtype``).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from comfy_server import ComfyServer
+from conftest import TINY_CKPT_NAME
+from steadfast_workflows import only, record_of, run, text, workflow
+
+pytestmark = [pytest.mark.comfyui, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def fp8_server(comfyui_path: Path, tiny_ckpt: Path) -> Iterator[ComfyServer]:
+    with ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path, extra_args=["--fp8_e4m3fn-unet"]) as srv:
+        yield srv
+
+
+def _optimized(attention: str) -> dict[str, Any]:
+    """Checkpoint -> Optimize Model (compile off, no fusion, ``attention``) -> Seeded Sampler (node 7)."""
+    wf = only(workflow("optimized_vs_baseline", steps=2), "7")
+    wf["13"]["inputs"].update({"model": ["1", 0], "compile": "off", "qkv_fusion": False, "attention": attention})
+    return wf
+
+
+def test_fp8_unet_optimize_attention_auto_runs(fp8_server: ComfyServer) -> None:
+    plain = only(workflow("optimized_vs_baseline", steps=2), "6")
+    plain["6"]["inputs"]["model"] = ["1", 0]
+    base = record_of(run(fp8_server, plain), "6")
+    assert base["fingerprint"]["dtype"].startswith("torch.float8_e4m3fn (compute "), base["fingerprint"]["dtype"]
+    for attention in ("auto", "math"):
+        entry = run(fp8_server, _optimized(attention))
+        report = text(entry, "13")
+        rec = record_of(entry, "7")
+        compute = rec["fingerprint"]["dtype"].split("(compute ")[1].rstrip(")")
+        assert f"backend {attention} on cpu ({compute})" in report, report
+        assert "float8" not in compute
+        assert rec["fingerprint"]["attention"] == f"pytorch_sdpa:{attention}"
+        assert rec["output_shape"] == base["output_shape"]
+        assert "attention_fallbacks" not in rec.get("details", {})  # CPU kernels take every probed case
