@@ -1,7 +1,11 @@
-"""``CUBLAS_WORKSPACE_CONFIG``: set it before CUDA starts, and judge whether it took effect in this process.
+"""``CUBLAS_WORKSPACE_CONFIG``: set it before cuBLAS starts, and judge whether it took effect in this process.
 
-cuBLAS reads the variable once, when PyTorch first creates its workspace; only ``:4096:8`` and ``:16:8`` make its
-matmuls deterministic (PyTorch "Reproducibility" notes). The pack's ``__init__`` calls
+cuBLAS reads the variable once, when PyTorch first creates its workspace (``getChosenWorkspaceSize`` in
+``aten/src/ATen/cuda/CublasHandlePool.cpp``: at the first cuBLAS call, not when CUDA is initialised); only ``:4096:8``
+and ``:16:8`` make its matmuls deterministic (PyTorch "Reproducibility" notes). ComfyUI initialises CUDA before custom
+nodes load, so "CUDA initialised" says nothing about cuBLAS: the judgement is whether a cuBLAS call can have run,
+i.e. whether any CUDA tensor was ever allocated (:func:`cuda_memory_ever_allocated`; a cuBLAS call needs operands
+in CUDA memory, and its workspace comes from the same allocator). The pack's ``__init__`` calls
 :func:`ensure_cublas_workspace_config` at import, the earliest point it can act (docs/architecture.md, "Process-wide
 changes"). The only global change here is that environment variable, never unset. No ComfyUI imports.
 """
@@ -13,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["CUBLAS_DETERMINISTIC_VALUES", "CublasConfigRecord", "ensure_cublas_workspace_config",
-           "cublas_config_record", "cublas_config_effective", "cublas_problem"]
+           "cublas_config_record", "cublas_config_effective", "cublas_problem", "cuda_memory_ever_allocated"]
 
 #: Values of ``CUBLAS_WORKSPACE_CONFIG`` that PyTorch accepts as deterministic.
 CUBLAS_DETERMINISTIC_VALUES = (":4096:8", ":16:8")
@@ -24,13 +28,34 @@ class CublasConfigRecord:
     """What :func:`ensure_cublas_workspace_config` found and did.
 
     ``value``: the variable after the call (``None`` if unset); ``set_by_steadfast``: this pack set it;
-    ``cuda_initialized_before``: CUDA (hence possibly cuBLAS) was already initialised at that time,
-    in which case the setting may be too late for this process.
+    ``cuda_initialized_before``: CUDA was already initialised at that time (ComfyUI does so before loading custom
+    nodes; informative only); ``cublas_may_have_run``: CUDA memory had been allocated by then, so a cuBLAS call may
+    have read the variable before it was set (the setting may be too late for this process).
     """
 
     value: str | None
     set_by_steadfast: bool
     cuda_initialized_before: bool
+    cublas_may_have_run: bool = False
+
+
+def cuda_memory_ever_allocated() -> bool:
+    """Whether any CUDA tensor was ever allocated in this process (PyTorch's allocator statistics, every device).
+
+    False without CUDA or before CUDA is initialised (nothing can have been allocated); reading the statistics
+    never initialises CUDA. A cuBLAS call needs its operands in CUDA memory, so False means no cuBLAS call ran.
+    """
+    try:
+        if not torch.cuda.is_initialized():
+            return False
+        for device in range(torch.cuda.device_count()):
+            stats = torch.cuda.memory_stats(device)
+            if (stats.get("allocated_bytes.all.allocated", 0) or stats.get("allocated_bytes.all.peak", 0)
+                    or torch.cuda.max_memory_allocated(device)):
+                return True
+    except (RuntimeError, AssertionError):  # a build or allocator without statistics: assume the worst
+        return True
+    return False
 
 
 _cublas_record: CublasConfigRecord | None = None
@@ -54,6 +79,7 @@ def ensure_cublas_workspace_config(value: str = ":4096:8") -> bool:
         raise ValueError(f"value must be one of {CUBLAS_DETERMINISTIC_VALUES}, got {value!r}")
     if _cublas_record is None:
         cuda_started = torch.cuda.is_initialized()
+        blas_ran = cuda_memory_ever_allocated()
         set_now = "CUBLAS_WORKSPACE_CONFIG" not in os.environ
         if set_now:
             os.environ["CUBLAS_WORKSPACE_CONFIG"] = value
@@ -61,6 +87,7 @@ def ensure_cublas_workspace_config(value: str = ":4096:8") -> bool:
             value=os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
             set_by_steadfast=set_now,
             cuda_initialized_before=cuda_started,
+            cublas_may_have_run=blas_ran,
         )
     return cublas_config_effective()
 
@@ -71,18 +98,19 @@ def cublas_config_record() -> CublasConfigRecord | None:
 
 
 def cublas_config_effective() -> bool:
-    """Whether ``CUBLAS_WORKSPACE_CONFIG`` holds a deterministic value that was in place before CUDA started.
+    """Whether ``CUBLAS_WORKSPACE_CONFIG`` holds a deterministic value that was in place before cuBLAS started.
 
-    Uses the record of :func:`ensure_cublas_workspace_config` when there is one, otherwise judges from
-    the current state (value now, CUDA initialised now). This is a best-effort check: PyTorch does not
-    expose whether cuBLAS handles already exist, so "CUDA initialised" stands in for "cuBLAS started".
+    Uses the record of :func:`ensure_cublas_workspace_config` when there is one (was CUDA memory allocated before
+    it was set?), otherwise judges from the current state (:func:`cuda_memory_ever_allocated` now). PyTorch does
+    not expose whether cuBLAS handles exist; "CUDA memory was allocated" is the closest public sign, and errs on
+    the side of a warning (memory allocated without any matmul also counts).
     """
     current = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     if current not in CUBLAS_DETERMINISTIC_VALUES:
         return False
     if _cublas_record is not None and _cublas_record.value == current:
-        return not _cublas_record.cuda_initialized_before
-    return not torch.cuda.is_initialized()
+        return not _cublas_record.cublas_may_have_run
+    return not cuda_memory_ever_allocated()
 
 
 def cublas_problem() -> str | None:
@@ -94,6 +122,6 @@ def cublas_problem() -> str | None:
         return (f"CUBLAS_WORKSPACE_CONFIG={value!r} is not a deterministic value "
                 f"({' or '.join(CUBLAS_DETERMINISTIC_VALUES)})")
     if not cublas_config_effective():
-        return ("CUBLAS_WORKSPACE_CONFIG set after CUDA/cuBLAS started: it may not take effect "
-                "in this process")
+        return ("CUBLAS_WORKSPACE_CONFIG set after CUDA memory was first allocated: a cuBLAS call may have run "
+                "before, and the setting may not take effect in this process")
     return None

@@ -7,8 +7,9 @@ The policy and its report live in :mod:`core.determinism_policy`, the snapshot i
 ``CUBLAS_WORKSPACE_CONFIG`` in :mod:`core.cublas_config`. Facts behind the recipe (figures and how to reproduce
 them in ``docs/measurements.md``): fp32 CPU output differs between 1 and 2 threads, so the thread count is part of
 the contract; ``torch.use_deterministic_algorithms`` also flips inductor's ``deterministic`` config, part of the
-FX-graph cache key (toggling it recompiles); ``fill_uninitialized_memory`` (default True) NaN-fills
-``torch.empty`` while deterministic algorithms are on, at a cost proportional to the memory allocated.
+FX-graph cache key (toggling it recompiles); ``fill_uninitialized_memory`` (torch's default True) NaN-fills
+``torch.empty`` while deterministic algorithms are on, at a cost proportional to the memory allocated: the policy's
+default switches it off for the run (``DeterminismPolicy.fill_uninitialized_memory``).
 """
 from __future__ import annotations
 

@@ -35,8 +35,11 @@ class DeterminismPolicy:
             False sets "highest" and every per-backend fp32 precision to "ieee".
         num_threads: pin ``torch.set_num_threads``; ``None`` keeps (and records) the current count.
         seed: when given, :func:`seed_everything` is called with it.
-        fill_uninitialized_memory: set ``torch.utils.deterministic.fill_uninitialized_memory``;
-            ``None`` keeps the current value (torch's default is True).
+        fill_uninitialized_memory: set ``torch.utils.deterministic.fill_uninitialized_memory`` (restored after);
+            ``None`` keeps the current value. Default False (torch's own default is True): filling changes only
+            what reads of uninitialised memory see, costs a memset per ``torch.empty``, and ComfyUI's
+            non-blocking preview copies (``latent_preview.py``: ``.to("cpu", non_blocking=True)`` then ``.numpy()``)
+            could show fill bytes. Deterministic ops never read uninitialised memory.
     Raises:
         ValueError / TypeError from ``__post_init__`` for a bad ``num_threads`` or ``seed``.
     """
@@ -45,7 +48,7 @@ class DeterminismPolicy:
     allow_tf32: bool = False
     num_threads: int | None = None
     seed: int | None = None
-    fill_uninitialized_memory: bool | None = None
+    fill_uninitialized_memory: bool | None = False
 
     def __post_init__(self) -> None:
         if self.num_threads is not None:

@@ -24,22 +24,21 @@ def fp8_server(comfyui_path: Path, tiny_ckpt: Path) -> Iterator[ComfyServer]:
         yield srv
 
 
-def _optimized(attention: str) -> dict[str, Any]:
-    """Checkpoint -> Optimize Model (compile off, no fusion, ``attention``) -> Seeded Sampler (node 7)."""
-    wf = only(workflow("optimized_vs_baseline", steps=2), "7")
+def _workflow(attention: str) -> dict[str, Any]:
+    """Checkpoint -> Seeded Sampler (node 6) and Checkpoint -> Optimize Model (13: compile off, no fusion,
+    ``attention``) -> Seeded Sampler (7), both into Compare (14), the output node that makes them run."""
+    wf = workflow("optimized_vs_baseline", steps=2)
+    wf["6"]["inputs"]["model"] = ["1", 0]
     wf["13"]["inputs"].update({"model": ["1", 0], "compile": "off", "qkv_fusion": False, "attention": attention})
-    return wf
+    return only(wf, "14")
 
 
 def test_fp8_unet_optimize_attention_auto_runs(fp8_server: ComfyServer) -> None:
-    plain = only(workflow("optimized_vs_baseline", steps=2), "6")
-    plain["6"]["inputs"]["model"] = ["1", 0]
-    base = record_of(run(fp8_server, plain), "6")
-    assert base["fingerprint"]["dtype"].startswith("torch.float8_e4m3fn (compute "), base["fingerprint"]["dtype"]
     for attention in ("auto", "math"):
-        entry = run(fp8_server, _optimized(attention))
+        entry = run(fp8_server, _workflow(attention))
+        base, rec = record_of(entry, "6"), record_of(entry, "7")
+        assert base["fingerprint"]["dtype"].startswith("torch.float8_e4m3fn (compute "), base["fingerprint"]["dtype"]
         report = text(entry, "13")
-        rec = record_of(entry, "7")
         compute = rec["fingerprint"]["dtype"].split("(compute ")[1].rstrip(")")
         assert f"backend {attention} on cpu ({compute})" in report, report
         assert "float8" not in compute

@@ -228,6 +228,46 @@ def test_cublas_config_not_effective_when_changed(monkeypatch):
     assert cublas_config.cublas_config_effective() is False
 
 
+def _fake_cuda(monkeypatch, allocated: int) -> None:
+    """CUDA initialised (as ComfyUI does before loading custom nodes), with ``allocated`` bytes ever allocated."""
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: {"allocated_bytes.all.allocated": allocated})
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: allocated)
+
+
+@pytest.mark.parametrize("allocated", [0, 4096])
+def test_cublas_judged_by_a_cublas_call_not_by_cuda_init(monkeypatch, allocated):
+    """Issue 24 item 8: CUDA initialised without any CUDA memory allocated means no cuBLAS call ran, so setting
+    CUBLAS_WORKSPACE_CONFIG then is in time (no warning); after an allocation a cuBLAS call may have run (warning).
+    The real GPU case: tests/comfy/test_gpu_correctness.py::test_cublas_config_judged_on_a_real_gpu."""
+    _fake_cuda(monkeypatch, allocated)
+    monkeypatch.setattr(cublas_config, "_cublas_record", None)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    effective = cublas_config.ensure_cublas_workspace_config()
+    record = cublas_config.cublas_config_record()
+    assert record.cuda_initialized_before is True and record.set_by_steadfast is True
+    assert record.cublas_may_have_run is bool(allocated)
+    assert effective is (not allocated)
+    problem = cublas_config.cublas_problem()
+    if allocated:
+        assert "after CUDA memory was first allocated" in problem
+    else:
+        assert problem is None
+
+
+def test_policy_default_turns_fill_uninitialized_memory_off_for_the_run():
+    """Issue 24 item 8: the default policy switches fill_uninitialized_memory off while it applies (torch's default
+    True memsets every torch.empty), and restores the previous value after."""
+    tud = torch.utils.deterministic
+    before = tud.fill_uninitialized_memory
+    assert DeterminismPolicy().fill_uninitialized_memory is False
+    with deterministic(DeterminismPolicy(num_threads=torch.get_num_threads())):
+        assert tud.fill_uninitialized_memory is False
+    assert tud.fill_uninitialized_memory == before
+    assert "fill_uninitialized_memory: False" in describe_policy(DeterminismPolicy())
+
+
 def _draws():
     return random.random(), float(np.random.rand()), torch.rand(3)
 
@@ -332,5 +372,5 @@ def test_describe_policy_does_not_apply_anything():
 def test_policy_as_dict():
     d = DeterminismPolicy(num_threads=2, seed=9).as_dict()
     assert d == {"strict": True, "allow_tf32": False, "num_threads": 2, "seed": 9,
-                 "fill_uninitialized_memory": None}
+                 "fill_uninitialized_memory": False}
     json.dumps(d)
