@@ -30,7 +30,7 @@ import os
 from typing import Any
 
 __all__ = ["ENV_FLAG", "PortableModeError", "portable_env", "is_portable", "check_cpu", "apply_in_process", "pin_thread",
-           "cpu_settings", "refuse", "EXPLAIN_LABELS", "SETTINGS_ENV"]
+           "cpu_settings", "refuse", "check_device", "EXPLAIN_LABELS", "SETTINGS_ENV"]
 
 ENV_FLAG = "STEADFAST_PORTABLE"
 ENV_THREADS = "STEADFAST_PORTABLE_THREADS"
@@ -256,6 +256,24 @@ def check_optimize(*, compile: str = "off", backend: str = "", quantize: str = "
     if precision not in ("model", "fp32"):
         refuse(f"precision={precision}", "CPU bf16/fp16 matmuls take AMX, AVX512-BF16 or emulated paths by CPU "
                "(not measured portable; fp32 is)")
+
+
+def check_device(device: Any, what: str = "the model") -> None:
+    """Refuse, in portable mode, to compute on any device but the CPU (portable mode pins CPU code paths only: a
+    record saying ``portable: true`` for bits a GPU computed would be false).
+
+    Args:
+        device: a ``torch.device`` or its text ("cuda:0", "cpu").
+        what: what would run there, as the user knows it (e.g. "the model", "the pipeline").
+
+    Raises:
+        PortableModeError: in portable mode, for a device other than the CPU.
+    """
+    kind = str(device).split(":", 1)[0]
+    if kind != "cpu":
+        refuse(f"{what} on {device}", "portable mode pins the CPU's code paths; a GPU computes with its own kernels, "
+               "which portable mode cannot pin. Start ComfyUI with --cpu (steadfast run --portable does not pass it "
+               "for you on a machine with a GPU)")
 
 
 def check_threads(num_threads: int | None) -> None:

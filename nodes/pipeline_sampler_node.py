@@ -92,6 +92,7 @@ class SteadfastPipelineSampler(io.ComfyNode):
     def execute(cls, pipeline, prompt: str, negative_prompt: str, seed: int, steps: int, cfg: float, width: int,
                 height: int, batch_size: int) -> io.NodeOutput:
         handle = as_handle(pipeline, "Pipeline Sampler")
+        portable.check_device(comfy.model_management.get_torch_device(), "the pipeline")
         portable.pin_thread()  # inductor's config is per thread in torch 2.14 (core/portable.py)
         with RUN_LOCK:
             pipe, events = prepare_run(handle)

@@ -112,6 +112,7 @@ class SteadfastSeededSampler(io.ComfyNode):
     def execute(cls, model, seed: int, steps: int, cfg: float, sampler_name: str, scheduler: str, positive,
                 negative, latent_image: dict, denoise: float = 1.0,
                 batch_seed_mode: str = "incremental") -> io.NodeOutput:
+        portable.check_device(model.load_device, "the model")  # portable records only for CPU-computed bits
         latent = latent_image["samples"]
         latent = comfy.sample.fix_empty_latent_channels(model, latent)
         batch_index = latent_image.get("batch_index")
