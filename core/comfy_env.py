@@ -10,7 +10,8 @@ so that the detection can be tested on any machine.
 The dict (``ComfyEnvironment`` fields, all JSON): ``comfyui`` (version), ``comfy_aimdo`` / ``comfy_kitchen``
 (installed versions, or None), ``dynamic_vram`` (bool: ComfyUI's ``comfy.memory_management.aimdo_enabled``),
 ``comfy_fast`` (sorted ``--fast`` option values), ``comfy_numeric_args`` (the numeric command-line switches that
-are set, e.g. ``{"force_fp16": true}``) and ``fp16_accumulation`` (``torch.backends.cuda.matmul.
+are set, e.g. ``{"force_fp16": true}``), ``fast_disk`` / ``cuda_graphs`` / ``comfy_compiler`` (ComfyUI 0.33's
+loading switches; None where absent) and ``fp16_accumulation`` (``torch.backends.cuda.matmul.
 allow_fp16_accumulation`` where torch has it).
 """
 from __future__ import annotations
@@ -50,6 +51,13 @@ def run_to_run_risks(env: Mapping[str, Any]) -> list[str]:
             "checkpoint (ComfyUI issue 16490: a ModelSamplingDiscrete schedule kept after the node is removed) and "
             "LoRA-patched fp8 weights differing run to run (issue 15365). For run-to-run equality start ComfyUI "
             "with --disable-dynamic-vram.")
+    if env.get("fast_disk"):
+        risks.append("--fast-disk is on: weights are loaded from disk-backed memory, which upstream reports changes "
+                     "outputs (ComfyUI issue 15528). For run-to-run equality start ComfyUI without --fast-disk.")
+    if env.get("comfy_compiler") == "on":
+        risks.append("the Comfy Compiler is on (memory compiler + CUDA graphs with Dynamic VRAM): Optimize Model "
+                     "refuses compile, qkv_fusion and quantize under it; start ComfyUI with --disable-comfy-compiler "
+                     "to use them.")
     fast = set(env.get("comfy_fast") or ())
     if "autotune" in fast:
         risks.append("--fast autotune turns cuDNN benchmark on for the whole server (convolution algorithms chosen "

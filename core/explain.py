@@ -7,7 +7,8 @@ identity and the environment fingerprint. :func:`explain` flattens both records 
 - ``changes bits``: known to change output bits (measured; see ``docs/measurements.md`` and the tests named
   there): thread count, torch/CUDA/cuDNN version, GPU, CPU vector ISA, attention backend, compile
   mode/backend/inductor preset, determinism and TF32 flags, dtype (precision), QKV fusion, channels-last, quantization,
-  model digest, sampler settings, seeds, latent shape, batch-invariance policy, the ComfyUI version, Dynamic VRAM,
+  model digest (base weights, patches), sampler settings, seeds, latent shape, batch-invariance policy, the ComfyUI
+  version, Dynamic VRAM, ``--fast-disk``, CUDA graphs, the Comfy Compiler, attention fallbacks,
   ComfyUI's ``--fast`` options, fp16 accumulation, ComfyUI's dtype/attention switches, comfy-kitchen's version
   (``core/comfy_env.py``);
 - ``may change bits``: not measured either way (Python/numpy/pack version, comfy-aimdo version, platform ...).
@@ -49,7 +50,9 @@ _KNOWN: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p), why) for
     (r"(^|\.)compile\.inductor_preset$", "inductor config preset changes generated code"),
     (r"(^|\.)(qkv_fusion|channels_last)(\..*)?$", "optimization changes the kernels"),
     (r"(^|\.)quantize(\..*)?$", "quantized weights and activations (expected to differ)"),
-    (r"(^|\.)model(\.(digest|file|file_size|tensors|bytes))?$", "a different model (weights or patches)"),
+    (r"(^|\.)model(\.(digest|file|file_size|tensors|bytes|base_digest|digest_kind))?$",
+     "a different model (weights or patches)"),
+    (r"(^|\.)model\.(patches_digest|patched_keys)$", "other weight patches (LoRA, strength)"),
     (r"(^|\.)(seeds|seed|batch_seed_mode|per_step_noise)(\[.*\])?$", "another noise"),
     (r"(^|\.)(sampler|scheduler|steps|cfg|denoise)$", "sampler settings"),
     (r"(^|\.)(latent_shape|output_shape)$", "another size or batch"),
@@ -60,6 +63,11 @@ _KNOWN: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p), why) for
     (r"(^|\.)fp16_accumulation$", "fp16 accumulation in matmuls (speed vs bits)"),
     (r"(^|\.)comfy_numeric_args(\..*)?$", "ComfyUI dtype / attention switches"),
     (r"(^|\.)comfy_kitchen$", "comfy-kitchen supplies ComfyUI's kernels"),
+    (r"(^|\.)fast_disk$", "ComfyUI --fast-disk (disk-backed weight loading; reported to change outputs, ComfyUI "
+     "issue 15528)"),
+    (r"(^|\.)cuda_graphs$", "ComfyUI CUDA graphs (--disable-cuda-graphs): captured kernels under Dynamic VRAM"),
+    (r"(^|\.)comfy_compiler$", "the Comfy Compiler (memory compiler + CUDA graphs; --disable-comfy-compiler)"),
+    (r"(^|\.)attention_fallbacks(\[.*\])?$", "a pinned attention backend fell back to torch's own choice"),
 ))
 # The CPU code-path settings (fingerprint.cpu_settings.*, core/portable.py), each with its own label.
 _KNOWN = tuple((re.compile(rf"(^|\.)cpu_settings\.{name}(\..*)?$"), why)

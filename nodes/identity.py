@@ -1,8 +1,9 @@
 """What was sampled, for run records: the model's content digest, its file, and the ComfyUI / pack versions.
 
-The digest (:func:`core.model_identity.module_digest`) covers the diffusion model's weights as sampled (LoRA and
-other weight patches applied), cached per model and ModelPatcher patch state (``patches_uuid``), so a different
-file, dtype, LoRA or strength is a named cause of a mismatch. The file is found by following the workflow's
+The digest (:func:`core.model_identity.combined_digest`) is the diffusion model's base weights (hashed once per model,
+patched Parameters read from the ModelPatcher's backups) plus its weight patches (LoRA keys, strengths, tensors), so
+a different file, dtype, LoRA or strength is a named cause of a mismatch, and the digest does not depend on how
+ComfyUI loaded the weights (Dynamic VRAM never patches Parameters; legacy lowvram patches only what fits). The file is found by following the workflow's
 ``model`` links up to its loader (``ckpt_name`` / ``unet_name``), read from the hidden ``PROMPT``.
 """
 from __future__ import annotations
@@ -43,7 +44,11 @@ def comfy_environment() -> dict[str, Any]:
 
     Read from the server itself: the comfy-aimdo / comfy-kitchen distributions, whether Dynamic VRAM
     is active (``comfy.memory_management.aimdo_enabled``, absent before Dynamic VRAM existed: False), the
-    ``--fast`` options and the numeric switches that are set (``comfy.cli_args.args``).
+    ``--fast`` options and the numeric switches that are set (``comfy.cli_args.args``), ``--fast-disk``
+    (``fast_disk``: disk-backed loading, reported to change outputs, ComfyUI issue 15528), the CUDA-graph switch
+    (``cuda_graphs``: ComfyUI's block prefetcher captures CUDA graphs under Dynamic VRAM unless
+    ``--disable-cuda-graphs``) and the Comfy Compiler (``comfy_compiler``: ``absent`` / ``on`` / ``off`` /
+    ``disabled``, :func:`nodes.model_patches.comfy_compiler_state`). ``None``: the switch is not in this ComfyUI.
     """
     import comfy.cli_args
     import torch
@@ -57,7 +62,17 @@ def comfy_environment() -> dict[str, Any]:
         "comfy_fast": sorted(str(getattr(f, "value", f)) for f in fast),
         "comfy_numeric_args": {k: getattr(args, k) for k in comfy_env.NUMERIC_ARGS if getattr(args, k, None)},
         "fp16_accumulation": getattr(torch.backends.cuda.matmul, "allow_fp16_accumulation", None),
+        # ComfyUI 0.33 switches that change how weights are loaded and run (None: not in this ComfyUI)
+        "fast_disk": getattr(args, "fast_disk", None),
+        "cuda_graphs": None if not hasattr(args, "disable_cuda_graphs") else
+        ("disabled (--disable-cuda-graphs)" if args.disable_cuda_graphs else "allowed"),
+        "comfy_compiler": _comfy_compiler_state(),
     }
+
+
+def _comfy_compiler_state() -> str:
+    from .model_patches import comfy_compiler_state
+    return comfy_compiler_state()
 
 
 def model_file(prompt: dict[str, Any] | None, node_id: str | None) -> dict[str, Any]:
@@ -82,9 +97,24 @@ def model_file(prompt: dict[str, Any] | None, node_id: str | None) -> dict[str, 
 
 
 def model_identity_of(patcher: Any) -> dict[str, Any]:
-    """:func:`core.model_identity.module_digest` of ``patcher``'s diffusion model, keyed by its patch state."""
+    """The model digest of ``patcher`` (a ModelPatcher): base weights of its diffusion model + its weight patches.
+
+    Base: :func:`core.model_identity.module_digest` (cached per module, so a LoRA or strength change does not hash
+    the model again) over every parameter and buffer, a patched one read from ``patcher.backup`` (the original
+    ComfyUI keeps to unpatch). Patches: :func:`core.model_identity.patches_digest` of ``patcher.patches`` under
+    ``diffusion_model.``. Call it outside the sampling loop (it reads the whole model the first time)."""
     module = patcher.model.diffusion_model
-    return model_identity.module_digest(module, token=str(getattr(patcher, "patches_uuid", "")))
+    backup = getattr(patcher, "backup", None) or {}
+
+    def base_tensors():
+        for name, t in [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]:
+            saved = backup.get(f"diffusion_model.{name}")
+            yield name, (saved.weight if saved is not None else t)
+
+    base = model_identity.module_digest(module, token="base weights", named=base_tensors)
+    patches = model_identity.patches_digest({k: v for k, v in (getattr(patcher, "patches", None) or {}).items()
+                                             if k.startswith("diffusion_model.")})
+    return {**model_identity.combined_digest(base, patches), "cached": base["cached"]}
 
 
 def server_risks_text() -> str:

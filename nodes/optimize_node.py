@@ -53,8 +53,17 @@ class SteadfastOptimizeModel(io.ComfyNode):
                 compile_cache: str = "", precision: str = "model", inductor_preset: str = "none",
                 quantize: str = "off") -> io.NodeOutput:
         portable.check_optimize(compile=compile, backend=backend, quantize=quantize, precision=precision)
-        m = model.clone()
         lines: list[str] = []
+        patches_forwards = [n for n, on in (("qkv_fusion", qkv_fusion and not mp.is_dynamic(model)),
+                                            (f"compile={compile}", compile != "off"),
+                                            (f"quantize={quantize}", quantize != "off")) if on]
+        if patches_forwards:
+            mp.check_comfy_compiler(", ".join(patches_forwards))  # ValueError naming --disable-comfy-compiler
+        m = mp.compile_clone(model) if compile != "off" else model.clone()
+        dynamic = mp.is_dynamic(m)
+        if mp.is_dynamic(model) and not dynamic:
+            lines.append("Dynamic VRAM: compiling a non-dynamic copy (model.clone(disable_dynamic=True), as ComfyUI's "
+                         "TorchCompileModel); its weights are loaded again and patched the classic way")
         device = comfy.model_management.get_torch_device()
         dtype = mp.set_precision(m, precision) or mp.compute_dtype(m)  # ValueError for a dtype the device lacks
         if precision != "model":
@@ -73,17 +82,30 @@ class SteadfastOptimizeModel(io.ComfyNode):
         else:
             lines.append("attention: ComfyUI default (not pinned)")
 
-        if qkv_fusion:
+        if qkv_fusion and dynamic:  # fused_project takes the separate path whenever comfy_cast_weights is set
+            mp.steadfast_options(m)["qkv_fusion"] = mp.NOT_APPLIED_DYNAMIC
+            lines.append(f"qkv_fusion: {mp.NOT_APPLIED_DYNAMIC} (weights are cast per call; compile, or start ComfyUI "
+                         "with --disable-dynamic-vram, to fuse)")
+        elif qkv_fusion:
             n = mp.add_qkv_fusion(m)
             lines.append(f"qkv_fusion: {n} attention modules fused" if n else
                          "qkv_fusion: nothing to fuse (this architecture has no separate q/k/v projections)")
-        if channels_last:
+        if channels_last and dynamic:  # weights reach the GPU as gathered contiguous copies: leave the mapped ones
+            mp.steadfast_options(m)["channels_last"] = mp.NOT_APPLIED_DYNAMIC
+            lines.append(f"channels_last: {mp.NOT_APPLIED_DYNAMIC} (the memory-mapped weights are left alone)")
+        elif channels_last:
             mp.add_channels_last(m)
             lines.append("channels_last: conv weights converted during sampling, restored after")
 
         if compile == "off" and inductor_preset != "none":
             lines.append(f"inductor_preset {inductor_preset}: no effect (compile is off)")
         if quantize != "off":
+            if dynamic:
+                raise ValueError(f"quantize={quantize} under Dynamic VRAM: ComfyUI applies LoRA and other weight "
+                                 "patches at cast time there, and the quantized layers would be built from unpatched "
+                                 "weights (a LoRA silently dropped) while the full-precision weights stay on the GPU "
+                                 "uncounted. Turn compile on (it runs a non-dynamic copy), or start ComfyUI with "
+                                 "--disable-dynamic-vram, or set quantize to off.")
             qz.check_supported(quantize, device)
             choice = quantize_patch.add_quantize(m, quantize)
             lines.append(f"quantize: {quantize} (torchao), {choice.as_text()}; built at the first run from the "

@@ -3,7 +3,10 @@
 :class:`core.optimize.quantize.QuantizedLinear` registers the original weight/bias Parameters (LoRA patches land on
 them, the shared model is never modified) and runs a torchao-quantized copy built at ``ON_PRE_RUN``, i.e. after
 weight patches: a LoRA is quantized with the weight. The copies are dropped at ``ON_DETACH`` (model unloaded) and
-rebuilt on the next run. Key: ``steadfast.quantize`` (the key table is in :mod:`.model_patches`).
+rebuilt on the next run. Key: ``steadfast.quantize`` (the key table is in :mod:`.model_patches`). When ComfyUI did
+not apply a layer's weight patches (partial lowvram load, Dynamic VRAM) the run is refused at ``ON_PRE_RUN``
+(:func:`unpatched_keys`) instead of quantizing weights without their LoRA; Optimize Model refuses quantize under
+Dynamic VRAM up front.
 """
 from __future__ import annotations
 
@@ -13,6 +16,24 @@ from ..core.optimize import quantize as qz
 from .model_patches import FusedQKVCrossAttention, steadfast_options
 
 KEY_QUANT = "steadfast.quantize"
+
+
+def unpatched_keys(patcher, paths: list[str], layers: list) -> list[str]:
+    """The weight-patch keys (``diffusion_model.<path>.weight`` / ``.bias``) of quantized ``layers`` that ``patcher``
+    has patches for but did not apply to the layer's Parameters.
+
+    ComfyUI applies a patch to the Parameter only when it loads the module fully (``ModelPatcher.load`` marks it
+    ``comfy_patched_weights``); a module without ``comfy_cast_weights`` (a :class:`~core.optimize.quantize.
+    QuantizedLinear`) that does not fit in legacy lowvram, or any such module under Dynamic VRAM
+    (``ModelPatcherDynamic.load``'s plain branch: ``weight.to(device)``), keeps unpatched weights, and a quantized
+    copy built from them would drop the LoRA silently."""
+    patches = getattr(patcher, "patches", None) or {}
+    missing = []
+    for path, layer in zip(paths, layers):
+        if getattr(layer, "comfy_patched_weights", False):
+            continue
+        missing += [k for k in (f"diffusion_model.{path}.weight", f"diffusion_model.{path}.bias") if k in patches]
+    return missing
 
 
 def add_quantize(model, mode: str) -> qz.Choice:
@@ -38,6 +59,13 @@ def add_quantize(model, mode: str) -> qz.Choice:
     layers = [model.object_patches[f"diffusion_model.{p}"] for p in paths]
 
     def build(patcher):
+        missing = unpatched_keys(patcher, paths, layers)
+        if missing:
+            raise RuntimeError(
+                f"quantize={mode}: ComfyUI did not apply the weight patches (LoRA) of {len(missing)} quantized "
+                f"layer(s), e.g. {missing[0]}: the model was loaded partially (lowvram: it does not fit in free VRAM) "
+                "or dynamically, and those layers would run without their LoRA. Free VRAM (unload other models), "
+                "start ComfyUI with --highvram / --disable-dynamic-vram, or set quantize to off.")
         dtype = getattr(patcher.model, "manual_cast_dtype", None)
         for q in layers:
             q.refresh_(device=patcher.load_device, dtype=dtype, token=patcher.patches_uuid)

@@ -142,10 +142,11 @@ class SteadfastSeededSampler(io.ComfyNode):
                 during["num_threads"] = torch.get_num_threads()
                 during["flags"] = torch_state.snapshot_state(load_inductor=True).as_dict()
                 during["cpu_settings"] = portable.cpu_settings()
-                during["model"] = identity.model_identity_of(model)  # the weights as sampled (patches applied)
             return preview(step, x0_pred, x, total_steps)
 
         portable.pin_thread()  # inductor's config is per thread in torch 2.14 (core/portable.py)
+        # base weights + patches, before sampling: never inside the step loop (the base is hashed once per model)
+        model_id = identity.model_identity_of(model)
         qkv_before = qkv_counters(model)
         sdpa_before = sdpa.fallback_counts()
         t0 = time.perf_counter()
@@ -192,7 +193,7 @@ class SteadfastSeededSampler(io.ComfyNode):
             sampler=sampler_name, scheduler=scheduler,
             output="latent", output_shape=list(samples.shape), output_sha256=hashing.tensor_digest(samples),
             fingerprint=fp, compile=compiled,
-            model={**{k: v for k, v in (during.get("model") or identity.model_identity_of(model)).items()
+            model={**{k: v for k, v in model_id.items()
                       if k != "cached"},
                    **identity.model_file(cls.hidden.prompt if cls.hidden else None,
                                          cls.hidden.unique_id if cls.hidden else None)},

@@ -34,9 +34,11 @@ def _workflow(attention: str) -> dict[str, Any]:
 
 
 def test_fp8_unet_optimize_attention_auto_runs(fp8_server: ComfyServer) -> None:
+    base = None
     for attention in ("auto", "math"):
         entry = run(fp8_server, _workflow(attention))
-        base, rec = record_of(entry, "6"), record_of(entry, "7")
+        base = base or record_of(entry, "6")  # the plain sampler is answered from cache the second time
+        rec = record_of(entry, "7")
         assert base["fingerprint"]["dtype"].startswith("torch.float8_e4m3fn (compute "), base["fingerprint"]["dtype"]
         report = text(entry, "13")
         compute = rec["fingerprint"]["dtype"].split("(compute ")[1].rstrip(")")

@@ -45,3 +45,11 @@ def test_explain_labels_each_new_comfy_field_as_changing_bits():
 def test_explain_aimdo_version_alone_may_change_bits():
     diffs = explain(_record(), _record(comfy_aimdo="0.4.10")).diffs
     assert [(d.field, d.known) for d in diffs] == [("fingerprint.comfy_aimdo", False)]
+
+
+def test_fast_disk_and_the_comfy_compiler_are_named_with_their_switches():
+    risks = run_to_run_risks({"fast_disk": True, "comfy_compiler": "on"})
+    assert len(risks) == 2
+    assert "15528" in risks[0] and "--fast-disk" in risks[0]
+    assert "--disable-comfy-compiler" in risks[1]
+    assert run_to_run_risks({"fast_disk": False, "comfy_compiler": "absent", "cuda_graphs": "allowed"}) == []

@@ -27,6 +27,13 @@ def _record() -> dict:
     (("seeds",), [7, 8], "seeds"),
     (("model", "digest"), "22" * 32, "model.digest"),
     (("fingerprint", "flags", "deterministic_algorithms"), False, "fingerprint.flags.deterministic_algorithms"),
+    # issue 24: ComfyUI 0.33's loading switches and the model digest's parts are labelled
+    (("fingerprint", "fast_disk"), True, "fingerprint.fast_disk"),
+    (("fingerprint", "cuda_graphs"), "disabled (--disable-cuda-graphs)", "fingerprint.cuda_graphs"),
+    (("fingerprint", "comfy_compiler"), "on", "fingerprint.comfy_compiler"),
+    (("fingerprint", "dynamic_vram"), True, "fingerprint.dynamic_vram"),
+    (("model", "patches_digest"), "33" * 32, "model.patches_digest"),
+    (("model", "base_digest"), "44" * 32, "model.base_digest"),
 ])
 def test_each_change_is_named_and_known(path, value, field) -> None:
     ref, now = _record(), _record()
