@@ -60,8 +60,8 @@ class SteadfastOptimizeModel(io.ComfyNode):
         if patches_forwards:
             mp.check_comfy_compiler(", ".join(patches_forwards))  # ValueError naming --disable-comfy-compiler
         m = mp.compile_clone(model) if compile != "off" else model.clone()
-        dynamic = mp.is_dynamic(m)
-        if mp.is_dynamic(model) and not dynamic:
+        dyn_vram = mp.is_dynamic(m)  # not `dynamic`: that is the compile widget
+        if mp.is_dynamic(model) and not dyn_vram:
             lines.append("Dynamic VRAM: compiling a non-dynamic copy (model.clone(disable_dynamic=True), as ComfyUI's "
                          "TorchCompileModel); its weights are loaded again and patched the classic way")
         device = comfy.model_management.get_torch_device()
@@ -82,7 +82,7 @@ class SteadfastOptimizeModel(io.ComfyNode):
         else:
             lines.append("attention: ComfyUI default (not pinned)")
 
-        if qkv_fusion and dynamic:  # fused_project takes the separate path whenever comfy_cast_weights is set
+        if qkv_fusion and dyn_vram:  # fused_project takes the separate path whenever comfy_cast_weights is set
             mp.steadfast_options(m)["qkv_fusion"] = mp.NOT_APPLIED_DYNAMIC
             lines.append(f"qkv_fusion: {mp.NOT_APPLIED_DYNAMIC} (weights are cast per call; compile, or start ComfyUI "
                          "with --disable-dynamic-vram, to fuse)")
@@ -90,7 +90,7 @@ class SteadfastOptimizeModel(io.ComfyNode):
             n = mp.add_qkv_fusion(m)
             lines.append(f"qkv_fusion: {n} attention modules fused" if n else
                          "qkv_fusion: nothing to fuse (this architecture has no separate q/k/v projections)")
-        if channels_last and dynamic:  # weights reach the GPU as gathered contiguous copies: leave the mapped ones
+        if channels_last and dyn_vram:  # weights reach the GPU as gathered contiguous copies: leave the mapped ones
             mp.steadfast_options(m)["channels_last"] = mp.NOT_APPLIED_DYNAMIC
             lines.append(f"channels_last: {mp.NOT_APPLIED_DYNAMIC} (the memory-mapped weights are left alone)")
         elif channels_last:
@@ -100,7 +100,7 @@ class SteadfastOptimizeModel(io.ComfyNode):
         if compile == "off" and inductor_preset != "none":
             lines.append(f"inductor_preset {inductor_preset}: no effect (compile is off)")
         if quantize != "off":
-            if dynamic:
+            if dyn_vram:
                 raise ValueError(f"quantize={quantize} under Dynamic VRAM: ComfyUI applies LoRA and other weight "
                                  "patches at cast time there, and the quantized layers would be built from unpatched "
                                  "weights (a LoRA silently dropped) while the full-precision weights stay on the GPU "

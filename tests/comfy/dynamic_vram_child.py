@@ -126,8 +126,8 @@ def main() -> None:
     out["digest_patched_unapplied"] = identity.model_identity_of(patched)  # as Dynamic VRAM: never written back
     patched.patch_model(device_to=torch.device("cpu"))  # legacy: the patch written into the Parameter
     out["digest_patched_applied"] = identity.model_identity_of(patched)
-    out["param_changed_by_patch"] = not torch.equal(patched.backup[lora_key].weight, w.detach()) or \
-        not torch.equal(model.model.state_dict()[lora_key], patched.backup[lora_key].weight)
+    out["param_changed_by_patch"] = not torch.equal(model.model.state_dict()[lora_key],
+                                                    patched.backup[lora_key].weight)
     patched.unpatch_model()
     half = model.clone()
     half.add_patches({lora_key: (torch.full_like(w, 0.01),)}, strength_patch=0.5)
