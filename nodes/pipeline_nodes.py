@@ -132,12 +132,18 @@ class SteadfastLoadDiffusersPipeline(io.ComfyNode):
     def execute(cls, pipeline_name: str, dtype: str) -> io.NodeOutput:
         path = resolve_folder(pipeline_name)
         device = comfy.model_management.get_torch_device()
-        pipe = load_pipeline(path, dtype=dtype, device=device)
+        # on a GPU the components stay on the CPU: the sampler nodes move them there for each call after
+        # comfy.model_management.free_memory, and back after it (a cached pipe.to(cuda) would sit outside
+        # ComfyUI's memory management and push its own models into lowvram or out of memory)
+        on_gpu = device.type != "cpu"
+        pipe = load_pipeline(path, dtype=dtype, device=device, keep_on_cpu=on_gpu)
         handle = PipelineHandle(pipe, source=pipeline_name, dtype=dtype)
         den = denoiser_of(pipe)[0]
         comps = ", ".join(f"{k} {type(m).__name__} ({count_params(m) / 1e6:.2f} M)"
                           for k, m in module_components(pipe).items())
-        report = f"{type(pipe).__name__} from models/{FOLDER}/{pipeline_name} ({dtype}, {device}); denoiser: {den}\n{comps}"
+        where = (f"runs on {device}: kept on the CPU, moved to {device} for each call after ComfyUI frees room, "
+                 "and back after it" if on_gpu else f"{device}")
+        report = f"{type(pipe).__name__} from models/{FOLDER}/{pipeline_name} ({dtype}, {where}); denoiser: {den}\n{comps}"
         return io.NodeOutput(handle, report, ui=ui.PreviewText(report))
 
 

@@ -22,6 +22,7 @@ from ..core.pipelines import compile_record, generate, pipeline_report
 from ..core.registry import REGISTRY
 from ..core.pipelines import warmup as core_warmup
 from ..core.pipelines.handle import RUN_LOCK, PipelineHandle, prepare_run
+from ..core.pipelines.load import on_run_device
 from ..core.run_record import RunRecord
 from ..core.sizes import parse_sizes
 from . import identity
@@ -98,7 +99,7 @@ class SteadfastPipelineSampler(io.ComfyNode):
             pipe, events = prepare_run(handle)
             rec = compile_record(pipe)
             recompiles_before = len(rec.stats.recompiles) if rec is not None else 0
-            with _policy(handle) as det:
+            with on_run_device(pipe, make_room), _policy(handle) as det:
                 t0 = time.perf_counter()
                 mode = "sequential" if handle.batch_invariant else "batched"
                 total = steps * (batch_size if mode == "sequential" else 1)
@@ -129,6 +130,12 @@ class SteadfastPipelineSampler(io.ComfyNode):
         text = record.as_json()
         return io.NodeOutput(images, text, ui={"text": [record.summary_text()],
                                                "steadfast_run_record": [RunRecord.from_json(text).as_dict()]})
+
+
+def make_room(size: int, device) -> None:
+    """Ask ComfyUI to free ``size`` bytes (+10 %) on ``device`` before a pipeline moves there
+    (``comfy.model_management.free_memory``: it unloads its own models, least recently used first)."""
+    comfy.model_management.free_memory(int(size * 1.1), device)
 
 
 class SteadfastPipelineWarmup(io.ComfyNode):
@@ -171,15 +178,16 @@ class SteadfastPipelineWarmup(io.ComfyNode):
             def step(done: int, _total: int) -> None:
                 on_step(offset[0] + done, WARMUP_STEPS * len(todo))
             try:
-                for w, h in targets:
-                    target = (batch_size, h, w)
-                    if (w, h) not in todo:
-                        lines.append(f"already warm for {list(target)} (batch, height, width): nothing to do")
-                        continue
-                    res = core_warmup(pipe, w, h, batch_size, steps=WARMUP_STEPS, guidance=cfg,
-                                      policy=handle.determinism, on_step=step)
-                    offset[0] += WARMUP_STEPS
-                    lines.append(f"warm-up generation at {list(target)} (batch, height, width): {res.seconds:.2f} s")
+                with on_run_device(pipe, make_room) if todo else contextlib.nullcontext():
+                    for w, h in targets:
+                        target = (batch_size, h, w)
+                        if (w, h) not in todo:
+                            lines.append(f"already warm for {list(target)} (batch, height, width): nothing to do")
+                            continue
+                        res = core_warmup(pipe, w, h, batch_size, steps=WARMUP_STEPS, guidance=cfg,
+                                          policy=handle.determinism, on_step=step)
+                        offset[0] += WARMUP_STEPS
+                        lines.append(f"warm-up generation at {list(target)} (batch, height, width): {res.seconds:.2f} s")
             finally:
                 if rec is not None:
                     REGISTRY.set_strict(rec, strict)

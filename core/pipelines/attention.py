@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..optimize.attention import SDPA_BACKENDS, check_sdpa_backend
+from ..optimize.attention import SDPA_BACKENDS, check_sdpa_backend, plan_sdpa_backend
 
 __all__ = ["UnsupportedAttentionError", "TORCH_TO_DIFFUSERS", "attention_names", "diffusers_backend_names",
            "dispatch_counts", "set_model_attention_backend", "resolve_attention"]
@@ -89,7 +89,8 @@ def resolve_attention(name: str, model: torch.nn.Module, device: str | torch.dev
 
     ``diffusers_name``: what to pass to ``set_attention_backend`` (None: nothing). ``sdpa_name``: the torch
     SDPA backend to pin around each pipeline call ("auto": none). A torch SDPA name is first checked to
-    run on ``device``/``dtype`` (:func:`~..optimize.attention.check_sdpa_backend`); it goes to the
+    run on ``device``/``dtype``, with a mask and in fp32 too (:func:`~..optimize.attention.plan_sdpa_backend`: the pin
+    covers text encoders and the VAE, so a backend torch refuses in any of those cases is refused); it goes to the
     dispatcher for dispatching processors *and* is pinned around the call for everything else (direct
     processors, the VAE and the text encoders). A diffusers-only name (e.g. "flex") needs dispatching
     processors; "native"/"_native_*" map back to torch SDPA names for direct processors.
@@ -104,9 +105,14 @@ def resolve_attention(name: str, model: torch.nn.Module, device: str | torch.dev
         if name == "auto":
             return None, "auto"
         try:
-            check_sdpa_backend(name, device, dtype)
+            plan = plan_sdpa_backend(name, device, dtype)
         except ValueError as e:
             raise UnsupportedAttentionError(str(e)) from e
+        if plan.falls_back:  # pinned around the whole call: no per-call fallback, so refused up front
+            raise UnsupportedAttentionError(
+                f"SDPA backend {name!r} is pinned around the whole pipeline call (text encoders and VAE included), "
+                f"and torch refuses it on {plan.device} for: {'; '.join(plan.falls_back)} (e.g. T5's float attention "
+                "mask, a VAE decoded in fp32). Use auto or math.")
         return (TORCH_TO_DIFFUSERS[name] if dispatching else None), name
     known = diffusers_backend_names()
     if name not in known:

@@ -1,15 +1,20 @@
-"""Load a diffusers pipeline folder with clear errors, and find its parts (denoiser, VAE)."""
+"""Load a diffusers pipeline folder with clear errors, find its parts (denoiser, VAE), and keep it inside the host's
+memory management: loaded with ``keep_on_cpu`` a pipeline stays on the CPU and :func:`on_run_device` moves it to its
+GPU for each call, after the host made room (ComfyUI: ``comfy.model_management.free_memory``), and back after it.
+"""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 __all__ = ["DTYPES", "PipelineLoadError", "load_pipeline", "module_components", "denoiser_of",
-           "count_params"]
+           "count_params", "RUN_DEVICE_ATTR", "run_device", "pipeline_bytes", "on_run_device"]
 
 log = logging.getLogger("steadfast.pipelines")
 
@@ -67,15 +72,63 @@ def _dtype_kwarg() -> str:
     return "dtype"
 
 
+#: Attribute a pipeline kept on the CPU carries: the device its calls run on (:func:`on_run_device`). Plain
+#: attribute, so the weight-sharing copies (``copy.copy`` in :func:`~.share.share_pipeline`) carry it too.
+RUN_DEVICE_ATTR = "_steadfast_run_device"
+
+
+def run_device(pipe: Any) -> torch.device:
+    """The device ``pipe``'s calls run on: the one it was loaded for (:data:`RUN_DEVICE_ATTR`), else where its first
+    module parameter is (CPU when it has none)."""
+    dev = getattr(pipe, RUN_DEVICE_ATTR, None)
+    if dev is not None:
+        return torch.device(dev)
+    for mod in module_components(pipe).values():
+        p = next(mod.parameters(), None)
+        if p is not None:
+            return p.device
+    return torch.device("cpu")
+
+
+def pipeline_bytes(pipe: Any) -> int:
+    """Bytes of every parameter and buffer of ``pipe``'s module components (what moving it to a GPU needs)."""
+    return sum(t.numel() * t.element_size() for mod in module_components(pipe).values()
+               for t in [*mod.parameters(), *mod.buffers()])
+
+
+@contextlib.contextmanager
+def on_run_device(pipe: Any, make_room: Callable[[int, torch.device], None] | None = None,
+                  offload: str | torch.device = "cpu") -> Iterator[Any]:
+    """Context: ``pipe`` (loaded with ``keep_on_cpu``) on its run device for the block, back on ``offload`` after.
+
+    Before moving, ``make_room(bytes, device)`` is called (ComfyUI: ``comfy.model_management.free_memory``, so
+    ComfyUI unloads its own models to make room instead of being pushed into lowvram or out of memory). A
+    pipeline without :data:`RUN_DEVICE_ATTR`, or whose run device is the CPU, is left where it is.
+    """
+    dev = getattr(pipe, RUN_DEVICE_ATTR, None)
+    if dev is None or torch.device(dev).type == "cpu":
+        yield pipe
+        return
+    if make_room is not None:
+        make_room(pipeline_bytes(pipe), torch.device(dev))
+    pipe.to(dev)
+    try:
+        yield pipe
+    finally:
+        pipe.to(offload)
+
+
 def load_pipeline(path: str | Path, dtype: str = "fp32", device: str | torch.device = "cpu", *,
-                  progress_bar: bool = False) -> Any:
+                  progress_bar: bool = False, keep_on_cpu: bool = False) -> Any:
     """Load a diffusers pipeline folder (``save_pretrained`` layout) from disk only (no download).
 
     Args:
         path: folder with ``model_index.json`` and one sub-folder per component.
         dtype: "fp32" | "bf16" | "fp16": ``torch_dtype`` for every model component.
-        device: where the pipeline is moved (``pipe.to(device)``).
+        device: where the pipeline runs: it is moved there (``pipe.to(device)``), unless ``keep_on_cpu``.
         progress_bar: keep diffusers' per-step progress bar (off by default; it is per pipeline).
+        keep_on_cpu: leave the components on the CPU and record ``device`` (:data:`RUN_DEVICE_ATTR`):
+            :func:`on_run_device` moves them there for each call (ComfyUI keeps its memory management).
     Returns:
         the ``DiffusionPipeline`` subclass named in ``model_index.json``.
     Raises:
@@ -97,10 +150,13 @@ def load_pipeline(path: str | Path, dtype: str = "fp32", device: str | torch.dev
         raise PipelineLoadError(
             f"diffusers could not load {index.get('_class_name')} from {str(folder)!r}: "
             f"{type(e).__name__}: {e}") from e
-    try:
-        pipe.to(device)
-    except Exception as e:  # noqa: BLE001
-        raise PipelineLoadError(f"cannot move the pipeline to {device!r}: {type(e).__name__}: {e}") from e
+    if keep_on_cpu:
+        setattr(pipe, RUN_DEVICE_ATTR, str(device))
+    else:
+        try:
+            pipe.to(device)
+        except Exception as e:  # noqa: BLE001
+            raise PipelineLoadError(f"cannot move the pipeline to {device!r}: {type(e).__name__}: {e}") from e
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=not progress_bar)
     return pipe

@@ -18,7 +18,7 @@ from ..compile import contiguous_inputs_hook
 from ..optimize.layout import to_channels_last_
 from ..registry import REGISTRY
 from .attention import resolve_attention, set_model_attention_backend
-from .load import count_params, denoiser_of, module_components
+from .load import count_params, denoiser_of, module_components, run_device
 from .options import OptimizeReport, PipelineOptions, StepReport
 from .state import get_state
 
@@ -43,11 +43,6 @@ def repeated_block_paths(model: torch.nn.Module) -> list[str]:
 def _param_dtype(module: torch.nn.Module) -> torch.dtype:
     p = next(module.parameters(), None)
     return p.dtype if p is not None else torch.float32
-
-
-def _param_device(module: torch.nn.Module) -> torch.device:
-    p = next(module.parameters(), None)
-    return p.device if p is not None else torch.device("cpu")
 
 
 def _has_adapters(module: torch.nn.Module) -> bool:
@@ -102,7 +97,7 @@ def _channels_last_step(comps: dict[str, torch.nn.Module], den_name: str) -> Ste
 
 
 def _attention_step(pipe: Any, den: torch.nn.Module, den_name: str, opts: PipelineOptions) -> StepReport:
-    dev, dt = _param_device(den), _param_dtype(den)
+    dev, dt = run_device(pipe), _param_dtype(den)
     diffusers_name, sdpa_name = resolve_attention(opts.attention, den, dev, dt)
     details: dict[str, Any] = {"requested": opts.attention, "diffusers_backend": None, "dispatch_modules": 0,
                                "sdpa_context": None}
@@ -228,7 +223,7 @@ def optimize_pipeline(pipe: Any, options: PipelineOptions) -> OptimizeReport:
                             params_before={k: count_params(m) for k, m in comps.items()})
     # validate first, so a refused request leaves the pipeline untouched
     if options.attention != "auto":
-        resolve_attention(options.attention, den, _param_device(den), _param_dtype(den))
+        resolve_attention(options.attention, den, run_device(pipe), _param_dtype(den))
     if options.qkv_fusion:
         for name in [den_name] + (["vae"] if options.qkv_fusion_vae and "vae" in comps else []):
             if _has_adapters(comps[name]):

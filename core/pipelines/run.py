@@ -15,11 +15,11 @@ from ..determinism import deterministic
 from ..determinism_policy import DeterminismPolicy
 from ..fingerprint import environment_fingerprint, fingerprint_digest
 from ..noise import check_seed
-from ..optimize.attention import sdpa_context
+from ..optimize.attention import check_sdpa_backend, sdpa_context
 from ..portable_randn import portable_generator_randn
 from ..compile_record import CompileRecord
 from ..registry import REGISTRY
-from .load import count_params, denoiser_of, module_components
+from .load import count_params, denoiser_of, module_components, run_device
 from .state import peek_state
 
 __all__ = ["generate", "warmup", "WarmupResult", "compile_record", "pipeline_report", "image_generators"]
@@ -153,6 +153,11 @@ def generate(pipe: Any, prompt: str, negative_prompt: str = "", *, steps: int = 
     extra = {**(extra or {}), **_step_callback(pipe, step if on_step is not None else None)}
     with contextlib.ExitStack() as stack:
         if policy is not None:
+            if policy.strict and sdpa != "auto":  # torch refuses cuDNN attention under strict determinism: say so now
+                den = denoiser_of(pipe)[1]
+                p = next(den.parameters(), None)
+                check_sdpa_backend(sdpa, run_device(pipe), p.dtype if p is not None else torch.float32,
+                                   deterministic=True)
             stack.enter_context(deterministic(policy))
         stack.enter_context(sdpa_context(sdpa))
         if batch_mode == "batched":
