@@ -23,16 +23,21 @@ def unpatched_keys(patcher, paths: list[str], layers: list) -> list[str]:
     has patches for but did not apply to the layer's Parameters.
 
     ComfyUI applies a patch to the Parameter only when it loads the module fully (``ModelPatcher.load`` marks it
-    ``comfy_patched_weights``); a module without ``comfy_cast_weights`` (a :class:`~core.optimize.quantize.
+    ``comfy_patched_weights`` and keeps the original in ``patcher.backup``); a module without ``comfy_cast_weights`` (a :class:`~core.optimize.quantize.
     QuantizedLinear`) that does not fit in legacy lowvram, or any such module under Dynamic VRAM
     (``ModelPatcherDynamic.load``'s plain branch: ``weight.to(device)``), keeps unpatched weights, and a quantized
     copy built from them would drop the LoRA silently."""
     patches = getattr(patcher, "patches", None) or {}
+    backup = getattr(patcher, "backup", None) or {}
     missing = []
     for path, layer in zip(paths, layers):
-        if getattr(layer, "comfy_patched_weights", False):
+        # loaded fully by ComfyUI: the wrapper, or the source Linear it adopts Parameters from (a copy with the same
+        # patches loaded before: ComfyUI swaps object patches without patching again), carries the flag
+        if getattr(layer, "comfy_patched_weights", False) or getattr(getattr(layer, "source", None),
+                                                                      "comfy_patched_weights", False):
             continue
-        missing += [k for k in (f"diffusion_model.{path}.weight", f"diffusion_model.{path}.bias") if k in patches]
+        keys = (f"diffusion_model.{path}.weight", f"diffusion_model.{path}.bias")
+        missing += [k for k in keys if k in patches and k not in backup]  # a backup: the patch was written
     return missing
 
 
