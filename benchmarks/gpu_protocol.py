@@ -408,14 +408,15 @@ def sec_issue24(s: Section) -> None:
             wf["dec"] = {"class_type": "SteadfastVAEDecode", "inputs": {"samples": ["samp", 0], "vae": ["ckpt", 2]}}
             wf["h"] = {"class_type": "SteadfastHash", "inputs": {"image": ["dec", 0]}}
             comfy_server, _ = _helpers()
+            refused = "fail" if attention == "auto" else "refused"  # auto must run on fp8 weights (issue 24 item 2)
             try:
                 entry = sw.run(srv, wf, timeout=300)
-            except comfy_server.PromptRejected as e:  # refused up front (validation): accepted, with its message
-                return "refused", str(e)[:300]
-            except comfy_server.PromptFailed as e:
+            except comfy_server.PromptRejected as e:  # refused up front (validation): accepted for a pinned backend
+                return refused, str(e)[:300]
+            except comfy_server.PromptFailed as e:  # in Optimize (up front) or mid-run (sampler, decode: a fail)
                 text = str(e)
                 started = "SteadfastSeededSampler" in text or "SteadfastVAEDecode" in text
-                return ("fail" if started else "refused"), text[:300]
+                return ("fail" if started else refused), text[:300]
             return "pass", f"ran; image {sw.hash_of(entry, 'h')[:12]}"
         s.case("fp8 weights + Optimize attention=auto", lambda: run_attention("auto", None))
         for backend in ("flash", "math") if s.smoke else ("flash", "efficient", "cudnn", "math"):
