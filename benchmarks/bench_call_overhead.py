@@ -14,7 +14,13 @@ cache's key folder, as a GPU inductor/Triton cache holds thousands of files, and
 them again. The number is the median wall time queue -> done of the steady prompts, and the ratio
 steadfast / eager per phase (target <= 1.05, issue 23).
 
+``--micro [--against REV]``: no server; the cost of the cache's part of one model call alone
+(``core.compile_cache.run_cached`` around a call that compiles nothing, 30 calls, with ``--files`` files in the key
+folder), for this checkout and, with ``--against``, for ``core/compile_cache.py`` as it was at git revision REV
+(loaded from ``git show``), side by side.
+
 Usage: ``python benchmarks/bench_call_overhead.py [--steps 8] [--side 256] [--repeats 10] [--files 3000]``
+or ``python benchmarks/bench_call_overhead.py --micro --against d89627c``
 """
 from __future__ import annotations
 
@@ -70,14 +76,58 @@ def add_files(cache_root: Path, n: int) -> Path:
     return key_dir
 
 
+def micro(files: int, against: str | None) -> None:
+    """Per-call cost of the compile cache's activation, this checkout vs ``core/compile_cache.py`` at ``against``."""
+    import importlib.util
+    import subprocess
+
+    _common.import_pack()
+    from steadfast.core import compile_cache as current
+
+    mods = [("this checkout", current)]
+    if against:
+        src = subprocess.run(["git", "show", f"{against}:core/compile_cache.py"], cwd=_common.ROOT, check=True,
+                             capture_output=True, text=True).stdout
+        spec = importlib.util.spec_from_loader("steadfast.core._compile_cache_then", loader=None)
+        then = importlib.util.module_from_spec(spec)
+        then.__package__ = "steadfast.core"
+        sys.modules[then.__name__] = then
+        exec(compile(src, f"{against}:core/compile_cache.py", "exec"), then.__dict__)  # noqa: S102 - own history
+        mods.append((f"git {against}", then))
+    rows = []
+    for label, mod in mods:
+        with tempfile.TemporaryDirectory() as tmp:
+            cache = mod.open_cache(tmp, device="cpu")
+            for i in range(files):
+                sub = cache.path / f"{i % 256:02x}"
+                sub.mkdir(exist_ok=True)
+                (sub / f"extra{i:05d}.py").write_bytes(b"#" * 1024)
+            mod.run_cached(cache, lambda: None)
+            times = []
+            for _ in range(30):
+                t0 = time.perf_counter()
+                mod.run_cached(cache, lambda: None)
+                times.append(time.perf_counter() - t0)
+        rows.append([label, f"{statistics.median(times) * 1e3:.3f}", f"{min(times) * 1e3:.3f}"])
+    print(_common.markdown_table(["compile_cache.py", f"ms per model call, {files} files (median)", "(min)"], rows))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--side", type=int, default=256, help="image side in pixels (latent side / 8)")
     ap.add_argument("--repeats", type=int, default=10, help="timed prompts per config and phase")
     ap.add_argument("--files", type=int, default=3000, help="extra files dropped into the compile cache's folder")
+    ap.add_argument("--micro", action="store_true", help="no server: the cache's per-call cost alone")
+    ap.add_argument("--against", default=None, help="with --micro: also core/compile_cache.py at this git revision")
     args = ap.parse_args()
     t_start = time.perf_counter()
+    if args.micro:
+        _common.print_header("Compile cache: cost of its activation per model call (no compile in the call)",
+                             {"files": args.files, "against": args.against})
+        micro(args.files, args.against)
+        _common.print_footer(t_start)
+        return 0
     _common.print_header("Per-call overhead on a warm ComfyUI server: regional compile + Seeded Sampler vs eager "
                          "KSampler", {"steps": args.steps, "side": args.side, "repeats": args.repeats,
                                       "extra_files": args.files})

@@ -431,7 +431,7 @@ def sec_pytest_gpu(s: Section) -> None:
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
            "--continue-on-collection-errors",
            "tests"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(10, s.metrics.get("limit", 55)),
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(10, s.metrics.get("limit", 55) - 8),
                           check=False)
     s.metrics["pytest_rc"] = proc.returncode
     s.metrics["pytest_tail"] = (proc.stdout + proc.stderr)[-1500:]
