@@ -604,8 +604,8 @@ def sec_quantize(s: Section) -> None:
                  "max_abs_vs_off": float((outs[q] - outs["off"]).abs().max()) if "off" in outs else None}
             if q != "off" and d["max_abs_vs_off"] == 0.0:
                 return "fail", "quantized output equals off: quantize did not apply", d
-            return "info", f"{d['s_per_sample'] * 1000:.1f} ms per {steps}-step sample; max|d| vs off " \
-                           f"{d['max_abs_vs_off']}", d
+            text = f"{d['s_per_sample'] * 1000:.1f} ms per {steps}-step sample; max|d| vs off {d['max_abs_vs_off']}"
+            return "info", text, d
         s.case(f"quantize {q}", one)
 
 
