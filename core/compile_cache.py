@@ -124,8 +124,8 @@ class CompileCache:
                 with _ENV_LOCK:
                     for k, v in previous.items():
                         os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-                if torch_compat.compile_activity() != activity:
-                    with contextlib.suppress(OSError):
+                if torch_compat.compile_activity() != activity:  # rare (a compile): the record under the lock
+                    with _ENV_LOCK, contextlib.suppress(OSError):
                         if (problem := _record_written(self, since)) is not None:
                             self.quarantine(problem)
 
