@@ -490,7 +490,7 @@ def sec_cpu_vs_gpu(s: Section) -> None:
         import_steadfast()
         from steadfast.core import verdict as v
         res = v.grade_tensors(images["cpu"], images["gpu"], "image")
-        d = {"verdict": res.grade if hasattr(res, "grade") else str(res), "psnr_db": getattr(res, "psnr_db", None),
+        d = {"verdict": res.level, "psnr_db": res.psnr, "max_abs": res.max_abs, "why": res.why,
              "latent_bit_equal": hashes["cpu"] == hashes["gpu"]}
         s.metrics.update(d)
         return "info", f"{d['verdict']}; PSNR {d['psnr_db']}; latent bit-equal {d['latent_bit_equal']}", d
