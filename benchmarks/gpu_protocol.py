@@ -388,6 +388,9 @@ def sec_nodes_on(s: Section) -> None:
 
 
 def sec_nodes_off(s: Section) -> None:
+    if "--disable-dynamic-vram" not in _cli_args_text():  # ComfyUI before Dynamic VRAM (e.g. 0.8.0)
+        s.case("--disable-dynamic-vram", lambda: ("skipped", "this ComfyUI has no Dynamic VRAM switch"))
+        return
     _nodes(s, ["--disable-dynamic-vram"])
 
 
