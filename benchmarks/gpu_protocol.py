@@ -43,7 +43,7 @@ Speed (random weights, no download):
 Usage::
 
     python benchmarks/gpu_protocol.py --out $OUT                 # GPU; budget 540 s by default
-    python benchmarks/gpu_protocol.py --out /tmp/p --smoke       # CPU, tiny sizes (about 4 minutes on 2 cores)
+    python benchmarks/gpu_protocol.py --out /tmp/p --smoke       # CPU, tiny sizes (CI; 16 min on a very busy 2-core machine)
     python benchmarks/gpu_protocol.py --out /tmp/p --sections env,pytest_gpu
 
 ``COMFYUI_PATH`` names the ComfyUI checkout (``benchmarks/gpu_protocol_prepare.sh`` unpacks one into
