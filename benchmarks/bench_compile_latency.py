@@ -154,15 +154,16 @@ def build_model(name: str, sd15_side: int, flux: dict[str, Any] = FLUX_PARAMS) -
         call_unet.keep = patcher  # type: ignore[attr-defined]  # keep the ModelPatcher alive
         return patcher.model.diffusion_model, call_unet
     if name == "flux":
-        x = _randn((1, 16, 64, 64), "flux.x")
-        t = torch.tensor([0.5])
-        ctx = _randn((1, 32, 256), "flux.context")
-        y = _randn((1, 256), "flux.y")
+        dev = DEVICE[0]
+        x = _randn((1, 16, 64, 64), "flux.x").to(dev)
+        t = torch.tensor([0.5], device=dev)
+        ctx = _randn((1, 32, flux["context_in_dim"]), "flux.context").to(dev)
+        y = _randn((1, flux["vec_in_dim"]), "flux.y").to(dev)
 
         def call_flux(m: Any) -> Any:
             return m(x, t, ctx, y=y, transformer_options={"optimized_attention_override": attn})
 
-        return build_flux(flux), call_flux
+        return build_flux(flux).to(dev), call_flux
     raise ValueError(f"unknown model {name!r}")
 
 
@@ -200,7 +201,7 @@ def make_runner(dm: Any, call: Callable[[Any], Any], mode: str) -> Callable[[], 
     if mode == "eager":
         return lambda: call(dm)
     # the Optimize node's defaults (backend inductor, mode default, dynamic auto, fullgraph off) and guard filter
-    options, guard = mp.compile_options("inductor", "default", "auto", False), node_guard_filter()[0]
+    options, guard = mp.compile_options(BACKEND[0], "default", "auto", False), node_guard_filter()[0]
     if mode == "regional":
         paths = blocks.choose_blocks(dm).paths
         if not paths:
@@ -229,9 +230,22 @@ def _counters() -> dict[str, Any]:
     }
 
 
+BACKEND = ["inductor"]  # the child's torch.compile backend (spec "backend"; the protocol's CPU smoke uses "eager")
+DEVICE = ["cpu"]  # the child's device (spec "device", default cpu; the GPU protocol passes "cuda")
+
+
+def _sync() -> None:
+    if DEVICE[0].startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
 def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    _sync()
     t0 = time.perf_counter()
     out = fn()
+    _sync()
     return out, time.perf_counter() - t0
 
 
@@ -268,7 +282,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     t_proc = time.perf_counter()
     if spec["kind"] == "prime":
         return dict(prime_inductor(), spec=spec)
-    _common.import_pack()
+    DEVICE[0], BACKEND[0] = spec.get("device", "cpu"), spec.get("backend", "inductor")
+    _common.import_pack(cpu=DEVICE[0] == "cpu")
     import torch
     from steadfast.core.compare import compare_outputs
 
@@ -286,6 +301,10 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             result["counters_after_first"] = _counters()
             again = run()
             result["rerun_bit_equal"] = compare_outputs(out, again).bit_equal
+            if spec.get("steady_calls"):  # seconds per call once compiled (the GPU protocol)
+                result["steady_s"] = statistics.median(_timed(run)[1] for _ in range(spec["steady_calls"]))
+            result["sha256"] = hashlib.sha256(out.detach().float().cpu().numpy().tobytes()).hexdigest()
+            out = out.cpu()
             result["out_std"] = float(out.float().std())
             result["finite"] = bool(torch.isfinite(out).all())
             path = out_dir / f"{spec['model']}_{spec['mode']}_{spec['temp']}.pt"

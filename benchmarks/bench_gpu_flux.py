@@ -16,6 +16,7 @@ Configurations (clones of one model, so the weights are shared):
 ``steadfast``            ``SteadfastOptimizeModel``: SDPA ``auto``, regional ``torch.compile``
                          (inductor, the node's defaults) of DoubleStreamBlock / SingleStreamBlock
 ``steadfast+det``        ``SteadfastDeterminismSetup`` (strict, TF32 off) -> the same Optimize
+``core``                 core ComfyUI's ``TorchCompileModel`` (whole diffusion model; only with ``--configs``)
 =======================  =====================================================================
 
 Per configuration: one untimed image (compilation happens here; its seconds are reported as
@@ -65,7 +66,8 @@ SMOKE: dict[str, Any] = {**FLUX_DEV, "vec_in_dim": 32, "context_in_dim": 64, "hi
                          "depth": 1, "depth_single_blocks": 2, "axes_dim": [8, 12, 12]}
 """A tiny Flux (same code paths) for ``--smoke`` on CPU."""
 
-CONFIGS = ("eager", "steadfast", "steadfast+det")
+CONFIGS = ("eager", "steadfast", "steadfast+det", "core")
+DEFAULT_CONFIGS = CONFIGS[:3]  # "core" (ComfyUI's TorchCompileModel, whole model) on request
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -79,7 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--text-tokens", type=int, default=None, help="T5 tokens (default 512; smoke 8)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", default="inductor", help="torch.compile backend for the Steadfast configs")
-    p.add_argument("--configs", default=",".join(CONFIGS), help="subset of " + ", ".join(CONFIGS))
+    p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help="subset of " + ", ".join(CONFIGS))
     p.add_argument("--json", default=None, help="also write the results to this file")
     ns = p.parse_args(argv)
     smoke = ns.smoke
@@ -226,6 +228,12 @@ def make_configs(base: Any, names: list[str], backend: str) -> dict[str, tuple[A
     for name in names:
         if name == "eager":
             out[name] = (base.clone(), "ComfyUI defaults")
+            continue
+        if name == "core":  # core ComfyUI's TorchCompileModel node (torch.compile of the whole diffusion model)
+            from comfy_extras.nodes_torch_compile import TorchCompileModel
+
+            res = TorchCompileModel.execute(base, backend)
+            out[name] = ((res.result if hasattr(res, "result") else res)[0], f"core TorchCompileModel ({backend})")
             continue
         model, reports = base, []
         if name == "steadfast+det":

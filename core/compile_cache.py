@@ -33,7 +33,8 @@ log = logging.getLogger("steadfast.compile_cache")
 INDUCTOR_ENV = "TORCHINDUCTOR_CACHE_DIR"
 TRITON_ENV = "TRITON_CACHE_DIR"
 MANIFEST = "steadfast_cache.json"
-FILES = "steadfast_files.json"  # {relative path: [size, mtime_ns, sha256]} of what inductor wrote under our activation
+FILES = "steadfast_files.json"  # {relative path: [size, mtime_ns, ctime_ns, sha256]} of what inductor wrote while watched
+WATCH_SLACK_NS = 50_000_000  # file times use the kernel's coarse clock (a tick behind time.time_ns); 50 ms covers it
 CACHE_FORMAT = 1
 _ENV_LOCK = threading.RLock()
 _last_dir: list[str | None] = [None]  # the directory inductor last compiled into under our activation
@@ -100,7 +101,12 @@ class CompileCache:
     @contextlib.contextmanager
     def activate(self) -> Iterator[Path]:
         """Yields :attr:`path`, ``TORCHINDUCTOR_CACHE_DIR`` (``TRITON_CACHE_DIR`` = ``<path>/triton``) inside the
-        block, process-wide, restored after; re-entrant; inductor's memoised paths cleared when the folder changes."""
+        block, process-wide, restored after; re-entrant; inductor's memoised paths cleared when the folder changes.
+
+        Trust on write: when Dynamo or inductor compiled (or loaded from this cache) inside the block
+        (:func:`core.torch_compat.compile_activity` grew), the files written during the block are checksummed into
+        :data:`FILES`; a block that compiled nothing (every steady model call) costs no file-system access. A
+        recorded file found changed by someone else moves the cache aside (:meth:`quarantine`)."""
         target = str(self.path.resolve())
         with _ENV_LOCK:
             previous = {k: os.environ.get(k) for k in (INDUCTOR_ENV, TRITON_ENV)}
@@ -110,6 +116,7 @@ class CompileCache:
                 if _last_dir[0] != target:
                     torch_compat.clear_inductor_caches()
                     _last_dir[0] = target
+        since, activity = time.time_ns() - WATCH_SLACK_NS, torch_compat.compile_activity()
         try:
             yield self.path
         finally:
@@ -117,8 +124,10 @@ class CompileCache:
                 with _ENV_LOCK:
                     for k, v in previous.items():
                         os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-                    with contextlib.suppress(OSError):
-                        _record_files(self)
+                if torch_compat.compile_activity() != activity:  # rare (a compile): the record under the lock
+                    with _ENV_LOCK, contextlib.suppress(OSError):
+                        if (problem := _record_written(self, since)) is not None:
+                            self.quarantine(problem)
 
     def quarantine(self, reason: str) -> str:
         """Move the key directory aside (``<key>.bad-<ms>``), start an empty one; returns the message (also logged,
@@ -184,32 +193,75 @@ def _load_files(cache: CompileCache) -> dict[str, list]:
     return body if isinstance(body, dict) else {}
 
 
-def _record_files(cache: CompileCache) -> None:
-    """Checksum every artifact in the cache after a run that compiled into it (only new or changed files are read)."""
-    old, new = _load_files(cache), {}
+def _save_files(cache: CompileCache, files: dict[str, list]) -> None:
+    tmp = cache.path / f".{FILES}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(files, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, cache.path / FILES)
+
+
+def _stat_key(st: os.stat_result) -> list[int]:
+    """``[size, mtime_ns, ctime_ns]``: ``os.utime`` can restore the mtime, not the ctime (the kernel sets it)."""
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _check(cache: CompileCache, rel: str, entry: Any, st: os.stat_result, f: Path) -> tuple[list | None, str | None]:
+    """``(entry to keep, problem)`` for a recorded file found with ``st``: the same stat keeps it unread; another
+    stat is read: the same checksum keeps it (stat updated, e.g. a copy of the folder), another is a problem."""
+    if not (isinstance(entry, list) and len(entry) in (3, 4)):  # 3: [size, mtime_ns, sha256] (before ctime)
+        return None, None
+    if len(entry) == 4 and entry[:3] == _stat_key(st):
+        return entry, None
+    if _sha256(f) != entry[-1]:
+        return None, f"an artifact changed since it was written ({rel}: checksum differs)"
+    return [*_stat_key(st), entry[-1]], None
+
+
+def _record_written(cache: CompileCache, since_ns: int) -> str | None:
+    """After a block that compiled: record the files written from ``since_ns`` on (their ctime, which no one can set
+    back) with their checksums; a recorded file changed before that (by someone else) is checked and, with another
+    checksum, returned as the problem, never recorded again. Files neither recorded nor written now (dropped in by
+    something else) stay unrecorded: untrusted. Returns None when all is well."""
+    old = _load_files(cache)
+    new: dict[str, list] = {}
     for rel, st, f in _walk(cache):
-        seen = old.get(rel)
-        same = isinstance(seen, list) and len(seen) == 3 and seen[:2] == [st.st_size, st.st_mtime_ns]
-        new[rel] = seen if same else [st.st_size, st.st_mtime_ns, _sha256(f)]
+        if st.st_ctime_ns >= since_ns:  # written while we watched (new, or rewritten by inductor itself)
+            new[rel] = [*_stat_key(st), _sha256(f)]
+        elif rel in old:
+            kept, problem = _check(cache, rel, old[rel], st, f)
+            if problem is not None:
+                return problem
+            if kept is not None:
+                new[rel] = kept
     if new != old:
-        tmp = cache.path / f".{FILES}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(new, sort_keys=True), encoding="utf-8")
-        os.replace(tmp, cache.path / FILES)
+        _save_files(cache, new)
+    return None
 
 
 def _files_problem(cache: CompileCache) -> str | None:
     """The first recorded artifact whose bytes changed since it was written (None when all that remain match).
+    Files that are not recorded (not written while the pack watched) are said in :attr:`CompileCache.messages`,
+    untrusted; recorded ones that are gone are dropped from the record.
 
     torch 2.11's inductor, given a corrupted ``.so``, fails the compile, and the in-process retry then compiles
     code that is not bit-equal to a fresh process's (measured: sum 33.330055 vs 33.330059 on a LayerNorm + Linear
     + GELU block); checking the bytes before inductor sees them keeps a corrupted cache on the fresh-compile bits."""
-    for rel, entry in _load_files(cache).items():
-        f = cache.path / rel
-        if not (isinstance(entry, list) and len(entry) == 3) or not f.is_file():
+    old, new, foreign = _load_files(cache), {}, []
+    for rel, st, f in _walk(cache):
+        if rel not in old:
+            foreign.append(rel)
             continue
-        st = f.stat()
-        if [st.st_size, st.st_mtime_ns] != entry[:2] and _sha256(f) != entry[2]:
-            return f"an artifact changed since it was written ({rel}: checksum differs)"
+        kept, problem = _check(cache, rel, old[rel], st, f)
+        if problem is not None:
+            return problem
+        if kept is not None:
+            new[rel] = kept
+    if new != old:
+        _save_files(cache, new)
+    if foreign:
+        cache.messages.append(f"compile cache {cache.name!r}: {len(foreign)} file(s) not written while Steadfast "
+                              f"watched (e.g. {min(foreign)}): not checked; remove the cache folder to start "
+                              "clean")
+        log.warning("%s", cache.messages[-1])
     return None
 
 

@@ -31,7 +31,8 @@ __all__ = [
     "cache_entry_count", "supports_guard_filter_fn", "inductor_mode_options", "is_compile_error",
     "clear_inductor_caches", "has_fp32_precision_api", "get_fp32_precision", "set_fp32_precision",
     "inductor_deterministic", "set_inductor_deterministic", "RecompileLogTap", "install_recompile_log_tap",
-    "remove_recompile_log_tap", "compile_events", "PROBE_CPU_ISA_ENV", "trusted_cpu_isa", "tensor_version",
+    "remove_recompile_log_tap", "compile_events", "compile_activity", "PROBE_CPU_ISA_ENV", "trusted_cpu_isa",
+    "tensor_version",
 ]
 
 #: Names of the settings as messages to users should spell them.
@@ -137,6 +138,20 @@ def dynamo_counters() -> dict[str, int]:
     for reason, n in counters["graph_break"].items():
         snap[f"graph_break:{reason}"] = n
     return snap
+
+
+def compile_activity() -> int:
+    """A number that grows whenever Dynamo converts a frame or inductor looks up its FX-graph cache: the moments
+    inductor and Triton write their cache files (``torch._dynamo.utils.counters``: ``frames.total`` plus the
+    ``fxgraph_cache_hit/miss/bypass`` counts). 0 before ``torch._dynamo`` is loaded (nothing compiled yet); cheap
+    (dictionary reads), so the compile cache reads it around every model call."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return 0
+    counters = _api("torch._dynamo.utils", "counters", "noticing compiles (compile cache records)")
+    inductor = counters["inductor"]
+    return (counters["frames"]["total"] + inductor["fxgraph_cache_hit"] + inductor["fxgraph_cache_miss"]
+            + inductor["fxgraph_cache_bypass"])
 
 
 def dynamo_global_state() -> dict[str, Any]:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,8 @@ def test_manifest_mismatch_and_corruption_are_moved_aside(tmp_path):
     assert manifest["key"] == cache.key and manifest["fields"] == cache.fields
     (cache.path / "fxgraph").mkdir()
     (cache.path / "fxgraph" / "entry").write_bytes(b"x")
-    assert cc.open_cache(tmp_path, device="cpu").messages == []  # reopening keeps the entries
+    reopened = cc.open_cache(tmp_path, device="cpu").messages  # reopening keeps the entries, says they're untrusted
+    assert len(reopened) == 1 and "not written while Steadfast watched" in reopened[0] and "moved" not in reopened[0]
     assert (cache.path / "fxgraph" / "entry").exists()
 
     manifest["fields"]["torch"] = "1.0.0"  # a directory copied from another machine / version
@@ -156,6 +158,7 @@ def test_fresh_process_hits_and_survives_corruption(tmp_path):
     warm = _child(tmp_path)
     assert (cold["miss"], cold["hit"]) == (1, 0) and (warm["miss"], warm["hit"]) == (1 - 1, 1)
     assert warm["sum"] == cold["sum"] and cold["env_restored"] and warm["env_restored"]
+    assert cold["messages"] == warm["messages"] == []  # all that inductor wrote was recorded while watched
     assert warm["seconds"] < cold["seconds"]
     print(f"\n[compile cache, fresh process, 1 block] cold {cold['seconds']:.2f} s, warm {warm['seconds']:.2f} s, "
           f"ratio {cold['seconds'] / warm['seconds']:.1f}x")
@@ -172,3 +175,123 @@ def test_fresh_process_hits_and_survives_corruption(tmp_path):
     assert healed["sum"] == cold["sum"]  # compiled again, same bits, no crash
     assert healed["hit"] == 0 and any("moved aside" in m for m in healed["messages"])
     assert list((tmp_path / loc.DEFAULT_NAME).glob("*.bad-*"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Trust on write, and no file-system work in calls that compile nothing (issue 23)
+# ---------------------------------------------------------------------------------------------
+class _Inductor:
+    """Stands in for a compile: bumps the activity counter the cache watches and writes ``files`` into the active
+    folder (as inductor does under ``TORCHINDUCTOR_CACHE_DIR``)."""
+
+    def __init__(self, monkeypatch):
+        self.activity = 0
+        monkeypatch.setattr(cc.torch_compat, "compile_activity", lambda: self.activity)
+
+    def compile(self, cache, files: dict[str, bytes]):
+        def fn():
+            self.activity += 1
+            for rel, data in files.items():
+                target = Path(os.environ[cc.INDUCTOR_ENV]) / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+            return "compiled"
+        return cc.run_cached(cache, fn)
+
+
+def _recorded(cache) -> dict:
+    return json.loads((cache.path / cc.FILES).read_text()) if (cache.path / cc.FILES).exists() else {}
+
+
+def test_steady_calls_touch_no_files(monkeypatch, tmp_path):
+    """A call that compiles nothing walks no folder and reads no record, even with 3,000 files in the cache."""
+    ind = _Inductor(monkeypatch)
+    cache = cc.open_cache(tmp_path, device="cpu")
+    ind.compile(cache, {"fxgraph/ab/entry": b"graph", "cd/kernel.so": b"\x7fELF..."})
+    assert set(_recorded(cache)) == {"fxgraph/ab/entry", "cd/kernel.so"}
+    for i in range(3000):
+        (cache.path / "cd" / f"k{i}.py").write_bytes(b"x")
+    walks = []
+    real_walk = cc._walk
+    monkeypatch.setattr(cc, "_walk", lambda c: walks.append(1) or real_walk(c))
+    for _ in range(20):
+        assert cc.run_cached(cache, lambda: 7) == 7
+    assert walks == []  # steady: no rglob, no stat, no record read
+    ind.compile(cache, {"ef/new.py": b"new"})
+    assert len(walks) == 1 and "ef/new.py" in _recorded(cache)  # a compiling call records once
+
+
+def test_same_size_corruption_with_kept_mtime_is_caught_at_open(monkeypatch, tmp_path):
+    ind = _Inductor(monkeypatch)
+    cache = cc.open_cache(tmp_path, device="cpu")
+    ind.compile(cache, {"cd/kernel.so": b"AAAAAAAA"})
+    f = cache.path / "cd" / "kernel.so"
+    st = f.stat()
+    f.write_bytes(b"AAAABAAA")  # same size
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))  # mtime put back (only the ctime tells)
+    assert f.stat().st_mtime_ns == st.st_mtime_ns and f.stat().st_size == st.st_size
+    again = cc.open_cache(tmp_path, device="cpu")
+    assert len(again.messages) == 1 and "cd/kernel.so: checksum differs" in again.messages[0]
+    assert not (again.path / "cd").exists() and list(cache.root.glob(f"{cache.key}.bad-*"))
+
+
+def test_a_touched_but_unchanged_file_stays_trusted(monkeypatch, tmp_path):
+    """A copy of the folder (new ctimes, same bytes) is read once and kept, not moved aside."""
+    ind = _Inductor(monkeypatch)
+    cache = cc.open_cache(tmp_path, device="cpu")
+    ind.compile(cache, {"cd/kernel.so": b"AAAAAAAA"})
+    f = cache.path / "cd" / "kernel.so"
+    f.write_bytes(f.read_bytes())
+    assert cc.open_cache(tmp_path, device="cpu").messages == []
+    assert _recorded(cache)["cd/kernel.so"][:3] == [f.stat().st_size, f.stat().st_mtime_ns, f.stat().st_ctime_ns]
+
+
+def test_file_changed_while_the_server_runs_is_quarantined_not_rerecorded(monkeypatch, tmp_path):
+    ind = _Inductor(monkeypatch)
+    cache = cc.open_cache(tmp_path, device="cpu")
+    ind.compile(cache, {"cd/kernel.so": b"AAAAAAAA"})
+    good = _recorded(cache)["cd/kernel.so"]
+    f = cache.path / "cd" / "kernel.so"
+    st = f.stat()
+    f.write_bytes(b"AAAABAAA")  # changed between model calls, by something that is not inductor under our watch
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    time.sleep(cc.WATCH_SLACK_NS / 1e9 + 0.05)  # before the next call's watch starts
+    ind.compile(cache, {"ef/other.py": b"new"})  # the next compiling call (e.g. a new shape) records
+    assert len(cache.messages) == 1 and "cd/kernel.so: checksum differs" in cache.messages[0]
+    assert "moved aside" in cache.messages[0]
+    (bad,) = cache.root.glob(f"{cache.key}.bad-*")
+    kept = json.loads((bad / cc.FILES).read_text())
+    assert kept["cd/kernel.so"] == good  # the record that was moved aside still holds the good checksum
+    assert "cd/kernel.so" not in _recorded(cache)  # never re-recorded as good
+
+
+def test_foreign_file_is_not_recorded_as_trusted(monkeypatch, tmp_path):
+    ind = _Inductor(monkeypatch)
+    cache = cc.open_cache(tmp_path, device="cpu")
+    ind.compile(cache, {"cd/kernel.so": b"AAAAAAAA"})
+    (cache.path / "zz").mkdir()
+    (cache.path / "zz" / "planted.so").write_bytes(b"not ours")
+    time.sleep(cc.WATCH_SLACK_NS / 1e9 + 0.05)
+    ind.compile(cache, {"ef/other.py": b"new"})
+    assert set(_recorded(cache)) == {"cd/kernel.so", "ef/other.py"} and cache.messages == []
+    reopened = cc.open_cache(tmp_path, device="cpu")
+    assert len(reopened.messages) == 1
+    assert "1 file(s) not written while Steadfast watched (e.g. zz/planted.so): not checked" in reopened.messages[0]
+    assert "zz/planted.so" not in _recorded(reopened)
+
+
+def test_record_of_an_earlier_version_is_checked_by_checksum(tmp_path):
+    """Records written before the ctime field ([size, mtime_ns, sha256]) are read and upgraded, or caught."""
+    cache = cc.open_cache(tmp_path, device="cpu")
+    (cache.path / "ok.so").write_bytes(b"good")
+    (cache.path / "bad.so").write_bytes(b"evil")
+    st_ok, st_bad = (cache.path / "ok.so").stat(), (cache.path / "bad.so").stat()
+    (cache.path / cc.FILES).write_text(json.dumps({
+        "ok.so": [st_ok.st_size, st_ok.st_mtime_ns, cc._sha256(cache.path / "ok.so")],
+        "gone.so": [1, 1, "00"]}))
+    assert cc.open_cache(tmp_path, device="cpu").messages[0].startswith(
+        "compile cache 'default': 1 file(s) not written while Steadfast watched (e.g. bad.so)")
+    assert _recorded(cache) == {"ok.so": [st_ok.st_size, st_ok.st_mtime_ns, st_ok.st_ctime_ns,
+                                          cc._sha256(cache.path / "ok.so")]}
+    (cache.path / cc.FILES).write_text(json.dumps({"bad.so": [st_bad.st_size, st_bad.st_mtime_ns, "0" * 64]}))
+    assert "bad.so: checksum differs" in cc.open_cache(tmp_path, device="cpu").messages[0]
