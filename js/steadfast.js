@@ -140,16 +140,22 @@ function addInfoWidget(node) {
 }
 
 // The Vue ("Nodes 2.0") renderer lays DOM widgets out itself (inside an element with data-node-id) and ignores
-// getMinHeight: there the box takes its content's height, measured after layout and again when its width changes.
+// getMinHeight: there the box is given the height of its text, measured on the hidden twin (textHeight), never on
+// the box itself. The height depends only on the text and the box's width, so it is set again only when one of
+// them changes: a box that grows makes no new measurement (a box's own scrollHeight is at least its height, so
+// fitting to it grew the box a little on every resize, without end), and a shorter text gives a shorter box.
 // The canvas renderer is left to getMinHeight and the node size set in showText.
-function fitVueBox(el) {
+function fitVueBox(el, node) {
   const fit = () => {
     if (!el.isConnected || !el.closest("[data-node-id]")) return;
-    el.style.height = "auto";
-    el.style.minHeight = `${el.scrollHeight + 2}px`;
+    const key = `${el.offsetWidth}\n${el.value}`;
+    if (el.steadfastFitted === key) return; // same text, same width: the height it has is right
+    el.steadfastFitted = key;
+    const h = `${textHeight(el, node)}px`;
+    Object.assign(el.style, { height: h, minHeight: h, maxHeight: h });
   };
   if (!el.steadfastObserver && typeof ResizeObserver === "function") {
-    el.steadfastObserver = new ResizeObserver(() => fit());
+    el.steadfastObserver = new ResizeObserver(() => fit()); // a new width wraps the text anew
     el.steadfastObserver.observe(el);
   }
   requestAnimationFrame(fit);
@@ -160,7 +166,7 @@ function fitVueBox(el) {
 function showText(node, text) {
   const w = node.widgets?.find((x) => x.name === INFO) ?? addInfoWidget(node);
   w.value = text;
-  if (w.element) fitVueBox(w.element);
+  if (w.element) fitVueBox(w.element, node);
   const [minW, minH] = node.computeSize();
   node.setSize([Math.max(node.size[0], minW), Math.max(node.size[1], minH)]);
   makeRoom(node);
@@ -180,6 +186,35 @@ function setState(node, state, label) {
   node.steadfast_state = state ?? null; // transient: not part of the workflow
   node.steadfast_label = label ?? null;
   node.setDirtyCanvas(true, true);
+  drawVueVerdicts();
+}
+
+// Nodes 2.0 draws each node as a DOM element (data-node-id) and never calls onDrawForeground: the same frame and
+// label are CSS rules on that element, in one stylesheet rewritten from the nodes' states. The rules name the node
+// by id, so they survive the renderer re-creating the element (scrolling, collapsing); the label sits above the
+// node, inside its width (wrapped), as on the canvas.
+let verdictSheet = null;
+const cssString = (s) => `"${String(s).replace(/[\\"]/g, "\\$&").replace(/\n/g, " ")}"`;
+function drawVueVerdicts() {
+  if (typeof document === "undefined") return;
+  if (!verdictSheet) {
+    verdictSheet = document.createElement("style");
+    verdictSheet.id = "steadfast-verdicts";
+    document.head.appendChild(verdictSheet);
+  }
+  const rules = [];
+  for (const n of app.graph?.nodes ?? []) {
+    const color = STATE_COLORS[n.steadfast_state];
+    if (!color) continue;
+    const sel = `[data-node-id="${String(n.id).replace(/["\\]/g, "")}"]`;
+    rules.push(`${sel} { outline: 4px solid ${color}; outline-offset: 2px; }`);
+    if (n.steadfast_label) {
+      rules.push(`${sel}::before { content: ${cssString(n.steadfast_label)}; position: absolute; left: 0; right: 0;`
+                 + ` bottom: 100%; margin-bottom: 8px; color: ${color}; font: bold 12px sans-serif;`
+                 + " white-space: normal; overflow-wrap: anywhere; pointer-events: none; }");
+    }
+  }
+  verdictSheet.textContent = rules.join("\n");
 }
 
 // "Pin hash and record": copy the last run's hash and run record into expected / expected_record, so the saved
@@ -200,6 +235,7 @@ function pin(node) {
 
 app.registerExtension({
   name: "comfyui-steadfast.nodes",
+  afterConfigureGraph() { drawVueVerdicts(); }, // a loaded graph's nodes have no state yet: no stale frames
   async beforeRegisterNodeDef(nodeType, nodeData) {
     if (!NODES.has(nodeData.name)) return;
     if (nodeData.name === "SteadfastOptimizeModel") {
