@@ -206,7 +206,7 @@ function drawVueVerdicts() {
   for (const n of app.graph?.nodes ?? []) {
     const color = STATE_COLORS[n.steadfast_state];
     if (!color) continue;
-    const sel = `[data-node-id="${String(n.id).replace(/["\\]/g, "")}"]`;
+    const sel = `.lg-node[data-node-id="${String(n.id).replace(/["\\]/g, "")}"]`;
     rules.push(`${sel} { outline: 4px solid ${color}; outline-offset: 2px; }`);
     if (n.steadfast_label) {
       rules.push(`${sel}::before { content: ${cssString(n.steadfast_label)}; position: absolute; left: 0; right: 0;`

@@ -581,3 +581,86 @@ def test_report_box_fits_a_long_report_and_overlaps_nothing(page: Any, template:
         box = page.evaluate(BOX_JS, nid)
         assert box["cut"] <= 2 and box["client"] > 0, (template, nid, box)
     assert not overlapping_nodes(page), f"{template}: a node grown by its report overlaps another"
+
+
+def _set_vue_nodes(page: Any, on: bool) -> bool:
+    """Switch the "Nodes 2.0" renderer on or off; False when this frontend has no such setting."""
+    return page.evaluate("async (on) => { const s = window.app.extensionManager.setting;"
+                         " try { s.get('Comfy.VueNodes.Enabled') } catch (e) { return false }"
+                         " await s.set('Comfy.VueNodes.Enabled', on); return true }", on)
+
+
+HEIGHTS_JS = """() => window.app.graph.nodes.map(n => {
+  const el = document.querySelector(`.lg-node[data-node-id="${n.id}"]`);
+  return [n.id, Math.round(n.size[1]), el ? Math.round(el.getBoundingClientRect().height / window.app.canvas.ds.scale) : null];
+})"""
+
+
+def _run_and_wait(page: Any, comfy_server: ComfyServer) -> dict[str, Any]:
+    """Queue the loaded graph as the Run button does; the finished history entry."""
+    known = set(comfy_server.get("/history"))
+    page.evaluate("async () => { await window.app.queuePrompt(0, 1) }")
+    deadline = time.monotonic() + 180
+    while True:
+        new = {p: e for p, e in comfy_server.get("/history").items() if p not in known}
+        if new and all(e.get("status", {}).get("completed") is not None for e in new.values()):
+            (entry,) = new.values()
+            return entry
+        assert time.monotonic() < deadline, f"prompt not finished; log:\n{comfy_server.log_tail()}"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("renderer", ["canvas", "vue"])
+def test_nodes_stay_still_idle_and_after_a_run(page: Any, comfy_server: ComfyServer, renderer: str) -> None:
+    """Every node's height (the graph's size and, in Nodes 2.0, its DOM element's) is the same twice, 10 s apart,
+    with the template idle and after a run: report boxes fit their text once and then stay put (before the fix the
+    Vue renderer grew them 65-200 px a second without end). A shorter report gives a shorter box. In Nodes 2.0 the
+    verdict is drawn too: Compare's element has the frame colour and the level's label."""
+    if renderer == "vue" and not _set_vue_nodes(page, True):
+        pytest.skip("this frontend has no Comfy.VueNodes.Enabled setting (no Nodes 2.0 renderer)")
+    try:
+        name = api_to_ui.ui_template_name("determinism_check")
+        twin = api_twin(name)
+        hash_id = next(i for i, n in twin.items() if n["class_type"] == "SteadfastHash")
+        cmp_id = next(i for i, n in twin.items() if n["class_type"] == "SteadfastCompare")
+        comfy_server.free()
+        load_template(page, name)
+        page.evaluate("() => window.app.extensionManager.command.execute('Comfy.Canvas.FitView')")
+        page.wait_for_timeout(1000)
+        idle = page.evaluate(HEIGHTS_JS)
+        page.wait_for_timeout(10_000)
+        assert page.evaluate(HEIGHTS_JS) == idle, "node heights changed while idle"
+        entry = _run_and_wait(page, comfy_server)
+        assert entry["status"]["status_str"] == "success", entry["status"]
+        want = "\n".join(entry["outputs"][hash_id]["text"])
+        page.wait_for_function("([id, text]) => window.app.graph.getNodeById(+id)?.widgets?.find(w => w.name ==="
+                               " 'steadfast_info')?.value === text", arg=[hash_id, want], timeout=30_000)
+        page.wait_for_timeout(1500)  # the layout settles
+        ran = page.evaluate(HEIGHTS_JS)
+        page.wait_for_timeout(10_000)
+        again = page.evaluate(HEIGHTS_JS)
+        assert again == ran, f"node heights changed after the run while idle:\n{ran}\n{again}"
+        box = page.evaluate(BOX_JS, hash_id)
+        assert box["cut"] <= 2 and box["client"] > 0, box  # the report fits its box
+        assert not overlapping_nodes(page), "nodes grown by the run overlap"
+        if renderer == "vue":
+            frame = page.evaluate("(id) => { const el = document.querySelector(`.lg-node[data-node-id=\"${id}\"]`);"
+                                  " return [getComputedStyle(el).outlineColor, getComputedStyle(el, '::before').content] }",
+                                  cmp_id)
+            identical = entry["outputs"][cmp_id]["steadfast_compare"][0]["identical"]
+            if identical:  # js/steadfast.js STATE_COLORS.match, LEVEL_TEXT.identical
+                assert frame == ["rgb(46, 125, 50)", '"IDENTICAL BYTES"'], frame
+            else:
+                assert frame[0] in ("rgb(198, 40, 40)", "rgb(21, 101, 192)") and "PICTURE" in frame[1], frame
+            # a shorter text gives a shorter box (the box follows its text both ways)
+            tall = page.evaluate(BOX_JS, hash_id)["client"]
+            page.evaluate("(id) => window.app.graph.getNodeById(+id).onExecuted({text: ['short']})", hash_id)
+            page.wait_for_timeout(1000)
+            short = page.evaluate(BOX_JS, hash_id)
+            assert short["client"] < tall and short["cut"] <= 2, (tall, short)
+            page.wait_for_timeout(10_000)
+            assert page.evaluate(BOX_JS, hash_id) == short, "the box moved while idle after shrinking"
+        assert not page.steadfast_errors, page.steadfast_errors
+    finally:
+        if renderer == "vue":
+            _set_vue_nodes(page, False)
