@@ -182,6 +182,39 @@ function showText(node, text) {
   });
 }
 
+// Width of the badges the frontend draws above a node's title bar (LGraphBadge.getWidth where the frontend has
+// it), else of a "Steadfast" badge in its font, with its padding.
+function badgesWidth(node, ctx) {
+  let width = 0;
+  for (const b of node.badges ?? []) {
+    const badge = typeof b === "function" ? b() : b;
+    width += (typeof badge?.getWidth === "function" ? badge.getWidth(ctx) : 0) + 4;
+  }
+  if (width > 0) return width;
+  ctx.save();
+  ctx.font = "12px sans-serif";
+  width = ctx.measureText("Steadfast").width + 20;
+  ctx.restore();
+  return width;
+}
+
+// ``text`` split at spaces into lines no wider than ``maxWidth`` (a longer word keeps a line of its own).
+function wrapLabel(ctx, text, maxWidth) {
+  const lines = [];
+  let line = "";
+  for (const word of String(text).split(" ")) {
+    const next = line ? `${line} ${word}` : word;
+    if (line && ctx.measureText(next).width > maxWidth) {
+      lines.push(line);
+      line = word;
+    } else {
+      line = next;
+    }
+  }
+  if (line) lines.push(line);
+  return lines;
+}
+
 function setState(node, state, label) {
   node.steadfast_state = state ?? null; // transient: not part of the workflow
   node.steadfast_label = label ?? null;
@@ -233,9 +266,79 @@ function pin(node) {
   return true;
 }
 
+// What a node shows for its last output (ComfyUI's "executed" message, or the same output kept by the frontend):
+// the report text, the frame and the label.
+function showOutput(node, message) {
+  const text = message?.text?.join("\n");
+  if (text) showText(node, text);
+  const h = message?.steadfast_hash?.[0];
+  if (h) {
+    node.steadfast_last = { hash: h.hash, record: h.record || "", reference: h.reference || null };
+    const v = h.match === "unchecked" ? { state: null, label: null } : verdictState(h.verdict, h.match);
+    setState(node, v.state, v.label);
+  }
+  const cmp = message?.steadfast_compare?.[0];
+  if (cmp) {
+    const v = verdictState(cmp.verdict, cmp.identical ? "match" : "mismatch");
+    // a difference the run records explain stays amber; its label still says which level
+    setState(node, !cmp.identical && cmp.expected_to_differ ? "expected" : v.state,
+             v.label && !cmp.identical && cmp.expected_to_differ ? `EXPECTED: ${v.label}` : v.label);
+  }
+}
+
+const ourNodes = () => (app.graph?.nodes ?? []).filter((n) => NODES.has(n.constructor?.comfyClass ?? n.type));
+
+// Switching workflow tabs loads the graph anew (no report, no frame) and then gives the frontend back the tab's
+// node outputs (app.nodeOutputs, the same store that brings back a tab's images): our nodes show theirs again.
+// A workflow loaded into the page has no outputs there, so it shows nothing before it runs.
+function restoreReports() {
+  const outputs = app.nodeOutputs ?? {};
+  for (const node of ourNodes()) {
+    const out = outputs[String(node.id)];
+    const w = node.widgets?.find((x) => x.name === INFO);
+    if (out?.text && !w?.value) showOutput(node, out);
+  }
+}
+
+// A report that no longer holds: when ComfyUI refuses one of our nodes (node_errors in its answer to the page's
+// prompt), the node's last report and frame are from inputs it no longer has, so the report is marked stale and
+// the frame removed. The answer reaches the page only through api.queuePrompt: wrapped, calling through unchanged.
+const STALE = "STALE (ComfyUI refused this node's inputs: fix the input marked red and run again). Last report:";
+function markStale(nodeErrors) {
+  for (const id of Object.keys(nodeErrors ?? {})) {
+    const node = app.graph?.getNodeById?.(Number.isNaN(+id) ? id : +id);
+    if (!node || !NODES.has(node.constructor?.comfyClass ?? node.type)) continue;
+    setState(node, null, null);
+    const w = node.widgets?.find((x) => x.name === INFO);
+    if (w?.value && !String(w.value).startsWith(STALE)) showText(node, `${STALE}\n${w.value}`);
+  }
+}
+function watchRefusals(api) {
+  if (!api || api.steadfastWatched || typeof api.queuePrompt !== "function") return;
+  const queuePrompt = api.queuePrompt;
+  api.queuePrompt = async function () {
+    let answer;
+    try {
+      answer = await queuePrompt.apply(this, arguments);
+    } catch (e) {
+      markStale(e?.response?.node_errors);
+      throw e;
+    }
+    markStale(answer?.node_errors);
+    return answer;
+  };
+  api.steadfastWatched = true;
+}
+
 app.registerExtension({
   name: "comfyui-steadfast.nodes",
-  afterConfigureGraph() { drawVueVerdicts(); }, // a loaded graph's nodes have no state yet: no stale frames
+  setup() { watchRefusals(app.api); },
+  afterConfigureGraph() {
+    drawVueVerdicts(); // a loaded graph's nodes have no state yet: no frames left from the graph before
+    // a tab switch gives back the tab's outputs right after the graph is configured
+    requestAnimationFrame(restoreReports);
+    setTimeout(restoreReports, 300);
+  },
   async beforeRegisterNodeDef(nodeType, nodeData) {
     if (!NODES.has(nodeData.name)) return;
     if (nodeData.name === "SteadfastOptimizeModel") {
@@ -270,28 +373,17 @@ app.registerExtension({
       if (this.steadfast_label) {
         ctx.fillStyle = color;
         ctx.font = "bold 12px sans-serif";
-        ctx.fillText(this.steadfast_label, 0, -th - 8);
+        // the frontend draws the node's badges ("Steadfast") above the title bar at its right end: the label
+        // keeps left of them, wrapped into lines that go upward
+        const lines = wrapLabel(ctx, this.steadfast_label, Math.max(60, this.size[0] - badgesWidth(this, ctx) - 12));
+        lines.forEach((line, i) => ctx.fillText(line, 0, -th - 8 - (lines.length - 1 - i) * 14));
       }
       ctx.restore();
     };
     const onExecuted = nodeType.prototype.onExecuted;
     nodeType.prototype.onExecuted = function (message) {
       onExecuted?.apply(this, arguments);
-      const text = message?.text?.join("\n");
-      if (text) showText(this, text);
-      const h = message?.steadfast_hash?.[0];
-      if (h) {
-        this.steadfast_last = { hash: h.hash, record: h.record || "", reference: h.reference || null };
-        const v = h.match === "unchecked" ? { state: null, label: null } : verdictState(h.verdict, h.match);
-        setState(this, v.state, v.label);
-      }
-      const cmp = message?.steadfast_compare?.[0];
-      if (cmp) {
-        const v = verdictState(cmp.verdict, cmp.identical ? "match" : "mismatch");
-        // a difference the run records explain stays amber; its label still says which level
-        setState(this, !cmp.identical && cmp.expected_to_differ ? "expected" : v.state,
-                 v.label && !cmp.identical && cmp.expected_to_differ ? `EXPECTED: ${v.label}` : v.label);
-      }
+      showOutput(this, message);
     };
   },
 });

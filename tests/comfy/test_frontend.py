@@ -664,3 +664,58 @@ def test_nodes_stay_still_idle_and_after_a_run(page: Any, comfy_server: ComfySer
     finally:
         if renderer == "vue":
             _set_vue_nodes(page, False)
+
+
+def _info(page: Any, nid: str) -> dict[str, Any]:
+    return page.evaluate("(id) => { const n = window.app.graph.getNodeById(+id);"
+                         " return {state: n.steadfast_state ?? null, label: n.steadfast_label ?? null,"
+                         " text: n.widgets.find(w => w.name === 'steadfast_info')?.value ?? ''} }", nid)
+
+
+def test_bad_input_marks_only_that_input_and_stales_the_report(page: Any, comfy_server: ComfyServer) -> None:
+    """Bad text in Hash ``expected``, queued from the page: the frontend holds one error, on ``expected`` (each
+    validate_inputs takes the one input it checks; ComfyUI marks every argument), with the message; the red report
+    the node showed from an earlier run is marked stale and its frame removed (it no longer matches the widget)."""
+    name = api_to_ui.ui_template_name("determinism_check")
+    hash_id = next(i for i, n in api_twin(name).items() if n["class_type"] == "SteadfastHash")
+    load_template(page, name)
+    page.evaluate("(id) => window.app.graph.getNodeById(+id).onExecuted({text: ['MISMATCH: old report'],"
+                  " steadfast_hash: [{hash: 'ab', match: 'mismatch', record: '', verdict: null}]})", hash_id)
+    assert _info(page, hash_id)["state"] == "mismatch"
+    page.evaluate("(id) => { const w = window.app.graph.getNodeById(+id).widgets.find(w => w.name === 'expected');"
+                  " w.value = 'zz' }", hash_id)
+    page.evaluate("async () => { try { await window.app.queuePrompt(0, 1) } catch (e) {} }")
+    page.wait_for_function("(id) => !!window.app.lastNodeErrors?.[id]", arg=hash_id, timeout=60_000)
+    errors = page.evaluate("(id) => window.app.lastNodeErrors[id].errors", hash_id)
+    assert [e["extra_info"]["input_name"] for e in errors] == ["expected"], errors
+    assert "hex SHA-256" in errors[0]["details"] and "'zz'" in errors[0]["details"], errors
+    shown = _info(page, hash_id)
+    assert shown["state"] is None and shown["text"].startswith("STALE") and "MISMATCH: old report" in shown["text"]
+    box = page.evaluate(BOX_JS, hash_id)
+    assert box["cut"] <= 2, box
+
+
+def test_reports_come_back_after_a_tab_switch(page: Any, comfy_server: ComfyServer) -> None:
+    """A run's reports, frames and labels are back after switching to another workflow tab and back (from the
+    node outputs the frontend keeps per tab, as it does for images)."""
+    name = api_to_ui.ui_template_name("determinism_check")
+    twin = api_twin(name)
+    hash_id = next(i for i, n in twin.items() if n["class_type"] == "SteadfastHash")
+    cmp_id = next(i for i, n in twin.items() if n["class_type"] == "SteadfastCompare")
+    comfy_server.free()
+    load_template(page, name)
+    entry = _run_and_wait(page, comfy_server)
+    want = "\n".join(entry["outputs"][hash_id]["text"])
+    page.wait_for_function("([id, text]) => window.app.graph.getNodeById(+id)?.widgets?.find(w => w.name ==="
+                           " 'steadfast_info')?.value === text", arg=[hash_id, want], timeout=30_000)
+    before = {i: _info(page, i) for i in (hash_id, cmp_id)}
+    assert before[cmp_id]["state"] is not None
+    store = "window.app.extensionManager.workflow"
+    ours = page.evaluate(f"() => {store}.openWorkflows.indexOf({store}.activeWorkflow)")
+    page.evaluate("() => window.app.extensionManager.command.execute('Comfy.NewBlankWorkflow')")
+    page.wait_for_function("() => window.app.graph.nodes.every(n => !String(n.type).startsWith('Steadfast'))")
+    page.locator(".workflow-tabs button.p-togglebutton").nth(ours).click()  # the user's click on our tab
+    page.wait_for_function("(id) => !!window.app.graph.getNodeById(+id)", arg=cmp_id)
+    page.wait_for_timeout(1000)
+    after = {i: _info(page, i) for i in (hash_id, cmp_id)}
+    assert after == before
