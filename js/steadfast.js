@@ -153,6 +153,8 @@ function fitVueBox(el, node) {
     el.steadfastFitted = key;
     const h = `${textHeight(el, node)}px`;
     Object.assign(el.style, { height: h, minHeight: h, maxHeight: h });
+    // the node takes its new height once the frontend has laid it out: then the nodes below make room
+    requestAnimationFrame(() => setTimeout(() => { makeRoom(node); node.setDirtyCanvas?.(true, true); }, 50));
   };
   if (!el.steadfastObserver && typeof ResizeObserver === "function") {
     el.steadfastObserver = new ResizeObserver(() => fit()); // a new width wraps the text anew

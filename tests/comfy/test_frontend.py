@@ -190,7 +190,7 @@ def load_template(page: Any, name: str) -> None:
     dialog.get_by_text(name, exact=True).first.click()
     ids = sorted(int(i) for i in api_twin(name))
     page.wait_for_function(
-        "(ids) => { const g = window.app.graph; return g.nodes.length === ids.length"
+        "(ids) => { const g = window.app.graph; return g.nodes.filter(n => n.type !== 'Note').length === ids.length"
         " && ids.every(i => g.getNodeById(i)) }", arg=ids)
     dialog.wait_for(state="hidden")
     for warning in ("This workflow has missing nodes", "Missing Models"):  # the frontend's load-time warnings
@@ -261,7 +261,7 @@ def check_round_trip(page: Any, api: dict[str, Any], object_info: dict[str, Any]
     nodes = page.evaluate(
         "() => window.app.graph.nodes.map(n => ({id: n.id, type: n.type, comfyClass: n.constructor.comfyClass ?? null,"
         " links: (n.inputs ?? []).filter(i => i.link != null).length}))")
-    unknown = [n for n in nodes if n["comfyClass"] != n["type"]]
+    unknown = [n for n in nodes if n["comfyClass"] != n["type"] and n["type"] != "Note"]  # Note: frontend-only
     assert not unknown, f"node types the frontend does not know (missing/broken nodes): {unknown}"
     got, want = prompt_core(frontend_prompt(page)), expected_prompt(api, object_info)
     assert got == want, f"{what}: frontend graphToPrompt() != API twin\n{describe_diff(got, want)}"
@@ -277,6 +277,12 @@ def test_template_loads_and_converts_back_to_api_twin(page: Any, object_info: di
     assert not overlapping_nodes(page), f"{name}: nodes overlap once the frontend has sized them"
     # The twin is exactly what "Export (API)" gives: no optional widget left out (the frontend sends them all).
     assert filled_optional_widgets(api_twin(name), object_info) == {}, name
+    # What the template needs before Run is on the canvas: a Note at the top left, as api_to_ui wrote it
+    notes = page.evaluate("() => window.app.graph.nodes.filter(n => n.type === 'Note')"
+                          ".map(n => [n.widgets?.[0]?.value ?? '', n.pos[0], n.pos[1]])")
+    want = api_to_ui.TEMPLATE_NOTES[api_to_ui.api_template_name(name)]
+    assert [n[0] for n in notes] == [want], notes
+    assert notes[0][1] <= min(page.evaluate("() => window.app.graph.nodes.map(n => n.pos[0])")), notes
 
 
 def test_converter_handles_linked_widgets_and_controls(page: Any, object_info: dict[str, Any]) -> None:
