@@ -273,6 +273,7 @@ function pin(node) {
 function showOutput(node, message) {
   const text = message?.text?.join("\n");
   if (text) showText(node, text);
+  if (text) markWarm(node);
   const h = message?.steadfast_hash?.[0];
   if (h) {
     node.steadfast_last = { hash: h.hash, record: h.record || "", reference: h.reference || null };
@@ -285,6 +286,35 @@ function showOutput(node, message) {
     // a difference the run records explain stays amber; its label still says which level
     setState(node, !cmp.identical && cmp.expected_to_differ ? "expected" : v.state,
              v.label && !cmp.identical && cmp.expected_to_differ ? `EXPECTED: ${v.label}` : v.label);
+  }
+}
+
+// Optimize's report is written when Optimize runs, before Warmup compiles: once a Warmup downstream of it has
+// run, its "compile record (cold)" line says that Warmup made the model warm.
+const WARMUPS = { SteadfastWarmup: "SteadfastOptimizeModel", SteadfastPipelineWarmup: "SteadfastPipelineOptimize" };
+function upstream(node) {
+  const seen = new Set();
+  const todo = [node];
+  while (todo.length) {
+    const n = todo.pop();
+    for (const input of n.inputs ?? []) {
+      const link = input.link != null ? (n.graph?.links?.get?.(input.link) ?? n.graph?.links?.[input.link]) : null;
+      const src = link ? n.graph.getNodeById(link.origin_id) : null;
+      if (src && !seen.has(src)) { seen.add(src); todo.push(src); }
+    }
+  }
+  return [...seen];
+}
+function markWarm(warmup) {
+  const optimizeType = WARMUPS[warmup.constructor?.comfyClass ?? warmup.type];
+  if (!optimizeType) return;
+  for (const n of upstream(warmup)) {
+    if ((n.constructor?.comfyClass ?? n.type) !== optimizeType) continue;
+    const w = n.widgets?.find((x) => x.name === INFO);
+    if (!w?.value) continue;
+    const text = String(w.value).split("\n").map((line) => (/compiles lazily/.test(line) && /\bcold\b/.test(line)
+      ? `${line.replace(/\bcold\b/, "warm")} (warmed by ${warmup.title ?? "Warmup"} in the last run)` : line)).join("\n");
+    if (text !== w.value) showText(n, text);
   }
 }
 
