@@ -602,8 +602,20 @@ HEIGHTS_JS = """() => window.app.graph.nodes.map(n => {
 })"""
 
 
+def _wait_idle(comfy_server: ComfyServer, timeout: float = 180) -> None:
+    """Until ComfyUI's queue is empty (an earlier test's prompt may still run)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        q = comfy_server.get("/queue")
+        if not q.get("queue_running") and not q.get("queue_pending"):
+            return
+        assert time.monotonic() < deadline, f"the queue did not empty: {q}"
+        time.sleep(0.2)
+
+
 def _run_and_wait(page: Any, comfy_server: ComfyServer) -> dict[str, Any]:
     """Queue the loaded graph as the Run button does; the finished history entry."""
+    _wait_idle(comfy_server)
     known = set(comfy_server.get("/history"))
     page.evaluate("async () => { await window.app.queuePrompt(0, 1) }")
     deadline = time.monotonic() + 180
@@ -697,8 +709,12 @@ def test_bad_input_marks_only_that_input_and_stales_the_report(page: Any, comfy_
     assert "hex SHA-256" in errors[0]["details"] and "'zz'" in errors[0]["details"], errors
     shown = _info(page, hash_id)
     assert shown["state"] is None and shown["text"].startswith("STALE") and "MISMATCH: old report" in shown["text"]
+    page.evaluate("(id) => { const c = window.app.canvas; c.ds.scale = 1; c.centerOnNode(c.graph.getNodeById(+id));"
+                  " c.setDirty(true, true) }", hash_id)
+    page.wait_for_timeout(500)  # DOM widgets are laid out (and shown) when their node is drawn on screen
     box = page.evaluate(BOX_JS, hash_id)
     assert box["cut"] <= 2, box
+    _wait_idle(comfy_server)  # the rest of the prompt (Save) ran without the refused Hash
 
 
 def test_reports_come_back_after_a_tab_switch(page: Any, comfy_server: ComfyServer) -> None:
