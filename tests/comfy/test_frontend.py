@@ -741,3 +741,31 @@ def test_reports_come_back_after_a_tab_switch(page: Any, comfy_server: ComfyServ
     page.wait_for_timeout(1000)
     after = {i: _info(page, i) for i in (hash_id, cmp_id)}
     assert after == before
+
+
+def test_verdict_label_stays_left_of_the_badge(page: Any) -> None:
+    """On the canvas the frontend draws the node's "Steadfast" badge above the title bar at its right end: a verdict
+    label wider than the room left of it is wrapped into lines (going upward) that all end before the badge. Drawn
+    through the node's onDrawForeground on a real 2D context whose fillText is recorded."""
+    load_template(page, api_to_ui.ui_template_name("determinism_check"))
+    drawn = page.evaluate("""() => {
+        const n = window.app.graph.nodes.find(x => x.type === 'SteadfastCompare');
+        n.size[0] = 220;
+        n.steadfast_state = 'mismatch';
+        n.steadfast_label = 'EXPECTED: SAME PICTURE (within tolerance) PSNR 47.3 dB';
+        const ctx = document.createElement('canvas').getContext('2d');
+        const lines = [];
+        const fill = ctx.fillText.bind(ctx);
+        ctx.fillText = (t, x, y) => { lines.push([t, x, y, ctx.measureText(t).width]); fill(t, x, y) };
+        n.onDrawForeground(ctx);
+        ctx.font = '12px sans-serif';
+        const badge = ctx.measureText('Steadfast').width;
+        return {lines, width: n.size[0], badge};
+    }""")
+    label = [line for line in drawn["lines"] if line[0] and line[0] in "EXPECTED: SAME PICTURE (within tolerance) PSNR 47.3 dB"]
+    assert len(label) >= 2, drawn  # wrapped
+    assert " ".join(t for t, *_ in label) == "EXPECTED: SAME PICTURE (within tolerance) PSNR 47.3 dB"
+    assert all(x + w <= drawn["width"] - drawn["badge"] for _, x, _, w in label), drawn
+    assert [y for _, _, y, _ in label] == sorted(y for _, _, y, _ in label), drawn  # top to bottom, above the title
+    page.evaluate("() => { const n = window.app.graph.nodes.find(x => x.type === 'SteadfastCompare');"
+                  " n.steadfast_state = null; n.steadfast_label = null }")
