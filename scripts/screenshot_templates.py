@@ -75,10 +75,14 @@ def write_thumbnail(page, server: ComfyServer, entry: dict, out: Path) -> str:
     from PIL import ImageChops
     box = ImageChops.difference(graph, bg).convert("L").point(lambda v: 255 if v > 16 else 0).getbbox()
     graph = graph.crop(box) if box else graph
-    room = (THUMB_SIZE[0] - side - 48, side)
+    # beside the picture; a template that saves no picture (Optimized vs baseline compares two) gets the whole card
+    left, room = (side + 32, (THUMB_SIZE[0] - side - 48, side)) if saved is not None else (16, (THUMB_SIZE[0] - 32, side))
     graph.thumbnail(room)
-    card.paste(graph, (side + 32 + (room[0] - graph.width) // 2, 16 + (room[1] - graph.height) // 2))
-    card.save(out, "JPEG", quality=85, optimize=True)
+    card.paste(graph, (left + (room[0] - graph.width) // 2, 16 + (room[1] - graph.height) // 2))
+    for quality in (85, 75, 65, 55, 45):  # the template browser loads every card: keep each under 60 KB
+        card.save(out, "JPEG", quality=quality, optimize=True)
+        if out.stat().st_size < 55_000:
+            break
     return f"{out.relative_to(ROOT)} {card.size} {out.stat().st_size} bytes"
 
 
