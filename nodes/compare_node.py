@@ -92,6 +92,12 @@ def difference_report(measured: str, graded: verdict.Verdict, why: str, pixels: 
     lines = [head, why, "measured on the full output (not what decides):"]
     lines += [f"  {line}" for line in measured.splitlines()] + [f"  {pixels}"]
     if graded.env_diffs:
-        lines.append(f"run records differ in {len(graded.env_diffs)} field(s):")
-        lines += [f"  {d}" for d in graded.env_diffs]
+        shown = graded.env_diffs[:ENV_LINES]
+        lines.append(f"run records differ in {len(graded.env_diffs)} field(s)"
+                     + (f" (the first {len(shown)}; all of them in the two run records):" if len(shown) < len(
+                         graded.env_diffs) else ":"))
+        lines += [f"  {d}" for d in shown]
     return "\n".join(lines)
+
+
+ENV_LINES = 6  # raw run-record differences listed under the fold; the explanation above names what decides
