@@ -769,3 +769,21 @@ def test_verdict_label_stays_left_of_the_badge(page: Any) -> None:
     assert [y for _, _, y, _ in label] == sorted(y for _, _, y, _ in label), drawn  # top to bottom, above the title
     page.evaluate("() => { const n = window.app.graph.nodes.find(x => x.type === 'SteadfastCompare');"
                   " n.steadfast_state = null; n.steadfast_label = null }")
+
+
+def test_optimize_report_says_warm_after_warmup(page: Any) -> None:
+    """Optimize Model's report is written before Warmup compiles ("compile record (cold)"); once the Warmup
+    downstream of it has shown its report, Optimize's line says warm. Fed as ComfyUI's 'executed' messages are."""
+    load_template(page, api_to_ui.ui_template_name("warmup_then_generate"))
+    text = page.evaluate("""() => {
+        const g = window.app.graph;
+        const opt = g.nodes.find(n => n.type === 'SteadfastOptimizeModel');
+        const warm = g.nodes.find(n => n.type === 'SteadfastWarmup');
+        const info = (n) => n.widgets.find(w => w.name === 'steadfast_info').value;
+        opt.onExecuted({text: ['compile: regional\\n  new compile record (cold); compiles lazily on the first run or in Warmup']});
+        const before = info(opt);
+        warm.onExecuted({text: ['warmup step at latent [1, 4, 8, 8]: compiled']});
+        return [before, info(opt)];
+    }""")
+    assert "(cold)" in text[0] and "(cold)" not in text[1], text
+    assert "compile record (warm); compiles lazily" in text[1] and "(warmed by" in text[1], text
