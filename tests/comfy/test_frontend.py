@@ -14,7 +14,13 @@ headless Chromium through Playwright:
    the widget is not saved into the workflow, and the prompt the page sent is the twin. A screenshot is
    written to the test's tmp dir (path printed with ``-s``);
 4. a workflow saved before Optimize Model lost its pipeline-only widgets (12 positional ``widgets_values``)
-   loads with every remaining widget at its saved value (``js/steadfast.js`` maps them by name).
+   loads with every remaining widget at its saved value (``js/steadfast.js`` maps them by name);
+5. in both renderers (classic canvas and "Nodes 2.0") node heights stay the same over 10 s, idle and after a run,
+   and Nodes 2.0 draws the verdict frame and label; a bad input is marked alone and the node's old report reads
+   STALE; reports come back after a workflow tab switch; canvas labels end before the "Steadfast" badge; each
+   template carries its "Before you run" note.
+
+``scripts/test_newer_frontend.sh`` runs this file on ComfyUI 0.33.0 with a newer frontend (docs/compatibility.md).
 
 Needs ``/usr/bin/chromium`` (or ``$STEADFAST_CHROMIUM``) and the ``playwright`` Python package; never
 downloads a browser. Without them the tests skip loudly. Install (Debian)::
