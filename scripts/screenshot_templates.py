@@ -69,14 +69,18 @@ def write_thumbnail(page, server: ComfyServer, entry: dict, out: Path) -> str:
     if saved is not None:
         pic = Image.open(io.BytesIO(server.view(saved))).convert("RGB")
         card.paste(pic.resize((side, side), Image.NEAREST), (16, 16))
-    data = page.evaluate("() => { const c = window.app.canvas; c.draw(true, true); return c.canvas.toDataURL('image/png') }")
+    data = page.evaluate("() => { const c = window.app.canvas; c.draw(true, true);"
+                         " return c.canvas.toDataURL('image/png') }")
     graph = Image.open(io.BytesIO(base64.b64decode(data.split(",", 1)[1]))).convert("RGB")
     bg = Image.new("RGB", graph.size, graph.getpixel((0, 0)))
     from PIL import ImageChops
     box = ImageChops.difference(graph, bg).convert("L").point(lambda v: 255 if v > 16 else 0).getbbox()
     graph = graph.crop(box) if box else graph
     # beside the picture; a template that saves no picture (Optimized vs baseline compares two) gets the whole card
-    left, room = (side + 32, (THUMB_SIZE[0] - side - 48, side)) if saved is not None else (16, (THUMB_SIZE[0] - 32, side))
+    if saved is not None:
+        left, room = side + 32, (THUMB_SIZE[0] - side - 48, side)
+    else:
+        left, room = 16, (THUMB_SIZE[0] - 32, side)
     graph.thumbnail(room)
     card.paste(graph, (left + (room[0] - graph.width) // 2, 16 + (room[1] - graph.height) // 2))
     for quality in (85, 75, 65, 55, 45):  # the template browser loads every card: keep each under 60 KB

@@ -604,7 +604,8 @@ def _set_vue_nodes(page: Any, on: bool) -> bool:
 
 HEIGHTS_JS = """() => window.app.graph.nodes.map(n => {
   const el = document.querySelector(`.lg-node[data-node-id="${n.id}"]`);
-  return [n.id, Math.round(n.size[1]), el ? Math.round(el.getBoundingClientRect().height / window.app.canvas.ds.scale) : null];
+  const h = el ? Math.round(el.getBoundingClientRect().height / window.app.canvas.ds.scale) : null;
+  return [n.id, Math.round(n.size[1]), h];
 })"""
 
 
@@ -669,8 +670,8 @@ def test_nodes_stay_still_idle_and_after_a_run(page: Any, comfy_server: ComfySer
         assert not overlapping_nodes(page), "nodes grown by the run overlap"
         if renderer == "vue":
             frame = page.evaluate("(id) => { const el = document.querySelector(`.lg-node[data-node-id=\"${id}\"]`);"
-                                  " return [getComputedStyle(el).outlineColor, getComputedStyle(el, '::before').content] }",
-                                  cmp_id)
+                                  " return [getComputedStyle(el).outlineColor,"
+                                  " getComputedStyle(el, '::before').content] }", cmp_id)
             identical = entry["outputs"][cmp_id]["steadfast_compare"][0]["identical"]
             if identical:  # js/steadfast.js STATE_COLORS.match, LEVEL_TEXT.identical
                 assert frame == ["rgb(46, 125, 50)", '"IDENTICAL BYTES"'], frame
@@ -768,7 +769,8 @@ def test_verdict_label_stays_left_of_the_badge(page: Any) -> None:
         const badge = ctx.measureText('Steadfast').width;
         return {lines, width: n.size[0], badge};
     }""")
-    label = [line for line in drawn["lines"] if line[0] and line[0] in "EXPECTED: SAME PICTURE (within tolerance) PSNR 47.3 dB"]
+    whole = "EXPECTED: SAME PICTURE (within tolerance) PSNR 47.3 dB"
+    label = [line for line in drawn["lines"] if line[0] and line[0] in whole]
     assert len(label) >= 2, drawn  # wrapped
     assert " ".join(t for t, *_ in label) == "EXPECTED: SAME PICTURE (within tolerance) PSNR 47.3 dB"
     assert all(x + w <= drawn["width"] - drawn["badge"] for _, x, _, w in label), drawn
@@ -786,7 +788,8 @@ def test_optimize_report_says_warm_after_warmup(page: Any) -> None:
         const opt = g.nodes.find(n => n.type === 'SteadfastOptimizeModel');
         const warm = g.nodes.find(n => n.type === 'SteadfastWarmup');
         const info = (n) => n.widgets.find(w => w.name === 'steadfast_info').value;
-        opt.onExecuted({text: ['compile: regional\\n  new compile record (cold); compiles lazily on the first run or in Warmup']});
+        opt.onExecuted({text: ['compile: regional\\n  new compile record (cold); compiles lazily'
+                               + ' on the first run or in Warmup']});
         const before = info(opt);
         warm.onExecuted({text: ['warmup step at latent [1, 4, 8, 8]: compiled']});
         return [before, info(opt)];
