@@ -209,8 +209,10 @@ class HashCheck:
         """One line."""
         if not self.checked:
             return "no expected hash given"
-        if self.match:
-            return f"MATCH: {self.actual} starts with the expected {self.expected}"
+        if self.match:  # the digest itself is on the line above: said once
+            if self.expected == self.actual:
+                return "MATCH: the hash equals the expected one (all 64 hex)"
+            return f"MATCH: the hash starts with the expected {len(self.expected)}-hex prefix {self.expected}"
         return f"MISMATCH: expected {self.expected}, got {self.actual}"
 
 

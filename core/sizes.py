@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["parse_sizes"]
+__all__ = ["check_sizes", "parse_sizes"]
 
 _ITEM = re.compile(r"^\s*(\d+)\s*[xX\u00d7*]\s*(\d+)\s*$")
 
@@ -32,3 +32,13 @@ def parse_sizes(text: str | None, *, minimum: int = 8, maximum: int = 16384) -> 
         if (w, h) not in out:
             out.append((w, h))
     return out
+
+
+def check_sizes(text: str | None) -> bool | str:
+    """A ``validate_inputs`` result for a ``sizes`` input: ``True``, or :func:`parse_sizes`' error followed by the
+    whole value (the frontend shows it under the input's name)."""
+    try:
+        parse_sizes(text)
+    except ValueError as e:
+        return f"{e}; the whole value: {text!r}"
+    return True

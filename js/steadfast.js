@@ -140,16 +140,24 @@ function addInfoWidget(node) {
 }
 
 // The Vue ("Nodes 2.0") renderer lays DOM widgets out itself (inside an element with data-node-id) and ignores
-// getMinHeight: there the box takes its content's height, measured after layout and again when its width changes.
+// getMinHeight: there the box is given the height of its text, measured on the hidden twin (textHeight), never on
+// the box itself. The height depends only on the text and the box's width, so it is set again only when one of
+// them changes: a box that grows makes no new measurement (a box's own scrollHeight is at least its height, so
+// fitting to it grew the box a little on every resize, without end), and a shorter text gives a shorter box.
 // The canvas renderer is left to getMinHeight and the node size set in showText.
-function fitVueBox(el) {
+function fitVueBox(el, node) {
   const fit = () => {
     if (!el.isConnected || !el.closest("[data-node-id]")) return;
-    el.style.height = "auto";
-    el.style.minHeight = `${el.scrollHeight + 2}px`;
+    const key = `${el.offsetWidth}\n${el.value}`;
+    if (el.steadfastFitted === key) return; // same text, same width: the height it has is right
+    el.steadfastFitted = key;
+    const h = `${textHeight(el, node)}px`;
+    Object.assign(el.style, { height: h, minHeight: h, maxHeight: h });
+    // the node takes its new height once the frontend has laid it out: then the nodes below make room
+    requestAnimationFrame(() => setTimeout(() => { makeRoom(node); node.setDirtyCanvas?.(true, true); }, 50));
   };
   if (!el.steadfastObserver && typeof ResizeObserver === "function") {
-    el.steadfastObserver = new ResizeObserver(() => fit());
+    el.steadfastObserver = new ResizeObserver(() => fit()); // a new width wraps the text anew
     el.steadfastObserver.observe(el);
   }
   requestAnimationFrame(fit);
@@ -160,7 +168,7 @@ function fitVueBox(el) {
 function showText(node, text) {
   const w = node.widgets?.find((x) => x.name === INFO) ?? addInfoWidget(node);
   w.value = text;
-  if (w.element) fitVueBox(w.element);
+  if (w.element) fitVueBox(w.element, node);
   const [minW, minH] = node.computeSize();
   node.setSize([Math.max(node.size[0], minW), Math.max(node.size[1], minH)]);
   makeRoom(node);
@@ -176,10 +184,72 @@ function showText(node, text) {
   });
 }
 
+// Width of the badges the frontend draws above a node's title bar (LGraphBadge.getWidth where the frontend has
+// it), else of a "Steadfast" badge in its font, with its padding.
+function badgesWidth(node, ctx) {
+  let width = 0;
+  for (const b of node.badges ?? []) {
+    const badge = typeof b === "function" ? b() : b;
+    width += (typeof badge?.getWidth === "function" ? badge.getWidth(ctx) : 0) + 4;
+  }
+  if (width > 0) return width;
+  ctx.save();
+  ctx.font = "12px sans-serif";
+  width = ctx.measureText("Steadfast").width + 20;
+  ctx.restore();
+  return width;
+}
+
+// ``text`` split at spaces into lines no wider than ``maxWidth`` (a longer word keeps a line of its own).
+function wrapLabel(ctx, text, maxWidth) {
+  const lines = [];
+  let line = "";
+  for (const word of String(text).split(" ")) {
+    const next = line ? `${line} ${word}` : word;
+    if (line && ctx.measureText(next).width > maxWidth) {
+      lines.push(line);
+      line = word;
+    } else {
+      line = next;
+    }
+  }
+  if (line) lines.push(line);
+  return lines;
+}
+
 function setState(node, state, label) {
   node.steadfast_state = state ?? null; // transient: not part of the workflow
   node.steadfast_label = label ?? null;
   node.setDirtyCanvas(true, true);
+  drawVueVerdicts();
+}
+
+// Nodes 2.0 draws each node as a DOM element (data-node-id) and never calls onDrawForeground: the same frame and
+// label are CSS rules on that element, in one stylesheet rewritten from the nodes' states. The rules name the node
+// by id, so they survive the renderer re-creating the element (scrolling, collapsing); the label sits above the
+// node, inside its width (wrapped), as on the canvas.
+let verdictSheet = null;
+const cssString = (s) => `"${String(s).replace(/[\\"]/g, "\\$&").replace(/\n/g, " ")}"`;
+function drawVueVerdicts() {
+  if (typeof document === "undefined") return;
+  if (!verdictSheet) {
+    verdictSheet = document.createElement("style");
+    verdictSheet.id = "steadfast-verdicts";
+    document.head.appendChild(verdictSheet);
+  }
+  const rules = [];
+  for (const n of app.graph?.nodes ?? []) {
+    const color = STATE_COLORS[n.steadfast_state];
+    if (!color) continue;
+    const sel = `.lg-node[data-node-id="${String(n.id).replace(/["\\]/g, "")}"]`;
+    rules.push(`${sel} { outline: 4px solid ${color}; outline-offset: 2px; }`);
+    if (n.steadfast_label) {
+      rules.push(`${sel}::before { content: ${cssString(n.steadfast_label)}; position: absolute; left: 0; right: 0;`
+                 + ` bottom: 100%; margin-bottom: 8px; color: ${color}; font: bold 12px sans-serif;`
+                 + " white-space: normal; overflow-wrap: anywhere; pointer-events: none; }");
+    }
+  }
+  verdictSheet.textContent = rules.join("\n");
 }
 
 // "Pin hash and record": copy the last run's hash and run record into expected / expected_record, so the saved
@@ -198,8 +268,109 @@ function pin(node) {
   return true;
 }
 
+// What a node shows for its last output (ComfyUI's "executed" message, or the same output kept by the frontend):
+// the report text, the frame and the label.
+function showOutput(node, message) {
+  const text = message?.text?.join("\n");
+  if (text) showText(node, text);
+  if (text) markWarm(node);
+  const h = message?.steadfast_hash?.[0];
+  if (h) {
+    node.steadfast_last = { hash: h.hash, record: h.record || "", reference: h.reference || null };
+    const v = h.match === "unchecked" ? { state: null, label: null } : verdictState(h.verdict, h.match);
+    setState(node, v.state, v.label);
+  }
+  const cmp = message?.steadfast_compare?.[0];
+  if (cmp) {
+    const v = verdictState(cmp.verdict, cmp.identical ? "match" : "mismatch");
+    // a difference the run records explain stays amber; its label still says which level
+    setState(node, !cmp.identical && cmp.expected_to_differ ? "expected" : v.state,
+             v.label && !cmp.identical && cmp.expected_to_differ ? `EXPECTED: ${v.label}` : v.label);
+  }
+}
+
+// Optimize's report is written when Optimize runs, before Warmup compiles: once a Warmup downstream of it has
+// run, its "compile record (cold)" line says that Warmup made the model warm.
+const WARMUPS = { SteadfastWarmup: "SteadfastOptimizeModel", SteadfastPipelineWarmup: "SteadfastPipelineOptimize" };
+function upstream(node) {
+  const seen = new Set();
+  const todo = [node];
+  while (todo.length) {
+    const n = todo.pop();
+    for (const input of n.inputs ?? []) {
+      const link = input.link != null ? (n.graph?.links?.get?.(input.link) ?? n.graph?.links?.[input.link]) : null;
+      const src = link ? n.graph.getNodeById(link.origin_id) : null;
+      if (src && !seen.has(src)) { seen.add(src); todo.push(src); }
+    }
+  }
+  return [...seen];
+}
+function markWarm(warmup) {
+  const optimizeType = WARMUPS[warmup.constructor?.comfyClass ?? warmup.type];
+  if (!optimizeType) return;
+  for (const n of upstream(warmup)) {
+    if ((n.constructor?.comfyClass ?? n.type) !== optimizeType) continue;
+    const w = n.widgets?.find((x) => x.name === INFO);
+    if (!w?.value) continue;
+    const text = String(w.value).split("\n").map((line) => (/compiles lazily/.test(line) && /\bcold\b/.test(line)
+      ? `${line.replace(/\bcold\b/, "warm")} (warmed by ${warmup.title ?? "Warmup"} in the last run)` : line)).join("\n");
+    if (text !== w.value) showText(n, text);
+  }
+}
+
+const ourNodes = () => (app.graph?.nodes ?? []).filter((n) => NODES.has(n.constructor?.comfyClass ?? n.type));
+
+// Switching workflow tabs loads the graph anew (no report, no frame) and then gives the frontend back the tab's
+// node outputs (app.nodeOutputs, the same store that brings back a tab's images): our nodes show theirs again.
+// A workflow loaded into the page has no outputs there, so it shows nothing before it runs.
+function restoreReports() {
+  const outputs = app.nodeOutputs ?? {};
+  for (const node of ourNodes()) {
+    const out = outputs[String(node.id)];
+    const w = node.widgets?.find((x) => x.name === INFO);
+    if (out?.text && !w?.value) showOutput(node, out);
+  }
+}
+
+// A report that no longer holds: when ComfyUI refuses one of our nodes (node_errors in its answer to the page's
+// prompt), the node's last report and frame are from inputs it no longer has, so the report is marked stale and
+// the frame removed. The answer reaches the page only through api.queuePrompt: wrapped, calling through unchanged.
+const STALE = "STALE (ComfyUI refused this node's inputs: fix the input marked red and run again). Last report:";
+function markStale(nodeErrors) {
+  for (const id of Object.keys(nodeErrors ?? {})) {
+    const node = app.graph?.getNodeById?.(Number.isNaN(+id) ? id : +id);
+    if (!node || !NODES.has(node.constructor?.comfyClass ?? node.type)) continue;
+    setState(node, null, null);
+    const w = node.widgets?.find((x) => x.name === INFO);
+    if (w?.value && !String(w.value).startsWith(STALE)) showText(node, `${STALE}\n${w.value}`);
+  }
+}
+function watchRefusals(api) {
+  if (!api || api.steadfastWatched || typeof api.queuePrompt !== "function") return;
+  const queuePrompt = api.queuePrompt;
+  api.queuePrompt = async function () {
+    let answer;
+    try {
+      answer = await queuePrompt.apply(this, arguments);
+    } catch (e) {
+      markStale(e?.response?.node_errors);
+      throw e;
+    }
+    markStale(answer?.node_errors);
+    return answer;
+  };
+  api.steadfastWatched = true;
+}
+
 app.registerExtension({
   name: "comfyui-steadfast.nodes",
+  setup() { watchRefusals(app.api); },
+  afterConfigureGraph() {
+    drawVueVerdicts(); // a loaded graph's nodes have no state yet: no frames left from the graph before
+    // a tab switch gives back the tab's outputs right after the graph is configured
+    requestAnimationFrame(restoreReports);
+    setTimeout(restoreReports, 300);
+  },
   async beforeRegisterNodeDef(nodeType, nodeData) {
     if (!NODES.has(nodeData.name)) return;
     if (nodeData.name === "SteadfastOptimizeModel") {
@@ -234,28 +405,17 @@ app.registerExtension({
       if (this.steadfast_label) {
         ctx.fillStyle = color;
         ctx.font = "bold 12px sans-serif";
-        ctx.fillText(this.steadfast_label, 0, -th - 8);
+        // the frontend draws the node's badges ("Steadfast") above the title bar at its right end: the label
+        // keeps left of them, wrapped into lines that go upward
+        const lines = wrapLabel(ctx, this.steadfast_label, Math.max(60, this.size[0] - badgesWidth(this, ctx) - 12));
+        lines.forEach((line, i) => ctx.fillText(line, 0, -th - 8 - (lines.length - 1 - i) * 14));
       }
       ctx.restore();
     };
     const onExecuted = nodeType.prototype.onExecuted;
     nodeType.prototype.onExecuted = function (message) {
       onExecuted?.apply(this, arguments);
-      const text = message?.text?.join("\n");
-      if (text) showText(this, text);
-      const h = message?.steadfast_hash?.[0];
-      if (h) {
-        this.steadfast_last = { hash: h.hash, record: h.record || "", reference: h.reference || null };
-        const v = h.match === "unchecked" ? { state: null, label: null } : verdictState(h.verdict, h.match);
-        setState(this, v.state, v.label);
-      }
-      const cmp = message?.steadfast_compare?.[0];
-      if (cmp) {
-        const v = verdictState(cmp.verdict, cmp.identical ? "match" : "mismatch");
-        // a difference the run records explain stays amber; its label still says which level
-        setState(this, !cmp.identical && cmp.expected_to_differ ? "expected" : v.state,
-                 v.label && !cmp.identical && cmp.expected_to_differ ? `EXPECTED: ${v.label}` : v.label);
-      }
+      showOutput(this, message);
     };
   },
 });

@@ -55,15 +55,49 @@ class SteadfastCompare(io.ComfyNode):
         positions = a.numel() // max(int(channels), 1)  # pixels: (b,h,w) of an image, all but dim 1 of a latent
         details["n_pixels"] = positions
         details["n_pixels_differ"] = round(report.pct_pixels_differ * positions / 100.0)
-        text = report.as_text()
         graded = verdict.grade_tensors(a, b, kind, identical=report.identical, record_a=run_record_a,
                                        record_b=run_record_b)
         details["verdict"] = graded.as_dict()
-        text += "\nverdict: " + graded.as_text()
-        if not report.identical:
-            text += f"\n{details['n_pixels_differ']} of {positions} pixels differ"
+        if report.identical:
+            text = report.as_text() + "\nverdict: " + graded.as_text()
+        else:
             expected, why = explain.expected_difference(run_record_a, run_record_b)
             details["expected_to_differ"] = expected
-            text += "\n" + why
+            text = difference_report(report.as_text(), graded, why,
+                                     f"{details['n_pixels_differ']} of {positions} pixels differ")
         ui_out = {"text": [text], "steadfast_compare": [details]}
         return io.NodeOutput(report.identical, text, heat, ui=ui_out)
+
+
+def difference_report(measured: str, graded: verdict.Verdict, why: str, pixels: str) -> str:
+    """Compare's text when the bytes differ: the line that decides first, then what was measured, folded under it.
+
+    Args:
+        measured: :meth:`core.compare.CompareReport.as_text` (full-tensor figures, its own PSNR included).
+        graded: the verdict, graded on the two thumbnails (:func:`core.verdict.grade_tensors`).
+        why: :func:`core.explain.expected_difference`'s sentence (expected by the run records, or not).
+        pixels: "N of M pixels differ".
+
+    Returns:
+        The text: the verdict with the PSNR that decides it, the run records' explanation, then the full-tensor
+        figures and the differing run-record fields, indented.
+    """
+    level = {"same_picture": "SAME PICTURE within tolerance (bytes differ)", "different_picture": "DIFFERENT PICTURE",
+             "unknown": "BYTES DIFFER (no reference to grade by)"}.get(graded.level, graded.level)
+    if graded.psnr is not None:
+        head = (f"{level}: decided by PSNR {graded.psnr:.1f} dB between the thumbnails (at most {verdict.THUMB_SIDE} "
+                f"px a side; same picture at >= {graded.threshold_db:g} dB), max |delta| {graded.max_abs:.3g}")
+    else:
+        head = f"{level}" + (f": {graded.why}" if graded.why else "")
+    lines = [head, why, "measured on the full output (not what decides):"]
+    lines += [f"  {line}" for line in measured.splitlines()] + [f"  {pixels}"]
+    if graded.env_diffs:
+        shown = graded.env_diffs[:ENV_LINES]
+        lines.append(f"run records differ in {len(graded.env_diffs)} field(s)"
+                     + (f" (the first {len(shown)}; all of them in the two run records):" if len(shown) < len(
+                         graded.env_diffs) else ":"))
+        lines += [f"  {d}" for d in shown]
+    return "\n".join(lines)
+
+
+ENV_LINES = 6  # raw run-record differences listed under the fold; the explanation above names what decides

@@ -47,21 +47,11 @@ class SteadfastHash(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, expected: str = "", fail_on_mismatch: bool = False,
-                        expected_record: str = "", expected_reference: str = "") -> bool | str:
-        try:
-            verdict.parse_reference(expected_reference)
-        except ValueError as e:
-            return f"expected_reference: {e}"
-        if (expected_record or "").strip():
-            try:
-                explain.parse_record(expected_record)
-            except ValueError as e:
-                return f"expected_record: {e}"
-        # ComfyUI drops an output node that fails validation and still runs the other outputs. A check
-        # that must fail the prompt (fail_on_mismatch) is therefore not rejected here: execute() raises.
-        if fail_on_mismatch is True:
-            return True
+    def validate_inputs(cls, expected: str = "") -> bool | str:
+        # `expected` only: ComfyUI marks every argument of validate_inputs as at fault when it fails (0.8.0 and
+        # 0.33.0 execution.py), so the JSON inputs (filled by Pin) are checked in execute(), naming themselves.
+        # A malformed `expected` is refused whatever fail_on_mismatch says: the prompt's answer then carries the
+        # error in node_errors (headless/comfy_server.py refuses such a prompt as a whole).
         e = (expected or "").strip().lower()
         if e and (len(e) < hashing.MIN_PREFIX or len(e) > 64 or any(c not in "0123456789abcdef" for c in e)):
             return (f"expected must be a hex SHA-256 (64 characters) or a prefix of at least "
@@ -72,6 +62,7 @@ class SteadfastHash(io.ComfyNode):
     def execute(cls, image=None, latent=None, expected: str = "", fail_on_mismatch: bool = False,
                 raw_float: bool = False, run_record: str | None = None, expected_record: str = "",
                 expected_reference: str = "") -> io.NodeOutput:
+        check_json_inputs(expected_record, expected_reference)
         result = hashing.hash_inputs(image=image, latent=latent, raw_float=raw_float)
         check = hashing.check_expected(result.primary, expected)
         why = mismatch_explanation(check, run_record, expected_record)
@@ -92,6 +83,23 @@ class SteadfastHash(io.ComfyNode):
         if fail_on_mismatch and check.checked and not check.match:
             raise HashMismatchError(check.as_text() + (f"\n{why}" if why else ""))
         return io.NodeOutput(result.primary, ui=ui_out)
+
+
+def check_json_inputs(expected_record: str, expected_reference: str) -> None:
+    """Refuse a malformed ``expected_record`` / ``expected_reference`` before anything is hashed.
+
+    Raises:
+        ValueError: naming the input and why (:func:`core.explain.parse_record`, :func:`core.verdict.parse_reference`).
+    """
+    try:
+        verdict.parse_reference(expected_reference)
+    except ValueError as e:
+        raise ValueError(f"expected_reference: {e}") from None
+    if (expected_record or "").strip():
+        try:
+            explain.parse_record(expected_record)
+        except ValueError as e:
+            raise ValueError(f"expected_record: {e}") from None
 
 
 def mismatch_explanation(check: hashing.HashCheck, run_record: str | None, expected_record: str) -> str:

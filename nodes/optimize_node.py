@@ -42,16 +42,19 @@ class SteadfastOptimizeModel(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, compile_cache: str = "", quantize: str = "off") -> bool | str:
-        # named arguments only: ComfyUI then keeps its own combo/min/max checks for every other input
-        ok = oi.check_compile_cache(compile_cache)
-        return oi.check_quantize(quantize) if ok is True else ok
+    def validate_inputs(cls, compile_cache: str = "") -> bool | str:
+        # compile_cache only: ComfyUI keeps its own combo/min/max checks for every other input, and marks every
+        # argument of validate_inputs as at fault when it fails; quantize is checked first thing in execute()
+        return oi.check_compile_cache(compile_cache)
 
     @classmethod
     def execute(cls, model, qkv_fusion: bool, channels_last: bool, attention: str, compile: str,
                 backend: str, mode: str, dynamic: str, fullgraph: bool, strict_recompiles: bool = False,
                 compile_cache: str = "", precision: str = "model", inductor_preset: str = "none",
                 quantize: str = "off") -> io.NodeOutput:
+        why = oi.check_quantize(quantize)
+        if why is not True:
+            raise ValueError(f"quantize: {why}")
         portable.check_optimize(compile=compile, backend=backend, quantize=quantize, precision=precision)
         lines: list[str] = []
         patches_forwards = [n for n, on in (("qkv_fusion", qkv_fusion and not mp.is_dynamic(model)),

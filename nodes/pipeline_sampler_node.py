@@ -24,7 +24,7 @@ from ..core.pipelines import warmup as core_warmup
 from ..core.pipelines.handle import RUN_LOCK, PipelineHandle, prepare_run
 from ..core.pipelines.load import on_run_device
 from ..core.run_record import RunRecord
-from ..core.sizes import parse_sizes
+from ..core.sizes import check_sizes, parse_sizes
 from . import identity
 from .pipeline_nodes import DiffusersPipeline, as_handle
 
@@ -160,6 +160,11 @@ class SteadfastPipelineWarmup(io.ComfyNode):
             outputs=[DiffusersPipeline.Output(display_name="PIPELINE", tooltip="The same pipeline, now warm."),
                      io.String.Output(display_name="report", tooltip="Compile seconds, graphs, recompiles.")],
         )
+
+    @classmethod
+    def validate_inputs(cls, sizes: str = "") -> bool | str:
+        # sizes only (ComfyUI marks every argument of validate_inputs as at fault when it fails)
+        return check_sizes(sizes)
 
     @classmethod
     def execute(cls, pipeline, width: int, height: int, batch_size: int, cfg: float, sizes: str = "") -> io.NodeOutput:

@@ -13,7 +13,7 @@ import comfy.utils
 
 from ..core import torch_compat
 from ..core.registry import REGISTRY
-from ..core.sizes import parse_sizes
+from ..core.sizes import check_sizes, parse_sizes
 
 
 def _zero_conditioning(model, batch: int) -> list:
@@ -64,6 +64,11 @@ class SteadfastWarmup(io.ComfyNode):
             outputs=[io.Model.Output(display_name="MODEL", tooltip="The same model, now warm."),
                      io.String.Output(display_name="report", tooltip="Compile seconds, graphs, recompiles, cache state.")],
         )
+
+    @classmethod
+    def validate_inputs(cls, sizes: str = "") -> bool | str:
+        # sizes only (ComfyUI marks every argument of validate_inputs as at fault when it fails)
+        return check_sizes(sizes)
 
     @classmethod
     def execute(cls, model, width: int, height: int, batch_size: int, cfg: float,
@@ -128,3 +133,4 @@ def _warm_one(model, shape: tuple[int, ...], cfg: float, positive, negative) -> 
                                     "(model is not compiled by Steadfast)")
     REGISTRY.mark_warm(record, shape)
     return positive, negative, f"warmup step at latent {list(shape)}: {seconds:.2f} s\n{record.as_text()}"
+

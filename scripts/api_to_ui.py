@@ -22,11 +22,36 @@ WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 # The template browser shows a custom node template's file name as its title (and, with - and _ as spaces, as its
 # description), so the UI templates carry readable names; their API twins keep short ones (tests, scripts, API use).
 TEMPLATE_TITLES = {
-    "determinism_check": "Determinism check - same seed twice, identical bytes",
-    "optimized_vs_baseline": "Optimized vs baseline - speed knobs and what they change",
-    "warmup_then_generate": "Warmup then generate - compile before the timed run",
-    "pipeline_generate": "Diffusers pipeline - load, optimize, warm up, generate",
+    "determinism_check": "Determinism check",
+    "optimized_vs_baseline": "Optimized vs baseline",
+    "warmup_then_generate": "Warmup then generate",
+    "pipeline_generate": "Diffusers pipeline",
 }
+
+
+# What each template needs before Run, shown in a Note node at its top left (the frontend's own "Note": not part of
+# the prompt). Three templates name the tiny checkpoint that only the pack's headless check builds.
+_TINY_NOTE = (
+    "BEFORE YOU RUN: pick a checkpoint in Load Checkpoint.\n"
+    "This template names steadfast_tiny_sd15.safetensors, a tiny random-weight SD1.5-architecture model that the "
+    "pack's headless check (steadfast run) builds for itself; its pictures are noise, and it is not in your models "
+    "folder. Any SD1.5 checkpoint you have will do (e.g. v1-5-pruned-emaonly-fp16.safetensors, which ComfyUI's own "
+    "SD1.5 template offers to download): the check compares this run with another run or a pinned hash, never with "
+    "a fixed picture.")
+TEMPLATE_NOTES = {
+    "determinism_check": _TINY_NOTE,
+    "optimized_vs_baseline": _TINY_NOTE,
+    "warmup_then_generate": _TINY_NOTE + "\nWarmup compiles the model (inductor): minutes on a CPU, once.",
+    "pipeline_generate": (
+        "BEFORE YOU RUN: Load Diffusers Pipeline needs a diffusers pipeline folder (model_index.json and its "
+        "subfolders) in ComfyUI/models/diffusers; pipeline_name lists what is there.\n"
+        "Without a terminal: download a diffusers-format repository (e.g. stable-diffusion-v1-5) from Hugging Face "
+        "in your browser, put its folder in models/diffusers, press R in ComfyUI to refresh the lists and pick it.\n"
+        "These defaults (256x256, 4 steps, no compile) are for a first try: on a 2-core CPU they finish in under a "
+        "minute with a small pipeline. For real use raise width/height (Warmup and Sampler alike) to 512, steps to "
+        "20-30, and set Pipeline Optimize compile=regional (inductor), best on a GPU."),
+}
+NOTE_WIDTH, NOTE_HEIGHT = 320, 300
 
 
 def ui_template_name(api_name: str) -> str:
@@ -80,8 +105,9 @@ def after_run_room(class_type: str, info: dict) -> int:
     return PREVIEW_HEIGHT if info.get("output_node") and not info["output"] else 0
 
 
-def convert(api: dict, object_info: dict) -> dict:
-    """Convert ``api`` ({id: {class_type, inputs, _meta}}) into a LiteGraph workflow dict."""
+def convert(api: dict, object_info: dict, note: str | None = None) -> dict:
+    """Convert ``api`` ({id: {class_type, inputs, _meta}}) into a LiteGraph workflow dict; ``note``: the text of a
+    Note node put at the top of the first column (the frontend's virtual node: not part of the prompt)."""
     ids = sorted(api, key=int)
     links: list[list] = []
     nodes: list[dict] = []
@@ -95,7 +121,7 @@ def convert(api: dict, object_info: dict) -> dict:
             depth[nid] = 1 + max((d(s) for s in srcs), default=-1)
         return depth[nid]
 
-    column_y: dict[int, int] = {}
+    column_y: dict[int, int] = {0: 40 + TITLE_HEIGHT + NOTE_HEIGHT + TITLE_HEIGHT + ROW_GAP} if note else {}
     for order, nid in enumerate(ids):
         node = api[nid]
         info = object_info[node["class_type"]]
@@ -140,7 +166,12 @@ def convert(api: dict, object_info: dict) -> dict:
         info = object_info[n["type"]]
         n["outputs"] = [{"name": name, "type": t, "links": out_links.get((str(n["id"]), i), []), "slot_index": i}
                         for i, (t, name) in enumerate(zip(info["output"], info["output_name"]))]
-    return {"last_node_id": max(int(i) for i in ids), "last_link_id": len(links), "nodes": nodes, "links": links,
+    if note:
+        nodes.append({"id": max(int(i) for i in ids) + 1, "type": "Note", "pos": [40, 40 + TITLE_HEIGHT],
+                      "size": [NOTE_WIDTH, NOTE_HEIGHT], "flags": {}, "order": len(nodes), "mode": 0, "inputs": [],
+                      "outputs": [], "title": "Before you run", "properties": {"text": ""}, "widgets_values": [note],
+                      "color": "#432", "bgcolor": "#653"})
+    return {"last_node_id": max(n["id"] for n in nodes), "last_link_id": len(links), "nodes": nodes, "links": links,
             "groups": [], "config": {}, "extra": {}, "version": 0.4}
 
 
@@ -155,7 +186,8 @@ def regenerate_all() -> list[Path]:
         info = server.get("/object_info")
         for src in sorted((root / "api").glob("*.json")):
             dst = root / f"{ui_template_name(src.stem)}.json"
-            dst.write_text(json.dumps(convert(json.loads(src.read_text()), info), indent=1) + "\n")
+            note = TEMPLATE_NOTES.get(src.stem)
+            dst.write_text(json.dumps(convert(json.loads(src.read_text()), info, note), indent=1) + "\n")
             written.append(dst)
     return written
 

@@ -1,17 +1,23 @@
-"""Screenshots of the four templates after a run, in the real ComfyUI frontend (``docs/templates/*.png``).
+"""Screenshots of the four templates after a run, in the real ComfyUI frontend (``docs/templates/*.png``), in both
+renderers (the classic canvas and, where the frontend has it, "Nodes 2.0"), and the template browser's thumbnails
+(``example_workflows/<title>.jpg``: the run's output picture with the graph beside it).
 
-Each template is loaded into the page, run with the Run button's call (``app.queuePrompt``) on the embedded tiny
-SD1.5 checkpoint (the Diffusers template on the tiny SD pipeline, ``steadfast tiny-pipeline``, chosen in its
-pipeline_name widget, at 128x128 and 4 steps: its inductor compile at 512x512 takes too long on a 2-core CPU;
-everything else as shipped), and the whole page is captured once the reports are shown.
-Small palette PNGs (1200 px wide), named ``<api name>-comfyui-<version>.png``::
+Each template is loaded into the page and run with the Run button's call (``app.queuePrompt``) as shipped, on the
+embedded tiny SD1.5 checkpoint (the Diffusers template on the tiny SD pipeline, ``steadfast tiny-pipeline``, chosen
+in its pipeline_name widget); the page is captured once the reports are shown, and each run's wall time printed.
+Small palette PNGs (1200 px wide), named ``<api name>-comfyui-<version>.png`` (canvas) and
+``<api name>-comfyui-<version>-nodes2.png``::
 
-    COMFYUI_PATH=~/comfy/ComfyUI-0.8.0 ~/comfy/venv-0.8.0/bin/python scripts/screenshot_templates.py [API_NAME ...]
+    COMFYUI_PATH=~/comfy/ComfyUI-0.8.0 ~/comfy/venv-0.8.0/bin/python scripts/screenshot_templates.py \
+        [--thumbnails] [API_NAME ...]
 
-Needs Debian's ``chromium`` and the ``playwright`` package (no browser download).
+Tiny random-weight models, so the pictures are noise. Needs Debian's ``chromium`` and the ``playwright`` package
+(no browser download).
 """
 from __future__ import annotations
 
+import base64
+import io
 import json
 import os
 import sys
@@ -49,6 +55,41 @@ def _run_from_page(page, server: ComfyServer, timeout: float = 900) -> dict:
     raise TimeoutError("the template did not finish")
 
 
+THUMB_SIZE, THUMB_BG = (768, 512), (30, 30, 30)
+
+
+def write_thumbnail(page, server: ComfyServer, entry: dict, out: Path) -> str:
+    """The template browser's card image: the run's first saved picture (nearest-neighbour enlarged: the tiny models
+    make 64-px noise) on the left, the graph as the canvas draws it (its own pixels, no menus) on the right."""
+    from PIL import Image
+
+    card = Image.new("RGB", THUMB_SIZE, THUMB_BG)
+    saved = next((o["images"][0] for o in entry["outputs"].values() if o.get("images")), None)
+    side = THUMB_SIZE[1] - 32
+    if saved is not None:
+        pic = Image.open(io.BytesIO(server.view(saved))).convert("RGB")
+        card.paste(pic.resize((side, side), Image.NEAREST), (16, 16))
+    data = page.evaluate("() => { const c = window.app.canvas; c.draw(true, true);"
+                         " return c.canvas.toDataURL('image/png') }")
+    graph = Image.open(io.BytesIO(base64.b64decode(data.split(",", 1)[1]))).convert("RGB")
+    bg = Image.new("RGB", graph.size, graph.getpixel((0, 0)))
+    from PIL import ImageChops
+    box = ImageChops.difference(graph, bg).convert("L").point(lambda v: 255 if v > 16 else 0).getbbox()
+    graph = graph.crop(box) if box else graph
+    # beside the picture; a template that saves no picture (Optimized vs baseline compares two) gets the whole card
+    if saved is not None:
+        left, room = side + 32, (THUMB_SIZE[0] - side - 48, side)
+    else:
+        left, room = 16, (THUMB_SIZE[0] - 32, side)
+    graph.thumbnail(room)
+    card.paste(graph, (left + (room[0] - graph.width) // 2, 16 + (room[1] - graph.height) // 2))
+    for quality in (85, 75, 65, 55, 45):  # the template browser loads every card: keep each under 60 KB
+        card.save(out, "JPEG", quality=quality, optimize=True)
+        if out.stat().st_size < 55_000:
+            break
+    return f"{out.relative_to(ROOT)} {card.size} {out.stat().st_size} bytes"
+
+
 def main() -> int:
     from PIL import Image
     from playwright.sync_api import sync_playwright
@@ -76,35 +117,46 @@ def main() -> int:
         for setting in ("Comfy.Minimap.Visible", "Comfy.Graph.CanvasInfo"):
             page.evaluate("async (k) => { try { await window.app.extensionManager.setting.set(k, false) }"
                           " catch (e) {} }", setting)
-        only = set(sys.argv[1:])
-        for api_name, title in api_to_ui.TEMPLATE_TITLES.items():
-            if only and api_name not in only:
-                continue
-            wf = json.loads((ROOT / "example_workflows" / f"{title}.json").read_text(encoding="utf-8"))
-            page.evaluate("async (wf) => { await window.app.loadGraphData(wf) }", wf)
-            page.evaluate("(name) => { for (const n of window.app.graph.nodes) for (const w of n.widgets ?? [])"
-                          " if (w.name === 'pipeline_name') w.value = name }", TINY_PIPELINE)
-            if api_name == "pipeline_generate":
-                page.evaluate("() => { for (const n of window.app.graph.nodes) for (const w of n.widgets ?? []) {"
-                              " if (w.name === 'width' || w.name === 'height') w.value = 128;"
-                              " if (w.name === 'steps' && n.type === 'SteadfastPipelineSampler') w.value = 4 } }")
-            entry = _run_from_page(page, server)
-            status = entry["status"]["status_str"]
-            # dialogs and any full-page dimming layer (the template browser's, in either frontend)
-            page.evaluate("() => { document.querySelectorAll('[role=dialog], .p-dialog-mask').forEach(d => d.remove());"
-                          " document.querySelectorAll('body *').forEach(e => { const s = getComputedStyle(e);"
-                          " if (s.position === 'fixed' && e.offsetWidth >= innerWidth && e.offsetHeight >= innerHeight"
-                          " && !e.querySelector('canvas') && s.backgroundColor !== 'rgba(0, 0, 0, 0)') e.remove() }) }")
-            page.evaluate("() => window.app.extensionManager.command.execute('Comfy.Canvas.FitView')")
-            page.wait_for_timeout(1500)
-            shot = Path(tmp) / "shot.png"
-            page.screenshot(path=str(shot))
-            img = Image.open(shot).convert("RGB")
-            img = img.crop((60, 40, img.width, img.height))  # the side bar and tab row
-            img.thumbnail((1200, 1200))
-            out = OUT / f"{api_name}-comfyui-{version}.png"
-            img.quantize(colors=128).save(out, optimize=True)
-            print(out.relative_to(ROOT), status, img.size, out.stat().st_size, "bytes")
+        args = sys.argv[1:]
+        thumbs = "--thumbnails" in args
+        only = {a for a in args if not a.startswith("--")}
+        has_vue = page.evaluate("() => { try { window.app.extensionManager.setting.get('Comfy.VueNodes.Enabled');"
+                                " return true } catch (e) { return false } }")
+        for renderer in ("canvas", "nodes2") if has_vue else ("canvas",):
+            page.evaluate("async (on) => { try { await window.app.extensionManager.setting.set("
+                          "'Comfy.VueNodes.Enabled', on) } catch (e) {} }", renderer == "nodes2")
+            for api_name, title in api_to_ui.TEMPLATE_TITLES.items():
+                if only and api_name not in only:
+                    continue
+                wf = json.loads((ROOT / "example_workflows" / f"{title}.json").read_text(encoding="utf-8"))
+                page.evaluate("async (wf) => { await window.app.loadGraphData(wf) }", wf)
+                page.evaluate("(name) => { for (const n of window.app.graph.nodes) for (const w of n.widgets ?? [])"
+                              " if (w.name === 'pipeline_name') w.value = name }", TINY_PIPELINE)
+                server.free()  # every node runs: the wall time is a first run's
+                start = time.monotonic()
+                entry = _run_from_page(page, server)
+                seconds = time.monotonic() - start
+                status = entry["status"]["status_str"]
+                page.wait_for_timeout(1500)  # the reports reach the page
+                # dialogs and any full-page dimming layer (the template browser's, in either frontend)
+                page.evaluate("() => { document.querySelectorAll('[role=dialog], .p-dialog-mask').forEach(d => d.remove());"
+                              " document.querySelectorAll('body *').forEach(e => { const s = getComputedStyle(e);"
+                              " if (s.position === 'fixed' && e.offsetWidth >= innerWidth && e.offsetHeight >= innerHeight"
+                              " && !e.querySelector('canvas') && s.backgroundColor !== 'rgba(0, 0, 0, 0)') e.remove() }) }")
+                page.evaluate("() => window.app.extensionManager.command.execute('Comfy.Canvas.FitView')")
+                page.wait_for_timeout(1500)
+                shot = Path(tmp) / "shot.png"
+                page.screenshot(path=str(shot))
+                img = Image.open(shot).convert("RGB")
+                img = img.crop((60, 40, img.width, img.height))  # the side bar and tab row
+                img.thumbnail((1200, 1200))
+                suffix = "-nodes2" if renderer == "nodes2" else ""
+                out = OUT / f"{api_name}-comfyui-{version}{suffix}.png"
+                img.quantize(colors=128).save(out, optimize=True)
+                print(out.relative_to(ROOT), renderer, status, f"run {seconds:.1f} s", img.size, out.stat().st_size,
+                      "bytes")
+                if thumbs and renderer == "canvas":
+                    print(write_thumbnail(page, server, entry, ROOT / "example_workflows" / f"{title}.jpg"))
         browser.close()
     return 0
 

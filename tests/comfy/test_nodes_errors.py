@@ -76,18 +76,34 @@ def test_malformed_expected_is_rejected_by_validation(comfy_server: ComfyServer,
     assert "11" in info.value.node_errors
     detail = str(info.value.node_errors["11"])
     assert "hex SHA-256" in detail and "'zz'" in detail
+    # the input at fault and no other (ComfyUI marks every argument of validate_inputs)
+    assert [e["extra_info"]["input_name"] for e in info.value.node_errors["11"]["errors"]] == ["expected"]
 
 
 def test_malformed_expected_with_fail_on_mismatch_fails_loudly(comfy_server: ComfyServer,
                                                                reference: str) -> None:
-    """ComfyUI drops an output node that fails validation and runs the others (SaveImage here), so a
-    check that must fail the prompt is never skipped that way: it fails at execution instead."""
+    """ComfyUI drops an output node that fails validation and runs the others (SaveImage here), answering with the
+    error in ``node_errors``: the harness refuses such a prompt as a whole, naming ``expected`` alone."""
     wf = workflow("determinism_check", steps=STEPS)
     wf["11"]["inputs"].update(expected="zz", fail_on_mismatch=True)
-    with pytest.raises(PromptFailed) as info:
+    with pytest.raises(PromptRejected) as info:
         run(comfy_server, wf)
-    assert info.value.node_id == "11"
-    assert "'zz'" in info.value.exception_message and "hex" in info.value.exception_message
+    errors = info.value.node_errors["11"]["errors"]
+    assert [e["extra_info"]["input_name"] for e in errors] == ["expected"]
+    assert "'zz'" in errors[0]["details"] and "hex" in errors[0]["details"]
+
+
+@pytest.mark.parametrize("sizes, item", [("512x512, 7x", "'7x'"), ("512x512 4x64", "4 is outside")])
+def test_warmup_sizes_validated_up_front_naming_the_input(comfy_server: ComfyServer, sizes: str, item: str) -> None:
+    wf = workflow("warmup_then_generate", steps=STEPS)
+    warm = next(i for i, n in wf.items() if n["class_type"] == "SteadfastWarmup")
+    wf[warm]["inputs"]["sizes"] = sizes
+    with pytest.raises(PromptRejected) as info:
+        comfy_server.queue(wf)
+    errors = info.value.node_errors[warm]["errors"]
+    assert [e["extra_info"]["input_name"] for e in errors] == ["sizes"], errors
+    assert errors[0]["details"].startswith("sizes - ") and item in errors[0]["details"]
+    assert repr(sizes) in errors[0]["details"], errors  # the whole value
 
 
 def _images(w1: int, w2: int) -> dict[str, Any]:

@@ -266,3 +266,12 @@ def test_compare_tells_a_difference_by_design_from_a_failure(comfy_server: Comfy
     assert "different, as expected" in text(entry, "14") and "fingerprint.attention" in text(entry, "14")
     plain = compare_of(entry, unlinked)
     assert plain["expected_to_differ"] is False and "DIFFERENT" in text(entry, unlinked)
+    # the line that decides comes first (the verdict, with the thumbnails' PSNR that decides it); the full-output
+    # figures (their own PSNR) are folded under "measured on the full output (not what decides)"
+    lines = text(entry, "14").splitlines()
+    level = linked["verdict"]["level"]
+    assert lines[0].startswith({"same_picture": "SAME PICTURE", "different_picture": "DIFFERENT PICTURE"}[level])
+    assert "decided by PSNR" in lines[0] and lines[1].startswith("different, as expected"), lines
+    folded = lines.index("measured on the full output (not what decides):")
+    assert all(line.startswith("  ") for line in lines[folded + 1:] if not line.startswith("run records differ")), lines
+    assert sum("PSNR" in line for line in lines[:folded]) == 1, lines  # one PSNR above the fold: the deciding one

@@ -314,7 +314,7 @@ def test_pipeline_template_runs_and_repeats(server: ComfyServer) -> None:
     wf = workflow("pipeline_generate")
     kind = {v["class_type"]: k for k, v in wf.items()}
     wf[kind["SteadfastLoadDiffusersPipeline"]]["inputs"]["pipeline_name"] = SD
-    wf[kind["SteadfastPipelineOptimize"]]["inputs"]["backend"] = "eager"
+    wf[kind["SteadfastPipelineOptimize"]]["inputs"].update(compile="regional", backend="eager")  # template: off
     wf[kind["SteadfastPipelineWarmup"]]["inputs"].update(width=SIZE, height=SIZE)
     smp, hsh = kind["SteadfastPipelineSampler"], kind["SteadfastHash"]
     wf[smp]["inputs"].update(width=SIZE, height=SIZE, steps=STEPS)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from comfy_server import ComfyServer, PromptRejected
+from comfy_server import ComfyServer, PromptFailed
 from recompile_workflows import build, server_with_lora
 from steadfast_workflows import add, compare_of, record_of, run, text, workflow
 
@@ -120,9 +120,12 @@ def test_regional_compile_second_run_zero_recompiles(server: ComfyServer, backen
 
 
 def test_fp8_refused_on_cpu_as_a_node_error(server: ComfyServer) -> None:
+    """Refused first thing when Optimize Model runs, naming quantize (validate_inputs takes compile_cache alone, so
+    that a bad compile_cache marks no other input)."""
     wf = build(compile="off")
     wf["opt"]["inputs"]["quantize"] = "fp8-dynamic"
-    with pytest.raises(PromptRejected) as info:
-        server.queue(wf)
-    detail = str(info.value.node_errors["opt"])
+    with pytest.raises(PromptFailed) as info:
+        server.run(wf)
+    assert info.value.node_id == "opt" and info.value.exception_message.startswith("quantize: ")
+    detail = info.value.exception_message
     assert "fp8-dynamic needs a CUDA GPU with compute capability >= 8.9" in detail and "int8-dynamic" in detail

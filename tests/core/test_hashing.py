@@ -209,6 +209,9 @@ def test_check_expected():
     full = check_expected(d, d.upper() + "  ")
     assert full.checked and full.match and full.status == "match"
     assert check_expected(d, d[:12]).match
+    # the report shows the digest on its own line: the MATCH line never repeats the 64 hex
+    assert d not in full.as_text() and full.as_text().startswith("MATCH")
+    assert check_expected(d, d[:12]).as_text().endswith(f"12-hex prefix {d[:12]}")
     other = "0" * 12 if not d.startswith("0" * 12) else "f" * 12
     miss = check_expected(d, other)
     assert miss.checked and not miss.match and miss.status == "mismatch" and "MISMATCH" in miss.as_text()
