@@ -45,8 +45,17 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-__all__ = ["PORTABLE_DTYPES", "portable_randn", "box_muller_avx2", "portable_generator_randn", "draw_method",
-           "route_record", "routed_dtypes", "torch_draws_portable", "torch_half_uses_float32_kernel"]
+__all__ = [
+    "PORTABLE_DTYPES",
+    "box_muller_avx2",
+    "draw_method",
+    "portable_generator_randn",
+    "portable_randn",
+    "route_record",
+    "routed_dtypes",
+    "torch_draws_portable",
+    "torch_half_uses_float32_kernel",
+]
 
 #: dtypes :func:`portable_randn` draws: float32, and float16/bfloat16 the way torch 2.14 draws them.
 PORTABLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -298,7 +307,7 @@ def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def torch_draws_portable(dtype: torch.dtype) -> bool:
     """Whether this process's ``torch.randn`` on a CPU generator gives :func:`portable_randn`'s bytes.
 
@@ -321,7 +330,7 @@ def torch_draws_portable(dtype: torch.dtype) -> bool:
     return True
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def torch_half_uses_float32_kernel(dtype: torch.dtype) -> bool:
     """Whether this torch draws ``dtype`` (float16/bfloat16) through its float32 Box-Muller (torch 2.14).
 
