@@ -119,3 +119,31 @@ def test_hash_compare_and_thumbnail_take_cuda_tensors():
     assert verdict.thumbnail(on_gpu) == verdict.thumbnail(image)
     assert compare(on_gpu, on_gpu.clone(), kind="image").identical
     assert verdict.grade_tensors(on_gpu, on_gpu * 0.5, "image").level != "identical"
+
+
+# ----------------------------------------------------------------------------- diffusers' half-precision draws
+
+
+@pytest.mark.parametrize("dtype", pr.PORTABLE_DTYPES)
+def test_pipeline_noise_is_routed_only_where_it_changes_bits_towards_the_portable_ones(dtype):
+    """diffusers' ``randn_tensor`` (one CPU generator per image, in the latent dtype) under the pack's route.
+
+    A dtype the route leaves alone gives plain diffusers' bytes (on torch 2.11 its own half algorithm, which the
+    portable one is not: routing it changed ~99.9% of values); a routed dtype gives the portable bytes."""
+    torch_utils = pytest.importorskip("diffusers.utils.torch_utils")
+    shape = (2, 4, 16, 16)
+
+    def gens():
+        return [torch.Generator().manual_seed(5 + i) for i in range(2)]
+
+    plain = torch_utils.randn_tensor(shape, generator=gens(), dtype=dtype)
+    with pr.portable_generator_randn():
+        routed = torch_utils.randn_tensor(shape, generator=gens(), dtype=dtype)
+    portable = torch.cat([pr.portable_randn((1, *shape[1:]), g, dtype=dtype, backend="numpy") for g in gens()])
+    said = pr.route_record()[str(dtype).removeprefix("torch.")]
+    if dtype in pr.routed_dtypes():
+        assert said == "routed to portable_randn" and torch.equal(_bits(routed), _bits(portable))
+    else:
+        assert torch.equal(_bits(routed), _bits(plain)), said
+        assert said.startswith("torch.randn")
+        assert torch.equal(_bits(plain), _bits(portable)) == said.startswith("torch.randn (portable")
