@@ -129,7 +129,11 @@ class SteadfastSeededSampler(io.ComfyNode):
                                        "the model may compute a batch differently from a single item. For item i's "
                                        "latent to equal the single run, add Determinism Setup with batch_invariant on; "
                                        "for the image too, decode with VAE Decode (Steadfast). "
-                                       "comfy: ComfyUI's own batch noise stream, bit-identical to KSampler's."),
+                                       "comfy: KSampler's own noise streams, bit-identical to KSampler on x86-64 "
+                                       "CPUs with AVX2/AVX512 whatever device samples (on a GPU the per-step noise "
+                                       "is ComfyUI's own GPU noise sampler: equal to KSampler there, not portable to "
+                                       "the CPU). On ARM or without AVX2, stock KSampler's own initial noise is not "
+                                       "portable and the pack draws the x86 noise, so the two differ there."),
             ],
             hidden=[io.Hidden.prompt, io.Hidden.unique_id],  # to name the model file in the run record
             not_idempotent=True,  # two identical sampler nodes in one workflow must both run (determinism check)
