@@ -1,6 +1,7 @@
 """Steadfast Seeded Sampler: KSampler with device-independent seeded noise and a run record."""
 from __future__ import annotations
 
+import functools
 import time
 
 import comfy.model_management
@@ -28,9 +29,15 @@ def _noise_kind(sampler) -> str:
     their ``_gpu`` twins) seeded once for the whole batch: in ``incremental`` mode we hand it one tree per
     item (seed + i), drawn on the CPU.
     """
-    import inspect
     fn = getattr(sampler, "sampler_function", None)
-    if fn is None or "noise_sampler" not in inspect.signature(fn).parameters:
+    return "none" if fn is None else _noise_kind_of(fn)
+
+
+@functools.cache
+def _noise_kind_of(fn) -> str:
+    """:func:`_noise_kind` of one sampler function, read once (``inspect.getsource`` costs milliseconds)."""
+    import inspect
+    if "noise_sampler" not in inspect.signature(fn).parameters:
         return "none"
     try:
         source = inspect.getsource(fn)
