@@ -113,8 +113,10 @@ def _fma(a: np.ndarray, b, c) -> np.ndarray:
     return s.astype(np.float32)
 
 
-def _log256(x: np.ndarray) -> np.ndarray:
-    """``log256_ps`` (``avx_mathfun.h``) as compiled in torch's AVX2 kernel, for ``x > 0`` (float32)."""
+def _log256(x: np.ndarray, fma=_fma) -> np.ndarray:
+    """``log256_ps`` (``avx_mathfun.h``) as compiled in torch's AVX2 kernel, for ``x > 0`` (float32).
+
+    ``fma``: the fused multiply-add emulation (:func:`_fma`, or a :class:`_FastFMA` that flags ties)."""
     xi = np.maximum(x, _f32(_MIN_NORM)).view(np.int32)
     e = ((xi >> 23) - 127).astype(np.float32) + _ONE
     m = ((xi & 0x007FFFFF) | 0x3F000000).view(np.float32)      # mantissa in [0.5, 1)
@@ -125,16 +127,18 @@ def _log256(x: np.ndarray) -> np.ndarray:
     m64 = m.astype(np.float64)
     y = np.full_like(m, _LOG_P[0])
     for p in _LOG_P[1:]:
-        y = _fma(y, m64, p)                                     # vfmadd132ps
+        y = fma(y, m64, p)                                     # vfmadd132ps
     y = y * m
-    y = _fma(y, z, e * _LOG_Q1)                                 # y*z + e*q1 contracted
+    y = fma(y, z, e * _LOG_Q1)                                 # y*z + e*q1 contracted
     y = y - z * np.float32(0.5)                                 # vfnmadd: z*0.5 is exact
     m = m + y
-    return _fma(e, _LOG_Q2, m)                                  # e*q2 + x contracted
+    return fma(e, _LOG_Q2, m)                                  # e*q2 + x contracted
 
 
-def _sincos256(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``sincos256_ps`` (``avx_mathfun.h``) as compiled in torch's AVX2 kernel (float32, ``0 <= x < 8192``)."""
+def _sincos256(x: np.ndarray, fma=_fma) -> tuple[np.ndarray, np.ndarray]:
+    """``sincos256_ps`` (``avx_mathfun.h``) as compiled in torch's AVX2 kernel (float32, ``0 <= x < 8192``).
+
+    ``fma``: as in :func:`_log256`."""
     xi = x.view(np.int32)
     sign_sin = xi & np.int32(-0x80000000)
     x = (xi & 0x7FFFFFFF).view(np.float32)
@@ -145,18 +149,18 @@ def _sincos256(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     sign_cos = (~(j - 2) & 4) << 29
     poly_mask = (j & 2) == 0
     for dp in _DP:                                              # x = ((x - y*DP1) - y*DP2) - y*DP3, fused
-        x = _fma(y, dp, x)
+        x = fma(y, dp, x)
     z = x * x
     z64 = z.astype(np.float64)
-    c = _fma(np.full_like(z, _COS_P[0]), z64, _COS_P[1])
-    c = _fma(c, z64, _COS_P[2])
+    c = fma(np.full_like(z, _COS_P[0]), z64, _COS_P[1])
+    c = fma(c, z64, _COS_P[2])
     c = c * z
-    c = _fma(c, z64, -(z * np.float32(0.5)))                    # vfmsub: y*z - z*0.5
+    c = fma(c, z64, -(z * np.float32(0.5)))                    # vfmsub: y*z - z*0.5
     c = c + _ONE
-    s = _fma(np.full_like(z, _SIN_P[0]), z64, _SIN_P[1])
-    s = _fma(s, z64, _SIN_P[2])
+    s = fma(np.full_like(z, _SIN_P[0]), z64, _SIN_P[1])
+    s = fma(s, z64, _SIN_P[2])
     s = s * z
-    s = _fma(x, s, x)                                           # y2*x + x contracted
+    s = fma(x, s, x)                                           # y2*x + x contracted
     zero = np.float32(0)
     s_part = np.where(poly_mask, s, zero)                       # and/andnot selects, then the adds
     c_part = np.where(poly_mask, zero, c)
@@ -165,6 +169,39 @@ def _sincos256(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     sin_v = (sin_v.view(np.int32) ^ sign_sin).view(np.float32)
     cos_v = (cos_v.view(np.int32) ^ sign_cos).view(np.float32)
     return sin_v, cos_v
+
+
+class _FastFMA:
+    """:func:`_fma` on reused scratch buffers (no temporaries over the whole block but the result).
+
+    The same arithmetic as :func:`_fma`: the float64 product is exact, the sum is rounded once, and the sums
+    that sit exactly halfway between two float32 values are settled from their exact error (TwoSum), computed
+    for those lanes only (the product is recomputed there instead of copied for every lane).
+
+    Args:
+        shape: the lane shape of every array operand (one block).
+    """
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.s = np.empty(shape, dtype=np.float64)
+        self.low = np.empty(shape, dtype=np.int64)
+        self.hit = np.empty(shape, dtype=bool)
+
+    def __call__(self, a: np.ndarray, b, c) -> np.ndarray:
+        s = self.s
+        np.multiply(a, b, out=s, dtype=np.float64)      # exact: 24 x 24 bits
+        np.add(s, c, out=s)                             # one float64 rounding
+        np.bitwise_and(s.view(np.int64), 0x1FFFFFFF, out=self.low)
+        np.equal(self.low, 0x10000000, out=self.hit)    # halfway between two float32 values?
+        if self.hit.any():
+            idx = np.nonzero(self.hit)
+            pt = a[idx].astype(np.float64) * (b if np.ndim(b) == 0 else np.asarray(b)[idx].astype(np.float64))
+            ct = c if np.ndim(c) == 0 else np.asarray(c)[idx]
+            st = s[idx]
+            bb = st - pt
+            err = (pt - (st - bb)) + (ct - bb)          # TwoSum: v = st + err exactly
+            s.view(np.int64)[idx] += (np.sign(err) * np.sign(st)).astype(np.int64)  # towards v: no tie
+        return s.astype(np.float32)
 
 
 _BLOCK_ROWS = 2048  # 16 Ki lanes of float64 temporaries per block: 128 KiB, fits a core's L2
@@ -185,8 +222,10 @@ def box_muller_avx2(chunks: np.ndarray, out: np.ndarray | None = None) -> np.nda
     for i in range(0, chunks.shape[0], _BLOCK_ROWS):  # cache-sized blocks: about 2x faster than whole latents
         block = chunks[i:i + _BLOCK_ROWS]
         u1 = _ONE - block[:, :8]
-        radius = np.sqrt(_log256(u1) * np.float32(-2.0))        # IEEE sqrt (torch.sqrt is not exact)
-        sin_v, cos_v = _sincos256(block[:, 8:] * _TWO_PI)
+        theta = block[:, 8:] * _TWO_PI
+        fma = _FastFMA(u1.shape)
+        log_u1, (sin_v, cos_v) = _log256(u1, fma), _sincos256(theta, fma)
+        radius = np.sqrt(log_u1 * np.float32(-2.0))             # IEEE sqrt (torch.sqrt is not exact)
         dest = out[i:i + _BLOCK_ROWS]
         np.multiply(radius, cos_v, out=dest[:, :8])
         np.multiply(radius, sin_v, out=dest[:, 8:])

@@ -332,7 +332,8 @@ def test_constants_are_the_float32_roundings_of_the_header_literals():
     assert pr._TWO_PI == as32(2.0 * math.pi)
 
 
-def test_fma_emulation_is_correctly_rounded_including_double_rounding_ties():
+@pytest.mark.parametrize("fma", ["exact", "fast"])
+def test_fma_emulation_is_correctly_rounded_including_double_rounding_ties(fma):
     rng = np.random.default_rng(0)
     a = rng.standard_normal(3000).astype(np.float32)
     b = rng.standard_normal(3000).astype(np.float32)
@@ -346,7 +347,7 @@ def test_fma_emulation_is_correctly_rounded_including_double_rounding_ties():
     a = np.concatenate([a, [a_t, -a_t]]).astype(np.float32)
     b = np.concatenate([b, [b_t, b_t]]).astype(np.float32)
     c = np.concatenate([c, [c_t, np.float32(1 + 2.0**-23)]]).astype(np.float32)
-    got = pr._fma(a, b, c)
+    got = pr._fma(a, b, c) if fma == "exact" else pr._FastFMA(a.shape)(a, b, c)
     want = np.array([_fma_exact(float(x), float(y), float(z)) for x, y, z in zip(a, b, c)], dtype=np.float32)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     assert got[-2] == np.float32(1 + 3 * 2.0**-23) and got[-1] == np.float32(1 + 2.0**-23)
