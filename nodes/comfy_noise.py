@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+import torch
+
 import comfy.sample
 import torch
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 import functools
 import time
 
+import torch
+from comfy_api.v0_0_2 import io
+
 import comfy.model_management
 import comfy.sample
 import comfy.samplers
 import comfy.utils
 import latent_preview
-import torch
-from comfy_api.v0_0_2 import io
 
 from ..core import fingerprint, hashing, noise, portable, portable_randn, torch_state
 from ..core.run_record import RunRecord
@@ -78,7 +79,7 @@ def per_step_noise(sampler, latent: torch.Tensor, sigmas: torch.Tensor, seed: in
     if kind == "default":
         if mode == "incremental":
             # seed + 1: ComfyUI's CPU default stream, so a batch-1 CPU run equals KSampler's
-            return noise.CPUNoiseSampler(latent, seed + 1, per_item=True), "cpu per item"
+            return noise.CPUNoiseSampler(latent, seed + 1, per_item=True), "cpu"
         if torch.device(device).type == "cpu":
             return noise.CPUNoiseSampler(latent, seed + 1), "cpu"  # = KSampler's CPU generator (seed + 1)
         return None, f"comfy default_noise_sampler on {device} (seed {seed})"
@@ -186,13 +187,15 @@ class SteadfastSeededSampler(io.ComfyNode):
         t0 = time.perf_counter()
         # CPU Brownian trees (torchsde) draw with torch.randn on CPU generators: routed to portable noise only
         # where torch's own bytes differ (core/portable_randn.routed_dtypes; nothing is replaced on x86 AVX2)
-        with portable_randn.portable_generator_randn():
-            samples = comfy.sample.sample_custom(model, x0, cfg, sampler, ks.sigmas, positive, negative, latent,
-                                                 noise_mask=latent_image.get("noise_mask"), callback=callback,
-                                                 disable_pbar=not comfy.utils.PROGRESS_BAR_ENABLED, seed=seed)
+        try:
+            with portable_randn.portable_generator_randn():
+                samples = comfy.sample.sample_custom(model, x0, cfg, sampler, ks.sigmas, positive, negative, latent,
+                                                     noise_mask=latent_image.get("noise_mask"), callback=callback,
+                                                     disable_pbar=not comfy.utils.PROGRESS_BAR_ENABLED, seed=seed)
+        finally:
+            if isinstance(ns, noise.CPUNoiseSampler):
+                ns.close()  # its prefetch thread (a draw made for a step that never came is dropped)
         seconds = time.perf_counter() - t0
-        if isinstance(ns, noise.CPUNoiseSampler):
-            ns.close()  # its prefetch thread (a draw made for a step that never came is dropped)
         out = dict(latent_image)
         out["samples"] = samples
 
