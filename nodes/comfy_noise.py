@@ -15,7 +15,6 @@ from collections.abc import Callable
 import torch
 
 import comfy.sample
-import torch
 
 # Torch's vectorised (>= 16 elements) path with and without a tail: on torch 2.14.1 half-precision randn equals
 # float32-then-cast for whole multiples of 16 elements and differs in the tail (torch 2.11.0 differs everywhere),
