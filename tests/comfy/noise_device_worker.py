@@ -88,7 +88,28 @@ def main() -> int:
                 results[f"{name}/{mode}"] = seen.get("result", {"error": "sample_custom was not called"})
             except Exception as exc:  # noqa: BLE001 - reported, the test fails on it
                 results[f"{name}/{mode}"] = {"error": f"{type(exc).__name__}: {exc}"[:400]}
-    print(json.dumps({"kinds": kinds, "results": results, "on_gpu": on_gpu,
+    # comfy mode's draw-dtype probe against the draw the pack makes: is "bit-identical" true exactly when it is?
+    from steadfast.core import noise as sf_noise
+    from steadfast.nodes import comfy_noise
+
+    def in_dtype(latent_image, generator, noise_inds=None):  # ComfyUI 0.8.0's prepare_noise_inner (no inds)
+        return torch.randn(latent_image.size(), dtype=latent_image.dtype, layout=latent_image.layout,
+                           generator=generator, device="cpu")
+
+    probes = {}
+    running = comfy.sample.prepare_noise_inner
+    for way, inner in (("running", running), ("draws in the latent dtype", in_dtype)):
+        comfy.sample.prepare_noise_inner = inner
+        comfy_noise.comfy_draw.cache_clear()
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            draw, identical = comfy_noise.comfy_draw(dtype, sf_noise.draw)
+            shape = (2, 4, 25, 10)
+            ours = sf_noise.seeded_noise(shape, 3, mode="comfy", dtype=dtype, draw_dtype=draw)
+            theirs = comfy.sample.prepare_noise(torch.zeros(shape, dtype=dtype), 3)
+            probes[f"{way}/{dtype}"] = {"identical": identical, "equal": torch.equal(ours.view(torch.uint8),
+                                                                                  theirs.view(torch.uint8))}
+    comfy.sample.prepare_noise_inner = running
+    print(json.dumps({"kinds": kinds, "results": results, "on_gpu": on_gpu, "probes": probes,
                       "default_noise_sampler_file": kds.__file__}))
     return 0
 

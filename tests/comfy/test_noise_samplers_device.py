@@ -67,3 +67,16 @@ def test_comfy_mode_on_a_gpu_keeps_comfyuis_own_noise_sampler(device_runs):
         assert not comfy_mode["installed"], (name, comfy_mode)
         assert incremental["installed"] == (kind in ("default", "brownian")), (name, incremental)
     assert on_gpu["euler_ancestral/comfy"]["text"] == "comfy default_noise_sampler on cuda (seed 7)"
+
+
+@pytest.mark.comfyui
+def test_comfy_draw_probe_says_bit_identical_exactly_when_the_packs_draw_is(device_runs):
+    """The ``comfy`` draw-dtype probe compares ComfyUI's ``prepare_noise`` with the draw the pack makes (before
+    issue 23: with ``torch.randn``, then drew ``portable_randn``; on torch 2.11 those differ for fp16/bf16). Also
+    with ComfyUI 0.8.0's way (draw in the latent's dtype) patched into the running ComfyUI: on torch 2.11 the pack
+    cannot give those half-precision bytes and must say so."""
+    probes = device_runs["probes"]
+    assert len(probes) == 6
+    wrong = {k: v for k, v in probes.items() if v["identical"] != v["equal"]}
+    assert not wrong, wrong
+    assert probes["running/torch.float32"] == {"identical": True, "equal": True}
