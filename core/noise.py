@@ -11,18 +11,22 @@ default CPU generator with exactly that call, plus the accelerators), which is w
 
 Every draw goes through :func:`core.portable_randn.portable_randn` (float32/float16/bfloat16): the
 bytes torch's AVX2 CPU kernel gives, on any CPU (x86 with or without AVX2/AVX512, ARM, Windows), so a
-seed gives the same noise on a Mac as on a PC, and on x86 the same as ``torch.randn`` (issue 17).
+seed gives the same noise on a Mac as on a PC, and on x86 the same as ``torch.randn`` (issue 17). Where
+torch's own kernel gives those bytes (x86 AVX2/AVX512, checked once per process) the draw is ``torch.randn``
+itself, so reproducibility costs nothing there (issue 23).
 """
 from __future__ import annotations
 
 import numbers
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Literal
 
 import torch
 
 from .portable_randn import PORTABLE_DTYPES, portable_randn
 
-__all__ = ["MAX_SEED", "NOISE_MODES", "CPUNoiseSampler", "check_seed", "seeded_noise"]
+__all__ = ["MAX_SEED", "NOISE_MODES", "CPUNoiseSampler", "check_seed", "draw", "seeded_noise"]
 
 NOISE_MODES = ("incremental", "comfy")
 #: Largest seed ComfyUI's seed widgets allow and ``torch.Generator.manual_seed`` takes: ``2**64 - 1``.
@@ -64,6 +68,18 @@ def _randn(shape: Sequence[int], dtype: torch.dtype, generator: torch.Generator)
     if dtype in PORTABLE_DTYPES:
         return portable_randn(shape, generator, dtype=dtype)
     return torch.randn(tuple(shape), dtype=dtype, generator=generator)
+
+
+def draw(shape: Sequence[int], dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
+    """One CPU draw exactly as :func:`seeded_noise` makes it (``draw(shape, dtype, generator)``), e.g. for probes.
+
+    Args:
+        shape: output shape. dtype: float32/float16/bfloat16 (portable) or another float dtype (``torch.randn``).
+        generator: a CPU ``torch.Generator``, advanced as ``torch.randn`` advances it.
+    Returns:
+        CPU tensor of ``shape`` and ``dtype``.
+    """
+    return _randn(tuple(shape), dtype, generator)
 
 
 def _check_shape(shape: Sequence[int]) -> tuple[int, ...]:
@@ -163,30 +179,50 @@ def seeded_noise(
     return torch.cat([kept[k] for k in inds], dim=0)
 
 
+def _device_of(*values: object, default: torch.device) -> torch.device:
+    """The device of the first tensor among ``values`` (ComfyUI's ``sigma``s live with ``x``), else ``default``."""
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            return v.device
+    return default
+
+
 class CPUNoiseSampler:
     """Per-step noise for ancestral/SDE samplers, drawn on the CPU from a private generator.
 
     ``sampler(sigma, sigma_next)`` returns standard-normal noise shaped like ``x_like``, drawn in
-    ``x_like.dtype`` on the CPU with :func:`portable_randn` (the same bytes on every CPU) and then moved
-    to ``x_like.device``. The sequence of calls is fully
-    determined by ``seed`` and is the same on every device; the global RNG is never used.
+    ``x_like.dtype`` on the CPU with :func:`portable_randn` (the same bytes on every CPU) and handed over on the
+    device of the ``sigma`` it is called with: ComfyUI's samplers call ``noise_sampler(sigmas[i], sigmas[i+1])``
+    with ``sigmas`` on the device of ``x`` (``comfy/samplers.py`` ``outer_sample`` moves both to the model's
+    load device), while the LATENT the node builds the sampler from stays on the CPU. Without a tensor
+    argument the noise goes to ``x_like.device``. The sequence of calls is fully determined by ``seed`` and
+    is the same on every device; the global RNG is never used.
+
+    Handing over to a CUDA device goes through one of two pinned host buffers and a non-blocking copy (the
+    GPU does not wait on a pageable copy), and the next step's draw is prepared on a background thread while
+    the current step runs (``prefetch``). The draws are the same, in the same order, as synchronous ones:
+    one worker thread, each draw waits for the previous one.
 
     Compatibility: ComfyUI's ``k_diffusion.sampling.default_noise_sampler`` draws on the latent's
     device and, on the CPU, seeds its generator with ``seed + 1``; so for a CPU latent
     ``CPUNoiseSampler(x, seed + 1)`` reproduces ComfyUI's CPU ancestral noise.
 
     Args:
-        x_like: tensor whose shape, dtype and device the noise takes (any number of dimensions;
-            at least 1-D with ``per_item``).
+        x_like: tensor whose shape and dtype the noise takes (any number of dimensions; at least 1-D with
+            ``per_item``); its device is the fallback target.
         seed: integer in ``[0, 2**64 - 1]``.
         per_item: one generator per batch item, item ``i`` seeded ``seed + i`` (pairs with
             ``seeded_noise(mode="incremental")``: item ``i``'s per-step noise then equals a batch-1
             run at ``seed + i``). Default False: one stream for the whole batch, like ComfyUI.
+        prefetch: draw the next step's noise on a background thread after each call. ``None`` (default):
+            only when the noise goes to a device other than the CPU (on the CPU the draw would compete with
+            the model for the same cores).
     Raises:
         TypeError / ValueError: bad ``x_like`` or ``seed`` (or ``seed + i`` above ``2**64 - 1``).
     """
 
-    def __init__(self, x_like: torch.Tensor, seed: int, *, per_item: bool = False) -> None:
+    def __init__(self, x_like: torch.Tensor, seed: int, *, per_item: bool = False,
+                 prefetch: bool | None = None) -> None:
         if not isinstance(x_like, torch.Tensor):
             raise TypeError(f"x_like must be a torch.Tensor, got {type(x_like).__name__}")
         self.seed = check_seed(seed)
@@ -194,6 +230,7 @@ class CPUNoiseSampler:
         self.dtype = x_like.dtype
         self.device = x_like.device
         self.per_item = bool(per_item)
+        self.prefetch = prefetch
         if self.per_item:
             if len(self.shape) == 0 or self.shape[0] < 1:
                 raise ValueError(f"per_item needs a non-empty batch dimension, got shape {self.shape}")
@@ -202,13 +239,67 @@ class CPUNoiseSampler:
         else:
             self.generators = [_generator(self.seed)]
         self.calls = 0
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: Future | None = None
+        self._pinned: list[torch.Tensor] = []
+        self._copied: list[object] = [None, None]  # CUDA events: the copy out of each pinned buffer is done
+        self._slot = 0
 
-    def __call__(self, sigma: object = None, sigma_next: object = None) -> torch.Tensor:
-        """Next noise tensor (``sigma``/``sigma_next`` are accepted for the sampler API and unused)."""
-        self.calls += 1
+    def _draw(self) -> torch.Tensor:
         if self.per_item:
             item_shape = (1, *self.shape[1:])
-            noise = torch.cat([_randn(item_shape, self.dtype, g) for g in self.generators], dim=0)
+            return torch.cat([_randn(item_shape, self.dtype, g) for g in self.generators], dim=0)
+        return _randn(self.shape, self.dtype, self.generators[0])
+
+    def _next_on_cpu(self, prefetch: bool) -> torch.Tensor:
+        """The next draw of the stream: the prefetched one if any, and start the one after when asked."""
+        if self._pending is not None:
+            noise, self._pending = self._pending.result(), None
         else:
-            noise = _randn(self.shape, self.dtype, self.generators[0])
-        return noise.to(self.device)
+            noise = self._draw()
+        if prefetch:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="steadfast-noise")
+            self._pending = self._executor.submit(self._draw)
+        return noise
+
+    def _to_cuda(self, noise: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """``noise`` on ``device`` through a pinned buffer and a non-blocking copy on the current stream."""
+        if not self._pinned:
+            self._pinned = [torch.empty(self.shape, dtype=self.dtype, pin_memory=True) for _ in range(2)]
+        slot, self._slot = self._slot, 1 - self._slot
+        if self._copied[slot] is not None:
+            self._copied[slot].synchronize()  # the copy out of this buffer, two steps ago, has finished
+        buf = self._pinned[slot]
+        buf.copy_(noise)
+        out = buf.to(device, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(device))
+        self._copied[slot] = event
+        return out
+
+    def __call__(self, sigma: object = None, sigma_next: object = None) -> torch.Tensor:
+        """Next noise tensor, on the device of ``sigma`` (or ``sigma_next``; else ``x_like``'s).
+
+        ``sigma``/``sigma_next`` only say where the noise goes (the values are unused).
+        """
+        self.calls += 1
+        target = _device_of(sigma, sigma_next, default=self.device)
+        prefetch = self.prefetch if self.prefetch is not None else target.type != "cpu"
+        noise = self._next_on_cpu(prefetch)
+        if target.type == "cpu":
+            return noise
+        if target.type == "cuda":
+            return self._to_cuda(noise, target)
+        return noise.to(target)
+
+    def close(self) -> None:
+        """Stop the prefetch thread (a prefetched draw is dropped). Also done when the sampler is collected."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor, self._pending = None, None
+
+    def __del__(self) -> None:
+        executor = getattr(self, "_executor", None)
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)

@@ -36,6 +36,7 @@ Fewer than 16 elements (or float16/bfloat16 in torch <= 2.11) go through other t
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import struct
 import threading
@@ -44,7 +45,17 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-__all__ = ["PORTABLE_DTYPES", "portable_randn", "box_muller_avx2", "portable_generator_randn"]
+__all__ = [
+    "PORTABLE_DTYPES",
+    "box_muller_avx2",
+    "draw_method",
+    "portable_generator_randn",
+    "portable_randn",
+    "route_record",
+    "routed_dtypes",
+    "torch_draws_portable",
+    "torch_half_uses_float32_kernel",
+]
 
 #: dtypes :func:`portable_randn` draws: float32, and float16/bfloat16 the way torch 2.14 draws them.
 PORTABLE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -102,8 +113,10 @@ def _fma(a: np.ndarray, b, c) -> np.ndarray:
     return s.astype(np.float32)
 
 
-def _log256(x: np.ndarray) -> np.ndarray:
-    """``log256_ps`` (``avx_mathfun.h``) as compiled in torch's AVX2 kernel, for ``x > 0`` (float32)."""
+def _log256(x: np.ndarray, fma=_fma) -> np.ndarray:
+    """``log256_ps`` (``avx_mathfun.h``) as compiled in torch's AVX2 kernel, for ``x > 0`` (float32).
+
+    ``fma``: the fused multiply-add emulation (:func:`_fma`, or a :class:`_FastFMA` that flags ties)."""
     xi = np.maximum(x, _f32(_MIN_NORM)).view(np.int32)
     e = ((xi >> 23) - 127).astype(np.float32) + _ONE
     m = ((xi & 0x007FFFFF) | 0x3F000000).view(np.float32)      # mantissa in [0.5, 1)
@@ -114,16 +127,18 @@ def _log256(x: np.ndarray) -> np.ndarray:
     m64 = m.astype(np.float64)
     y = np.full_like(m, _LOG_P[0])
     for p in _LOG_P[1:]:
-        y = _fma(y, m64, p)                                     # vfmadd132ps
+        y = fma(y, m64, p)                                     # vfmadd132ps
     y = y * m
-    y = _fma(y, z, e * _LOG_Q1)                                 # y*z + e*q1 contracted
+    y = fma(y, z, e * _LOG_Q1)                                 # y*z + e*q1 contracted
     y = y - z * np.float32(0.5)                                 # vfnmadd: z*0.5 is exact
     m = m + y
-    return _fma(e, _LOG_Q2, m)                                  # e*q2 + x contracted
+    return fma(e, _LOG_Q2, m)                                  # e*q2 + x contracted
 
 
-def _sincos256(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``sincos256_ps`` (``avx_mathfun.h``) as compiled in torch's AVX2 kernel (float32, ``0 <= x < 8192``)."""
+def _sincos256(x: np.ndarray, fma=_fma) -> tuple[np.ndarray, np.ndarray]:
+    """``sincos256_ps`` (``avx_mathfun.h``) as compiled in torch's AVX2 kernel (float32, ``0 <= x < 8192``).
+
+    ``fma``: as in :func:`_log256`."""
     xi = x.view(np.int32)
     sign_sin = xi & np.int32(-0x80000000)
     x = (xi & 0x7FFFFFFF).view(np.float32)
@@ -134,18 +149,18 @@ def _sincos256(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     sign_cos = (~(j - 2) & 4) << 29
     poly_mask = (j & 2) == 0
     for dp in _DP:                                              # x = ((x - y*DP1) - y*DP2) - y*DP3, fused
-        x = _fma(y, dp, x)
+        x = fma(y, dp, x)
     z = x * x
     z64 = z.astype(np.float64)
-    c = _fma(np.full_like(z, _COS_P[0]), z64, _COS_P[1])
-    c = _fma(c, z64, _COS_P[2])
+    c = fma(np.full_like(z, _COS_P[0]), z64, _COS_P[1])
+    c = fma(c, z64, _COS_P[2])
     c = c * z
-    c = _fma(c, z64, -(z * np.float32(0.5)))                    # vfmsub: y*z - z*0.5
+    c = fma(c, z64, -(z * np.float32(0.5)))                    # vfmsub: y*z - z*0.5
     c = c + _ONE
-    s = _fma(np.full_like(z, _SIN_P[0]), z64, _SIN_P[1])
-    s = _fma(s, z64, _SIN_P[2])
+    s = fma(np.full_like(z, _SIN_P[0]), z64, _SIN_P[1])
+    s = fma(s, z64, _SIN_P[2])
     s = s * z
-    s = _fma(x, s, x)                                           # y2*x + x contracted
+    s = fma(x, s, x)                                           # y2*x + x contracted
     zero = np.float32(0)
     s_part = np.where(poly_mask, s, zero)                       # and/andnot selects, then the adds
     c_part = np.where(poly_mask, zero, c)
@@ -156,27 +171,65 @@ def _sincos256(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sin_v, cos_v
 
 
+class _FastFMA:
+    """:func:`_fma` on reused scratch buffers (no temporaries over the whole block but the result).
+
+    The same arithmetic as :func:`_fma`: the float64 product is exact, the sum is rounded once, and the sums
+    that sit exactly halfway between two float32 values are settled from their exact error (TwoSum), computed
+    for those lanes only (the product is recomputed there instead of copied for every lane).
+
+    Args:
+        shape: the lane shape of every array operand (one block).
+    """
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.s = np.empty(shape, dtype=np.float64)
+        self.low = np.empty(shape, dtype=np.int64)
+        self.hit = np.empty(shape, dtype=bool)
+
+    def __call__(self, a: np.ndarray, b, c) -> np.ndarray:
+        s = self.s
+        np.multiply(a, b, out=s, dtype=np.float64)      # exact: 24 x 24 bits
+        np.add(s, c, out=s)                             # one float64 rounding
+        np.bitwise_and(s.view(np.int64), 0x1FFFFFFF, out=self.low)
+        np.equal(self.low, 0x10000000, out=self.hit)    # halfway between two float32 values?
+        if self.hit.any():
+            idx = np.nonzero(self.hit)
+            pt = a[idx].astype(np.float64) * (b if np.ndim(b) == 0 else np.asarray(b)[idx].astype(np.float64))
+            ct = c if np.ndim(c) == 0 else np.asarray(c)[idx]
+            st = s[idx]
+            bb = st - pt
+            err = (pt - (st - bb)) + (ct - bb)          # TwoSum: v = st + err exactly
+            s.view(np.int64)[idx] += (np.sign(err) * np.sign(st)).astype(np.int64)  # towards v: no tie
+        return s.astype(np.float32)
+
+
 _BLOCK_ROWS = 2048  # 16 Ki lanes of float64 temporaries per block: 128 KiB, fits a core's L2
 
 
-def box_muller_avx2(chunks: np.ndarray) -> np.ndarray:
+def box_muller_avx2(chunks: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """torch's AVX2 ``NormalFill16<float>`` on rows of 16 uniforms (mean 0, std 1).
 
     Args:
         chunks: float32 array ``[k, 16]`` of uniforms in ``[0, 1)``.
+        out: optional float32 array ``[k, 16]`` to write into (no copy of the result).
     Returns:
-        float32 array ``[k, 16]``: ``r*cos`` in columns 0-7, ``r*sin`` in columns 8-15.
+        float32 array ``[k, 16]`` (``out`` when given): ``r*cos`` in columns 0-7, ``r*sin`` in columns 8-15.
     """
     chunks = np.ascontiguousarray(chunks, dtype=np.float32)
-    if chunks.shape[0] > _BLOCK_ROWS:  # cache-sized blocks: about 2x faster than whole latents
-        return np.concatenate([box_muller_avx2(chunks[i:i + _BLOCK_ROWS])
-                               for i in range(0, chunks.shape[0], _BLOCK_ROWS)])
-    u1 = _ONE - chunks[:, :8]
-    radius = np.sqrt(_log256(u1) * np.float32(-2.0))            # IEEE sqrt (torch.sqrt is not exact)
-    sin_v, cos_v = _sincos256(chunks[:, 8:] * _TWO_PI)
-    out = np.empty_like(chunks)
-    out[:, :8] = radius * cos_v + np.float32(0)                 # fmadd(n, std=1, mean=0): -0 -> +0
-    out[:, 8:] = radius * sin_v + np.float32(0)
+    if out is None:
+        out = np.empty_like(chunks)
+    for i in range(0, chunks.shape[0], _BLOCK_ROWS):  # cache-sized blocks: about 2x faster than whole latents
+        block = chunks[i:i + _BLOCK_ROWS]
+        u1 = _ONE - block[:, :8]
+        theta = block[:, 8:] * _TWO_PI
+        fma = _FastFMA(u1.shape)
+        log_u1, (sin_v, cos_v) = _log256(u1, fma), _sincos256(theta, fma)
+        radius = np.sqrt(log_u1 * np.float32(-2.0))             # IEEE sqrt (torch.sqrt is not exact)
+        dest = out[i:i + _BLOCK_ROWS]
+        np.multiply(radius, cos_v, out=dest[:, :8])
+        np.multiply(radius, sin_v, out=dest[:, 8:])
+    out += np.float32(0)                                        # fmadd(n, std=1, mean=0): -0 -> +0
     return out
 
 
@@ -238,13 +291,128 @@ def _scalar_normals(n: int, generator: torch.Generator) -> np.ndarray:
     return np.asarray(out, dtype=np.float64) + 0.0              # val * std + mean: -0 -> +0
 
 
+def _check_args(shape: Sequence[int], generator: torch.Generator, dtype: torch.dtype) -> tuple[int, ...]:
+    if dtype not in PORTABLE_DTYPES:
+        raise ValueError(f"portable_randn draws {[str(d) for d in PORTABLE_DTYPES]}, not {dtype}")
+    if not isinstance(generator, torch.Generator) or generator.device.type != "cpu":
+        raise TypeError(f"generator must be a CPU torch.Generator, got {generator!r}")
+    dims = tuple(int(s) for s in shape)
+    if any(d < 0 for d in dims):
+        raise ValueError(f"negative dimension in shape {dims}")
+    return dims
+
+
+def _numpy_randn(dims: tuple[int, ...], n: int, generator: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
+    """The emulation (any CPU): ``n >= 16`` elements through :func:`box_muller_avx2`."""
+    tail = n % 16
+    full = n - tail
+    # float32 draws all n uniforms, then 16 for the last chunk; half types (opmath_t buffer) draw
+    # only the full chunks' uniforms, then 16 for the last chunk (normal_fill, torch 2.14).
+    drawn = (n if dtype == torch.float32 else full) + (16 if tail else 0)
+    uniforms = torch.rand(drawn, generator=generator).numpy()
+    values = np.empty(n, dtype=np.float32)
+    box_muller_avx2(uniforms[:full].reshape(-1, 16), out=values[:full].reshape(-1, 16))
+    if tail:
+        values[n - 16:] = box_muller_avx2(uniforms[drawn - 16:].reshape(1, 16)).reshape(-1)
+    out = torch.from_numpy(values).reshape(dims)
+    return out if dtype == torch.float32 else out.to(dtype)
+
+
+def _half_from_float32_kernel(dims: tuple[int, ...], n: int, generator: torch.Generator,
+                              dtype: torch.dtype) -> torch.Tensor:
+    """torch 2.14's half-precision ``normal_fill`` built from torch's own float32 kernel (``n >= 16``).
+
+    The full 16-chunks are ``torch.randn(full)`` (float32, no tail: exactly ``full`` uniforms, one
+    Box-Muller per chunk) and the overwriting last chunk is ``torch.randn(16)`` on the next 16 uniforms.
+    Equal to :func:`_numpy_randn` wherever torch's float32 kernel is (:func:`torch_draws_portable`).
+    """
+    tail = n % 16
+    full = n - tail
+    values = torch.empty(n, dtype=torch.float32)
+    _TORCH_RANDN(full, generator=generator, out=values[:full])
+    if tail:
+        values[n - 16:] = _TORCH_RANDN(16, generator=generator)
+    return values.reshape(dims).to(dtype)
+
+
+#: ``torch.randn`` as imported (the probe and the fast path never see the routed replacement).
+_TORCH_RANDN = torch.randn
+#: probe sizes: a vectorised draw with a 7-element tail (the overwriting last chunk) and one without.
+_PROBE_SIZES = (16 * 1024 + 7, 16 * 64)
+_PROBE_SEEDS = (20231126, 2**64 - 1)
+
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+@functools.cache
+def torch_draws_portable(dtype: torch.dtype) -> bool:
+    """Whether this process's ``torch.randn`` on a CPU generator gives :func:`portable_randn`'s bytes.
+
+    Checked once per dtype (cached) on probes of ``16*1024 + 7`` and ``16*64`` elements from two seeds,
+    against the numpy emulation. True on x86-64 builds whose float32 kernel is AVX2 or AVX512 (and, for
+    float16/bfloat16, on a torch that draws them through that kernel: 2.14, not 2.11); False on ARM,
+    ``ATEN_CPU_CAPABILITY=default`` or CPUs without AVX2.
+
+    Args:
+        dtype: one of :data:`PORTABLE_DTYPES`.
+    Returns:
+        bool.
+    """
+    for seed in _PROBE_SEEDS:
+        for n in _PROBE_SIZES:
+            theirs = _TORCH_RANDN(n, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+            ours = _numpy_randn((n,), n, torch.Generator().manual_seed(seed), dtype)
+            if not _same_bytes(theirs, ours):
+                return False
+    return True
+
+
+@functools.cache
+def torch_half_uses_float32_kernel(dtype: torch.dtype) -> bool:
+    """Whether this torch draws ``dtype`` (float16/bfloat16) through its float32 Box-Muller (torch 2.14).
+
+    torch 2.11 draws half types with another algorithm (one 11-/8-bit uniform per element, libm), on every
+    ISA; torch 2.14 runs the float32 ``normal_fill`` on float32 uniforms and casts. Checked once (cached) by
+    comparing ``torch.randn(dtype)`` with the same draw built from torch's float32 kernel.
+    """
+    for seed in _PROBE_SEEDS:
+        for n in _PROBE_SIZES:
+            theirs = _TORCH_RANDN(n, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+            ours = _half_from_float32_kernel((n,), n, torch.Generator().manual_seed(seed), dtype)
+            if not _same_bytes(theirs, ours):
+                return False
+    return True
+
+
+def draw_method(dtype: torch.dtype) -> str:
+    """How :func:`portable_randn` draws 16+ elements of ``dtype`` in this process (same bytes every way).
+
+    Returns:
+        ``"torch.randn"`` (torch's kernel gives the portable bytes here), ``"torch.randn float32 chunks"``
+        (half types on a torch whose own half draw differs, built from its float32 kernel) or ``"numpy"``
+        (the emulation: ARM, no AVX2, ``ATEN_CPU_CAPABILITY=default``).
+    """
+    if torch_draws_portable(dtype):
+        return "torch.randn"
+    if dtype != torch.float32 and torch_draws_portable(torch.float32):
+        return "torch.randn float32 chunks"
+    return "numpy"
+
+
 def portable_randn(shape: Sequence[int], generator: torch.Generator,
-                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                   dtype: torch.dtype = torch.float32, *, backend: str = "auto") -> torch.Tensor:
     """Like ``torch.randn(shape, generator=generator, dtype=dtype)`` on the CPU, the same bytes everywhere.
 
     For 16 or more elements the result equals torch's AVX2 kernel (x86-64 builds, AVX2 or AVX512 CPUs),
     whatever CPU or ``ATEN_CPU_CAPABILITY`` runs it; the generator advances exactly as ``torch.randn``
     advances it, so draws before and after stay in step with torch.
+
+    Where torch's own kernel already gives these bytes (checked once per process and dtype on a probe with
+    a tail: :func:`torch_draws_portable`), the draw *is* ``torch.randn`` (no tax on x86 AVX2/AVX512); half
+    types on a torch whose half draw differs are built from its float32 kernel; elsewhere the numpy
+    emulation (:func:`box_muller_avx2`) draws them (:func:`draw_method` says which).
 
     Args:
         shape: the output shape (any number of dimensions, 0-size allowed).
@@ -255,6 +423,8 @@ def portable_randn(shape: Sequence[int], generator: torch.Generator,
             for ``n % 16 != 0`` it is not ``portable_randn(float32).to(dtype)``). torch 2.11 drew half
             types with another, libm-based scalar algorithm on every ISA (``normal_fill<scalar_t>`` on
             11-/8-bit uniforms), which this does not reproduce.
+        backend: ``"auto"`` (default: the fastest way that gives the portable bytes here) or ``"numpy"``
+            (always the emulation; for tests and benchmarks).
     Returns:
         Contiguous CPU tensor of ``shape`` and ``dtype``. Under 16 elements: torch's scalar
         ``normal_distribution<double>`` path (the same code on every ISA) with correctly rounded
@@ -262,53 +432,82 @@ def portable_randn(shape: Sequence[int], generator: torch.Generator,
         float64 results round to the same float32 (all 51,000 samples checked on glibc x86-64 were;
         the cached float64 sample itself differed from glibc's in its last bit in some cases).
     Raises:
-        ValueError: ``dtype`` not in :data:`PORTABLE_DTYPES`, or a negative dimension.
+        ValueError: ``dtype`` not in :data:`PORTABLE_DTYPES`, a negative dimension, or an unknown ``backend``.
         TypeError: ``generator`` is not a CPU ``torch.Generator``.
     """
-    if dtype not in PORTABLE_DTYPES:
-        raise ValueError(f"portable_randn draws {[str(d) for d in PORTABLE_DTYPES]}, not {dtype}")
-    if not isinstance(generator, torch.Generator) or generator.device.type != "cpu":
-        raise TypeError(f"generator must be a CPU torch.Generator, got {generator!r}")
-    dims = tuple(int(s) for s in shape)
-    if any(d < 0 for d in dims):
-        raise ValueError(f"negative dimension in shape {dims}")
+    dims = _check_args(shape, generator, dtype)
+    if backend not in ("auto", "numpy"):
+        raise ValueError(f"backend must be 'auto' or 'numpy', got {backend!r}")
     n = math.prod(dims)
     if n == 0:
         return torch.empty(dims, dtype=dtype)
     if n < 16:
         values = _scalar_normals(n, generator).astype(np.float32)
-    else:
-        tail = n % 16
-        full = n - tail
-        # float32 draws all n uniforms, then 16 for the last chunk; half types (opmath_t buffer) draw
-        # only the full chunks' uniforms, then 16 for the last chunk (normal_fill, torch 2.14).
-        drawn = (n if dtype == torch.float32 else full) + (16 if tail else 0)
-        uniforms = torch.rand(drawn, generator=generator).numpy()
-        values = np.empty(n, dtype=np.float32)
-        values[:full] = box_muller_avx2(uniforms[:full].reshape(-1, 16)).reshape(-1)
-        if tail:
-            values[n - 16:] = box_muller_avx2(uniforms[drawn - 16:].reshape(1, 16)).reshape(-1)
-    out = torch.from_numpy(values).reshape(dims)
-    return out if dtype == torch.float32 else out.to(dtype)
+        out = torch.from_numpy(values).reshape(dims)
+        return out if dtype == torch.float32 else out.to(dtype)
+    method = "numpy" if backend == "numpy" else draw_method(dtype)
+    if method == "torch.randn":
+        return _TORCH_RANDN(dims, generator=generator, dtype=dtype)
+    if method == "torch.randn float32 chunks":
+        return _half_from_float32_kernel(dims, n, generator, dtype)
+    return _numpy_randn(dims, n, generator, dtype)
+
+
+def routed_dtypes() -> tuple[torch.dtype, ...]:
+    """The dtypes whose CPU-generator ``torch.randn`` :func:`portable_generator_randn` sends to :func:`portable_randn`.
+
+    Only where routing changes bits towards the portable ones, on the torch that runs:
+
+    - a dtype whose ``torch.randn`` already gives the portable bytes here (:func:`torch_draws_portable`:
+      x86 AVX2/AVX512) is left alone: routing would change nothing and cost time;
+    - float16/bfloat16 on a torch that draws them with its own half algorithm (torch 2.11:
+      :func:`torch_half_uses_float32_kernel` False) are left alone too: the portable bytes follow torch
+      2.14's algorithm and would differ from plain torch/diffusers in ~99.9% of values. Those draws are
+      torch's own, i.e. not portable across CPUs; :func:`route_record` says so in run records.
+    Checked once per process (the probes are cached).
+    """
+    return tuple(d for d in PORTABLE_DTYPES if not torch_draws_portable(d)
+                 and (d == torch.float32 or torch_half_uses_float32_kernel(d)))
+
+
+def route_record() -> dict[str, str]:
+    """What a CPU-generator ``torch.randn`` of each portable dtype gives under :func:`portable_generator_randn`.
+
+    For run records. Returns ``{"float32": ..., "float16": ..., "bfloat16": ...}``, each one of
+    ``"torch.randn (portable bytes here)"``, ``"routed to portable_randn"`` or
+    ``"torch.randn, not portable (this torch's own half algorithm)"``.
+    """
+    routed = routed_dtypes()
+    out = {}
+    for d in PORTABLE_DTYPES:
+        name = str(d).replace("torch.", "")
+        if d in routed:
+            out[name] = "routed to portable_randn"
+        elif torch_draws_portable(d):
+            out[name] = "torch.randn (portable bytes here)"
+        else:
+            out[name] = "torch.randn, not portable (this torch's own half algorithm)"
+    return out
 
 
 _ROUTE_LOCK = threading.Lock()
 _ROUTE_DEPTH = 0
 _ORIGINAL_RANDN = None
+_ROUTED: tuple[torch.dtype, ...] = ()
 
 
 _PASSIVE = {"generator", "dtype", "device", "layout", "size"}  # the only keywords a routed call may carry
 
 
 def _routed_randn(*size, **kwargs):
-    """``torch.randn`` replacement: calls that draw from a CPU generator on the CPU go portable."""
+    """``torch.randn`` replacement: calls that draw a routed dtype from a CPU generator on the CPU go portable."""
     generator = kwargs.get("generator")
     dims = kwargs.get("size", size[0] if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size)
     device = kwargs.get("device")
     target = torch.device(device) if device is not None else torch.get_default_device()
     dtype = kwargs.get("dtype") or torch.get_default_dtype()
     if (isinstance(generator, torch.Generator) and generator.device.type == "cpu" and target.type == "cpu"
-            and dtype in PORTABLE_DTYPES and set(kwargs) <= _PASSIVE
+            and dtype in _ROUTED and set(kwargs) <= _PASSIVE
             and kwargs.get("layout") in (None, torch.strided) and all(isinstance(d, int) for d in dims)):
         return portable_randn(dims, generator, dtype=dtype)
     return _ORIGINAL_RANDN(*size, **kwargs)
@@ -316,27 +515,30 @@ def _routed_randn(*size, **kwargs):
 
 @contextlib.contextmanager
 def portable_generator_randn() -> Iterator[None]:
-    """While active, ``torch.randn(..., generator=<CPU generator>)`` on the CPU is :func:`portable_randn`.
+    """While active, ``torch.randn(..., generator=<CPU generator>)`` on the CPU gives the portable bytes.
 
     For noise drawn inside code the pack does not own: torchsde's ``BrownianInterval`` (ComfyUI's
     ``BrownianTreeNoiseSampler`` with ``cpu=True``: ``torchsde/_brownian/brownian_interval.py``
     ``_randn`` calls ``torch.randn(size, dtype=, device=, generator=)``) and diffusers' ``randn_tensor``
     (``diffusers/utils/torch_utils.py``: one ``torch.randn(shape, generator=g, device=, dtype=,
     layout=)`` per generator). Draws without a generator (the global RNG), on other devices, of other
-    dtypes or with ``out=``/``requires_grad``/``names`` keep ``torch.randn``. On an x86 AVX2/AVX512 CPU
-    the routed bytes equal torch's own, so the patch changes bytes only where torch's differ (no AVX2,
-    ARM, ``ATEN_CPU_CAPABILITY=default``).
+    dtypes or with ``out=``/``requires_grad``/``names`` keep ``torch.randn``.
 
-    The attribute ``torch.randn`` is replaced process-wide for the duration (re-entrant, reference
-    counted); code holding its own reference to the original function is not affected.
+    Process-wide only where it changes bits: the attribute ``torch.randn`` is replaced for the duration
+    (re-entrant, reference counted) only when :func:`routed_dtypes` is not empty (no AVX2 kernel: ARM,
+    ``ATEN_CPU_CAPABILITY=default``, old x86), and then routes only those dtypes. On an x86 AVX2/AVX512 CPU
+    torch's own bytes are the portable ones and ``torch.randn`` is not touched. Code holding its own
+    reference to the original function is not affected.
 
     Yields:
         None.
     """
-    global _ROUTE_DEPTH, _ORIGINAL_RANDN
+    global _ROUTE_DEPTH, _ORIGINAL_RANDN, _ROUTED
+    routed = routed_dtypes()  # probes once per process, before any patch
     with _ROUTE_LOCK:
-        if _ROUTE_DEPTH == 0:
+        if _ROUTE_DEPTH == 0 and routed:
             _ORIGINAL_RANDN = torch.randn
+            _ROUTED = routed
             torch.randn = _routed_randn
         _ROUTE_DEPTH += 1
     try:
@@ -344,6 +546,7 @@ def portable_generator_randn() -> Iterator[None]:
     finally:
         with _ROUTE_LOCK:
             _ROUTE_DEPTH -= 1
-            if _ROUTE_DEPTH == 0:
+            if _ROUTE_DEPTH == 0 and _ORIGINAL_RANDN is not None:
                 torch.randn = _ORIGINAL_RANDN
                 _ORIGINAL_RANDN = None
+                _ROUTED = ()

@@ -73,7 +73,7 @@ def thumbnail(t: torch.Tensor, kind: str = "image") -> dict[str, Any]:
     """
     if kind not in ("image", "latent"):
         raise ValueError(f"thumbnail kind must be 'image' or 'latent', got {kind!r}")
-    x = _as_nchw(t, kind)[:MAX_ITEMS]
+    x = _as_nchw(t.detach().cpu(), kind)[:MAX_ITEMS]  # on the CPU first: the same thumbnail from any device
     h, w = x.shape[-2:]
     # the same budget per item as an RGB thumbnail: 3 * THUMB_SIDE**2 values (a 16-channel latent gets 8 px)
     side = THUMB_SIDE if kind == "image" else max(4, int(math.sqrt(3 * THUMB_SIDE ** 2 / max(1, x.shape[1]))))

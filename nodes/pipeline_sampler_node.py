@@ -119,7 +119,7 @@ class SteadfastPipelineSampler(io.ComfyNode):
             recompiles_this_run=(len(rec.stats.recompiles) - recompiles_before) if rec is not None else 0,
             seconds=round(seconds, 4),
             details={"prompt": prompt, "negative_prompt": negative_prompt, "pipeline": report["pipeline"],
-                     "source": handle.source, "dtype": handle.dtype,
+                     "cpu_randn": report["cpu_randn"], "source": handle.source, "dtype": handle.dtype,
                      "lora": None if handle.lora is None else {"name": handle.lora.name, "rank": handle.lora.rank,
                                                                "max_rank": handle.lora.max_rank},
                      "lora_events": events, "optimize": report["optimize"],

@@ -1,6 +1,7 @@
 """Steadfast Seeded Sampler: KSampler with device-independent seeded noise and a run record."""
 from __future__ import annotations
 
+import functools
 import time
 
 import torch
@@ -30,9 +31,15 @@ def _noise_kind(sampler) -> str:
     their ``_gpu`` twins) seeded once for the whole batch: in ``incremental`` mode we hand it one tree per
     item (seed + i), drawn on the CPU.
     """
-    import inspect
     fn = getattr(sampler, "sampler_function", None)
-    if fn is None or "noise_sampler" not in inspect.signature(fn).parameters:
+    return "none" if fn is None else _noise_kind_of(fn)
+
+
+@functools.cache
+def _noise_kind_of(fn) -> str:
+    """:func:`_noise_kind` of one sampler function, read once (``inspect.getsource`` costs milliseconds)."""
+    import inspect
+    if "noise_sampler" not in inspect.signature(fn).parameters:
         return "none"
     try:
         source = inspect.getsource(fn)
@@ -47,6 +54,39 @@ def _per_item_brownian(latent: torch.Tensor, sigmas: torch.Tensor, seed: int):
     positive = sigmas[sigmas > 0]
     return BrownianTreeNoiseSampler(latent, positive.min(), sigmas.max(),
                                     seed=[seed + i for i in range(latent.shape[0])], cpu=True)
+
+
+def per_step_noise(sampler, latent: torch.Tensor, sigmas: torch.Tensor, seed: int, mode: str,
+                   device: torch.device):
+    """The per-step noise sampler the Seeded Sampler hands ``sampler`` (or ``None``: ComfyUI's own), and its name.
+
+    Args:
+        sampler: ``comfy.samplers.KSAMPLER`` from ``sampler_object``.
+        latent: the LATENT's samples (ComfyUI keeps them on the CPU); shape and dtype of the noise.
+        sigmas: the schedule (its min/max bound a Brownian tree).
+        seed: the node's seed. mode: ``"incremental"`` or ``"comfy"``.
+        device: where the model samples (``model.load_device``: ComfyUI moves ``x`` and ``sigmas`` there).
+    Returns:
+        ``(noise_sampler or None, description)``. Each noise sampler returns its noise on the device of the
+        ``sigma`` it is called with (ComfyUI calls ``noise_sampler(sigmas[i], sigmas[i + 1])``):
+        :class:`~..core.noise.CPUNoiseSampler` follows ``sigma``, ComfyUI's ``BatchedBrownianTree`` moves its
+        CPU draw to ``t0.device``.
+
+    ``comfy`` mode keeps ComfyUI's own noise sampler wherever KSampler's per-step noise is not the CPU's:
+    ``default_noise_sampler`` draws from a generator on ``x``'s device seeded ``seed`` (``seed + 1`` only on
+    the CPU: ``comfy/k_diffusion/sampling.py``, 0.8.0 and 0.33.0), which only that device can reproduce.
+    """
+    kind = _noise_kind(sampler)
+    if kind == "default":
+        if mode == "incremental":
+            # seed + 1: ComfyUI's CPU default stream, so a batch-1 CPU run equals KSampler's
+            return noise.CPUNoiseSampler(latent, seed + 1, per_item=True), "cpu"
+        if torch.device(device).type == "cpu":
+            return noise.CPUNoiseSampler(latent, seed + 1), "cpu"  # = KSampler's CPU generator (seed + 1)
+        return None, f"comfy default_noise_sampler on {device} (seed {seed})"
+    if kind == "brownian" and mode == "incremental":
+        return _per_item_brownian(latent, sigmas, seed), "cpu brownian tree per item"
+    return None, "sampler default"
 
 
 def _attention_of(opts: dict) -> str:
@@ -98,7 +138,11 @@ class SteadfastSeededSampler(io.ComfyNode):
                                        "the model may compute a batch differently from a single item. For item i's "
                                        "latent to equal the single run, add Determinism Setup with batch_invariant on; "
                                        "for the image too, decode with VAE Decode (Steadfast). "
-                                       "comfy: ComfyUI's own batch noise stream, bit-identical to KSampler's."),
+                                       "comfy: KSampler's own noise streams, bit-identical to KSampler on x86-64 "
+                                       "CPUs with AVX2/AVX512 whatever device samples (on a GPU the per-step noise "
+                                       "is ComfyUI's own GPU noise sampler: equal to KSampler there, not portable to "
+                                       "the CPU). On ARM or without AVX2, stock KSampler's own initial noise is not "
+                                       "portable and the pack draws the x86 noise, so the two differ there."),
             ],
             hidden=[io.Hidden.prompt, io.Hidden.unique_id],  # to name the model file in the run record
             not_idempotent=True,  # two identical sampler nodes in one workflow must both run (determinism check)
@@ -116,23 +160,18 @@ class SteadfastSeededSampler(io.ComfyNode):
         latent = latent_image["samples"]
         latent = comfy.sample.fix_empty_latent_channels(model, latent)
         batch_index = latent_image.get("batch_index")
-        draw = comfy_noise.draw_dtype(latent.dtype) if batch_seed_mode == "comfy" else None
+        draw, comfy_identical = None, None
+        if batch_seed_mode == "comfy":  # the pack's own draw against the running ComfyUI's, once per dtype
+            draw, comfy_identical = comfy_noise.comfy_draw(latent.dtype, noise.draw)
         x0 = noise.seeded_noise(tuple(latent.shape), seed, mode=batch_seed_mode, dtype=latent.dtype,
                                 batch_index=batch_index, draw_dtype=draw)
 
         sampler = comfy.samplers.sampler_object(sampler_name)
         ks = comfy.samplers.KSampler(model, steps=steps, device=model.load_device, sampler=sampler_name,
                                      scheduler=scheduler, denoise=denoise, model_options=model.model_options)
-        kind, per_step = _noise_kind(sampler), "sampler default"
-        if kind == "default":
-            # ComfyUI's CPU default stream is seed + 1; matching it keeps CPU runs equal to KSampler's
-            ns = noise.CPUNoiseSampler(latent, seed + 1, per_item=(batch_seed_mode == "incremental"))
+        ns, per_step = per_step_noise(sampler, latent, ks.sigmas, seed, batch_seed_mode, model.load_device)
+        if ns is not None:
             sampler.extra_options = {**sampler.extra_options, "noise_sampler": ns}
-            per_step = "cpu"
-        elif kind == "brownian" and batch_seed_mode == "incremental":
-            ns = _per_item_brownian(latent, ks.sigmas, seed)
-            sampler.extra_options = {**sampler.extra_options, "noise_sampler": ns}
-            per_step = "cpu brownian tree per item"
         preview = latent_preview.prepare_callback(model, steps)
         during: dict = {}
 
@@ -150,11 +189,16 @@ class SteadfastSeededSampler(io.ComfyNode):
         qkv_before = qkv_counters(model)
         sdpa_before = sdpa.fallback_counts()
         t0 = time.perf_counter()
-        # CPU Brownian trees (torchsde) draw with torch.randn on CPU generators: route them to portable noise
-        with portable_randn.portable_generator_randn():
-            samples = comfy.sample.sample_custom(model, x0, cfg, sampler, ks.sigmas, positive, negative, latent,
-                                                 noise_mask=latent_image.get("noise_mask"), callback=callback,
-                                                 disable_pbar=not comfy.utils.PROGRESS_BAR_ENABLED, seed=seed)
+        # CPU Brownian trees (torchsde) draw with torch.randn on CPU generators: routed to portable noise only
+        # where torch's own bytes differ (core/portable_randn.routed_dtypes; nothing is replaced on x86 AVX2)
+        try:
+            with portable_randn.portable_generator_randn():
+                samples = comfy.sample.sample_custom(model, x0, cfg, sampler, ks.sigmas, positive, negative, latent,
+                                                     noise_mask=latent_image.get("noise_mask"), callback=callback,
+                                                     disable_pbar=not comfy.utils.PROGRESS_BAR_ENABLED, seed=seed)
+        finally:
+            if isinstance(ns, noise.CPUNoiseSampler):
+                ns.close()  # its prefetch thread (a draw made for a step that never came is dropped)
         seconds = time.perf_counter() - t0
         out = dict(latent_image)
         out["samples"] = samples
@@ -199,7 +243,12 @@ class SteadfastSeededSampler(io.ComfyNode):
                                          cls.hidden.unique_id if cls.hidden else None)},
             recompiles_this_run=(compiled.get("recompiles_this_run") or 0) if isinstance(compiled, dict) else 0,
             seconds=round(seconds, 4),
-            details={"per_step_noise": per_step, "qkv_fusion": qkv_state,
+            details={"per_step_noise": per_step, "cpu_randn": portable_randn.route_record(),
+                     **({} if comfy_identical is None else {"comfy_initial_noise": (
+                         "bit-identical to KSampler's prepare_noise here" if comfy_identical else
+                         "NOT bit-identical to KSampler's here: this torch's own CPU randn is not the portable "
+                         "(x86 AVX2) one for this dtype; the pack's noise is")}),
+                     "qkv_fusion": qkv_state,
                      **({"attention_fallbacks": fell_back} if fell_back else {}),
                      "batch_invariant": opts.get("batch_invariant", "not set")},
         )

@@ -16,7 +16,7 @@ from ..determinism_policy import DeterminismPolicy
 from ..fingerprint import environment_fingerprint, fingerprint_digest
 from ..noise import check_seed
 from ..optimize.attention import check_sdpa_backend, sdpa_context
-from ..portable_randn import portable_generator_randn
+from ..portable_randn import portable_generator_randn, route_record
 from ..compile_record import CompileRecord
 from ..registry import REGISTRY
 from .load import count_params, denoiser_of, module_components, run_device
@@ -88,7 +88,8 @@ def _run_once(pipe: Any, kw: dict[str, Any], record: CompileRecord | None, shape
         if record is not None:
             stack.enter_context(REGISTRY.run(record))
             stack.enter_context(REGISTRY.track(record, shape=shape))
-        # diffusers' randn_tensor draws each image's noise from its CPU generator: portable bytes
+        # diffusers' randn_tensor draws each image's noise from its CPU generator: portable bytes (routed only
+        # where torch's own differ; half types on torch 2.11 stay torch's own: pipeline_report()["cpu_randn"])
         stack.enter_context(portable_generator_randn())
         out = pipe(**kw)
     images = out.images if hasattr(out, "images") else out[0]
@@ -224,7 +225,8 @@ def pipeline_report(pipe: Any, *, environment: bool = True) -> dict[str, Any]:
     """JSON-safe description of ``pipe`` and everything Steadfast did to it.
 
     Keys: ``pipeline`` (class), ``denoiser`` (component name), ``components`` (class, params, dtype, device
-    per module), ``optimize`` (:meth:`OptimizeReport.as_dict` or None), ``sdpa_backend``, ``compile``
+    per module), ``cpu_randn`` (:func:`~..portable_randn.route_record`: how CPU-generator noise of each dtype is
+    drawn here: portable, routed to portable, or torch's own half algorithm), ``optimize`` (:meth:`OptimizeReport.as_dict` or None), ``sdpa_backend``, ``compile``
     (:meth:`CompileRecord.as_dict` or None), ``lora`` (adapters and load events), and with ``environment``
     also ``environment`` (:func:`~..fingerprint.environment_fingerprint` plus the output-relevant pipeline
     settings) and ``fingerprint_digest``.
@@ -241,6 +243,8 @@ def pipeline_report(pipe: Any, *, environment: bool = True) -> dict[str, Any]:
         "components": {k: _module_info(m) for k, m in module_components(pipe).items()},
         "optimize": rep.as_dict() if rep is not None else None,
         "sdpa_backend": state.sdpa_backend if state is not None else "auto",
+        # how diffusers' CPU-generator draws come out per dtype (portable, routed, or torch's own half algorithm)
+        "cpu_randn": route_record(),
         "compile": state.record.as_dict() if state is not None and state.record is not None else None,
         "lora": {"adapters": list(state.adapters) if state else [],
                  "hotswap_rank": state.hotswap_rank if state else None,

@@ -54,19 +54,24 @@ ISA_SCRIPT = textwrap.dedent(
     def digest(t):
         return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
     out = {"capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
-           "portable": {}, "randn": {}}
+           "portable": {}, "numpy": {}, "randn": {}}
     for dtype in ("float32", "float16", "bfloat16"):
         dt = getattr(torch, dtype)
         for seed in SEEDS:
             for n in SIZES:
                 key = f"{dtype}/{seed}/{n}"
                 out["portable"][key] = digest(portable_randn((n,), torch.Generator().manual_seed(seed), dtype=dt))
+                out["numpy"][key] = digest(portable_randn((n,), torch.Generator().manual_seed(seed), dtype=dt,
+                                                          backend="numpy"))
                 out["randn"][key] = digest(torch.randn(n, generator=torch.Generator().manual_seed(seed), dtype=dt))
         # one generator, mixed sizes: the cached double sample and the stream position carry over
         g1, g2 = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
         seq_p = torch.cat([portable_randn((n,), g1, dtype=dt).float() for n in (3, 40, 5, 1, 17, 7, 16)])
         seq_t = torch.cat([torch.randn(n, generator=g2, dtype=dt).float() for n in (3, 40, 5, 1, 17, 7, 16)])
         out["portable"][dtype + "/sequence/-1"], out["randn"][dtype + "/sequence/-1"] = digest(seq_p), digest(seq_t)
+    from steadfast.core import portable_randn as pr
+    out["method"] = {d: pr.draw_method(getattr(torch, d)) for d in ("float32", "float16", "bfloat16")}
+    out["routed"] = [str(d) for d in pr.routed_dtypes()]
     # torchsde's Brownian-interval draw (ComfyUI's CPU BrownianTreeNoiseSampler), routed and not
     try:
         from torchsde._brownian import brownian_interval as bi
@@ -110,17 +115,36 @@ def test_portable_bytes_identical_under_every_aten_cpu_capability(isa_runs):
     reference = isa_runs["avx2"]["portable"]
     for isa in ("avx512", "default"):
         assert isa_runs[isa]["portable"] == reference, isa
+    numpy_keys = list(isa_runs["avx2"]["numpy"])
+    assert numpy_keys
+    for isa in ("avx512", "avx2", "default"):  # the emulation itself, whatever the fast path chose
+        assert {k: isa_runs[isa]["numpy"][k] for k in numpy_keys} == {k: reference[k] for k in numpy_keys}, isa
 
 
 def test_portable_equals_torch_avx2_randn(isa_runs):
     run = isa_runs["avx2"]
     if not _x86_avx2(run):
         pytest.skip(f"no AVX2 torch kernel on this machine ({run['capability']}): the golden test stands in")
-    keys = [k for k in run["randn"] if k.startswith("float32/")]
+    keys = [k for k in run["numpy"] if k.startswith("float32/")]
     if _torch_at_least(run["torch"], (2, 14)):  # half types draw through the float32 AVX2 kernel there
-        keys = list(run["randn"])
-    assert keys and all(run["portable"][k] == run["randn"][k] for k in keys), \
-        [k for k in keys if run["portable"][k] != run["randn"][k]]
+        keys = list(run["numpy"])
+    # the numpy emulation (not the fast path, which is torch.randn itself here) against torch's kernel
+    assert keys and all(run["numpy"][k] == run["randn"][k] for k in keys), \
+        [k for k in keys if run["numpy"][k] != run["randn"][k]]
+
+
+def test_fast_path_only_where_torch_gives_the_portable_bytes(isa_runs):
+    """The start-up probe (16*1024+7 elements, a tail) picks torch.randn under AVX2/AVX512 and numpy under
+    ``ATEN_CPU_CAPABILITY=default`` (what ARM and CPUs without AVX2 run), and routes torch.randn only there."""
+    default = isa_runs["default"]
+    assert default["method"]["float32"] == "numpy" and "torch.float32" in default["routed"]
+    for isa in ("avx512", "avx2"):
+        run = isa_runs[isa]
+        if not _x86_avx2(run):
+            pytest.skip(f"no AVX2 torch kernel on this machine ({run['capability']})")
+        assert run["method"]["float32"] == "torch.randn" and "torch.float32" not in run["routed"], isa
+        half = "torch.randn" if _torch_at_least(run["torch"], (2, 14)) else "torch.randn float32 chunks"
+        assert run["method"]["float16"] == half and run["method"]["bfloat16"] == half, (isa, run["method"])
 
 
 def test_torch_own_default_path_differs_so_the_check_means_something(isa_runs):
@@ -142,8 +166,9 @@ def test_torch_own_default_path_differs_so_the_check_means_something(isa_runs):
 GOLDEN_1x4x16x16_SEED42 = "d8607ea4ae1d5a731e50f615a12d198e0a1531cfe4e48cac3d228e521fd969f8"
 
 
-def test_golden_digest_reproduces_on_this_machine():
-    noise = portable_randn((1, 4, 16, 16), torch.Generator().manual_seed(42))
+@pytest.mark.parametrize("backend", ["auto", "numpy"])
+def test_golden_digest_reproduces_on_this_machine(backend):
+    noise = portable_randn((1, 4, 16, 16), torch.Generator().manual_seed(42), backend=backend)
     assert _digest(noise) == GOLDEN_1x4x16x16_SEED42
 
 
@@ -280,9 +305,10 @@ def _reference_randn(n: int, seed: int) -> np.ndarray:
     return np.array(out, dtype=np.float32)
 
 
+@pytest.mark.parametrize("backend", ["auto", "numpy"])
 @pytest.mark.parametrize("n, seed", [(16, 0), (17, 1), (31, 42), (100, 7), (1000, 123456789), (4099, 5)])
-def test_matches_independent_pure_python_reference(n, seed):
-    ours = portable_randn((n,), torch.Generator().manual_seed(seed)).numpy()
+def test_matches_independent_pure_python_reference(n, seed, backend):
+    ours = portable_randn((n,), torch.Generator().manual_seed(seed), backend=backend).numpy()
     ref = _reference_randn(n, seed)
     assert np.array_equal(ours.view(np.uint32), ref.view(np.uint32)), \
         f"{int((ours.view(np.uint32) != ref.view(np.uint32)).sum())} of {n} differ"
@@ -306,7 +332,8 @@ def test_constants_are_the_float32_roundings_of_the_header_literals():
     assert pr._TWO_PI == as32(2.0 * math.pi)
 
 
-def test_fma_emulation_is_correctly_rounded_including_double_rounding_ties():
+@pytest.mark.parametrize("fma", ["exact", "fast"])
+def test_fma_emulation_is_correctly_rounded_including_double_rounding_ties(fma):
     rng = np.random.default_rng(0)
     a = rng.standard_normal(3000).astype(np.float32)
     b = rng.standard_normal(3000).astype(np.float32)
@@ -320,7 +347,7 @@ def test_fma_emulation_is_correctly_rounded_including_double_rounding_ties():
     a = np.concatenate([a, [a_t, -a_t]]).astype(np.float32)
     b = np.concatenate([b, [b_t, b_t]]).astype(np.float32)
     c = np.concatenate([c, [c_t, np.float32(1 + 2.0**-23)]]).astype(np.float32)
-    got = pr._fma(a, b, c)
+    got = pr._fma(a, b, c) if fma == "exact" else pr._FastFMA(a.shape)(a, b, c)
     want = np.array([_fma_exact(float(x), float(y), float(z)) for x, y, z in zip(a, b, c)], dtype=np.float32)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     assert got[-2] == np.float32(1 + 3 * 2.0**-23) and got[-1] == np.float32(1 + 2.0**-23)
@@ -329,7 +356,8 @@ def test_fma_emulation_is_correctly_rounded_including_double_rounding_ties():
 # ----------------------------------------------------------------------------- in-process behaviour
 
 
-def test_generator_advances_exactly_like_torch_randn():
+@pytest.mark.parametrize("backend", ["auto", "numpy"])
+def test_generator_advances_exactly_like_torch_randn(backend):
     """The mt19937 stream and the cached-sample flag follow torch; the cached float64 sample itself is
     ours (correctly rounded) and may differ from the libm one in its last bit, never as float32."""
     y = slice(pr._NORMAL_Y, pr._NORMAL_Y + 8)
@@ -338,7 +366,7 @@ def test_generator_advances_exactly_like_torch_randn():
     for dtype in dtypes:
         g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
         for n in (5, 33, 1, 16, 7, 100, 3):  # odd small draws leave a cached sample in the state
-            portable_randn((n,), g1, dtype=dtype)
+            portable_randn((n,), g1, dtype=dtype, backend=backend)
             torch.randn(n, generator=g2, dtype=dtype)
             s1, s2 = g1.get_state(), g2.get_state()
             assert torch.equal(s1[:y.start], s2[:y.start]) and torch.equal(s1[y.stop:], s2[y.stop:]), (dtype, n)
@@ -386,7 +414,27 @@ def test_rejects_bad_input():
 # ----------------------------------------------------------------------------- routing torch.randn
 
 
-def test_generator_randn_routing_is_scoped_and_selective():
+def test_routing_happens_only_where_it_changes_bits():
+    """x86 AVX2/AVX512: torch's float32 bytes are the portable ones, so ``torch.randn`` is not replaced."""
+    routed = pr.routed_dtypes()
+    assert (torch.float32 in routed) == (not pr.torch_draws_portable(torch.float32))
+    original = torch.randn
+    with pr.portable_generator_randn():
+        assert (torch.randn is original) == (not routed)
+    assert torch.randn is original
+    record = pr.route_record()
+    assert set(record) == {"float32", "float16", "bfloat16"}
+    if pr.torch_draws_portable(torch.float32):
+        assert record["float32"].startswith("torch.randn (portable")
+
+
+@pytest.fixture
+def force_route(monkeypatch):
+    """Route every portable dtype, as on a CPU without AVX2 (to test the replacement itself on any CPU)."""
+    monkeypatch.setattr(pr, "routed_dtypes", lambda: pr.PORTABLE_DTYPES)
+
+
+def test_generator_randn_routing_is_scoped_and_selective(force_route):
     original = torch.randn
     torch.manual_seed(0)
     global_draw = torch.randn(100)
@@ -400,7 +448,7 @@ def test_generator_randn_routing_is_scoped_and_selective():
             double = torch.randn(40, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
         assert torch.randn is not original
     assert torch.randn is original
-    expected = portable_randn((3, 40), torch.Generator().manual_seed(8))
+    expected = portable_randn((3, 40), torch.Generator().manual_seed(8), backend="numpy")
     assert torch.equal(routed, expected) and torch.equal(routed_kw, expected)
     assert torch.equal(global_inside, global_draw)
     assert torch.equal(double, torch.randn(40, generator=torch.Generator().manual_seed(8), dtype=torch.float64))
@@ -410,11 +458,12 @@ def test_generator_randn_routing_is_scoped_and_selective():
     assert torch.randn is original
 
 
-def test_torchsde_brownian_draws_are_routed():
+def test_torchsde_brownian_draws_are_routed(force_route):
     bi = pytest.importorskip("torchsde._brownian.brownian_interval")
     with pr.portable_generator_randn():
+        assert torch.randn is pr._routed_randn
         draw = bi._randn((4, 16, 16), torch.float32, torch.device("cpu"), 77)
-    assert torch.equal(draw, portable_randn((4, 16, 16), torch.Generator().manual_seed(77)))
+    assert torch.equal(draw, portable_randn((4, 16, 16), torch.Generator().manual_seed(77), backend="numpy"))
 
 
 BROWNIAN_SCRIPT = textwrap.dedent(
