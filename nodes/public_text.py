@@ -21,8 +21,8 @@ import logging
 import os
 
 import folder_paths
-import torch
 
+from ..core.failures import passes_through
 from ..core.paths import redact, redact_value
 
 log = logging.getLogger("steadfast")
@@ -87,18 +87,6 @@ def _public_module(cls: type) -> None:
         cls.__module__ = "steadfast" + cls.__module__[len(_PACK):]
 
 
-def _untouchable(e: BaseException) -> bool:
-    """An interrupt or an out-of-memory error: ComfyUI acts on its exact type and text
-    (``InterruptProcessingException``; ``comfy.model_management.is_oom``: ``torch.OutOfMemoryError``, or an
-    accelerator error saying "out of memory")."""
-    if not isinstance(e, Exception) or isinstance(e, torch.OutOfMemoryError):
-        return True
-    if any(f"{c.__module__}.{c.__qualname__}" == "comfy.model_management.InterruptProcessingException"
-           for c in type(e).__mro__):
-        return True
-    return "out of memory" in str(e).lower()
-
-
 def _redact_exception(e: BaseException) -> bool:
     """Rewrite ``e`` in place so that ``str(e)`` and its type name hold no absolute path (traceback kept).
     Returns whether its text changed."""
@@ -129,7 +117,7 @@ def _redact_exception(e: BaseException) -> bool:
 
 def _public_failure(node: str, e: BaseException) -> None:
     """Rewrite ``e`` for clients (unless an interrupt or OOM); log its original text for the operator first."""
-    if _untouchable(e):
+    if passes_through(e):  # an interrupt or OOM: ComfyUI acts on its type and text (core/failures.py)
         return
     original = f"{type(e).__qualname__}: {e}"
     if _redact_exception(e):
