@@ -180,10 +180,49 @@ def test_apply_in_process_refuses_a_missing_startup_variable(monkeypatch: pytest
         portable.apply_in_process()
 
 
-def test_cpu_settings_are_read_back_and_labelled() -> None:
+CPU_SETTINGS_CHILD = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from _steadfast_import import import_steadfast
+import_steadfast()
+import torch
+from steadfast.core import portable
+torch.set_num_threads(3)
+torch.backends.mkldnn.enabled = False
+print(json.dumps({"settings": portable.cpu_settings(), "mkl": torch.backends.mkl.is_available()}))
+"""
+
+
+@pytest.mark.parametrize("isa, want_cap", [("default", "DEFAULT"), ("avx2", "AVX2")])
+def test_cpu_settings_read_back_what_a_fresh_process_was_given(isa: str, want_cap: str) -> None:
+    """``cpu_settings()`` against what a child process was started with (not against the calls it makes):
+    ATen capability from ``ATEN_CPU_CAPABILITY``, 3 threads, oneDNN off, MKL's branch from ``MKL_CBWR``."""
+    import os
+    import platform
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if isa == "avx2" and platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip(f"ATEN_CPU_CAPABILITY=avx2 needs an x86-64 CPU (this is {platform.machine()})")
+    scripts = Path(__file__).resolve().parents[2] / "scripts"
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": isa, "MKL_CBWR": "COMPATIBLE,STRICT"}
+    proc = subprocess.run([sys.executable, "-c", CPU_SETTINGS_CHILD, str(scripts)], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    s = out["settings"]
+    if want_cap == "AVX2" and "avx2" not in s["cpu_flags"]:
+        pytest.skip("this CPU has no AVX2: ATEN_CPU_CAPABILITY=avx2 falls back")
+    assert s["aten_capability"] == want_cap and s["threads"] == 3 and s["mkldnn_enabled"] is False, s
+    assert s["env"]["ATEN_CPU_CAPABILITY"] == isa and s["env"]["MKL_CBWR"] == "COMPATIBLE,STRICT"
+    if not out["mkl"]:
+        pytest.skip("this torch build has no MKL: mkl_cbwr is None by design (nothing to read back)")
+    assert s["mkl_cbwr"] == "COMPATIBLE,STRICT", s  # MKL is present: its branch must be read back, not None
+
+
+def test_cpu_settings_are_labelled() -> None:
     s = portable.cpu_settings()
-    assert s["aten_capability"] == str(torch.backends.cpu.get_cpu_capability())
-    assert s["threads"] == torch.get_num_threads() and isinstance(s["mkldnn_enabled"], bool)
     a = {"fingerprint": {"cpu_settings": s}}
     b = json.loads(json.dumps(a))
     b["fingerprint"]["cpu_settings"]["aten_capability"] = "DEFAULT"
