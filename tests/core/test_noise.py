@@ -49,7 +49,7 @@ TORCH_AVX2_SCRIPT = textwrap.dedent(
     import sys
     import torch
     shapes, dtypes, seed, out = eval(sys.argv[1]), eval(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    cases = {"capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__}
+    cases = {"capability": str(torch.backends.cpu.get_cpu_capability()), "torch": str(torch.__version__)}
     for shape in shapes:
         for dtype in dtypes:
             torch.manual_seed(seed)  # what ComfyUI's prepare_noise does (comfy/sample.py)
