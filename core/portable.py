@@ -30,7 +30,8 @@ import os
 from typing import Any
 
 __all__ = ["ENV_FLAG", "PortableModeError", "portable_env", "is_portable", "check_cpu", "apply_in_process", "pin_thread",
-           "cpu_settings", "refuse", "EXPLAIN_LABELS", "SETTINGS_ENV", "free_memory_refusals", "FREE_MEMORY_NODES"]
+           "cpu_settings", "refuse", "EXPLAIN_LABELS", "SETTINGS_ENV"]
+__all__ += ["free_memory_refusals", "FREE_MEMORY_NODES"]  # ComfyUI's free-memory choices (kept apart for merges)
 
 ENV_FLAG = "STEADFAST_PORTABLE"
 ENV_THREADS = "STEADFAST_PORTABLE_THREADS"
