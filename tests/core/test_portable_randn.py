@@ -470,6 +470,8 @@ def test_comfyui_brownian_tree_noise_is_isa_independent_when_routed():
         runs[isa] = proc.stdout.split()[-3:]
     assert runs["default"][0] == "DEFAULT"
     assert runs["avx2"][1] == runs["default"][1]  # routed: the same steps on both ISAs
-    if runs["avx2"][0] in ("AVX2", "AVX512"):
-        assert runs["avx2"][1] == runs["avx2"][2]  # and torch's own AVX2 bytes
-        assert runs["default"][2] != runs["avx2"][2]  # unrouted, torch's default path differs
+    if runs["avx2"][0] not in ("AVX2", "AVX512"):
+        pytest.skip(f"no AVX2 torch kernel on this machine ({runs['avx2'][0]}): the routed steps are the same on "
+                    "both ISAs (checked above) but are NOT compared with torch's own AVX2 bytes here")
+    assert runs["avx2"][1] == runs["avx2"][2]  # and torch's own AVX2 bytes
+    assert runs["default"][2] != runs["avx2"][2]  # unrouted, torch's default path differs
