@@ -2,13 +2,22 @@
 
 A ComfyUI server is reachable by browsers that must not learn where it is installed (home folder, user
 name, install layout). Every text the pack hands out (errors, reports, ``GET /steadfast/compile_state``)
-goes through :func:`redact`: a path under a given root (e.g. ComfyUI's ``models/diffusers`` folder) is
-shown relative to it (``models/diffusers/sd15``), a source file under a ``sys.path`` entry as its
-module path (``comfy/ldm/modules/attention.py``), and any other absolute path as ``.../parent/name``.
+goes through :func:`redact`, in two passes:
+
+1. the known roots, replaced literally, longest first among the given roots (so a folder name with spaces,
+   backslashes or a drive letter goes whole): a path under a given root (e.g. ComfyUI's ``models/diffusers``
+   folder) is shown relative to it (``models/diffusers/sd15``), a source file under a ``sys.path`` entry as
+   its module path (``comfy/ldm/modules/attention.py``), anything else under the user's home folder as
+   ``~/...``;
+2. a pattern for any other absolute path, shown as ``.../parent/name``. A POSIX path is taken to end at
+   whitespace (prose around it stays readable); a Windows path (drive letter) may hold single spaces inside
+   its folder names. A path with spaces under no known root can therefore be only partly hidden.
+
 No ComfyUI imports: the node layer passes ComfyUI's folders as ``roots``.
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -21,7 +30,8 @@ Roots = Sequence[tuple[str, str]]
 _SEG = r"[\w.+@~%-]+"
 ABSOLUTE_PATH = re.compile(
     rf"(?<![\w.:/\\~-])/{_SEG}(?:/{_SEG})+/?"           # POSIX: /a/b/c (not a URL, not a relative a/b)
-    r"|(?<![\w])[A-Za-z]:[\\/](?:[^\\/\s'\":*?<>|]+[\\/])*[^\\/\s'\":*?<>|]*"  # Windows: C:\a\b
+    r"|(?<![\w])[A-Za-z]:[\\/](?:[^\\/\s'\":*?<>|]+(?: [^\\/\s'\":*?<>|]+)*[\\/])*"  # Windows: C:\a b\c
+    r"[^\\/\s'\":*?<>|]*"
 )
 """An absolute path inside free text (the pattern :func:`redact` replaces and tests search for)."""
 
@@ -33,6 +43,60 @@ def _norm(path: str) -> str:
 def _code_roots() -> list[tuple[str, str]]:
     """``sys.path`` entries (site-packages, ComfyUI's folder ...): a file under one shows as its module path."""
     return [(p, "") for p in sys.path if p and os.path.isabs(p) and os.path.isdir(p)]
+
+
+def _home_roots() -> list[tuple[str, str]]:
+    """The user's home folder as ``~`` (not when it is a filesystem or drive root)."""
+    home = os.path.expanduser("~")
+    if not home or home == "~" or not os.path.isabs(home) or not _parts(home):
+        return []
+    return [(home, "~")]
+
+
+def _parts(path: str) -> list[str]:
+    """The folder names of ``path`` (no drive, no empty parts)."""
+    return [x for x in re.split(r"[\\/]+", path) if x and not re.fullmatch(r"[A-Za-z]:", x)]
+
+
+def _candidates(roots: Roots) -> list[tuple[str, str]]:
+    """Every known root in the order tried: the given roots longest first, the ``sys.path`` entries shortest first
+    (the fullest module path: ``comfy/ldm/x.py`` rather than ``ldm/x.py``), the home folder."""
+    given = sorted(roots, key=lambda rl: len(_norm(rl[0])), reverse=True)
+    code = sorted(_code_roots(), key=lambda rl: len(_norm(rl[0])))
+    return [(r, lab) for r, lab in (*given, *code, *_home_roots()) if r and _parts(r)]
+
+
+_NAME = r"[\w.~+@%-]"  # a character that continues a file or folder name
+_REST = r"(?:[\\/]+[^\s'\"`<>|*?,;:()\[\]{}]*)?"  # after a root: a separator, then the relative part
+
+
+@functools.lru_cache(maxsize=512)
+def _root_pattern(root: str) -> re.Pattern[str]:
+    """A root as literal text: not inside a longer name, followed by a separator and the rest, or by a non-name
+    character. A Windows root (drive letter) matches case-blind, with either separator or doubled backslashes
+    (an exception's ``repr`` of the path)."""
+    root = root.rstrip("\\/") or root
+    if re.match(r"[A-Za-z]:[\\/]", root):
+        seps = r"(?:\\\\|[\\/])"
+        body = seps.join(re.escape(x) for x in re.split(r"[\\/]+", root))
+        flags = re.IGNORECASE
+    else:
+        body, flags = re.escape(root), 0
+    return re.compile(rf"(?<![\w.~+@%/\\-]){body}(?P<rest>{_REST})(?!{_NAME})", flags)
+
+
+def _literal_pass(text: str, roots: Roots) -> str:
+    for root, label in _candidates(roots):
+        pattern = _root_pattern(root)
+
+        def sub(m: re.Match[str], label: str = label, root: str = root) -> str:
+            rel = re.sub(r"[\\/]+", "/", m.group("rest")).strip("/")
+            if rel:
+                return f"{label}/{rel}" if label else rel
+            return label or ".../" + _parts(root)[-1]
+
+        text = pattern.sub(sub, text)
+    return text
 
 
 def _under(path: str, root: str) -> str | None:
@@ -53,27 +117,31 @@ def display_path(path: str, roots: Roots = ()) -> str:
         roots: ``(absolute root, label)`` pairs tried longest root first; a path under one is shown as
             ``label/relative`` (``label`` alone for the root itself; no label: just ``relative``).
             Then the ``sys.path`` entries (shortest first: the fullest module path, ``comfy/ldm/x.py``
-            rather than ``ldm/x.py`` when both ``ComfyUI`` and ``ComfyUI/comfy`` are on it), no label.
+            rather than ``ldm/x.py`` when both ``ComfyUI`` and ``ComfyUI/comfy`` are on it), no label,
+            then the home folder as ``~``.
     Returns:
         the path relative to the longest matching root, else ``.../parent/name``; a POSIX path whose first
         component does not exist here (an HTTP route such as ``/steadfast/compile_state``) is unchanged.
     """
     if not (path.startswith("/") or re.match(r"[A-Za-z]:[\\/]", path)):
         return path
-    longest_first = lambda pairs: sorted(pairs, key=lambda rl: len(_norm(rl[0])), reverse=True)  # noqa: E731
-    shortest_first = sorted(_code_roots(), key=lambda rl: len(_norm(rl[0])))  # the fullest module path
-    for root, label in [*longest_first(roots), *shortest_first]:
+    for root, label in _candidates(roots):
         rel = _under(path, root)
         if rel is not None and (rel or label):
             return "/".join(x for x in (label, rel) if x)
-    parts = [x for x in re.split(r"[\\/]+", path) if x and not re.fullmatch(r"[A-Za-z]:", x)]
+    parts = _parts(path)
     if path.startswith("/") and parts and not os.path.exists("/" + parts[0]):
         return path  # not a path on this machine: an HTTP route (/steadfast/compile_state) or the like
     return ".../" + "/".join(parts[-2:]) if parts else path
 
 
 def redact(text: str, roots: Roots = ()) -> str:
-    """``text`` with every absolute path in it replaced by :func:`display_path` (``roots`` as there).
+    """``text`` with every absolute path in it shown relative to a known root, else as ``.../parent/name``.
+
+    Two passes: first each known root (``roots``, then the ``sys.path`` entries, then the home folder, in the
+    order of :func:`display_path`) is replaced literally wherever it stands in the text, with what follows it up
+    to whitespace, a quote or a ``:`` (so spaces, backslashes and drive letters inside the root do not matter);
+    then :data:`ABSOLUTE_PATH` finds the remaining absolute paths, each replaced by :func:`display_path`.
 
     Args:
         text: any message (an exception text, a report, a Dynamo recompile reason).
@@ -83,6 +151,7 @@ def redact(text: str, roots: Roots = ()) -> str:
     """
     if not isinstance(text, str) or ("/" not in text and "\\" not in text):
         return text
+    text = _literal_pass(text, roots)
     return ABSOLUTE_PATH.sub(lambda m: display_path(m.group(0), roots), text)
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 __all__ = ["ENV_FLAG", "PortableModeError", "portable_env", "is_portable", "check_cpu", "apply_in_process", "pin_thread",
            "cpu_settings", "refuse", "check_device", "EXPLAIN_LABELS", "SETTINGS_ENV"]
+__all__ += ["free_memory_refusals", "FREE_MEMORY_NODES"]  # ComfyUI's free-memory choices (kept apart for merges)
 
 ENV_FLAG = "STEADFAST_PORTABLE"
 ENV_THREADS = "STEADFAST_PORTABLE_THREADS"
@@ -286,3 +287,82 @@ def check_threads(num_threads: int | None) -> None:
     if num_threads and num_threads != want:
         refuse(f"num_threads={num_threads}", f"portable mode pins {want} thread(s) on every machine (CPU "
                f"reductions split by thread count); set num_threads to 0 or {want}")
+
+
+# ComfyUI's choices that follow free memory (docs/reproducing.md, "Free memory"), per node class: what the node
+# leaves to free memory, and the fix. Samplers are checked for Determinism Setup (batch_invariant) upstream.
+SAMPLERS_OF_A_MODEL = {  # class -> the inputs that carry the model (directly, or through a guider)
+    "KSampler": ("model",), "KSamplerAdvanced": ("model",), "SamplerCustom": ("model",),
+    "SamplerCustomAdvanced": ("guider",), "SteadfastSeededSampler": ("model",),
+}
+FREE_MEMORY_NODES = {
+    "VAEDecode": ("decodes as many items at once as free memory allows and its split attention slices by free "
+                  "memory (comfy/sd.py, comfy/ldm/modules/diffusionmodules/model.py)",
+                  "use VAE Decode (Steadfast) instead (each item alone, SDPA attention)"),
+    "VAEDecodeTiled": ("its VAE's split attention slices by free memory (comfy/ldm/modules/diffusionmodules/"
+                       "model.py)", "use VAE Decode (Steadfast) instead"),
+    "VAEEncode": ("encodes as many images at once as free memory allows and its split attention slices by free "
+                  "memory (comfy/sd.py)", "encode outside portable mode and feed the latent in (Save Latent / "
+                  "Load Latent): the pack has no memory-independent VAE Encode"),
+    "VAEEncodeTiled": ("its VAE's split attention slices by free memory", "encode outside portable mode and feed "
+                       "the latent in (Save Latent / Load Latent)"),
+    "VAEEncodeForInpaint": ("encodes by free memory like VAE Encode", "encode outside portable mode and feed the "
+                            "latent in (Save Latent / Load Latent)"),
+}
+_MODEL_LINKS = ("model", "guider")  # the inputs a model travels through (patch nodes name theirs "model")
+
+
+def _link(value: Any, prompt: dict[str, Any]) -> str | None:
+    if isinstance(value, list) and len(value) == 2 and str(value[0]) in prompt:
+        return str(value[0])
+    return None
+
+
+def _batch_invariant_upstream(prompt: dict[str, Any], node: str, inputs: tuple[str, ...]) -> bool:
+    """Whether a Determinism Setup with ``batch_invariant`` on lies on the model path into ``node``."""
+    todo = [n for k in inputs if (n := _link(prompt[node].get("inputs", {}).get(k), prompt))]
+    seen: set[str] = set()
+    while todo:
+        cur = todo.pop()
+        if cur in seen:
+            continue
+        seen.add(cur)
+        spec = prompt[cur]
+        if spec.get("class_type") == "SteadfastDeterminismSetup":
+            if spec.get("inputs", {}).get("batch_invariant", True) is not False:
+                return True
+            continue  # batch_invariant off here: ComfyUI's choices stay open on this path
+        todo += [n for k in _MODEL_LINKS if (n := _link(spec.get("inputs", {}).get(k), prompt))]
+    return False
+
+
+def free_memory_refusals(prompt: dict[str, Any]) -> list[str]:
+    """What portable mode refuses in an API-format workflow: the nodes whose output bits ComfyUI lets free memory
+    decide, each named with the fix. Portable mode pins the CPU's code paths, not the machine's load, so two PCs
+    with different free RAM would otherwise give other bytes for the same workflow.
+
+    - a sampler (KSampler, KSamplerAdvanced, SamplerCustom, SamplerCustomAdvanced through its guider, Seeded
+      Sampler) whose model does not come through Determinism Setup with ``batch_invariant`` on: ComfyUI groups
+      conds into one model call by free memory (``comfy/samplers.py``) and chunks its CPU default attention
+      (sub-quadratic) by free memory (``comfy/ldm/modules/attention.py``);
+    - the VAE nodes of :data:`FREE_MEMORY_NODES` (ComfyUI's VAE Decode / Encode and their tiled forms).
+
+    Args:
+        prompt: ``{node id: {"class_type": ..., "inputs": {...}}}`` (ComfyUI's API format).
+
+    Returns:
+        One message per refused node (empty: nothing left to free memory that this check knows of).
+    """
+    out: list[str] = []
+    for nid in sorted(prompt, key=lambda k: (len(str(k)), str(k))):
+        spec = prompt[nid]
+        cls = spec.get("class_type", "")
+        if cls in SAMPLERS_OF_A_MODEL and not _batch_invariant_upstream(prompt, nid, SAMPLERS_OF_A_MODEL[cls]):
+            out.append(f"node {nid} ({cls}): its model does not come through Determinism Setup with "
+                       f"batch_invariant on, so ComfyUI groups its conds into one model call and chunks its "
+                       f"attention by free memory (the bits would depend on the machine's load). Fix: put "
+                       f"Determinism Setup (batch_invariant on) between the model loader and node {nid}.")
+        elif cls in FREE_MEMORY_NODES:
+            what, fix = FREE_MEMORY_NODES[cls]
+            out.append(f"node {nid} ({cls}): {what}. Fix: {fix}.")
+    return out

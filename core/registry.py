@@ -21,6 +21,7 @@ import torch
 from . import torch_compat
 from .compile import CompileOptions, compile_blocks
 from .compile_record import CompileRecord, CompileStats, normalise_shape
+from .failures import is_interrupt, passes_through
 from .guard_filters import GuardFilterFn
 from .recompile_watch import (FullgraphBreakError, ParamIdentity, explain_recompile, graph_break_message, guarded_flags,
                               parse_limit_hit, parse_recompile)
@@ -161,7 +162,8 @@ class CompileRegistry:
         (``shape``: Tensor or nested ints, kept in ``stats.shapes_seen``; outside :meth:`run`, a run of its own). The
         first call that finishes turns it "warm" (``first_call_seconds``); an exception is kept in ``stats.errors``
         and re-raised (Dynamo's graph break under ``fullgraph`` as :class:`FullgraphBreakError`, naming the cause, where
-        and the switch); nested tracking of the same record passes through. :class:`RecompileError` on exit when
+        and the switch); an interrupt (:func:`core.failures.is_interrupt`) and an out-of-memory error are re-raised
+        unchanged, and an interrupt is not recorded as an error; nested tracking of the same record passes through. :class:`RecompileError` on exit when
         ``strict`` (default ``stats.strict``) and a warm call recompiled."""
         stack, s = self._local.stack, record.stats
         if any(f.record is record for f in stack):
@@ -190,10 +192,12 @@ class CompileRegistry:
             yield record
         except BaseException as e:
             failed = True
-            with self._lock:
-                s.errors.append({"error": f"{type(e).__name__}: {e}"[:2000], "time": time.time(),
-                                 "run": self._local.runs[id(record)], "call": s.calls})
-            if getattr(record.compile_options, "fullgraph", False) and torch_compat.is_graph_break(e):
+            if not is_interrupt(e):  # the user's Cancel or Ctrl-C is not a failure of the compiled model
+                with self._lock:
+                    s.errors.append({"error": f"{type(e).__name__}: {e}"[:2000], "time": time.time(),
+                                     "run": self._local.runs[id(record)], "call": s.calls})
+            if (getattr(record.compile_options, "fullgraph", False) and not passes_through(e)
+                    and torch_compat.is_graph_break(e)):
                 raise FullgraphBreakError(graph_break_message(e, record.label)) from e
             raise
         finally:

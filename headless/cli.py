@@ -10,8 +10,9 @@ checkpoint gets it built (seeded, nothing downloaded). ``--portable`` starts it 
 (:mod:`core.portable`). Exit codes: 0 identical bytes (every run, and every pinned ``expected``); 3 the bytes
 differ but every output is the same picture within tolerance (:mod:`core.verdict`: PSNR of the thumbnails
 against the first run or the pinned ``expected_reference``); 1 a different picture, or bytes that differ with
-nothing to grade them by, or a failed run; 2 the workflow or a server could not be used, or portable mode
-refused a setting (message says why).
+nothing to grade them by, or batch items without a reference thumbnail whose bytes differ ("ungraded"), or a
+failed run; 2 the workflow or a server could not be used, or portable mode refused a setting or a node whose
+bits free memory would decide (message says why).
 """
 from __future__ import annotations
 
@@ -46,10 +47,12 @@ def build_run_parser() -> argparse.ArgumentParser:
                    help="checkpoint for the started server (repeatable; the first is used by the workflow)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per prompt (default 1800)")
     p.add_argument("--portable", action="store_true",
-                   help="portable CPU mode: start ComfyUI with every setting that decides CPU bits pinned (ATen "
-                        "AVX2 kernels, oneDNN off, MKL_CBWR=COMPATIBLE,STRICT, fixed threads), so any x86-64 CPU "
-                        "with AVX2 gives the same bytes; compile, quantize and bf16/fp16 are refused "
-                        "(core/portable.py, docs/reproducing.md)")
+                   help="portable CPU mode: start ComfyUI with every CPU setting that decides its code paths pinned "
+                        "(ATen AVX2 kernels, oneDNN off, MKL_CBWR=COMPATIBLE,STRICT, fixed threads), so any x86-64 "
+                        "CPU with AVX2 gives the same bytes; compile, quantize and bf16/fp16 are refused, and so is "
+                        "a workflow whose bits free memory would decide (stock samplers without Determinism "
+                        "Setup's batch_invariant, ComfyUI's VAE Decode / Encode) (core/portable.py, "
+                        "docs/reproducing.md)")
     p.add_argument("--portable-threads", type=int, default=1, metavar="N",
                    help="threads in portable mode (default 1; every machine must use the same N)")
     return p
@@ -120,6 +123,13 @@ def run_main(argv: Sequence[str]) -> int:
             raise runner.WorkflowError("--portable starts its own server with the pinned settings; a --server "
                                        "was started by someone else (start it by the recipe in "
                                        "docs/reproducing.md and its run records say whether it is portable)")
+        if args.portable:
+            from ..core import portable
+
+            refusals = portable.free_memory_refusals(prompt)
+            if refusals:
+                raise runner.WorkflowError("portable CPU mode refuses this workflow: ComfyUI would let free memory "
+                                           "decide some of its bits:\n  " + "\n  ".join(refusals))
         env = _portable_env(args.portable_threads) if args.portable else None
         if args.server:
             servers = [_remote(u) for u in args.server]

@@ -152,21 +152,23 @@ class Report:
 
     @property
     def level(self) -> str:
-        """The worst graded verdict: "identical", "same_picture", "different_picture", "unknown" (bytes differ,
-        nothing to grade by) or "failed" (a run failed)."""
+        """The worst graded verdict: "identical", "same_picture", "different_picture", "ungraded" (bytes differ in
+        batch items the reference has no thumbnail for), "unknown" (bytes differ, nothing to grade by) or "failed"
+        (a run failed)."""
         if any(r.error for r in self.results) or any("gave no output" in f for f in self.failures):
             return "failed"
         levels = {g["level"] for g in self.grades}
         if self.ok and not levels - {"identical"}:
             return "identical"
-        for worst in ("different_picture", "unknown", "same_picture"):
+        for worst in ("different_picture", "unknown", "ungraded", "same_picture"):
             if worst in levels:
                 return worst
         return "unknown" if not self.ok else "identical"
 
     @property
     def exit_code(self) -> int:
-        """0 identical bytes, 3 same picture within tolerance, 1 different picture / ungraded / a failed run."""
+        """0 identical bytes, 3 same picture within tolerance, 1 different picture / items not graded / nothing to
+        grade by / a failed run (:data:`core.verdict.EXIT_CODES`)."""
         return 1 if self.level == "failed" else verdict.EXIT_CODES[self.level]
 
     def table(self) -> str:
@@ -190,6 +192,9 @@ class Report:
                       "same_picture": "SAME PICTURE: the bytes differ but every output is the same picture within "
                                       "tolerance (exit 3)",
                       "different_picture": "FAIL: DIFFERENT PICTURE (see above)",
+                      "ungraded": "FAIL: the bytes differ in batch items the reference has no thumbnail for "
+                                  f"(it keeps {verdict.MAX_ITEMS}): they were not graded (hash fewer items per "
+                                  "Hash node, or compare the outputs with Compare)",
                       "unknown": "FAIL: the bytes differ and there is no reference to grade them by (pin one: "
                                  "--pin writes expected_reference)",
                       "failed": "FAIL: a run failed or a check could not be made (see above)"}[level])

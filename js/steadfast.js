@@ -44,16 +44,17 @@ function migrateOptimizeWidgets(node, info, nodeData) {
 const STATE_COLORS = { match: "#2e7d32", mismatch: "#c62828", expected: "#b7791f", same_picture: "#1565c0" };
 // Graded verdicts (core/verdict.py): the frame colour and a label above the node say which level.
 const LEVEL_TEXT = { identical: "IDENTICAL BYTES", same_picture: "SAME PICTURE (within tolerance)",
-  different_picture: "DIFFERENT PICTURE", unknown: "BYTES DIFFER (no reference to grade by)" };
+  different_picture: "DIFFERENT PICTURE", ungraded: "BYTES DIFFER (items without a thumbnail: not graded)",
+  unknown: "BYTES DIFFER (no reference to grade by)" };
 
 // The state and label of a graded verdict ({level, psnr, max_abs}): identical bytes stay green ("match"), a
 // different picture red ("mismatch"), the same picture within tolerance is blue; the label names the level.
 const LEVEL_STATE = { identical: "match", same_picture: "same_picture", different_picture: "mismatch",
-  unknown: "mismatch" };
+  ungraded: "mismatch", unknown: "mismatch" };
 function verdictState(v, fallback) {
   if (!v?.level) return { state: fallback, label: null };
   let label = LEVEL_TEXT[v.level] ?? v.level;
-  if (v.level !== "identical" && v.psnr !== null && v.psnr !== undefined) {
+  if (v.level !== "identical" && v.level !== "ungraded" && v.psnr !== null && v.psnr !== undefined) {
     const psnr = typeof v.psnr === "number" ? v.psnr.toFixed(1) : v.psnr;
     label += ` PSNR ${psnr} dB`;
   }

@@ -38,9 +38,11 @@ class SteadfastHash(io.ComfyNode):
                                 tooltip="The reference run's record (JSON), e.g. pinned from a run with the node's "
                                         "'Pin hash and record' menu entry. Empty = no explanation."),
                 io.String.Input("expected_reference", default="", multiline=True, optional=True,
-                                tooltip="The reference run's low-resolution thumbnail (JSON, a few KB; pinned with "
-                                        "the hash). When the bytes differ it grades the output: same picture within "
-                                        "tolerance (PSNR, max |delta|) or different picture."),
+                                tooltip="The reference run's output summary (JSON, a few KB per item; pinned with "
+                                        "the hash): its shape, a thumbnail of the first 4 items, the SHA-256 of the "
+                                        "rest. When the bytes differ it grades the output: same picture within "
+                                        "tolerance (PSNR, max |delta|), different picture (another shape too), or "
+                                        "ungraded (a later item differs; it has no thumbnail)."),
             ],
             outputs=[io.String.Output(display_name="hash",
                                       tooltip="The image hash if an image is connected, else the latent hash.")],

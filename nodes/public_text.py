@@ -2,17 +2,30 @@
 
 :func:`public` rewrites a text with :func:`core.paths.redact`, the roots being ComfyUI's model folders
 (``models/loras/x.safetensors``), its input/output/temp folders and its install folder. :func:`guard_node`
-wraps a node's ``execute`` so that any exception raised in it (ours, diffusers', ComfyUI's own) reaches the
-client without an absolute path; the exception keeps its type and traceback.
+wraps a node's ``execute`` (plain or ``async def``) so that any exception raised in it (ours, diffusers',
+ComfyUI's own) reaches the client without an absolute path in its message; the exception keeps its type and
+traceback. The server's log keeps the full text: before the rewritten exception goes on to ComfyUI (which logs
+it as ``!!! Exception during processing !!!`` with its traceback, ``execution.py``), the wrapper logs the
+original message, paths included, on the ``steadfast`` logger at ERROR (ComfyUI's log shows it just above).
+What is not the pack's to rewrite: ComfyUI's own ``traceback`` field of the ``execution_error`` message (the
+frames' source files, absolute paths) and its ``current_inputs``.
+
+Interrupts (ComfyUI's ``InterruptProcessingException``) and out-of-memory errors pass through untouched: ComfyUI
+decides on their type and text (``comfy.model_management.is_oom``: unload all models, the memory tip).
 """
 from __future__ import annotations
 
 import functools
+import inspect
+import logging
 import os
 
 import folder_paths
 
+from ..core.failures import passes_through
 from ..core.paths import redact, redact_value
+
+log = logging.getLogger("steadfast")
 
 
 def roots() -> list[tuple[str, str]]:
@@ -74,8 +87,10 @@ def _public_module(cls: type) -> None:
         cls.__module__ = "steadfast" + cls.__module__[len(_PACK):]
 
 
-def _redact_exception(e: BaseException) -> None:
-    """Rewrite ``e`` in place so that ``str(e)`` and its type name hold no absolute path (traceback kept)."""
+def _redact_exception(e: BaseException) -> bool:
+    """Rewrite ``e`` in place so that ``str(e)`` and its type name hold no absolute path (traceback kept).
+    Returns whether its text changed."""
+    before = str(e)
     for cls in type(e).__mro__:
         _public_module(cls)
     if isinstance(e, OSError):
@@ -97,25 +112,47 @@ def _redact_exception(e: BaseException) -> None:
                                                        "__qualname__": cls.__qualname__})
         except TypeError:
             pass
+    return str(e) != before
+
+
+def _public_failure(node: str, e: BaseException) -> None:
+    """Rewrite ``e`` for clients (unless an interrupt or OOM); log its original text for the operator first."""
+    if passes_through(e):  # an interrupt or OOM: ComfyUI acts on its type and text (core/failures.py)
+        return
+    original = f"{type(e).__qualname__}: {e}"
+    if _redact_exception(e):
+        log.error("Steadfast %s failed; the client sees this error without absolute paths. Original: %s",
+                  node, original)
 
 
 def guard_node(cls: type) -> type:
-    """Make ``cls.execute`` raise its exceptions without absolute paths in their text.
+    """Make ``cls.execute`` raise its exceptions without absolute paths in their text (the log keeps them).
 
     Args:
-        cls: a V3 ``io.ComfyNode`` subclass with a synchronous ``execute`` classmethod.
+        cls: a V3 ``io.ComfyNode`` subclass with an ``execute`` classmethod, plain or ``async def`` (then the
+            wrapper is a coroutine function too, and rewrites what its awaited result raises).
     Returns:
         ``cls`` (changed in place). ``validate_inputs`` is left alone: ComfyUI reads its argument names.
     """
     func = cls.__dict__["execute"].__func__
+    name = cls.__name__
 
-    @functools.wraps(func)
-    def execute(klass, *args, **kwargs):
-        try:
-            return func(klass, *args, **kwargs)
-        except Exception as e:
-            _redact_exception(e)
-            raise
+    if inspect.iscoroutinefunction(func):
+        @functools.wraps(func)
+        async def execute(klass, *args, **kwargs):
+            try:
+                return await func(klass, *args, **kwargs)
+            except Exception as e:
+                _public_failure(name, e)
+                raise
+    else:
+        @functools.wraps(func)
+        def execute(klass, *args, **kwargs):
+            try:
+                return func(klass, *args, **kwargs)
+            except Exception as e:
+                _public_failure(name, e)
+                raise
 
     cls.execute = classmethod(execute)
     return cls

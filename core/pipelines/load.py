@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from ..failures import passes_through
+
 __all__ = ["DTYPES", "PipelineLoadError", "load_pipeline", "module_components", "denoiser_of",
            "count_params", "RUN_DEVICE_ATTR", "run_device", "pipeline_bytes", "on_run_device"]
 
@@ -136,6 +138,8 @@ def load_pipeline(path: str | Path, dtype: str = "fp32", device: str | torch.dev
             a listed component folder missing/empty, or diffusers failing to load a component
             (its exception is chained and its message included).
         ValueError: unknown ``dtype``.
+        torch.OutOfMemoryError, KeyboardInterrupt, ComfyUI's InterruptProcessingException: unchanged, never
+            wrapped (:func:`core.failures.passes_through`).
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -147,6 +151,8 @@ def load_pipeline(path: str | Path, dtype: str = "fp32", device: str | torch.dev
         pipe = DiffusionPipeline.from_pretrained(str(folder), **{_dtype_kwarg(): DTYPES[dtype]},
                                                  local_files_only=True)
     except Exception as e:  # noqa: BLE001 - re-raised with the folder and class named
+        if passes_through(e):  # an interrupt or out of memory: ComfyUI acts on the type (core/failures.py)
+            raise
         raise PipelineLoadError(
             f"diffusers could not load {index.get('_class_name')} from {str(folder)!r}: "
             f"{type(e).__name__}: {e}") from e
@@ -156,6 +162,8 @@ def load_pipeline(path: str | Path, dtype: str = "fp32", device: str | torch.dev
         try:
             pipe.to(device)
         except Exception as e:  # noqa: BLE001
+            if passes_through(e):  # CUDA OOM stays torch.OutOfMemoryError: ComfyUI unloads models and shows its tip
+                raise
             raise PipelineLoadError(f"cannot move the pipeline to {device!r}: {type(e).__name__}: {e}") from e
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=not progress_bar)

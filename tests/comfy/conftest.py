@@ -69,8 +69,14 @@ def tiny_ckpt(comfyui_path: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 def comfy_server(comfyui_path: Path, tiny_ckpt: Path) -> Iterator[ComfyServer]:
     """One ComfyUI server for the session, with this pack loaded and the tiny checkpoint available as
     ``steadfast_tiny_sd15.safetensors``, and the test-only node pack ``squeeze_pack`` (nodes that make ComfyUI
-    see little free memory). Stopped (process group killed) at session end."""
-    with ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path,
+    see little free memory). Stopped (process group killed) at session end.
+
+    ``--cache-classic``: ComfyUI 0.33's default output cache is RAM-pressure caching (``--cache-ram``): when the
+    machine's available RAM drops below 10% of its total (2-10 GB), it evicts the outputs of the prompt that just
+    ran, the MODEL objects with them, and the compile records held weakly for those objects go too. Whether a
+    test then sees a cached node or a compile record would depend on what else the machine is doing (the
+    full suite, other processes); ComfyUI 0.8.0's default, the classic cache, does not look at free RAM."""
+    with ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path, extra_args=["--cache-classic"],
                      node_packs={"steadfast_test_squeeze": Path(__file__).parent / "squeeze_pack"}) as server:
         yield server
 

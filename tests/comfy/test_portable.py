@@ -86,7 +86,12 @@ def test_portable_mode_records_the_settings_in_use(portable_hash: tuple[str, dic
     s = record["fingerprint"]["cpu_settings"]
     assert s["portable"] is True and s["aten_capability"] == "AVX2" and s["mkldnn_enabled"] is False
     assert s["threads"] == 1 and record["fingerprint"]["num_threads"] == 1
-    assert s["mkl_cbwr"] in ("COMPATIBLE,STRICT", None)  # None: MKL's service symbols not reachable in this build
+    import torch
+
+    if torch.backends.mkl.is_available():  # the server runs this venv's torch
+        assert s["mkl_cbwr"] == "COMPATIBLE,STRICT", s  # MKL present: its branch is read back, never None
+    else:
+        assert s["mkl_cbwr"] is None, s  # no MKL in this torch build: nothing to read back
     assert s["inductor_simdlen"] == portable.SIMDLEN and s["env"]["MKL_CBWR"] == "COMPATIBLE,STRICT"
 
 
@@ -197,3 +202,65 @@ def test_graded_verdicts(two_servers: tuple[ComfyServer, ComfyServer], tmp_path:
     (tmp_path / "seed43.json").write_text(json.dumps(other))
     code, out, report = steadfast_run(tmp_path / "seed43.json", "--server", a.url, "--runs", "1")
     assert code == 1 and report["verdict"] == "different_picture" and "DIFFERENT PICTURE" in out, out
+
+
+# ------------------------------------------------------------------ free memory (ComfyUI's choices)
+SQUEEZE_PACK = Path(__file__).parent / "squeeze_pack"
+
+
+def _stock_pair(invariant: bool) -> tuple[dict, dict[str, str]]:
+    """One workflow, two branches from the same checkpoint and prompts: quiet, and with ComfyUI seeing 1 MiB of
+    free memory while sampling and decoding (squeeze_pack). Stock KSampler; ``invariant``: its model comes
+    through Determinism Setup (batch_invariant on) and VAE Decode (Steadfast) decodes. Returns the workflow and
+    the Hash node ids {quiet/busy + latent/image}."""
+    from steadfast_workflows import add
+
+    wf: dict = {"1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": TINY_CKPT_NAME}}}
+    pos = add(wf, "CLIPTextEncode", text="a lighthouse on a cliff at dawn, oil painting", clip=["1", 1])
+    neg = add(wf, "CLIPTextEncode", text="blurry, low quality", clip=["1", 1])
+    latent = add(wf, "EmptyLatentImage", width=64, height=64, batch_size=2)
+    model = ([add(wf, "SteadfastDeterminismSetup", model=["1", 0], strict=True, allow_tf32=False, num_threads=0,
+                  batch_invariant=True), 0] if invariant else ["1", 0])
+    decoder = "SteadfastVAEDecode" if invariant else "VAEDecode"
+    hashes: dict[str, str] = {}
+    for name, free_mb in (("quiet", None), ("busy", 1)):
+        m = model if free_mb is None else [add(wf, "TestSqueezeFreeMemoryModel", model=model, free_mb=free_mb), 0]
+        s = add(wf, "KSampler", model=m, seed=42, steps=2, cfg=7.0, sampler_name="euler", scheduler="normal",
+                positive=[pos, 0], negative=[neg, 0], latent_image=[latent, 0], denoise=1.0)
+        img = (add(wf, decoder, samples=[s, 0], vae=["1", 2]) if free_mb is None else
+               add(wf, "TestSqueezedVAEDecode", samples=[s, 0], vae=["1", 2], free_mb=free_mb, decoder=decoder))
+        hashes[name + "_latent"] = add(wf, "SteadfastHash", latent=[s, 0])
+        hashes[name + "_image"] = add(wf, "SteadfastHash", image=[img, 0])
+    return wf, hashes
+
+
+def test_portable_mode_and_free_memory(comfyui_path: Path, tiny_ckpt: Path, tmp_path: Path) -> None:
+    """A stock-node workflow (KSampler + VAE Decode) on a portable-mode server under squeezed free memory gives
+    other bytes: portable mode pins the CPU's code paths, not the machine's load. So ``steadfast run --portable``
+    refuses it, naming each node and its fix; with the fix (Determinism Setup, VAE Decode (Steadfast)) the same
+    portable server gives the same bytes squeezed or not."""
+    from steadfast_workflows import hash_of, run
+
+    stock, h = _stock_pair(invariant=False)
+    fixed, hf = _stock_pair(invariant=True)
+    refused = portable.free_memory_refusals(stock)
+    assert [r.split(":")[0] for r in refused] == ["node 5 (KSampler)", "node 6 (VAEDecode)",
+                                                  "node 10 (KSampler)"], refused
+    assert portable.free_memory_refusals(fixed) == []
+    path = tmp_path / "stock.json"
+    path.write_text(json.dumps(stock))
+    code, out, _ = steadfast_run(path, "--portable", "--runs", "1", timeout=120)
+    assert code == 2, out
+    assert "portable CPU mode refuses this workflow" in out and "node 5 (KSampler)" in out, out
+    assert "node 6 (VAEDecode)" in out and "Fix: use VAE Decode (Steadfast)" in out, out
+
+    with ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path, env=portable.portable_env(),
+                     node_packs={"steadfast_test_squeeze": SQUEEZE_PACK}) as server:
+        e_stock, e_fixed = run(server, stock), run(server, fixed)
+    stock_h = {k: hash_of(e_stock, v) for k, v in h.items()}
+    fixed_h = {k: hash_of(e_fixed, v) for k, v in hf.items()}
+    # the hazard, in portable mode: squeezed free memory changes the stock sampler's latent and the image
+    assert stock_h["quiet_latent"] != stock_h["busy_latent"], stock_h
+    assert stock_h["quiet_image"] != stock_h["busy_image"], stock_h
+    # the fix the refusal names: the same bytes on a busy or a quiet machine
+    assert fixed_h["quiet_latent"] == fixed_h["busy_latent"] and fixed_h["quiet_image"] == fixed_h["busy_image"]

@@ -155,3 +155,52 @@ def test_compile_state_recompile_records_name_module_paths(server: ComfyServer) 
     functions = [e.get("function", "") for r in state["records"] for e in r.get("recompiles", [])]
     assert any(re.search(r" in (ComfyUI/)?comfy/\S+\.py:\d+$", f) for f in functions), functions
     assert not _leaks(server, raw), _leaks(server, raw)
+
+
+def test_the_server_log_keeps_the_full_path(server: ComfyServer) -> None:
+    """The client's message is rewritten; the operator's log still names the file: the wrapper logs the original
+    text (``steadfast`` logger) just before ComfyUI logs the rewritten exception and its traceback."""
+    bad = Path(server.base_dir) / "models" / "diffusers" / "corrupt_index" / "model_index.json"
+    with pytest.raises(PromptFailed) as info:
+        server.run(_load("corrupt_index"))
+    assert str(bad) not in info.value.exception_message
+    log = server.log_tail(400)
+    original = [line for line in log.splitlines() if "the client sees this error without absolute paths" in line]
+    assert original and str(bad) in original[-1], (str(bad), original[-3:])
+    assert "!!! Exception during processing !!!" in log  # ComfyUI's own line follows, rewritten
+
+
+def test_comfyuis_traceback_field_carries_source_paths(server: ComfyServer) -> None:
+    """What the README says the pack does not control: ComfyUI's ``execution_error`` message has a
+    ``traceback`` field (``traceback.format_tb``: each frame's source file, absolute) next to the pack's
+    rewritten ``exception_message``. ComfyUI 0.33 has no switch to leave it out."""
+    with pytest.raises(PromptFailed) as info:
+        server.run(_load("corrupt_index"))
+    assert not _leaks(server, info.value.exception_message)
+    frames = "".join(info.value.traceback)
+    assert 'File "/' in frames and find_absolute_paths([frames]), frames[:500]
+
+
+def test_guard_node_keeps_interrupts_and_oom_and_supports_async(comfyui_path: Path) -> None:
+    """nodes/public_text.guard_node on toy nodes in a child process (ComfyUI importable, no server): a
+    ValueError is rewritten in place (same object and type) and its original text logged; OOM, ComfyUI's
+    InterruptProcessingException and KeyboardInterrupt pass untouched (ComfyUI acts on their type); an
+    ``async def execute`` stays a coroutine function and is rewritten when awaited."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COMFYUI_PATH": str(comfyui_path), "PYTHONDONTWRITEBYTECODE": "1"}
+    child = Path(__file__).parent / "public_text_child.py"
+    proc = subprocess.run([sys.executable, str(child)], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    secret, cases = out["secret"], out["cases"]
+    for suffix in ("", "_async"):
+        err = cases["value_error" + suffix]
+        assert err["coroutine"] == (suffix == "_async") and err["same_object"] and err["isinstance"], err
+        assert secret not in err["text"] and "models/loras/John Smith's lora.safetensors" in err["text"], err
+        assert len(err["logged"]) == 1 and secret in err["logged"][0], err
+        for name in ("oom", "interrupt", "keyboard"):
+            c = cases[name + suffix]
+            assert c["same_object"] and c["same_type"] and c["logged"] == [], (name + suffix, c)
+        assert secret in cases["oom" + suffix]["text"]  # untouched: ComfyUI's is_oom reads type and text

@@ -63,3 +63,47 @@ def test_a_recompile_record_names_no_install_path() -> None:
     event = parse_recompile(msg)
     assert paths.find_absolute_paths([event["function"], event["reason"]]) == []
     assert event["function"].startswith("forward in ") and event["function"].endswith("compile.py:848")
+
+
+def test_posix_roots_with_spaces_are_replaced_whole() -> None:
+    """Measured before: ``/home/John Smith/ComfyUI/models/loras/x.safetensors`` came out as
+    ``.../home/John Smith/...``: the pattern stopped at the space."""
+    roots = [("/home/John Smith/ComfyUI/models/loras", "models/loras"), ("/home/John Smith/ComfyUI", "ComfyUI")]
+    text = ("FileNotFoundError: '/home/John Smith/ComfyUI/models/loras/x.safetensors' is missing; "
+            "logs in /home/John Smith/ComfyUI/user/comfyui.log, install /home/John Smith/ComfyUI")
+    out = paths.redact(text, roots)
+    assert out == ("FileNotFoundError: 'models/loras/x.safetensors' is missing; "
+                   "logs in ComfyUI/user/comfyui.log, install ComfyUI"), out
+    assert "John" not in out and "Smith" not in out
+
+
+def test_windows_roots_with_spaces_backslashes_and_drive_letters() -> None:
+    """Windows user folders often hold spaces; a path can come with either separator, in another case, or
+    with doubled backslashes (an exception's repr of the path)."""
+    roots = [(r"C:\Users\John Smith\ComfyUI\models\loras", "models/loras"), (r"C:\Users\John Smith\ComfyUI", "ComfyUI")]
+    text = (r"cannot open C:\Users\John Smith\ComfyUI\models\loras\x.safetensors; "
+            r"FileNotFoundError: 'c:\\users\\john smith\\comfyui\\input\\a.png'; see C:/Users/John Smith/ComfyUI/output")
+    out = paths.redact(text, roots)
+    assert out == ("cannot open models/loras/x.safetensors; FileNotFoundError: 'ComfyUI/input/a.png'; "
+                   "see ComfyUI/output"), out
+    assert "John" not in out and "Smith" not in out and "\\" not in out
+
+
+def test_a_windows_path_with_spaces_under_no_known_root_loses_its_head() -> None:
+    out = paths.redact(r"cannot open C:\Users\John Smith\Documents\x.png now")
+    assert out == "cannot open .../Documents/x.png now", out
+
+
+def test_the_home_folder_is_a_known_root(monkeypatch) -> None:
+    """A path under the server user's home folder (the user name, possibly with a space) shows as ``~/...``."""
+    monkeypatch.setenv("HOME", "/home/John Smith")
+    monkeypatch.setattr(paths, "_code_roots", lambda: [])
+    out = paths.redact("loading /home/John Smith/venv/lib/x.py:12 and '/home/John Smith/My Models/a.ckpt'")
+    assert out == "loading ~/venv/lib/x.py:12 and '~/My Models/a.ckpt'", out
+
+
+def test_a_root_is_not_replaced_inside_a_longer_name() -> None:
+    roots = [("/srv/Comfy", "ComfyUI")]
+    out = paths.redact("/srv/ComfyUI2/models/a.ckpt and /x/srv/Comfy/b and /srv/Comfy/c", roots)
+    assert out.count("ComfyUI/") == 1 and out.endswith(" and ComfyUI/c"), out  # only the last one is under it
+    assert "ComfyUI/I2" not in out and "/x/ComfyUI" not in out and "xComfyUI" not in out, out
