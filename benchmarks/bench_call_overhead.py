@@ -88,11 +88,13 @@ def micro(files: int, against: str | None) -> None:
     if against:
         src = subprocess.run(["git", "show", f"{against}:core/compile_cache.py"], cwd=_common.ROOT, check=True,
                              capture_output=True, text=True).stdout
-        spec = importlib.util.spec_from_loader("steadfast.core._compile_cache_then", loader=None)
+        old = Path(tempfile.mkdtemp(prefix="steadfast-then-")) / "compile_cache_then.py"
+        old.write_text(src, encoding="utf-8")  # the file at that commit, loaded as a module of the package
+        spec = importlib.util.spec_from_file_location("steadfast.core._compile_cache_then", old)
         then = importlib.util.module_from_spec(spec)
         then.__package__ = "steadfast.core"
         sys.modules[then.__name__] = then
-        exec(compile(src, f"{against}:core/compile_cache.py", "exec"), then.__dict__)  # noqa: S102 - own history
+        spec.loader.exec_module(then)
         mods.append((f"git {against}", then))
     rows = []
     for label, mod in mods:

@@ -58,12 +58,25 @@ def _parts(path: str) -> list[str]:
     return [x for x in re.split(r"[\\/]+", path) if x and not re.fullmatch(r"[A-Za-z]:", x)]
 
 
-def _candidates(roots: Roots) -> list[tuple[str, str]]:
-    """Every known root in the order tried: the given roots longest first, the ``sys.path`` entries shortest first
-    (the fullest module path: ``comfy/ldm/x.py`` rather than ``ldm/x.py``), the home folder."""
+def _candidates(roots: Roots) -> list[tuple[str, str, bool]]:
+    """Every known root in the order tried, as ``(root, label, is_code_root)``: the given roots longest first, the
+    ``sys.path`` entries shortest first (the fullest module path: ``comfy/ldm/x.py`` rather than ``ldm/x.py``),
+    the home folder."""
     given = sorted(roots, key=lambda rl: len(_norm(rl[0])), reverse=True)
     code = sorted(_code_roots(), key=lambda rl: len(_norm(rl[0])))
-    return [(r, lab) for r, lab in (*given, *code, *_home_roots()) if r and _parts(r)]
+    return [(r, lab, is_code) for r, lab, is_code in (*((r, lab, False) for r, lab in given),
+                                                       *((r, lab, True) for r, lab in code),
+                                                       *((r, lab, False) for r, lab in _home_roots()))
+            if r and _parts(r)]
+
+
+def _is_module_path(rel: str) -> bool:
+    """Whether ``rel`` (forward slashes, relative to a ``sys.path`` entry) reads as a module path: every folder and
+    the file's stem a Python identifier. A short entry such as ``/tmp`` (pytest puts a package's parent on
+    ``sys.path``) must not turn ``/tmp/pytest-of-x/run-1/comfy/x.py`` into ``pytest-of-x/run-1/comfy/x.py``:
+    the entry the module is imported from gives ``comfy/x.py``."""
+    *folders, last = rel.split("/")
+    return all(f.isidentifier() for f in folders) and last.split(".", 1)[0].isidentifier()
 
 
 _NAME = r"[\w.~+@%-]"  # a character that continues a file or folder name
@@ -86,11 +99,13 @@ def _root_pattern(root: str) -> re.Pattern[str]:
 
 
 def _literal_pass(text: str, roots: Roots) -> str:
-    for root, label in _candidates(roots):
+    for root, label, is_code in _candidates(roots):
         pattern = _root_pattern(root)
 
-        def sub(m: re.Match[str], label: str = label, root: str = root) -> str:
+        def sub(m: re.Match[str], label: str = label, root: str = root, is_code: bool = is_code) -> str:
             rel = re.sub(r"[\\/]+", "/", m.group("rest")).strip("/")
+            if is_code and rel and not _is_module_path(rel):
+                return m.group(0)  # not a module under this entry: a later root (or the regex pass) handles it
             if rel:
                 return f"{label}/{rel}" if label else rel
             return label or ".../" + _parts(root)[-1]
@@ -125,8 +140,10 @@ def display_path(path: str, roots: Roots = ()) -> str:
     """
     if not (path.startswith("/") or re.match(r"[A-Za-z]:[\\/]", path)):
         return path
-    for root, label in _candidates(roots):
+    for root, label, is_code in _candidates(roots):
         rel = _under(path, root)
+        if is_code and rel and not _is_module_path(rel):
+            continue
         if rel is not None and (rel or label):
             return "/".join(x for x in (label, rel) if x)
     parts = _parts(path)

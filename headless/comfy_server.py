@@ -268,6 +268,8 @@ class ComfyServer(ComfyClient):
         env: extra environment variables for the server process (e.g. an operator's ``STEADFAST_COMPILE_CACHE``).
         node_packs: ``{folder name: path}`` of extra custom node packs symlinked into ``custom_nodes/``
             (e.g. a test-only pack).
+        cpu: start ComfyUI with ``--cpu`` (the default: tests and ``steadfast run`` sample on the CPU); ``False``
+            lets ComfyUI pick its device (a GPU where there is one: the GPU protocol).
 
     Attributes after :meth:`start`: ``base_dir``, ``port``, ``url``, ``log_path``, ``process``.
     """
@@ -285,6 +287,7 @@ class ComfyServer(ComfyClient):
         keep_base: bool = False,
         env: Mapping[str, str] | None = None,
         node_packs: Mapping[str, str | os.PathLike[str]] | None = None,
+        cpu: bool = True,
     ) -> None:
         root = Path(comfyui).expanduser().resolve() if comfyui is not None else find_comfyui()
         if root is None or not (root / "main.py").is_file():
@@ -299,6 +302,7 @@ class ComfyServer(ComfyClient):
         self.keep_base = keep_base
         self.env = dict(env or {})
         self.node_packs = {name: Path(p).expanduser().resolve() for name, p in (node_packs or {}).items()}
+        self.cpu = cpu
         self.client_id = uuid.uuid4().hex
         self.base_dir: Path | None = None
         self.port: int | None = None
@@ -369,7 +373,7 @@ class ComfyServer(ComfyClient):
         """The ``main.py`` command line (needs :attr:`base_dir` and :attr:`port`)."""
         return [
             self.python, str(self.comfyui / "main.py"),
-            "--cpu", "--listen", HOST, "--port", str(self.port),
+            *(["--cpu"] if self.cpu else []), "--listen", HOST, "--port", str(self.port),
             "--base-directory", str(self.base_dir),
             "--disable-api-nodes", "--disable-auto-launch",
             "--database-url", "sqlite:///:memory:",

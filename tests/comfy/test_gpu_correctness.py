@@ -20,13 +20,14 @@ import torch.nn.functional as F
 from comfy_server import ComfyServer, PromptFailed
 from steadfast.core import portable
 from steadfast.core.optimize import attention as attn_mod
+import tiny_sd15
 from steadfast_workflows import add, build_lora, only, record_of, run, text, workflow
-
-from conftest import TINY_CKPT_NAME
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 ROOT = Path(__file__).resolve().parents[2]
+# not `from conftest import ...`: the GPU protocol collects this file beside tests/core, whose conftest then wins
+TINY_CKPT_NAME = tiny_sd15.CHECKPOINT_NAME
 LORA_NAME = "steadfast_gpu_test_lora.safetensors"
 
 
