@@ -360,11 +360,16 @@ def torch_draws_portable(dtype: torch.dtype) -> bool:
     Returns:
         bool.
     """
+    return _torch_randn_equals(_numpy_randn, dtype)
+
+
+def _torch_randn_equals(build, dtype: torch.dtype) -> bool:
+    """Whether ``torch.randn`` gives the same bytes as ``build(shape, numel, generator, dtype)`` for every probe
+    (:data:`_PROBE_SEEDS` x :data:`_PROBE_SIZES`: sizes with a tail past the 16-element vector path)."""
     for seed in _PROBE_SEEDS:
         for n in _PROBE_SIZES:
             theirs = _TORCH_RANDN(n, generator=torch.Generator().manual_seed(seed), dtype=dtype)
-            ours = _numpy_randn((n,), n, torch.Generator().manual_seed(seed), dtype)
-            if not _same_bytes(theirs, ours):
+            if not _same_bytes(theirs, build((n,), n, torch.Generator().manual_seed(seed), dtype)):
                 return False
     return True
 
@@ -377,13 +382,7 @@ def torch_half_uses_float32_kernel(dtype: torch.dtype) -> bool:
     ISA; torch 2.14 runs the float32 ``normal_fill`` on float32 uniforms and casts. Checked once (cached) by
     comparing ``torch.randn(dtype)`` with the same draw built from torch's float32 kernel.
     """
-    for seed in _PROBE_SEEDS:
-        for n in _PROBE_SIZES:
-            theirs = _TORCH_RANDN(n, generator=torch.Generator().manual_seed(seed), dtype=dtype)
-            ours = _half_from_float32_kernel((n,), n, torch.Generator().manual_seed(seed), dtype)
-            if not _same_bytes(theirs, ours):
-                return False
-    return True
+    return _torch_randn_equals(_half_from_float32_kernel, dtype)
 
 
 def draw_method(dtype: torch.dtype) -> str:
