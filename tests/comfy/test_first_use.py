@@ -79,9 +79,13 @@ def test_slow_run_after_free_is_the_whole_graph_re_executing_not_a_recompile(com
     run(comfy_server, build(backend="eager", seed=1))
     before, rec_before = cached(2)
     assert {"ckpt", "pos", "neg", "opt"} <= set(before)  # a plain rerun: only the sampler side runs
-    comfy_server.post("/free", {"unload_models": True, "free_memory": True})
+    # ComfyServer.free waits until the worker applied the flags: a bare POST /free races the next prompt (the
+    # worker may run it first, then reset its caches, dropping that run's model and its weak compile record)
+    comfy_server.free(unload_models=True, free_memory=True)
     after, rec_after = cached(3)
     assert after == [], after  # everything re-executed: the checkpoint loaded again
     assert rec_after["graphs"] == 0 and rec_after["recompiles"] == [], rec_after  # no compile: code reused
+    # a bare POST here: free()'s marker prompt would itself evict the outputs (the classic cache keeps the last
+    # prompt's), and without free_memory the worker resets nothing, so there is no race to wait out
     comfy_server.post("/free", {"unload_models": True, "free_memory": False})
     assert {"ckpt", "pos", "neg", "opt"} <= set(cached(4)[0])  # unload only: outputs stay cached
