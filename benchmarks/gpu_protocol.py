@@ -69,6 +69,7 @@ sys.path.insert(0, str(HERE))
 
 #: (name, GPU budget s, smoke budget s): each section's time limit. They sum to more than one device call (600 s):
 #: the run's --budget ends it, later sections are recorded "skipped: out of time"; pick them with --sections.
+SECTIONS: list[tuple[str, int, int]] = [
     ("env", 20, 60),
     ("nodes_dynamic_vram_on", 100, 150),  # an H200 ran it in 74 s (2026-11-26)
     ("nodes_dynamic_vram_off", 60, 120),  # 43 s
