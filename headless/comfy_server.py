@@ -269,7 +269,10 @@ class ComfyServer(ComfyClient):
         node_packs: ``{folder name: path}`` of extra custom node packs symlinked into ``custom_nodes/``
             (e.g. a test-only pack).
         cpu: start ComfyUI with ``--cpu`` (the default: tests and ``steadfast run`` sample on the CPU); ``False``
-            lets ComfyUI pick its device (a GPU where there is one: the GPU protocol).
+            lets ComfyUI pick its device (a GPU where there is one: the GPU protocol and the ``gpu`` tests).
+
+    Environment: ``STEADFAST_FRONT_END_ROOT``, a web root passed as ``--front-end-root`` (for a machine without
+    ``comfyui-frontend-package``, where ComfyUI would exit at start).
 
     Attributes after :meth:`start`: ``base_dir``, ``port``, ``url``, ``log_path``, ``process``.
     """
@@ -378,7 +381,14 @@ class ComfyServer(ComfyClient):
             "--disable-api-nodes", "--disable-auto-launch",
             "--database-url", "sqlite:///:memory:",
             *self.extra_args,
+            *self._front_end_args(),
         ]
+
+    def _front_end_args(self) -> list[str]:
+        """``--front-end-root $STEADFAST_FRONT_END_ROOT`` when that is set and ``extra_args`` names no root: ComfyUI
+        exits at start without ``comfyui-frontend-package`` (the GPU protocol's device image lacks it)."""
+        root = os.environ.get("STEADFAST_FRONT_END_ROOT")
+        return ["--front-end-root", root] if root and "--front-end-root" not in self.extra_args else []
 
     def start(self) -> ComfyServer:
         """Start the server and wait until it answers. Raises :class:`ServerStartError` (with the log tail)."""
