@@ -5,7 +5,7 @@ ComfyUI works too: the ComfyUI adapters are only loaded when ``comfy_api`` is im
 """
 from __future__ import annotations
 
-from .core import cublas_config as _cublas_config
+from .core.determinism import cublas as _cublas_config
 
 # CUBLAS_WORKSPACE_CONFIG only takes effect if it is set before cuBLAS starts, so set it as early as
 # ComfyUI lets a pack run code: at import. It is recorded, and reported by Determinism Setup.
@@ -13,13 +13,13 @@ _cublas_config.ensure_cublas_workspace_config()
 
 # Portable CPU mode (STEADFAST_PORTABLE=1, set by `steadfast run --portable`): oneDNN off, threads and inductor's
 # vector width pinned before any model runs. A missing start-up variable fails the import loudly.
-from .core import portable as _portable  # noqa: E402
+from .core.determinism import portable as _portable  # noqa: E402
 
 if _portable.is_portable():
     _portable.apply_in_process()
 
 WEB_DIRECTORY = "./js"
-__version__ = "0.1.0"
+from .core.version import __version__  # noqa: E402,F401  (the one source: core/version.py)
 
 try:  # feature detection, not a version check: the pinned V3 node API (docs/compatibility.md) is what we build on
     import comfy_api.v0_0_2  # noqa: F401

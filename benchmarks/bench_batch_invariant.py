@@ -8,7 +8,7 @@ SDPA) and one with ``False`` (ComfyUI's own cond batching and attention, sub-qua
 
 For each batch size, both are timed INTERLEAVED (on, off, on, off, ...) over ``--rounds`` rounds of one
 ``comfy.sample.sample`` call (euler, ``--steps`` steps, cfg ``--cfg``, initial noise per item from
-``core.noise.seeded_noise`` in ``incremental`` mode: item i = seed + i). Printed: min / median seconds
+``core.determinism.noise.seeded_noise`` in ``incremental`` mode: item i = seed + i). Printed: min / median seconds
 per sample and the ratio off/on (< 1: batch-invariant is slower), and the parity of each item of the
 batch with the batch-1 sample at seed + i (bytes, max |d|), which is what the switch buys.
 
@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import comfy.sample
     import comfy.sd
-    from steadfast.core.compare import compare_outputs
-    from steadfast.core.noise import seeded_noise
+    from steadfast.core.record.compare import compare_outputs
+    from steadfast.core.determinism.noise import seeded_noise
     from steadfast.nodes.determinism_node import SteadfastDeterminismSetup
 
     ckpt = _common.tiny_sd15_module().cached_tiny_sd15()

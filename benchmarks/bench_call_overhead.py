@@ -15,8 +15,8 @@ them again. The number is the median wall time queue -> done of the steady promp
 steadfast / eager per phase (target <= 1.05, issue 23).
 
 ``--micro [--against REV]``: no server; the cost of the cache's part of one model call alone
-(``core.compile_cache.run_cached`` around a call that compiles nothing, 30 calls, with ``--files`` files in the key
-folder), for this checkout and, with ``--against``, for ``core/compile_cache.py`` as it was at git revision REV
+(``core.compile.cache.run_cached`` around a call that compiles nothing, 30 calls, with ``--files`` files in the key
+folder), for this checkout and, with ``--against``, for ``core/compile/cache.py`` as it was at git revision REV
 (loaded from ``git show``), side by side.
 
 Usage: ``python benchmarks/bench_call_overhead.py [--steps 8] [--side 256] [--repeats 10] [--files 3000]``
@@ -77,16 +77,16 @@ def add_files(cache_root: Path, n: int) -> Path:
 
 
 def micro(files: int, against: str | None) -> None:
-    """Per-call cost of the compile cache's activation, this checkout vs ``core/compile_cache.py`` at ``against``."""
+    """Per-call cost of the compile cache's activation, this checkout vs ``core/compile/cache.py`` at ``against``."""
     import importlib.util
     import subprocess
 
     _common.import_pack()
-    from steadfast.core import compile_cache as current
+    from steadfast.core.compile import cache as current
 
     mods = [("this checkout", current)]
     if against:
-        src = subprocess.run(["git", "show", f"{against}:core/compile_cache.py"], cwd=_common.ROOT, check=True,
+        src = subprocess.run(["git", "show", f"{against}:core/compile/cache.py"], cwd=_common.ROOT, check=True,
                              capture_output=True, text=True).stdout
         old = Path(tempfile.mkdtemp(prefix="steadfast-then-")) / "compile_cache_then.py"
         old.write_text(src, encoding="utf-8")  # the file at that commit, loaded as a module of the package
@@ -121,7 +121,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=10, help="timed prompts per config and phase")
     ap.add_argument("--files", type=int, default=3000, help="extra files dropped into the compile cache's folder")
     ap.add_argument("--micro", action="store_true", help="no server: the cache's per-call cost alone")
-    ap.add_argument("--against", default=None, help="with --micro: also core/compile_cache.py at this git revision")
+    ap.add_argument("--against", default=None, help="with --micro: also core/compile/cache.py at this git revision")
     args = ap.parse_args()
     t_start = time.perf_counter()
     if args.micro:

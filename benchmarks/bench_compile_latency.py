@@ -15,9 +15,9 @@ the graph):
   tokens after 2x2 patches) + 32 text tokens.
 
 Compilation uses the pack's core code: ``torch.compile`` with ``CompileOptions.to_kwargs`` (whole model) or
-``core.compile.compile_blocks`` + ``swap_in`` on the blocks ``core.blocks.choose_blocks`` picks (regional), with
+``core.compile.swap.compile_blocks`` + ``swap_in`` on the blocks ``core.compile.blocks.choose_blocks`` picks (regional), with
 the Optimize node's default options (``nodes.model_patches.compile_options``: inductor, mode default,
-dynamic auto, fullgraph off) and its guard filter (``core.guard_filters.comfy_guard_filter``).
+dynamic auto, fullgraph off) and its guard filter (``core.compile.guards.comfy_guard_filter``).
 
 Every measurement of a first call runs in a FRESH subprocess:
 
@@ -170,22 +170,22 @@ def build_model(name: str, sd15_side: int, flux: dict[str, Any] = FLUX_PARAMS) -
 def node_guard_filter() -> tuple[Any, str]:
     """``(guard_filter_fn, description)``: the filter the Optimize node passes for ComfyUI models.
 
-    ``core.guard_filters.comfy_guard_filter()`` in the current pack; older layouts of the pack are tried after it.
+    ``core.compile.guards.comfy_guard_filter()`` in the current pack; older layouts of the pack are tried after it.
     """
     try:
-        from steadfast.core import guard_filters
-    except ImportError:  # pragma: no cover - earlier layout (before core/guard_filters.py)
+        from steadfast.core.compile import guards as guard_filters
+    except ImportError:  # pragma: no cover - earlier layout (before core/compile/guards.py)
         pass
     else:
-        return guard_filters.comfy_guard_filter(), "core.guard_filters.comfy_guard_filter()"
-    from steadfast.core import compile as core_compile
+        return guard_filters.comfy_guard_filter(), "core.compile.guards.comfy_guard_filter()"
+    from steadfast.core.compile import swap as core_compile
     from steadfast.nodes import model_patches as mp
 
     if hasattr(core_compile, "comfy_guard_filter"):  # pragma: no cover - earlier layout
-        return core_compile.comfy_guard_filter(), "core.compile.comfy_guard_filter()"
+        return core_compile.comfy_guard_filter(), "core.compile.swap.comfy_guard_filter()"
     if hasattr(mp, "CompileGuardFilter"):  # pragma: no cover - earlier layout
         return mp.CompileGuardFilter(), "nodes.model_patches.CompileGuardFilter()"
-    return core_compile.skip_guards_on("transformer_options"), "core.compile.skip_guards_on('transformer_options')"
+    return core_compile.skip_guards_on("transformer_options"), "core.compile.swap.skip_guards_on('transformer_options')"
 
 
 def make_runner(dm: Any, call: Callable[[Any], Any], mode: str) -> Callable[[], Any]:
@@ -194,8 +194,8 @@ def make_runner(dm: Any, call: Callable[[Any], Any], mode: str) -> Callable[[], 
     Compilation is lazy: it happens in the runner's first call."""
     import torch
 
-    from steadfast.core import blocks
-    from steadfast.core.compile import compile_blocks, swap_in
+    from steadfast.core.compile import blocks
+    from steadfast.core.compile.swap import compile_blocks, swap_in
     from steadfast.nodes import model_patches as mp
 
     if mode == "eager":
@@ -285,7 +285,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     DEVICE[0], BACKEND[0] = spec.get("device", "cpu"), spec.get("backend", "inductor")
     _common.import_pack(cpu=DEVICE[0] == "cpu")
     import torch
-    from steadfast.core.compare import compare_outputs
+    from steadfast.core.record.compare import compare_outputs
 
     result: dict[str, Any] = {"spec": spec}
     with torch.inference_mode():
@@ -371,7 +371,7 @@ def _load(path: str) -> Any:
 
 def bench_model(name: str, args: argparse.Namespace, work: Path) -> tuple[list[list[Any]], list[list[Any]], list[str]]:
     """All processes for one model; returns (latency rows, steady-state rows, notes)."""
-    from steadfast.core.compare import compare_outputs
+    from steadfast.core.record.compare import compare_outputs
 
     base = {"model": name, "sd15_side": args.sd15_side, "flux_depth": [args.flux_depth, args.flux_single],
             "rounds": args.rounds, "max_rounds": args.max_rounds,

@@ -7,7 +7,7 @@ parameter drawn from a generator seeded by its name (no download; random weights
 noise but timings, kernels and bits behave as with the real model). It is wrapped in a
 ``ModelPatcher`` and sampled with ``comfy.sample.sample`` (euler / simple, cfg 1.0 with guidance
 3.5 as Flux-dev is used, 28 steps, 1024x1024 = latent ``[1, 16, 128, 128]``, 512 text tokens),
-initial noise from the pack's CPU ``core.noise.seeded_noise``.
+initial noise from the pack's CPU ``core.determinism.noise.seeded_noise``.
 
 Configurations (clones of one model, so the weights are shared):
 
@@ -248,8 +248,8 @@ def run_config(name: str, model: Any, sample: Callable[[Any], Any], images: int,
     """One untimed image (compiles), then ``images`` timed ones; returns timings, hashes and compile state."""
     import torch
 
-    from steadfast.core import hashing
-    from steadfast.core.registry import REGISTRY
+    from steadfast.core.record import hashing
+    from steadfast.core.compile.registry import REGISTRY
 
     if str(device).startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     import_comfy_and_pack(cpu=device_name == "cpu")
     import comfy.sample
 
-    from steadfast.core import noise as sf_noise
+    from steadfast.core.determinism import noise as sf_noise
 
     device = torch.device(device_name)
     config = SMOKE if ns.smoke else FLUX_DEV

@@ -69,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def build_configs(model: Any, names: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """``({name: ModelPatcher clone}, {name: CompileRecord})`` made by the node (records taken right away: the
     registry keeps one record per underlying model, each clone's wrapper keeps its own)."""
-    from steadfast.core import registry
+    from steadfast.core.compile import registry
     from steadfast.nodes.optimize_node import SteadfastOptimizeModel
 
     out: dict[str, Any] = {}

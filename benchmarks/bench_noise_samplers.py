@@ -7,7 +7,7 @@ sigmas (``normal`` schedule), cfg 1.0 and the SDXL latent size 1x4x128x128:
 
 - **stock** (KSampler): initial noise ``comfy.sample.prepare_noise`` (what ``common_ksampler`` calls), the
   sampler's own per-step noise (``default_noise_sampler`` / ``BrownianTreeNoiseSampler(cpu=True)``);
-- **seeded** (Seeded Sampler): the node's real noise path: ``core.noise.seeded_noise`` (with the ``comfy`` draw
+- **seeded** (Seeded Sampler): the node's real noise path: ``core.determinism.noise.seeded_noise`` (with the ``comfy`` draw
   dtype the node asks for), ``nodes.sampler_node.per_step_noise`` and ``portable_generator_randn`` around the
   call, exactly as ``SteadfastSeededSampler.execute`` does (its run record, written after sampling, is not
   timed).
@@ -50,8 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     import comfy.samplers
     import comfy.sd
     import torch
-    from steadfast.core import noise as sf_noise
-    from steadfast.core import portable_randn
+    from steadfast.core.determinism import noise as sf_noise
+    from steadfast.core.determinism import randn as portable_randn
     from steadfast.nodes import comfy_noise, sampler_node
 
     if args.threads:

@@ -1,4 +1,4 @@
-"""Cost of portable noise (``core.portable_randn``, issue 17) against ``torch.randn`` on the CPU.
+"""Cost of portable noise (``core.determinism.randn``, issue 17) against ``torch.randn`` on the CPU.
 
 Three draws are timed INTERLEAVED over ``--rounds`` rounds, each from a freshly seeded private CPU generator:
 ``portable_randn`` as the pack calls it (``auto``: ``torch.randn`` itself where its bytes are the portable
@@ -42,7 +42,7 @@ def _profile(rounds: int, seed: int) -> str:
     """Where the numpy path's time goes for one 1x4x128x128 draw: min milliseconds of each part over ``rounds``."""
     import numpy as np
     import torch
-    from steadfast.core import portable_randn as pr
+    from steadfast.core.determinism import randn as pr
 
     n = 4 * 128 * 128
     uniforms = torch.rand(n, generator=torch.Generator().manual_seed(seed)).numpy().reshape(-1, 16)
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import_steadfast()
     import torch
-    from steadfast.core.portable_randn import draw_method, portable_randn
+    from steadfast.core.determinism.randn import draw_method, portable_randn
 
     torch.set_num_threads(args.threads)
     t_start = time.perf_counter()

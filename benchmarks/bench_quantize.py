@@ -9,8 +9,8 @@ every Linear that :func:`core.optimize.quantize.choose_linears` picks is swapped
 does). Four variants, each a forward of the denoiser (one sampling step without CFG):
 
 * ``eager fp32``, ``eager int8``;
-* ``regional fp32``, ``regional int8``: ``core.compile.compile_blocks`` + ``swap_in`` on the blocks
-  ``core.blocks.choose_blocks`` picks, with the Optimize node's default compile options (inductor) and guard filter.
+* ``regional fp32``, ``regional int8``: ``core.compile.swap.compile_blocks`` + ``swap_in`` on the blocks
+  ``core.compile.blocks.choose_blocks`` picks, with the Optimize node's default compile options (inductor) and guard filter.
 
 Each variant is compiled/warmed by two calls (the second checks run-to-run bit equality), then timed
 interleaved ``E Q R RQ E Q R RQ ...`` for ``--rounds`` rounds; before each round it waits (at most

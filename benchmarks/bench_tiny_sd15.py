@@ -33,7 +33,7 @@ euler update, without per-run set-up such as the channels-last conversion), and 
 baseline's time to the configuration's (> 1 = faster).
 
 Parity: the output latent of each configuration's first timed round against the baseline's and
-against the previous configuration's (``core.compare.compare_outputs``: bytes + max |d|), and
+against the previous configuration's (``core.record.compare.compare_outputs``: bytes + max |d|), and
 each later round against the configuration's own first one ("rerun bit-equal").
 
 Inductor's cache: a fresh empty folder per run unless ``--cache-dir`` is given (set as
@@ -99,7 +99,7 @@ def build_configs(model: Any, names: list[str], cache_dir: str) -> tuple[dict[st
     clones for the rest; the compile record the node created for each compiled clone (taken right away:
     the registry keeps one record per underlying model, so ``+full`` replaces ``+regional``'s entry,
     while the regional clone's wrapper keeps using its own record)."""
-    from steadfast.core import registry
+    from steadfast.core.compile import registry
     from steadfast.nodes.optimize_node import SteadfastOptimizeModel
 
     out: dict[str, Any] = {}
@@ -137,7 +137,7 @@ def compile_note(record: Any) -> str:
 def run_size(side: int, configs: dict[str, Any], records: dict[str, Any], sample: Callable[..., Any],
              args: argparse.Namespace) -> tuple[list[list[Any]], dict[str, str]]:
     """Warm up and time every config at latent ``side`` x ``side``; returns table rows and compile notes."""
-    from steadfast.core.compare import compare_outputs
+    from steadfast.core.record.compare import compare_outputs
 
     names = list(configs)
     first: dict[str, float] = {}

@@ -23,7 +23,7 @@ SD1.5-architecture checkpoint, ``headless/tiny_sd15.py``, built on the machine):
   Setup, decoded by the fp32 VAE: runs, or is refused up front with a message (a crash mid-run fails).
 * ``pytest_gpu``: ``pytest -m gpu`` (the CUDA-only tests of issue 24); pass/fail/skip per test name.
 * ``cpu_vs_gpu``: the same workflow on a ``--cpu`` server and on the GPU: bit equality and the graded verdict
-  (PSNR, ``core.verdict.grade_tensors``).
+  (PSNR, ``core.record.verdict.grade_tensors``).
 
 Speed (random weights, no download):
 
@@ -346,7 +346,7 @@ def _nodes(s: Section, extra_args: list[str]) -> None:
             if not pipe_dir.exists():
                 code = ("import sys; sys.path.insert(0, sys.argv[1]); "
                         "from _steadfast_import import import_steadfast; import_steadfast(); "
-                        "from steadfast.core import tiny; tiny.build_tiny_sd(sys.argv[2])")
+                        "from steadfast.headless import tiny_pipelines as tiny; tiny.build_tiny_sd(sys.argv[2])")
                 subprocess.run([sys.executable, "-c", code,
                                 str(ROOT / "scripts"), str(pipe_dir)], check=True, capture_output=True, timeout=120)
             srv.link_models("diffusers", {PIPE: pipe_dir})
@@ -555,7 +555,7 @@ def sec_cpu_vs_gpu(s: Section) -> None:
         sys.path.insert(0, str(ROOT / "scripts"))
         from _steadfast_import import import_steadfast
         import_steadfast()
-        from steadfast.core import verdict as v
+        from steadfast.core.record import verdict as v
         res = v.grade_tensors(images["cpu"], images["gpu"], "image")
         d = {"verdict": res.level, "psnr_db": res.psnr, "max_abs": res.max_abs, "why": res.why,
              "latent_bit_equal": hashes["cpu"] == hashes["gpu"]}

@@ -1,5 +1,5 @@
 """The ``steadfast`` command: ``steadfast run WORKFLOW ...`` (headless verifier) and ``steadfast verify ...``
-(diffusers pipelines, :mod:`core.cli`).
+(diffusers pipelines, :mod:`headless.verify_cli`).
 
 ``steadfast run WORKFLOW [--server URL ...] [--runs N] [--free-between] [--restart] [--pin OUT.json]
 [--json REPORT] [--ckpt FILE ...]``: WORKFLOW is an API-format JSON or a PNG saved by ComfyUI. Without
@@ -7,8 +7,8 @@
 ``~/comfy/ComfyUI``) is started for the run; ``--ckpt`` files are linked into its ``models/checkpoints`` and
 every ``CheckpointLoaderSimple`` is pointed at the first one; a workflow that names the embedded tiny
 checkpoint gets it built (seeded, nothing downloaded). ``--portable`` starts it in portable CPU mode
-(:mod:`core.portable`). Exit codes: 0 identical bytes (every run, and every pinned ``expected``); 3 the bytes
-differ but every output is the same picture within tolerance (:mod:`core.verdict`: PSNR of the thumbnails
+(:mod:`core.determinism.portable`). Exit codes: 0 identical bytes (every run, and every pinned ``expected``); 3 the bytes
+differ but every output is the same picture within tolerance (:mod:`core.record.verdict`: PSNR of the thumbnails
 against the first run or the pinned ``expected_reference``); 1 a different picture, or bytes that differ with
 nothing to grade them by, or batch items without a reference thumbnail whose bytes differ ("ungraded"), or a
 failed run; 2 the workflow or a server could not be used, or portable mode refused a setting or a node whose
@@ -51,7 +51,7 @@ def build_run_parser() -> argparse.ArgumentParser:
                         "(ATen AVX2 kernels, oneDNN off, MKL_CBWR=COMPATIBLE,STRICT, fixed threads), so any x86-64 "
                         "CPU with AVX2 gives the same bytes; compile, quantize and bf16/fp16 are refused, and so is "
                         "a workflow whose bits free memory would decide (stock samplers without Determinism "
-                        "Setup's batch_invariant, ComfyUI's VAE Decode / Encode) (core/portable.py, "
+                        "Setup's batch_invariant, ComfyUI's VAE Decode / Encode) (core/determinism/portable.py, "
                         "docs/reproducing.md)")
     p.add_argument("--portable-threads", type=int, default=1, metavar="N",
                    help="threads in portable mode (default 1; every machine must use the same N)")
@@ -86,7 +86,7 @@ def _start_server(prompt: dict[str, Any], ckpts: list[Path], env: dict[str, str]
 
 
 def _portable_env(threads: int) -> dict[str, str]:
-    from ..core import portable
+    from ..core.determinism import portable
 
     try:
         portable.check_cpu()
@@ -124,7 +124,7 @@ def run_main(argv: Sequence[str]) -> int:
                                        "was started by someone else (start it by the recipe in "
                                        "docs/reproducing.md and its run records say whether it is portable)")
         if args.portable:
-            from ..core import portable
+            from ..core.determinism import portable
 
             refusals = portable.free_memory_refusals(prompt)
             if refusals:
@@ -162,7 +162,7 @@ def run_main(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``steadfast run ...`` here; every other subcommand (``verify``, ``tiny-pipeline``) goes to :func:`core.cli.main`."""
+    """``steadfast run ...`` here; every other subcommand (``verify``, ``tiny-pipeline``) goes to :func:`headless.verify_cli.main`."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "run":
         return run_main(args[1:])
@@ -172,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               "diffusers pipeline (steadfast verify --help)\n  tiny-pipeline  write a tiny random-weight diffusers "
               "pipeline folder, e.g. into models/diffusers (steadfast tiny-pipeline --help)")
         return 0 if args else 2
-    from ..core.cli import main as core_main
+    from .verify_cli import main as core_main
     return core_main(args)
 
 

@@ -3,7 +3,7 @@
 The workflow is an API-format JSON file or a PNG saved by ComfyUI (its embedded ``prompt`` text chunk).
 Each run's :data:`HASH_NODE` outputs (hash, expected, match) and Seeded Sampler run records are collected;
 hashes are compared across runs and servers; any difference is explained field by field
-(:func:`core.explain.explain` on the run records). ``pin`` writes a copy of the workflow with the observed
+(:func:`core.record.explain.explain` on the run records). ``pin`` writes a copy of the workflow with the observed
 hashes (and run records) filled into its Hash nodes, so it carries its own proof.
 
 Servers are duck-typed: anything with ``label``, ``queue(prompt) -> id``, ``wait(id) -> history entry``,
@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..core import verdict
-from ..core.explain import explain
+from ..core.record import verdict
+from ..core.record.explain import explain
 
 __all__ = ["HASH_NODE", "SAMPLER_NODES", "WorkflowError", "load_workflow", "hash_nodes", "missing_node_types",
            "RunResult", "Report", "collect", "compare", "pin", "run_all"]
@@ -168,7 +168,7 @@ class Report:
     @property
     def exit_code(self) -> int:
         """0 identical bytes, 3 same picture within tolerance, 1 different picture / items not graded / nothing to
-        grade by / a failed run (:data:`core.verdict.EXIT_CODES`)."""
+        grade by / a failed run (:data:`core.record.verdict.EXIT_CODES`)."""
         return 1 if self.level == "failed" else verdict.EXIT_CODES[self.level]
 
     def table(self) -> str:
@@ -234,7 +234,7 @@ def compare(prompt: Mapping[str, Any], results: Sequence[RunResult]) -> Report:
 
 
 def _grades(prompt: Mapping[str, Any], ok_runs: Sequence[RunResult]) -> list[dict[str, Any]]:
-    """Per Hash node: each run graded against the first run (thumbnails, :mod:`core.verdict`), and each run's
+    """Per Hash node: each run graded against the first run (thumbnails, :mod:`core.record.verdict`), and each run's
     own verdict against the reference pinned in the workflow."""
     out: list[dict[str, Any]] = []
     if not ok_runs:

@@ -42,7 +42,7 @@ function migrateOptimizeWidgets(node, info, nodeData) {
 // Colours show the state of the LAST RUN in this session: kept on the node object (never serialized), drawn as a
 // frame in onDrawForeground, so a loaded workflow or a dropped PNG shows no old green/red before anything ran.
 const STATE_COLORS = { match: "#2e7d32", mismatch: "#c62828", expected: "#b7791f", same_picture: "#1565c0" };
-// Graded verdicts (core/verdict.py): the frame colour and a label above the node say which level.
+// Graded verdicts (core/record/verdict.py): the frame colour and a label above the node say which level.
 const LEVEL_TEXT = { identical: "IDENTICAL BYTES", same_picture: "SAME PICTURE (within tolerance)",
   different_picture: "DIFFERENT PICTURE", ungraded: "BYTES DIFFER (items without a thumbnail: not graded)",
   unknown: "BYTES DIFFER (no reference to grade by)" };

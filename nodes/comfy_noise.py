@@ -55,7 +55,7 @@ def comfy_draw(latent_dtype: torch.dtype, draw: Callable | None = None) -> tuple
     """How the running ComfyUI draws ``latent_dtype`` noise, and whether ``draw`` reproduces it here.
 
     Compares ComfyUI's own ``prepare_noise`` with the draw the caller will actually make (``draw``: the pack's
-    :func:`core.portable_randn.portable_randn`), in the latent's dtype and in float32 then cast; if neither
+    :func:`core.determinism.randn.portable_randn`), in the latent's dtype and in float32 then cast; if neither
     matches (the pack's portable bytes differ from this torch's own: a CPU without AVX2, ARM, or half types on
     a torch 2.11 ComfyUI that draws in the latent's dtype), ComfyUI's way is learned from ``torch.randn`` and
     reported as not bit-identical.
@@ -93,7 +93,7 @@ def draw_dtype(latent_dtype: torch.dtype) -> torch.dtype | None:
     Returns:
         ``None`` when ComfyUI draws in ``latent_dtype`` (ComfyUI 0.8.0, and every version for float32), or
         ``torch.float32`` when it draws float32 and casts (ComfyUI 0.33.0); pass it to
-        ``core.noise.seeded_noise(..., draw_dtype=...)``.
+        ``core.determinism.noise.seeded_noise(..., draw_dtype=...)``.
     Raises:
         UnknownComfyNoiseError: the running ComfyUI's noise equals neither way for this dtype.
     """

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from comfy_api.v0_0_2 import io
 
-from ..core import compare, explain, verdict
+from ..core.record import compare, explain, verdict
 
 
 class SteadfastCompare(io.ComfyNode):
@@ -73,9 +73,9 @@ def difference_report(measured: str, graded: verdict.Verdict, why: str, pixels: 
     """Compare's text when the bytes differ: the line that decides first, then what was measured, folded under it.
 
     Args:
-        measured: :meth:`core.compare.CompareReport.as_text` (full-tensor figures, its own PSNR included).
-        graded: the verdict, graded on the two thumbnails (:func:`core.verdict.grade_tensors`).
-        why: :func:`core.explain.expected_difference`'s sentence (expected by the run records, or not).
+        measured: :meth:`core.record.compare.CompareReport.as_text` (full-tensor figures, its own PSNR included).
+        graded: the verdict, graded on the two thumbnails (:func:`core.record.verdict.grade_tensors`).
+        why: :func:`core.record.explain.expected_difference`'s sentence (expected by the run records, or not).
         pixels: "N of M pixels differ".
 
     Returns:

@@ -1,6 +1,6 @@
 """What was sampled, for run records: the model's content digest, its file, and the ComfyUI / pack versions.
 
-The digest (:func:`core.model_identity.combined_digest`) is the diffusion model's base weights (hashed once per model,
+The digest (:func:`core.record.model_identity.combined_digest`) is the diffusion model's base weights (hashed once per model,
 patched Parameters read from the ModelPatcher's backups) plus its weight patches (LoRA keys, strengths, tensors), so
 a different file, dtype, LoRA or strength is a named cause of a mismatch, and the digest does not depend on how
 ComfyUI loaded the weights (Dynamic VRAM never patches Parameters; legacy lowvram patches only what fits). The file is found by following the workflow's
@@ -15,14 +15,14 @@ from typing import Any
 
 import folder_paths
 
-from ..core import comfy_env, model_identity
+from ..core.record import comfy_env, model_identity
 
 LOADER_KEYS = {"ckpt_name": "checkpoints", "unet_name": "diffusion_models"}
 
 
 def versions() -> dict[str, str]:
     """``{"comfyui": "0.8.0", "steadfast": "0.1.0"}`` ("unknown" where a version cannot be read)."""
-    from .. import __version__ as pack
+    from ..core.version import __version__ as pack
     try:
         import comfyui_version
         comfy = str(comfyui_version.__version__)
@@ -39,7 +39,7 @@ def _dist_version(name: str) -> str | None:
 
 
 def comfy_environment() -> dict[str, Any]:
-    """The running ComfyUI's settings that touch determinism (fields: ``core/comfy_env.py``), for run records
+    """The running ComfyUI's settings that touch determinism (fields: ``core/record/comfy_env.py``), for run records
     beside :func:`versions`.
 
     Read from the server itself: the comfy-aimdo / comfy-kitchen distributions, whether Dynamic VRAM
@@ -99,9 +99,9 @@ def model_file(prompt: dict[str, Any] | None, node_id: str | None) -> dict[str, 
 def model_identity_of(patcher: Any) -> dict[str, Any]:
     """The model digest of ``patcher`` (a ModelPatcher): base weights of its diffusion model + its weight patches.
 
-    Base: :func:`core.model_identity.module_digest` (cached per module, so a LoRA or strength change does not hash
+    Base: :func:`core.record.model_identity.module_digest` (cached per module, so a LoRA or strength change does not hash
     the model again) over every parameter and buffer, a patched one read from ``patcher.backup`` (the original
-    ComfyUI keeps to unpatch). Patches: :func:`core.model_identity.patches_digest` of ``patcher.patches`` under
+    ComfyUI keeps to unpatch). Patches: :func:`core.record.model_identity.patches_digest` of ``patcher.patches`` under
     ``diffusion_model.``. Call it outside the sampling loop (it reads the whole model the first time)."""
     module = patcher.model.diffusion_model
     backup = getattr(patcher, "backup", None) or {}
@@ -119,7 +119,7 @@ def model_identity_of(patcher: Any) -> dict[str, Any]:
 
 def server_risks_text() -> str:
     """Determinism Setup's lines on the running server: each setting known to break run-to-run equality
-    (:func:`core.comfy_env.run_to_run_risks`), or one line saying none is known."""
+    (:func:`core.record.comfy_env.run_to_run_risks`), or one line saying none is known."""
     risks = comfy_env.run_to_run_risks(comfy_environment())
     if not risks:
         return "server settings: none known to break run-to-run equality"

@@ -29,10 +29,12 @@ import comfy.ldm.modules.attention as comfy_attention
 import comfy.model_management
 from comfy.patcher_extension import CallbacksMP, WrappersMP
 
-from ..core import compile_cache, compile_cache_location, determinism, inductor_presets, registry, torch_compat
-from ..core.compile import CompileOptions, swap_in
-from ..core.compile_record import CompileRecord
-from ..core.determinism_policy import DeterminismPolicy
+from ..core.compile import cache as compile_cache, cache_location as compile_cache_location, presets as inductor_presets, registry
+from ..core.determinism import apply as determinism
+from ..core import torch_compat
+from ..core.compile.swap import CompileOptions, swap_in
+from ..core.compile.record import CompileRecord
+from ..core.determinism.policy import DeterminismPolicy
 from ..core.optimize import attention as sdpa
 from ..core.optimize import layout, precision, qkv, qkv_project
 
@@ -145,7 +147,7 @@ def comfy_attention_passthrough(func: Callable, *args, **kwargs):
     """``optimized_attention_override`` that calls ComfyUI's own choice (``func``) unchanged.
 
     Installed for compiled models with ``attention=comfy``, so every compiled call of ours carries an
-    override that Dynamo guards on (:func:`core.guard_filters.comfy_guard_filter` keeps those guards): a
+    override that Dynamo guards on (:func:`core.compile.guards.comfy_guard_filter` keeps those guards): a
     graph traced with an SDPA override is never reused for ComfyUI's attention, or the other way round.
     """
     return func(*args, **kwargs)
@@ -323,8 +325,8 @@ def open_compile_cache(backend: str, name: str = "", inductor_options: dict | No
     Only inductor writes a cache (None for other backends). ``name`` (node input) picks a cache under the
     operator's root (``$STEADFAST_COMPILE_CACHE``, else ``<ComfyUI user dir>/steadfast/compile_cache``);
     ``""`` = ``default``, ``off`` = inductor's own temporary folder; ``inductor_options`` (a preset's) are part of
-    the directory's key (:func:`core.compile_cache.cache_key_fields`). Raises
-    :class:`core.compile_cache_location.CacheRefused` for a path instead of a name, or a root/name that overlaps a
+    the directory's key (:func:`core.compile.cache.cache_key_fields`). Raises
+    :class:`core.compile.cache_location.CacheRefused` for a path instead of a name, or a root/name that overlaps a
     folder HTTP clients can write. The report line never contains an absolute path.
     """
     chosen = compile_cache_location.check_name(name)  # CacheRefused for a path, before anything else
@@ -354,7 +356,7 @@ def add_compile(model, record: CompileRecord, mode: str,
 
     ``APPLY_MODEL``: swap the compiled blocks in for one ``apply_model`` call, tracked by the registry
     (compile seconds, graphs, recompiles with reasons), with the persistent ``cache`` active during
-    the call (``TORCHINDUCTOR_CACHE_DIR`` set and restored, :mod:`core.compile_cache`; a compile that
+    the call (``TORCHINDUCTOR_CACHE_DIR`` set and restored, :mod:`core.compile.cache`; a compile that
     fails on a corrupt cached file moves the cache aside and retries once). ``OUTER_SAMPLE``: group
     the calls of one sampling run. A compile error falls back to eager for this model, visibly: the
     record is marked ``disabled`` with the reason (shown on Warmup, in run records and

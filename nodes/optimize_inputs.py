@@ -9,8 +9,8 @@ from comfy_api.v0_0_2 import io
 
 import comfy.model_management
 
-from ..core import compile_cache_location, inductor_presets
-from ..core.compile import CompileOptions
+from ..core.compile import cache_location as compile_cache_location, presets as inductor_presets
+from ..core.compile.swap import CompileOptions
 from ..core.optimize import quantize as qz
 from ..core.optimize.precision import PRECISIONS
 from . import model_patches as mp
@@ -104,7 +104,7 @@ def check_quantize(quantize: str) -> bool | str:
 
 def check_compile_cache(compile_cache: str) -> bool | str:
     """``validate_inputs`` result for the ``compile_cache`` widget: True, or why the name is refused
-    (:func:`core.compile_cache_location.check_name`: a name, never a path)."""
+    (:func:`core.compile.cache_location.check_name`: a name, never a path)."""
     try:
         compile_cache_location.check_name(compile_cache)
     except compile_cache_location.CacheRefused as e:

@@ -9,8 +9,9 @@ from comfy_api.v0_0_2 import io, ui
 
 import comfy.model_management
 
-from ..core import blocks, portable, registry
-from ..core.guard_filters import comfy_guard_filter
+from ..core.compile import blocks, registry
+from ..core.determinism import portable
+from ..core.compile.guards import comfy_guard_filter
 from ..core.optimize import quantize as qz
 from . import model_patches as mp
 from . import optimize_inputs as oi

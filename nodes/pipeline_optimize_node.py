@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from comfy_api.v0_0_2 import io, ui
 
-from ..core import determinism_policy, portable
+from ..core.determinism import policy as determinism_policy, portable
 from ..core.pipelines import PipelineOptions, compile_record
 from ..core.pipelines.handle import optimized_handle
-from ..core.registry import REGISTRY
+from ..core.compile.registry import REGISTRY
 from . import optimize_inputs as oi
 from .determinism_node import policy_inputs
 from .identity import server_risks_text

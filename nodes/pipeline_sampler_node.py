@@ -2,7 +2,7 @@
 
 Thin adapters over ``core.pipelines``: ``generate`` with one CPU generator per image (image i: seed + i),
 ``warmup``; the handle's LoRA is made active right before the run and its determinism policy (Pipeline
-Determinism Setup) applied around it. The run record is a :class:`core.run_record.RunRecord`, the same
+Determinism Setup) applied around it. The run record is a :class:`core.record.run_record.RunRecord`, the same
 schema as Seeded Sampler's.
 """
 from __future__ import annotations
@@ -15,15 +15,15 @@ from comfy_api.v0_0_2 import io, ui
 import comfy.model_management
 import comfy.utils
 
-from ..core import determinism, portable
-from ..core.fingerprint import fingerprint_digest
-from ..core.hashing import hash_image
+from ..core.determinism import apply as determinism, portable
+from ..core.record.fingerprint import fingerprint_digest
+from ..core.record.hashing import hash_image
 from ..core.pipelines import compile_record, generate, pipeline_report
-from ..core.registry import REGISTRY
+from ..core.compile.registry import REGISTRY
 from ..core.pipelines import warmup as core_warmup
 from ..core.pipelines.handle import RUN_LOCK, PipelineHandle, prepare_run
 from ..core.pipelines.load import on_run_device
-from ..core.run_record import RunRecord
+from ..core.record.run_record import RunRecord
 from ..core.sizes import check_sizes, parse_sizes
 from . import identity
 from .pipeline_nodes import DiffusersPipeline, as_handle
@@ -94,7 +94,7 @@ class SteadfastPipelineSampler(io.ComfyNode):
                 height: int, batch_size: int) -> io.NodeOutput:
         handle = as_handle(pipeline, "Pipeline Sampler")
         portable.check_device(comfy.model_management.get_torch_device(), "the pipeline")
-        portable.pin_thread()  # inductor's config is per thread in torch 2.14 (core/portable.py)
+        portable.pin_thread()  # inductor's config is per thread in torch 2.14 (core/determinism/portable.py)
         with RUN_LOCK:
             pipe, events = prepare_run(handle)
             rec = compile_record(pipe)

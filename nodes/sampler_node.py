@@ -13,9 +13,10 @@ import comfy.samplers
 import comfy.utils
 import latent_preview
 
-from ..core import fingerprint, hashing, noise, portable, portable_randn, torch_state
+from ..core.record import fingerprint, hashing
+from ..core.determinism import noise, portable, randn as portable_randn, torch_state
 from ..core.optimize import attention as sdpa
-from ..core.run_record import RunRecord
+from ..core.record.run_record import RunRecord
 from . import comfy_noise, identity
 from .model_patches import compile_state, qkv_counters, steadfast_options
 
@@ -183,7 +184,7 @@ class SteadfastSeededSampler(io.ComfyNode):
                 during["cpu_settings"] = portable.cpu_settings()
             return preview(step, x0_pred, x, total_steps)
 
-        portable.pin_thread()  # inductor's config is per thread in torch 2.14 (core/portable.py)
+        portable.pin_thread()  # inductor's config is per thread in torch 2.14 (core/determinism/portable.py)
         # base weights + patches, before sampling: never inside the step loop (the base is hashed once per model)
         model_id = identity.model_identity_of(model)
         qkv_before = qkv_counters(model)

@@ -12,7 +12,7 @@ import comfy.samplers
 import comfy.utils
 
 from ..core import torch_compat
-from ..core.registry import REGISTRY
+from ..core.compile.registry import REGISTRY
 from ..core.sizes import check_sizes, parse_sizes
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# name -> (mode, env overrides). Portable variants start from core.portable.portable_env().
+# name -> (mode, env overrides). Portable variants start from core.determinism.portable.portable_env().
 VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
     "default": ("default", {}),
     "default aten=default": ("default", {"ATEN_CPU_CAPABILITY": "default"}),
@@ -46,7 +46,7 @@ def child(out: str) -> None:
 
     mode = os.environ.get("MEASURE_MODE", "default")
     if mode == "portable":
-        from core.portable import apply_in_process
+        from core.determinism.portable import apply_in_process
         apply_in_process()
     elif mode == "portable-raw":  # the in-process part without the environment check
         torch.backends.mkldnn.enabled = False
@@ -69,7 +69,7 @@ def child(out: str) -> None:
         "exp": torch.exp(x), "sum": r(1 << 20).sum().reshape(1),
         "randn": torch.randn(16384, generator=torch.Generator().manual_seed(42)),
     }
-    from core.portable import cpu_settings
+    from core.determinism.portable import cpu_settings
     torch.save({"outs": outs, "settings": cpu_settings()}, out)
 
 
@@ -78,7 +78,7 @@ def run_variant(name: str, tmp: Path) -> dict:
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from core.portable import portable_env
+    from core.determinism.portable import portable_env
 
     mode, over = VARIANTS[name]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ATEN_", "ONEDNN_", "DNNL_", "MKL_", "OMP_",

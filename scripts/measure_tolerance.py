@@ -3,7 +3,7 @@
 Runs the determinism-check workflow (``example_workflows/api/determinism_check.json``, embedded tiny model) on
 headless ComfyUI servers started with different CPU settings (one fresh server per setting: torch, oneDNN and
 MKL read their variables at start-up), and on the default server with a bf16/fp16 precision and another seed.
-Every output's thumbnail (the Hash node's reference, :mod:`core.verdict`) is compared with the default run's:
+Every output's thumbnail (the Hash node's reference, :mod:`core.record.verdict`) is compared with the default run's:
 PSNR and max |delta|. Prints one Markdown row per variant, then the portable vs default timing (median of
 ``--repeat`` prompts, the sampler's own seconds and the prompt's wall time). ``docs/reproducing.md`` quotes it.
 Needs ComfyUI (``COMFYUI_PATH``); takes a few minutes on 2 cores.
@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT))
 from comfy_server import ComfyServer  # noqa: E402
 from tiny_sd15 import CHECKPOINT_NAME, cached_tiny_sd15  # noqa: E402
 
-from core import verdict  # noqa: E402
-from core.portable import portable_env  # noqa: E402
+from core.record import verdict  # noqa: E402
+from core.determinism.portable import portable_env  # noqa: E402
 
 WORKFLOW = ROOT / "example_workflows" / "api" / "determinism_check.json"
 

@@ -96,7 +96,7 @@ def main() -> int:
 
     from _steadfast_import import import_steadfast
     import_steadfast()
-    from steadfast.core import tiny
+    from steadfast.headless import tiny_pipelines as tiny
 
     comfyui = find_comfyui()
     if comfyui is None:

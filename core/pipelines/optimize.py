@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from ..compile import contiguous_inputs_hook
+from ..compile.swap import contiguous_inputs_hook
 from ..optimize.layout import to_channels_last_
-from ..registry import REGISTRY
+from ..compile.registry import REGISTRY
 from .attention import resolve_attention, set_model_attention_backend
 from .load import count_params, denoiser_of, module_components, run_device
 from .options import OptimizeReport, PipelineOptions, StepReport
@@ -139,7 +139,7 @@ def contiguous_compiled_inputs(module: torch.nn.Module) -> bool:
     included, so a forward pre-hook would run inside the graph and Dynamo would still guard on the caller's
     strides. SD1.5's transformer blocks get ``hidden_states`` as a permuted view whose size-1 dimension has
     another stride at the lowest resolution: a "stride mismatch" recompile during the warm-up. The wrapper
-    put on ``module._compiled_call_impl`` applies :func:`core.compile.contiguous_inputs_hook` outside the graph
+    put on ``module._compiled_call_impl`` applies :func:`core.compile.swap.contiguous_inputs_hook` outside the graph
     (same bits: contiguous clones).
 
     Args:

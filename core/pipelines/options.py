@@ -5,7 +5,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..compile import CompileOptions
+from ..compile.swap import CompileOptions
 
 __all__ = ["COMPILE_MODES", "PipelineOptions", "StepReport", "OptimizeReport"]
 

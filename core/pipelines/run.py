@@ -11,14 +11,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..determinism import deterministic
-from ..determinism_policy import DeterminismPolicy
-from ..fingerprint import environment_fingerprint, fingerprint_digest
-from ..noise import check_seed
+from ..determinism.apply import deterministic
+from ..determinism.policy import DeterminismPolicy
+from ..record.fingerprint import environment_fingerprint, fingerprint_digest
+from ..determinism.noise import check_seed
 from ..optimize.attention import check_sdpa_backend, sdpa_context
-from ..portable_randn import portable_generator_randn, route_record
-from ..compile_record import CompileRecord
-from ..registry import REGISTRY
+from ..determinism.randn import portable_generator_randn, route_record
+from ..compile.record import CompileRecord
+from ..compile.registry import REGISTRY
 from .load import count_params, denoiser_of, module_components, run_device
 from .state import peek_state
 

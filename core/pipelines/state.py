@@ -9,7 +9,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..compile_record import CompileRecord
+from ..compile.record import CompileRecord
 from .options import OptimizeReport
 
 __all__ = ["PipelineState", "get_state", "peek_state"]

@@ -13,9 +13,9 @@ Modes::
         ITEM = arch[:dynamic=none|true|false,contiguous=0|1,specialize=0|1,filter=comfy|skip,patch=0|1]
         (arch: sd15 sdxl flux sd3 wan)
 
-``structure``: per architecture the declared blocks (:func:`core.blocks.choose_blocks`), their count
-against the count read from the model's own containers, auto-discovery (:func:`core.blocks.choose_blocks` with ``discover=True``)
-and :func:`core.blocks.safe_to_swap`. Nothing is allocated (meta tensors).
+``structure``: per architecture the declared blocks (:func:`core.compile.blocks.choose_blocks`), their count
+against the count read from the model's own containers, auto-discovery (:func:`core.compile.blocks.choose_blocks` with ``discover=True``)
+and :func:`core.compile.blocks.safe_to_swap`. Nothing is allocated (meta tensors).
 
 ``run``: a SMALL seeded instance (every parameter and float buffer written from one generator; ComfyUI
 layers skip weight init) is run eagerly, then with the chosen blocks compiled (``compile_blocks`` +
@@ -71,9 +71,9 @@ import torch  # noqa: E402
 
 import comfy.ops  # noqa: E402
 from comfy.ldm.modules import attention as comfy_attention  # noqa: E402
-from steadfast.core import blocks as sblocks  # noqa: E402
-from steadfast.core.compile import CompileOptions, compile_blocks, swap_in  # noqa: E402
-from steadfast.core.guard_filters import SkipGuardsOn, comfy_guard_filter  # noqa: E402
+from steadfast.core.compile import blocks as sblocks  # noqa: E402
+from steadfast.core.compile.swap import CompileOptions, compile_blocks, swap_in  # noqa: E402
+from steadfast.core.compile.guards import SkipGuardsOn, comfy_guard_filter  # noqa: E402
 
 OPS = comfy.ops.disable_weight_init
 

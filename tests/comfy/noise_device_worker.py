@@ -89,7 +89,7 @@ def main() -> int:
             except Exception as exc:  # noqa: BLE001 - reported, the test fails on it
                 results[f"{name}/{mode}"] = {"error": f"{type(exc).__name__}: {exc}"[:400]}
     # comfy mode's draw-dtype probe against the draw the pack makes: is "bit-identical" true exactly when it is?
-    from steadfast.core import noise as sf_noise
+    from steadfast.core.determinism import noise as sf_noise
     from steadfast.nodes import comfy_noise
 
     def in_dtype(latent_image, generator, noise_inds=None):  # ComfyUI 0.8.0's prepare_noise_inner (no inds)

@@ -55,7 +55,7 @@ def snapshot() -> dict[str, Any]:
 
 def params_state(module: torch.nn.Module) -> dict[str, str]:
     """Per parameter: where its data lives (pointer, strides) and a digest of its values."""
-    from steadfast.core.hashing import tensor_digest
+    from steadfast.core.record.hashing import tensor_digest
     return {n: f"{p.data_ptr()}|{tuple(p.stride())}|{tensor_digest(p.detach())}" for n, p in module.named_parameters()}
 
 

@@ -1,4 +1,4 @@
-"""Regional compilation on ComfyUI's own model classes, plus unit tests of ``core/blocks.py``.
+"""Regional compilation on ComfyUI's own model classes, plus unit tests of ``core/compile/blocks.py``.
 
 ComfyUI is imported ONLY in a subprocess (``tests/comfy/arch_worker.py``, which prints JSON); this
 process never imports ``comfy``. Tests that need it take the ``comfyui_path`` fixture and are skipped
@@ -35,9 +35,9 @@ import torch
 from torch import nn
 from torch._dynamo.utils import counters
 
-from steadfast.core import blocks as sblocks
-from steadfast.core.compile import CompileOptions, compile_blocks, contiguous_inputs_hook, swap_in
-from steadfast.core.guard_filters import SkipGuardsOn, TransformerOptionsGuardFilter, comfy_guard_filter
+from steadfast.core.compile import blocks as sblocks
+from steadfast.core.compile.swap import CompileOptions, compile_blocks, contiguous_inputs_hook, swap_in
+from steadfast.core.compile.guards import SkipGuardsOn, TransformerOptionsGuardFilter, comfy_guard_filter
 
 WORKER = Path(__file__).with_name("arch_worker.py")
 ARCHS = ["sd15", "sdxl", "flux", "sd3", "wan"]
@@ -299,7 +299,7 @@ def test_diffusers_flux_single_blocks_no_stride_recompile(dynamic: bool | None) 
     assert graphs == {False: 3, True: 2}, graphs  # double + single; without the hook a 2nd single graph
 
 
-# ---- unit tests of core/blocks.py and the compile options (no ComfyUI) --------------------------
+# ---- unit tests of core/compile/blocks.py and the compile options (no ComfyUI) --------------------------
 class Leaf(nn.Module):
     def __init__(self, dim: int = 8) -> None:
         super().__init__()

@@ -26,7 +26,7 @@ import bench_compile_latency as b
 import _common
 _common.import_pack()
 import torch
-from steadfast.core import blocks
+from steadfast.core.compile import blocks
 
 dm, call = b.build_model("flux", 32)
 paths = blocks.choose_blocks(dm).paths

@@ -501,7 +501,7 @@ def test_vue_nodes_renderer_shows_the_report(page: Any, comfy_server: ComfyServe
 
 
 def test_graded_verdicts_have_their_own_colour_and_label(page: Any) -> None:
-    """Hash and Compare show the graded verdict (core/verdict.py): identical bytes green, the same picture within
+    """Hash and Compare show the graded verdict (core/record/verdict.py): identical bytes green, the same picture within
     tolerance blue, a different picture red, and a label above the node names the level (with the PSNR). Fed as
     ComfyUI's 'executed' message is, through the node's onExecuted."""
     load_template(page, api_to_ui.ui_template_name("determinism_check"))
@@ -534,7 +534,7 @@ def test_pipeline_warmup_and_sampler_send_progress_per_step(page: Any, comfy_ser
     """The Diffusers template on the tiny SD pipeline, queued by the page: Pipeline Warmup and Pipeline Sampler
     each move ComfyUI's progress bar once per denoising step (before, the sampler sent nothing until it was done),
     ending at 100%."""
-    from steadfast.core import tiny
+    from steadfast.headless import tiny_pipelines as tiny
 
     name = "steadfast-progress-sd"
     comfy_server.link_models("diffusers", {name: tiny.build_tiny_sd(tmp_path_factory.mktemp("progress") / "sd")})

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from comfy_server import ComfyServer, PromptFailed
-from steadfast.core import portable
+from steadfast.core.determinism import portable
 from steadfast.core.optimize import attention as attn_mod
 import tiny_sd15
 from steadfast_workflows import add, build_lora, only, record_of, run, text, workflow
@@ -81,7 +81,7 @@ def _cublas_effective(first: str) -> bool:
         "if sys.argv[1] == 'matmul':\n"
         "    a = torch.ones(64, 64, device='cuda'); (a @ a).sum().item()\n"
         "pkg = types.ModuleType('steadfast'); pkg.__path__ = [sys.argv[2]]; sys.modules['steadfast'] = pkg\n"
-        "from steadfast.core import cublas_config as c\n"
+        "from steadfast.core.determinism import cublas as c\n"
         "print('EFFECTIVE', c.ensure_cublas_workspace_config(), c.cublas_problem())\n"
     )
     proc = subprocess.run([sys.executable, "-c", code, first, str(ROOT)], capture_output=True, text=True, timeout=300)

@@ -2,7 +2,7 @@
 
 Load Diffusers Pipeline -> (Pipeline LoRA) -> (Pipeline Determinism Setup) -> Pipeline Optimize ->
 (Pipeline Warmup) -> Pipeline Sampler -> Hash / Compare,
-on the tiny random-weight SD pipeline built here (``core/tiny.py``) and linked into the session server's
+on the tiny random-weight SD pipeline built here (``headless/tiny_pipelines.py``) and linked into the session server's
 ``models/diffusers``; LoRAs are built here too and linked into ``models/loras``. Compiles use Dynamo's
 ``eager`` backend: recompiles are decided by Dynamo's guards, which do not depend on the backend.
 """
@@ -34,7 +34,7 @@ def server(comfy_server: ComfyServer, tmp_path_factory: pytest.TempPathFactory) 
     """The session server with the tiny SD and Flux pipelines, a broken pipeline folder and two LoRAs
     (rank 4 and rank 2, different seeds) linked into its model folders. The broken folder is the SD one
     without its unet sub-folder."""
-    from steadfast.core import tiny
+    from steadfast.headless import tiny_pipelines as tiny
 
     root = tmp_path_factory.mktemp("pipelines")
     sd = tiny.build_tiny_sd(root / "sd", seed=0)

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.comfyui
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / "example_workflows" / "api" / "determinism_check.json"
 sys.path.insert(0, str(ROOT))
-from core import portable  # noqa: E402
+from core.determinism import portable  # noqa: E402
 
 # (ComfyUI version, torch version without the build tag) -> (portable-mode hash of Hash node 11, where measured).
 # Measured with: COMFYUI_PATH=~/comfy/ComfyUI-0.33.0 ~/comfy/venv-0.33.0/bin/python scripts/steadfast.py run \

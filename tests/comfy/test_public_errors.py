@@ -43,7 +43,7 @@ def _leaks(server: ComfyServer, *texts: str) -> list[str]:
 @pytest.fixture(scope="module")
 def server(comfy_server: ComfyServer, tmp_path_factory: pytest.TempPathFactory) -> ComfyServer:
     """The session server with one good tiny pipeline, broken pipeline folders and broken LoRA files."""
-    from steadfast.core import tiny
+    from steadfast.headless import tiny_pipelines as tiny
 
     root = tmp_path_factory.mktemp("public")
     sd = tiny.build_tiny_sd(root / "sd", seed=0)

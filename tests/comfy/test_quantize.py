@@ -15,7 +15,7 @@ from comfy_server import ComfyServer, PromptFailed
 from recompile_workflows import build, server_with_lora
 from steadfast_workflows import add, compare_of, record_of, run, text, workflow
 
-from steadfast.core import explain
+from steadfast.core.record import explain
 
 pytestmark = pytest.mark.comfyui
 pytest.importorskip("torchao", reason="torchao not installed (pip install torchao): quantize cannot run")

@@ -18,8 +18,8 @@ import pytest
 from comfy_server import ComfyServer, PromptFailed, PromptRejected
 from tiny_sd15 import CHECKPOINT_NAME as TINY_CKPT_NAME
 from recompile_workflows import build
-from steadfast.core import compile_cache as cc
-from steadfast.core import compile_cache_location as loc
+from steadfast.core.compile import cache as cc
+from steadfast.core.compile import cache_location as loc
 
 pytestmark = pytest.mark.comfyui
 

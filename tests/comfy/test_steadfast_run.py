@@ -70,7 +70,7 @@ def test_two_servers_and_an_explained_difference(wf_file: Path, servers) -> None
     code, out, report = steadfast_run(wf_file, "--server", a.url, "--server", a.url, "--runs", "1")
     assert code == 0 and report["ok"], out
     code, out, report = steadfast_run(wf_file, "--server", a.url, "--server", b.url, "--runs", "1")
-    # other bytes, the same picture (graded verdict, core/verdict.py): exit 3, not 0
+    # other bytes, the same picture (graded verdict, core/record/verdict.py): exit 3, not 0
     assert code == 3 and not report["ok"] and report["verdict"] == "same_picture", out
     assert "fingerprint.num_threads: 2 -> 1  [changes bits" in out
     assert "SAME PICTURE" in out

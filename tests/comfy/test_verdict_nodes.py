@@ -1,4 +1,4 @@
-"""Hash and Compare show the graded verdict's new outcomes over HTTP (core/verdict.py, issue 25): a batch of 6
+"""Hash and Compare show the graded verdict's new outcomes over HTTP (core/record/verdict.py, issue 25): a batch of 6
 whose 5th item differs from the pinned reference is "ungraded" on the Hash node (items past the 4 thumbnails are
 compared by their bytes, never called the same picture), Compare grades every item (item 5 is a different
 picture). (Compare refuses two outputs of different shapes with an error; the Hash node's "shape differs" verdict

@@ -22,7 +22,7 @@ def one_thread():
 @pytest.fixture
 def reg():
     """A private ``CompileRegistry`` (not the process-wide ``REGISTRY``), closed after the test."""
-    from steadfast.core.registry import CompileRegistry
+    from steadfast.core.compile.registry import CompileRegistry
 
     r = CompileRegistry()
     yield r

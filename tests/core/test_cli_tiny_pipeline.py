@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from steadfast.core.cli import main
+from steadfast.headless.verify_cli import main
 from steadfast.core.pipelines import load_pipeline
 
 

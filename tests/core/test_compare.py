@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from steadfast.core.compare import CompareShapeError, compare, compare_outputs, diff_heatmap
+from steadfast.core.record.compare import CompareShapeError, compare, compare_outputs, diff_heatmap
 
 
 def _image(seed=0, shape=(2, 8, 8, 3)):

@@ -1,4 +1,4 @@
-"""Tests for core/compile.py, core/guard_filters.py and core/blocks.py: options, guard filters, the block finder,
+"""Tests for core/compile/swap.py, core/compile/guards.py and core/compile/blocks.py: options, guard filters, the block finder,
 lazy regional compile and swap-in.
 
 Plumbing tests use ``backend="eager"`` (Dynamo tracing only, no C++ compiler). One small inductor
@@ -16,9 +16,9 @@ from torch import nn
 from torch._dynamo.utils import counters
 
 from tiny_modules import Block, Tiny, block_paths
-from steadfast.core.blocks import choose_blocks
-from steadfast.core.compile import CompileOptions, compile_blocks, swap_in
-from steadfast.core.guard_filters import SkipGuardsOn
+from steadfast.core.compile.blocks import choose_blocks
+from steadfast.core.compile.swap import CompileOptions, compile_blocks, swap_in
+from steadfast.core.compile.guards import SkipGuardsOn
 from steadfast.core.torch_compat import inductor_mode_options, supports_guard_filter_fn
 
 EAGER = CompileOptions(backend="eager", dynamic=False)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from steadfast.core import compile_cache as cc
-from steadfast.core import compile_cache_location as loc
+from steadfast.core.compile import cache as cc
+from steadfast.core.compile import cache_location as loc
 
 ESCAPES = ["/tmp/x", "/", "..", "../input", "../../input/evil", "a/b", "a\\\\b", "~", "~root", ".hidden",
            "name/..", "x..y", "-dash", "", " ", "a" * 65, "c:\\\\temp", "input/", "%2e%2e"]

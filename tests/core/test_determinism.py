@@ -1,7 +1,7 @@
 """Determinism policy: every global flag is set, read back, and restored exactly.
 
-Covers ``core/determinism.py`` (application), ``core/determinism_policy.py`` (policy, description, report),
-``core/torch_state.py`` (snapshot / restore), ``core/cublas_config.py`` and ``core/fingerprint.py`` (it reports
+Covers ``core/determinism/apply.py`` (application), ``core/determinism/policy.py`` (policy, description, report),
+``core/determinism/torch_state.py`` (snapshot / restore), ``core/determinism/cublas.py`` and ``core/record/fingerprint.py`` (it reports
 the same flags).
 """
 from __future__ import annotations
@@ -16,12 +16,13 @@ import numpy as np
 import pytest
 import torch
 
-from steadfast.core import cublas_config, torch_compat
-from steadfast.core import determinism as det
-from steadfast.core.determinism import apply_policy, deterministic, seed_everything
-from steadfast.core.determinism_policy import DeterminismPolicy, describe_policy
-from steadfast.core.torch_state import restore_state, snapshot_state
-from steadfast.core.fingerprint import environment_fingerprint, fingerprint_digest
+from steadfast.core.determinism import cublas as cublas_config
+from steadfast.core import torch_compat
+from steadfast.core.determinism import apply as det
+from steadfast.core.determinism.apply import apply_policy, deterministic, seed_everything
+from steadfast.core.determinism.policy import DeterminismPolicy, describe_policy
+from steadfast.core.determinism.torch_state import restore_state, snapshot_state
+from steadfast.core.record.fingerprint import environment_fingerprint, fingerprint_digest
 
 matmul = torch.backends.cuda.matmul
 HAS_FP32_API = torch_compat.has_fp32_precision_api()

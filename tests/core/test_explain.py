@@ -1,4 +1,4 @@
-"""core/explain.py: a mismatch lists every recorded field that differs, classed; identical explains nothing."""
+"""core/record/explain.py: a mismatch lists every recorded field that differs, classed; identical explains nothing."""
 from __future__ import annotations
 
 import copy
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from steadfast.core import explain
+from steadfast.core.record import explain
 
 
 def _record() -> dict:

@@ -10,14 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from steadfast.core.hashing import (
-    hash_image,
-    hash_latent,
-    image_to_uint8,
-    short,
-    tensor_bytes,
-    tensor_digest,
-)
+from steadfast.core.record.hashing import hash_image, hash_latent, image_to_uint8, short, tensor_bytes, tensor_digest
 
 COMFY_NODES = Path(os.environ.get("COMFYUI_PATH", Path.home() / "comfy" / "ComfyUI")).expanduser() / "nodes.py"
 
@@ -184,7 +177,7 @@ def test_hash_latent_and_short():
 
 
 def test_hash_inputs_image_and_latent():
-    from steadfast.core.hashing import hash_inputs
+    from steadfast.core.record.hashing import hash_inputs
 
     image, samples = torch.rand(1, 4, 4, 3), torch.randn(1, 4, 8, 8)
     both = hash_inputs(image=image, latent={"samples": samples, "batch_index": [0]}, raw_float=True)
@@ -202,7 +195,7 @@ def test_hash_inputs_image_and_latent():
 
 
 def test_check_expected():
-    from steadfast.core.hashing import check_expected
+    from steadfast.core.record.hashing import check_expected
 
     d = tensor_digest(torch.zeros(3))
     assert check_expected(d, "").status == "unchecked" and not check_expected(d, None).checked

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from steadfast.core import compile_cache, explain, inductor_presets
-from steadfast.core.compile import CompileOptions
+from steadfast.core.compile import cache as compile_cache, presets as inductor_presets
+from steadfast.core.record import explain
+from steadfast.core.compile.swap import CompileOptions
 from steadfast.core.optimize import precision
 
 

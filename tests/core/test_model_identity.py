@@ -1,9 +1,9 @@
-"""core/model_identity.py: the digest depends on every weight, dtype and name; cached per (module, token)."""
+"""core/record/model_identity.py: the digest depends on every weight, dtype and name; cached per (module, token)."""
 from __future__ import annotations
 
 import torch
 
-from steadfast.core import model_identity as mi
+from steadfast.core.record import model_identity as mi
 
 
 def _net(seed: int = 0) -> torch.nn.Module:

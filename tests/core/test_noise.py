@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from steadfast.core.hashing import tensor_digest
-from steadfast.core.noise import MAX_SEED, CPUNoiseSampler, check_seed, seeded_noise
-from steadfast.core.portable_randn import portable_randn
+from steadfast.core.record.hashing import tensor_digest
+from steadfast.core.determinism.noise import MAX_SEED, CPUNoiseSampler, check_seed, seeded_noise
+from steadfast.core.determinism.randn import portable_randn
 
 COMFY = Path(os.environ.get("COMFYUI_PATH", Path.home() / "comfy" / "ComfyUI")).expanduser()
 
@@ -271,7 +271,7 @@ def test_seeded_noise_rejects_non_int_seed():
 def test_check_seed_is_the_one_seed_check():
     import numpy as np
 
-    from steadfast.core.determinism_policy import DeterminismPolicy
+    from steadfast.core.determinism.policy import DeterminismPolicy
     from steadfast.core.pipelines.run import image_generators
 
     assert MAX_SEED == 2**64 - 1

@@ -9,10 +9,10 @@ import threading
 
 import pytest
 import torch
-from steadfast.core import hashing, verdict
-from steadfast.core import portable_randn as pr
-from steadfast.core.compare import compare
-from steadfast.core.noise import CPUNoiseSampler
+from steadfast.core.record import hashing, verdict
+from steadfast.core.determinism import randn as pr
+from steadfast.core.record.compare import compare
+from steadfast.core.determinism.noise import CPUNoiseSampler
 
 CUDA = torch.cuda.is_available()
 

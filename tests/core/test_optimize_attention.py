@@ -6,15 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from steadfast.core.optimize import attention as attn_mod
-from steadfast.core.optimize.attention import (
-    SDPA_BACKENDS,
-    UnsupportedBackendError,
-    available_sdpa_backends,
-    check_sdpa_backend,
-    clear_sdpa_backend_cache,
-    sdpa_context,
-)
-from steadfast.core.compare import compare_outputs
+from steadfast.core.optimize.attention import SDPA_BACKENDS, UnsupportedBackendError, available_sdpa_backends, check_sdpa_backend, clear_sdpa_backend_cache, sdpa_context
+from steadfast.core.record.compare import compare_outputs
 
 
 def _qkv(b=1, length=256, heads=4, dim_head=64, seed=0):

@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from steadfast.core.compare import compare_outputs
-from steadfast.core.hashing import tensor_digest
+from steadfast.core.record.compare import compare_outputs
+from steadfast.core.record.hashing import tensor_digest
 from steadfast.core.optimize.layout import as_channels_last, is_channels_last, to_channels_last_, to_contiguous_
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from steadfast.core import explain
+from steadfast.core.record import explain
 from steadfast.core.optimize import quantize as qz
 
 torchao = pytest.importorskip("torchao", reason="torchao not installed (pip install torchao)")

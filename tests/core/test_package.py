@@ -37,7 +37,7 @@ def test_core_imports_nothing_from_comfyui():
 
 def test_pack_imports_without_comfyui_and_sets_cublas_config():
     code = IMPORT_PACK + (
-        "import steadfast.core.hashing, steadfast.core.registry, steadfast.core.determinism\n"
+        "import steadfast.core.record.hashing, steadfast.core.compile.registry, steadfast.core.determinism.apply\n"
         "assert not hasattr(m, 'comfy_entrypoint'), 'node adapters loaded without ComfyUI'\n"
         "assert m.WEB_DIRECTORY == './js'\n"
         "bad = sorted(n for n in sys.modules if n.split('.')[0] in ('comfy', 'comfy_api', 'folder_paths'))\n"

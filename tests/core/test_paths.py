@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from steadfast.core import paths
-from steadfast.core.recompile_watch import parse_recompile
+from steadfast.core.compile.recompiles import parse_recompile
 
 
 def test_a_model_file_is_shown_relative_to_its_folder(tmp_path: Path) -> None:

@@ -11,13 +11,11 @@ import pytest
 import torch
 
 import tiny_pipelines as tp
-from steadfast.core import tiny
-from steadfast.core.compare import compare
-from steadfast.core.hashing import hash_image
+from steadfast.headless import tiny_pipelines as tiny
+from steadfast.core.record.compare import compare
+from steadfast.core.record.hashing import hash_image
 from steadfast.core.pipelines import PipelineOptions, PipelineStateError, compile_record, generate
-from steadfast.core.pipelines.handle import (
-    LoraSpec, PipelineHandle, lora_file_rank, optimized_handle, prepare_run, runtime_pipe,
-)
+from steadfast.core.pipelines.handle import LoraSpec, PipelineHandle, lora_file_rank, optimized_handle, prepare_run, runtime_pipe
 from steadfast.core.pipelines.lora import LoraLoadError
 from steadfast.core.pipelines.share import shared_tensor_count
 

@@ -14,27 +14,12 @@ import pytest
 import torch
 
 import tiny_pipelines as tp
-from steadfast.core.compare import compare
-from steadfast.core.determinism_policy import DeterminismPolicy
-from steadfast.core.torch_state import snapshot_state
-from steadfast.core.hashing import hash_image
-from steadfast.core.pipelines import (
-    LoraLoadError,
-    PipelineLoadError,
-    PipelineOptions,
-    PipelineStateError,
-    UnsupportedAttentionError,
-    compile_record,
-    generate,
-    load_lora,
-    load_pipeline,
-    optimize_pipeline,
-    pipeline_report,
-    prepare_lora_hotswap,
-    repeated_block_paths,
-    warmup,
-)
-from steadfast.core.registry import REGISTRY
+from steadfast.core.record.compare import compare
+from steadfast.core.determinism.policy import DeterminismPolicy
+from steadfast.core.determinism.torch_state import snapshot_state
+from steadfast.core.record.hashing import hash_image
+from steadfast.core.pipelines import LoraLoadError, PipelineLoadError, PipelineOptions, PipelineStateError, UnsupportedAttentionError, compile_record, generate, load_lora, load_pipeline, optimize_pipeline, pipeline_report, prepare_lora_hotswap, repeated_block_paths, warmup
+from steadfast.core.compile.registry import REGISTRY
 
 G = dict(steps=tp.STEPS, width=tp.SIZE, height=tp.SIZE)
 

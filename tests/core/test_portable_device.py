@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from steadfast.core import portable
+from steadfast.core.determinism import portable
 
 
 def test_portable_mode_refuses_a_gpu_device_with_a_message(monkeypatch):

@@ -8,7 +8,7 @@ import copy
 import json
 from pathlib import Path
 
-from steadfast.core import portable
+from steadfast.core.determinism import portable
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 import torch
 
-from steadfast.core import portable_randn as pr
-from steadfast.core.portable_randn import box_muller_avx2, portable_randn
+from steadfast.core.determinism import randn as pr
+from steadfast.core.determinism.randn import box_muller_avx2, portable_randn
 
 pytestmark = pytest.mark.torch_version  # half types follow torch >= 2.14: CI runs this on both rows
 
@@ -51,7 +51,7 @@ ISA_SCRIPT = textwrap.dedent(
     from _steadfast_import import import_steadfast
     import_steadfast()
     import torch
-    from steadfast.core.portable_randn import portable_randn
+    from steadfast.core.determinism.randn import portable_randn
     SIZES, SEEDS = json.loads(sys.argv[2])
     def digest(t):
         return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
@@ -71,7 +71,7 @@ ISA_SCRIPT = textwrap.dedent(
         seq_p = torch.cat([portable_randn((n,), g1, dtype=dt).float() for n in (3, 40, 5, 1, 17, 7, 16)])
         seq_t = torch.cat([torch.randn(n, generator=g2, dtype=dt).float() for n in (3, 40, 5, 1, 17, 7, 16)])
         out["portable"][dtype + "/sequence/-1"], out["randn"][dtype + "/sequence/-1"] = digest(seq_p), digest(seq_t)
-    from steadfast.core import portable_randn as pr
+    from steadfast.core.determinism import randn as pr
     out["method"] = {d: pr.draw_method(getattr(torch, d)) for d in ("float32", "float16", "bfloat16")}
     out["routed"] = [str(d) for d in pr.routed_dtypes()]
     # torchsde's Brownian-interval draw (ComfyUI's CPU BrownianTreeNoiseSampler), routed and not
@@ -80,7 +80,7 @@ ISA_SCRIPT = textwrap.dedent(
     except ImportError:
         bi = None
     if bi is not None:
-        from steadfast.core.portable_randn import portable_generator_randn
+        from steadfast.core.determinism.randn import portable_generator_randn
         draw = lambda: bi._randn((2, 4, 24, 24), torch.float32, torch.device("cpu"), 12345)
         with portable_generator_randn():
             out["portable"]["float32/torchsde/-2"] = digest(draw())
@@ -492,7 +492,7 @@ BROWNIAN_SCRIPT = textwrap.dedent(
     sys.path.insert(0, sys.argv[2])
     from _steadfast_import import import_steadfast
     import_steadfast()
-    from steadfast.core.portable_randn import portable_generator_randn
+    from steadfast.core.determinism.randn import portable_generator_randn
     x = torch.zeros(2, 4, 16, 16)
     sig = torch.tensor([14.6, 9.1, 5.3, 2.9, 1.4, 0.6, 0.2, 0.03])  # literal: torch.linspace is ISA-dependent
     def steps():

@@ -1,4 +1,4 @@
-"""core/recompile_watch.py and the registry features built on it: global-flag fingerprints as
+"""core/compile/recompiles.py and the registry features built on it: global-flag fingerprints as
 recompile reasons, per-run recompile counts, parameter identity, the warning before the limit.
 
 Compiles use ``backend="eager"``: Dynamo's guards (and so its recompiles) do not depend on the backend.
@@ -12,11 +12,10 @@ import torch
 from torch import nn
 from torch._dynamo.utils import counters
 
-from steadfast.core import torch_state
-from steadfast.core.compile import CompileOptions
-from steadfast.core.recompile_watch import (ParamIdentity, code_of, explain_recompile, guarded_flags,
-                                            parse_recompile)
-from steadfast.core.registry import CompileRegistry, RecompileError
+from steadfast.core.determinism import torch_state
+from steadfast.core.compile.swap import CompileOptions
+from steadfast.core.compile.recompiles import ParamIdentity, code_of, explain_recompile, guarded_flags, parse_recompile
+from steadfast.core.compile.registry import CompileRegistry, RecompileError
 from steadfast.core.torch_compat import cache_entry_count
 
 STATIC = CompileOptions(backend="eager", dynamic=False)
@@ -62,7 +61,7 @@ def compiled(reg: CompileRegistry, strict: bool = False):
 
 def call(reg, m, rec, x):
     """One run of one tracked call, without autograd (as ComfyUI samples)."""
-    from steadfast.core.compile import swap_in
+    from steadfast.core.compile.swap import swap_in
     with torch.no_grad(), reg.run(rec), reg.track(rec, shape=x), swap_in(m, rec.compiled):
         return m(x)
 

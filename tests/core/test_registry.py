@@ -1,4 +1,4 @@
-"""Tests for core/registry.py: per-model compile records, recompile attribution, weak keying, JSON.
+"""Tests for core/compile/registry.py: per-model compile records, recompile attribution, weak keying, JSON.
 
 All compiles use ``backend="eager"`` (Dynamo tracing only): graphs, guards and recompiles behave as
 with inductor, without a C++ compiler. Each test uses its own CompileRegistry and closes it.
@@ -18,11 +18,11 @@ import torch
 from torch._dynamo.utils import counters
 
 from tiny_modules import Block, Tiny, block_paths
-from steadfast.core.compile import CompileOptions, swap_in
-from steadfast.core.guard_filters import SkipGuardsOn
-from steadfast.core.compile_record import CompileRecord, CompileStats
-from steadfast.core.recompile_watch import FullgraphBreakError
-from steadfast.core.registry import REGISTRY, CompileRegistry, RecompileError
+from steadfast.core.compile.swap import CompileOptions, swap_in
+from steadfast.core.compile.guards import SkipGuardsOn
+from steadfast.core.compile.record import CompileRecord, CompileStats
+from steadfast.core.compile.recompiles import FullgraphBreakError
+from steadfast.core.compile.registry import REGISTRY, CompileRegistry, RecompileError
 
 STATIC = CompileOptions(backend="eager", dynamic=False)
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,13 +66,13 @@ _WRITE = re.compile(rf"\.stats\.(?:{_STATS})\b\s*(?:[+-]?=(?!=)|\[[^\]]*\]\s*[+-
 
 
 def stats_writes(folders=("core", "nodes", "headless", "benchmarks", "scripts")) -> dict[str, list[int]]:
-    """``{file: [line numbers]}`` of lines writing a record's ``stats`` field, outside ``core/registry.py``."""
+    """``{file: [line numbers]}`` of lines writing a record's ``stats`` field, outside ``core/compile/registry.py``."""
     hits = {}
     for folder in folders:
         for f in sorted((ROOT / folder).rglob("*.py")):
             rel = str(f.relative_to(ROOT))
             lines = [i for i, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1) if _WRITE.search(line)]
-            if lines and rel != "core/registry.py":
+            if lines and rel != "core/compile/registry.py":
                 hits[rel] = lines
     return hits
 
@@ -80,7 +80,7 @@ def stats_writes(folders=("core", "nodes", "headless", "benchmarks", "scripts"))
 def test_only_the_registry_writes_record_statistics():
     assert _WRITE.search("record.stats.graphs += 1") and _WRITE.search("rec.stats.warnings.append(t)")
     assert _WRITE.search("rec.stats.cache_state[k] = 1") and not _WRITE.search("x = rec.stats.graphs == 1")
-    registry_src = (ROOT / "core" / "registry.py").read_text(encoding="utf-8")
+    registry_src = (ROOT / "core" / "compile" / "registry.py").read_text(encoding="utf-8")
     assert any(_WRITE.search(line) for line in registry_src.splitlines())  # the scanner sees the real writes
     assert stats_writes() == {}
 

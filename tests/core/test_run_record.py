@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from steadfast.core.fingerprint import environment_fingerprint
-from steadfast.core.hashing import tensor_digest
-from steadfast.core.run_record import RunRecord
+from steadfast.core.record.fingerprint import environment_fingerprint
+from steadfast.core.record.hashing import tensor_digest
+from steadfast.core.record.run_record import RunRecord
 
 
 def _record(**changes) -> RunRecord:

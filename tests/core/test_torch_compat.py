@@ -170,7 +170,7 @@ def default_torch_logging(monkeypatch):
     it is removed first (the registry's next tracked call installs it again)."""
     from torch._logging import _internal as tlog
 
-    from steadfast.core.registry import REGISTRY
+    from steadfast.core.compile.registry import REGISTRY
 
     REGISTRY.close()
     monkeypatch.delenv("TORCH_LOGS", raising=False)

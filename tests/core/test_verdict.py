@@ -1,4 +1,4 @@
-"""core/verdict.py and core/portable.py without ComfyUI: thumbnails stay a few KB, the three levels, the exit
+"""core/record/verdict.py and core/determinism/portable.py without ComfyUI: thumbnails stay a few KB, the three levels, the exit
 codes, the runner's worst-level report, portable mode's refusals and the explain labels of its settings."""
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from steadfast.core import explain, portable, verdict
+from steadfast.core.record import explain, verdict
+from steadfast.core.determinism import portable
 from steadfast.headless import runner
 
 
@@ -186,7 +187,7 @@ sys.path.insert(0, sys.argv[1])
 from _steadfast_import import import_steadfast
 import_steadfast()
 import torch
-from steadfast.core import portable
+from steadfast.core.determinism import portable
 torch.set_num_threads(3)
 torch.backends.mkldnn.enabled = False
 print(json.dumps({"settings": portable.cpu_settings(), "mkl": torch.backends.mkl.is_available()}))

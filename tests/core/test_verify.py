@@ -1,4 +1,4 @@
-"""Tests for core/verify.py + core/cli.py: configuration parsing, the report, the grid, exit codes, and
+"""Tests for headless/verify.py + headless/verify_cli.py: configuration parsing, the report, the grid, exit codes, and
 one subprocess run of the CLI whose digest must equal an in-process generation (cross-process determinism).
 
 No inductor here (``--compile-backend eager`` where compile appears); 1 intra-op thread throughout, also
@@ -15,11 +15,11 @@ import pytest
 import torch
 
 import tiny_pipelines as tp
-from steadfast.core.cli import main
-from steadfast.core.determinism_policy import DeterminismPolicy
-from steadfast.core.hashing import hash_image
+from steadfast.headless.verify_cli import main
+from steadfast.core.determinism.policy import DeterminismPolicy
+from steadfast.core.record.hashing import hash_image
 from steadfast.core.pipelines import generate
-from steadfast.core.verify import SCHEMA, VerifySettings, config_names, parse_configs, run_verify
+from steadfast.headless.verify import SCHEMA, VerifySettings, config_names, parse_configs, run_verify
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -114,7 +114,7 @@ def test_cli_subprocess_matches_in_process_generation(tmp_path):
 
 
 def test_exit_code_1_when_not_self_consistent(tmp_path, monkeypatch):
-    import steadfast.core.verify as verify_mod
+    import steadfast.headless.verify as verify_mod
 
     real = verify_mod.generate
     calls = {"n": 0}

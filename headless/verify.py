@@ -29,13 +29,12 @@ from typing import Any, Sequence
 
 import torch
 
-from .compare import compare
-from .determinism_policy import DeterminismPolicy
-from .fingerprint import environment_fingerprint, fingerprint_digest
-from .hashing import hash_image
-from .pipelines import (PipelineOptions, attention_names, compile_record, generate, load_pipeline,
-                        optimize_pipeline, warmup)
-from .pipelines.attention import TORCH_TO_DIFFUSERS
+from ..core.record.compare import compare
+from ..core.determinism.policy import DeterminismPolicy
+from ..core.record.fingerprint import environment_fingerprint, fingerprint_digest
+from ..core.record.hashing import hash_image
+from ..core.pipelines import PipelineOptions, attention_names, compile_record, generate, load_pipeline, optimize_pipeline, warmup
+from ..core.pipelines.attention import TORCH_TO_DIFFUSERS
 from .verify_render import format_table, write_grid
 
 __all__ = ["SCHEMA", "DEFAULT_CONFIGS", "VerifyConfig", "VerifySettings", "VerifyResult", "config_names",
@@ -258,7 +257,7 @@ def run_verify(settings: VerifySettings) -> VerifyResult:
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="steadfast-tiny-") as tmp:
         if settings.tiny is not None:
-            from .tiny import build_tiny_pipeline
+            from .tiny_pipelines import build_tiny_pipeline
             folder = build_tiny_pipeline(settings.tiny, Path(tmp) / settings.tiny, seed=0)
             source = {"kind": "tiny", "tiny": settings.tiny, "path": None}
             size = settings.size or (64, 64)

@@ -1,6 +1,6 @@
 """What a determinism policy asks for, and what it cannot promise: the policy, its description and its report.
 
-A :class:`DeterminismPolicy` is a frozen value (nodes carry it on a model or pipeline); :mod:`core.determinism`
+A :class:`DeterminismPolicy` is a frozen value (nodes carry it on a model or pipeline); :mod:`core.determinism.apply`
 applies it. :func:`describe_policy` says what it will set without applying anything; :func:`make_report` reads the
 flags back after applying and lists what is still not guaranteed (thread count not pinned, TF32 allowed,
 ``CUBLAS_WORKSPACE_CONFIG`` problems) and side effects (the compile-cache key change). Sources: PyTorch
@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from . import torch_compat
-from .cublas_config import cublas_problem
+from .. import torch_compat
+from .cublas import cublas_problem
 from .noise import check_seed
 from .torch_state import TorchGlobalState, snapshot_state
 

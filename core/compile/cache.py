@@ -2,7 +2,7 @@
 
 Inductor keeps its FX-graph and AOT-autograd caches and kernels under ``TORCHINDUCTOR_CACHE_DIR``: a persistent
 one turns a cold start into a warm one (docs/benchmarks.md). One directory per workflow-chosen *name* and environment
-*key*, ``<root>/<name>/<key>`` (:mod:`core.compile_cache_location`), with a manifest of the key fields; a foreign
+*key*, ``<root>/<name>/<key>`` (:mod:`core.compile.cache_location`), with a manifest of the key fields; a foreign
 or unreadable one, or a corrupt ``.so`` failing a compile, is moved aside (never deleted). No ComfyUI imports.
 """
 from __future__ import annotations
@@ -15,7 +15,6 @@ import logging
 import os
 import platform
 import re
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -25,8 +24,9 @@ from typing import Any, TypeVar
 
 import torch
 
-from . import torch_compat
-from .compile_cache_location import DEFAULT_NAME, CacheRefused, check_location, check_name
+from .. import torch_compat
+from ..version import __version__
+from .cache_location import DEFAULT_NAME, CacheRefused, check_location, check_name
 
 log = logging.getLogger("steadfast.compile_cache")
 
@@ -52,7 +52,7 @@ def cache_key_fields(device: torch.device | str | None = None,
                      inductor_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What compiled artifacts depend on: ``{"format", "torch" (with its CUDA build), "triton" (None without),
     "python" (implementation major.minor), "device", "pack" (version)}``, plus ``"inductor_options"`` (sorted) when
-    given and not empty (an inductor preset, :mod:`core.inductor_presets`: one directory per preset; caches made
+    given and not empty (an inductor preset, :mod:`core.compile.presets`: one directory per preset; caches made
     without one keep their key). ``"device"`` is what kernels are built for: ``"cpu AVX512"`` (the ISA inductor
     targets) or ``"cuda <name> sm90"`` (``device`` defaults to CUDA when available, else CPU; other device types
     give their type name)."""
@@ -63,7 +63,7 @@ def cache_key_fields(device: torch.device | str | None = None,
         major, minor = torch.cuda.get_device_capability(index)
         described = f"cuda {torch.cuda.get_device_name(index)} sm{major}{minor}"
     cuda, py = torch.version.cuda, platform.python_version_tuple()
-    pack = getattr(sys.modules.get((__package__ or "").rpartition(".")[0]), "__version__", "unknown")
+    pack = __version__
     fields = {"format": CACHE_FORMAT, "torch": torch.version.__version__ + (f" cuda{cuda}" if cuda else ""),
               "triton": _triton_version(), "python": f"{platform.python_implementation()} {py[0]}.{py[1]}",
               "device": described, "pack": str(pack)}

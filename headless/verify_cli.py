@@ -1,8 +1,8 @@
 """``steadfast`` command line: ``steadfast verify [PIPELINE_DIR | --tiny sd|flux] [options]``, ``steadfast tiny-pipeline DIR``.
 
 Entry point ``main(argv=None) -> int``. Runs as ``steadfast`` (console script), as
-``python -m steadfast.core.cli`` when the pack is importable as ``steadfast``, as ``python -m core.cli``
-from the repository root (core only imports within itself), or via ``scripts/steadfast.py``.
+``python -m steadfast.headless.verify_cli`` when the pack is importable as ``steadfast``, or via
+``scripts/steadfast.py``.
 
 Exit codes: 0 self-consistency held; 1 it did not (or the baseline failed); 2 bad arguments or a
 pipeline that cannot be loaded.
@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _tiny_pipeline(args: argparse.Namespace) -> int:
-    from . import tiny
+    from . import tiny_pipelines as tiny
 
     _quiet_libraries()
     build = tiny.build_tiny_sd if args.kind == "sd" else tiny.build_tiny_flux
@@ -121,7 +121,7 @@ def _quiet_libraries() -> None:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from .pipelines import PipelineLoadError
+    from ..core.pipelines import PipelineLoadError
     from .verify import DEFAULT_CONFIGS, VerifySettings, config_names, run_verify
 
     if args.list_configs:
@@ -134,7 +134,7 @@ def _verify(args: argparse.Namespace) -> int:
     _quiet_libraries()
     policy = None
     if args.deterministic:
-        from .determinism_policy import DeterminismPolicy
+        from ..core.determinism.policy import DeterminismPolicy
 
         policy = DeterminismPolicy(strict=True)
     settings = VerifySettings(

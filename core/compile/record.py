@@ -1,6 +1,6 @@
 """One model's compile record: what was compiled (frozen) and what happened since (statistics).
 
-Other settings make a new record; ``record.stats`` is written only by :class:`core.registry.CompileRegistry`
+Other settings make a new record; ``record.stats`` is written only by :class:`core.compile.registry.CompileRegistry`
 (``tests/core/test_registry.py`` greps for writes elsewhere). No ComfyUI imports; no global state.
 """
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from . import torch_compat
-from .compile import CompileOptions
-from .recompile_watch import ParamIdentity, code_of
+from .. import torch_compat
+from .swap import CompileOptions
+from .recompiles import ParamIdentity, code_of
 
 
 def normalise_shape(shape: Any) -> tuple | None:
@@ -31,7 +31,7 @@ class CompileStats:
     error, then "warm" (``first_call_seconds``: wall seconds of that call, compile included). ``recompiles``:
     ``{reason, reasons, function, time (unix s), run, call}`` (+ ``cause``, ``guard``, ``flag_changes`` when
     explained). ``fallbacks``: frames Dynamo runs eagerly (recompile limit), adapter fallbacks (``kind="disabled"``).
-    ``compile_flags``: :func:`core.recompile_watch.guarded_flags` at the first call (``flag_states``: all compiled
+    ``compile_flags``: :func:`core.compile.recompiles.guarded_flags` at the first call (``flag_states``: all compiled
     under). ``last_run`` / ``run_log``: ``{run, calls, graphs, recompiles, reasons, params_replaced, time}``."""
 
     strict: bool = False
@@ -62,7 +62,7 @@ class CompileStats:
 @dataclass(frozen=True, eq=False)
 class CompileRecord:
     """What was compiled for one model, plus its :class:`CompileStats`; equality is identity. ``compiled``: ``{path:
-    lazy torch.compile wrapper}`` for :func:`core.compile.swap_in` (empty when ``in_place``: the model compiled
+    lazy torch.compile wrapper}`` for :func:`core.compile.swap.swap_in` (empty when ``in_place``: the model compiled
     itself). ``options``: JSON view of the ``compile_options`` plus ``guard_filter``. ``created``: unix s."""
 
     label: str

@@ -51,7 +51,7 @@ _CBWR_NAMES = {1: "OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 6: "SSSE3", 7: "
                10: "AVX2", 11: "AVX512_MIC", 12: "AVX512", 13: "AVX512_MIC_E1", 14: "AVX512_E1"}
 _CBWR_STRICT = 0x10000
 
-#: Run-record field (dotted, under ``fingerprint.cpu_settings``) -> what :mod:`core.explain` says about it.
+#: Run-record field (dotted, under ``fingerprint.cpu_settings``) -> what :mod:`core.record.explain` says about it.
 EXPLAIN_LABELS: dict[str, str] = {
     "portable": "portable CPU mode on/off (pinned code paths vs this CPU's fastest)",
     "aten_capability": "ATen vector kernels (ATEN_CPU_CAPABILITY): softmax, SDPA, elementwise, randn",
@@ -161,14 +161,14 @@ def pin_thread() -> None:
     before sampling. oneDNN's switch and the thread count are process-wide in both."""
     if not is_portable():
         return
-    from . import torch_compat  # imports torch: kept out of this module's import (the CLI reads it first)
+    from .. import torch_compat  # imports torch: kept out of this module's import (the CLI reads it first)
 
     torch_compat.set_inductor_simdlen(SIMDLEN)
 
 
 def _mkl_cbwr() -> str | None:
     """MKL's CBWR branch in use (``mkl_cbwr_get(MKL_CBWR_ALL)`` through ``libtorch_cpu``), or None when unknown."""
-    from . import torch_compat
+    from .. import torch_compat
 
     get = getattr(torch_compat.libtorch_cpu(), "mkl_serv_cbwr_get", None)
     if get is None:
@@ -180,7 +180,7 @@ def _mkl_cbwr() -> str | None:
 
 
 def _mkl_max_threads() -> int | None:
-    from . import torch_compat
+    from .. import torch_compat
 
     fn = getattr(torch_compat.libtorch_cpu(), "mkl_get_max_threads", None)
     if fn is None:
@@ -207,7 +207,7 @@ def cpu_settings() -> dict[str, Any]:
         cap = str(getter()) if getter is not None else None
     except RuntimeError:
         cap = None
-    from . import torch_compat
+    from .. import torch_compat
 
     simdlen = torch_compat.inductor_simdlen()
     flags = sorted(f for f in _cpu_flags() if f in ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni",

@@ -9,7 +9,7 @@ as the default CPU generator after ``torch.manual_seed(seed)`` (``torch.manual_s
 default CPU generator with exactly that call, plus the accelerators), which is what makes the
 ``"comfy"`` mode bit-identical to ComfyUI.
 
-Every draw goes through :func:`core.portable_randn.portable_randn` (float32/float16/bfloat16): the
+Every draw goes through :func:`core.determinism.randn.portable_randn` (float32/float16/bfloat16): the
 bytes torch's AVX2 CPU kernel gives, on any CPU (x86 with or without AVX2/AVX512, ARM, Windows), so a
 seed gives the same noise on a Mac as on a PC, and on x86 the same as ``torch.randn`` (issue 17). Where
 torch's own kernel gives those bytes (x86 AVX2/AVX512, checked once per process) the draw is ``torch.randn``
@@ -24,7 +24,7 @@ from typing import Literal
 
 import torch
 
-from .portable_randn import PORTABLE_DTYPES, portable_randn
+from .randn import PORTABLE_DTYPES, portable_randn
 
 __all__ = ["MAX_SEED", "NOISE_MODES", "CPUNoiseSampler", "check_seed", "draw", "seeded_noise"]
 

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .portable import cpu_settings
-from .torch_state import snapshot_state
+from ..determinism.portable import cpu_settings
+from ..determinism.torch_state import snapshot_state
 
 __all__ = ["FINGERPRINT_VERSION", "environment_fingerprint", "fingerprint_digest"]
 
@@ -81,7 +81,7 @@ def environment_fingerprint(**extra: Any) -> dict[str, Any]:
     ``cpu`` (model name), ``cpu_capability`` (torch's vector ISA, e.g. "AVX512"), ``cuda_available``,
     ``cuda``/``cudnn`` versions, ``gpu`` name/capability/count, ``num_threads``,
     ``num_interop_threads``, ``flags`` (``snapshot_state(load_inductor=True).as_dict()``), ``cpu_settings``
-    (the CPU code-path settings in use, :func:`core.portable.cpu_settings`), then every
+    (the CPU code-path settings in use, :func:`core.determinism.portable.cpu_settings`), then every
     keyword in ``extra`` (values: JSON scalars, lists/tuples, dicts, ``torch.dtype``/``device``,
     enums, paths; non-finite floats become strings).
 

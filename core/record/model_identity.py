@@ -2,7 +2,7 @@
 
 The digest covers every parameter and buffer of the diffusion model *as it is when sampled* (after LoRA and
 other weight patches are applied), in name order: SHA-256 over ``name|dtype|shape|`` and the C-order bytes
-of each tensor (:func:`core.hashing.tensor_bytes`), so another file, another dtype, another LoRA or strength
+of each tensor (:func:`core.record.hashing.tensor_bytes`), so another file, another dtype, another LoRA or strength
 gives another digest. Hashing reads every weight once (about 1 s per GB on one CPU core), so results are
 cached per module object and caller token; the cache holds no strong reference to the module.
 
@@ -35,7 +35,7 @@ def tensors_digest(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Any]:
     """``{"digest": 64-hex, "tensors": n, "bytes": total}`` over ``(name, tensor)`` pairs sorted by name.
 
     Tensors on any device (copied to CPU one at a time). Raises TypeError for a dtype without a byte view
-    (see :func:`core.hashing.tensor_bytes`)."""
+    (see :func:`core.record.hashing.tensor_bytes`)."""
     h = hashlib.sha256(b"steadfast-model-digest-v1|")
     count = total = 0
     for name, t in sorted(named, key=lambda item: item[0]):

@@ -205,7 +205,7 @@ def _env_diffs(record_ref: Any, record_now: Any) -> tuple[str, ...]:
 
 def check_hash(hash_ref: str) -> str:
     """``hash_ref`` normalised (lower case, stripped) if it is a hex SHA-256 or a prefix of at least
-    :data:`core.hashing.MIN_PREFIX` hex characters.
+    :data:`core.record.hashing.MIN_PREFIX` hex characters.
 
     Raises:
         ValueError: anything else (a shorter prefix would call unrelated outputs "identical bytes").

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from .compare import diff_heatmap
-from .hashing import image_to_uint8
+from ..core.record.compare import diff_heatmap
+from ..core.record.hashing import image_to_uint8
 
 __all__ = ["format_table", "write_grid", "parity_label"]
 

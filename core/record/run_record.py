@@ -1,7 +1,7 @@
 """The run record: one typed schema for every Steadfast sampler (MODEL and diffusers pipeline).
 
 A run record says what decided the output bits of one sampling run: seeds, sampler settings, the
-output's hash, the environment fingerprint (:func:`core.fingerprint.environment_fingerprint`) and the
+output's hash, the environment fingerprint (:func:`core.record.fingerprint.environment_fingerprint`) and the
 compile state. Two records of the same workflow can be compared field by field; ``from_json`` reads
 back what :meth:`RunRecord.as_json` wrote (the Seeded Sampler nodes' ``run_record`` output).
 """
@@ -32,7 +32,7 @@ class RunRecord:
             with its own scheduler: ``sampler`` is its class name, ``scheduler`` "pipeline's own").
         output: "latent" (a LATENT ``[B, C, H/8, W/8]``) or "image" (an IMAGE ``[B, H, W, 3]`` float32).
         output_shape: the output tensor's shape.
-        output_sha256: 64-hex SHA-256 of the output (:mod:`core.hashing`: latent = exact tensor bytes,
+        output_sha256: 64-hex SHA-256 of the output (:mod:`core.record.hashing`: latent = exact tensor bytes,
             image = the uint8 pixels SaveImage writes).
         fingerprint: the environment fingerprint; ``num_threads`` and ``flags`` as measured *while*
             sampling (Determinism Setup restores them after).
@@ -40,7 +40,7 @@ class RunRecord:
         recompiles_this_run: recompiles counted during this run (0 when not compiled).
         seconds: wall time of the sampling call (s); None when not measured.
         model: what was sampled: ``digest`` (64-hex SHA-256 over the diffusion model's weights as sampled,
-            :mod:`core.model_identity`), ``tensors``, ``bytes``, and where known ``file`` / ``file_size`` (bytes).
+            :mod:`core.record.model_identity`), ``tensors``, ``bytes``, and where known ``file`` / ``file_size`` (bytes).
         details: path-specific facts (MODEL: per-step noise source, QKV fusion counters; pipeline:
             prompt, source, dtype, LoRA, optimizations, fingerprint digest).
 

@@ -10,7 +10,7 @@ identity and the environment fingerprint. :func:`explain` flattens both records 
   model digest (base weights, patches), sampler settings, seeds, latent shape, batch-invariance policy, the ComfyUI
   version, Dynamic VRAM, ``--fast-disk``, CUDA graphs, the Comfy Compiler, attention fallbacks,
   ComfyUI's ``--fast`` options, fp16 accumulation, ComfyUI's dtype/attention switches, comfy-kitchen's version
-  (``core/comfy_env.py``);
+  (``core/record/comfy_env.py``);
 - ``may change bits``: not measured either way (Python/numpy/pack version, comfy-aimdo version, platform ...).
 
 Fields that differ on every run without touching the bits (timings, counters, the output hashes themselves)
@@ -25,7 +25,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .portable import EXPLAIN_LABELS
+from ..determinism.portable import EXPLAIN_LABELS
 
 __all__ = ["FieldDiff", "Explanation", "flatten", "explain", "parse_record", "expected_difference"]
 
@@ -69,7 +69,7 @@ _KNOWN: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p), why) for
     (r"(^|\.)comfy_compiler$", "the Comfy Compiler (memory compiler + CUDA graphs; --disable-comfy-compiler)"),
     (r"(^|\.)attention_fallbacks(\[.*\])?$", "a pinned attention backend fell back to torch's own choice"),
 ))
-# The CPU code-path settings (fingerprint.cpu_settings.*, core/portable.py), each with its own label.
+# The CPU code-path settings (fingerprint.cpu_settings.*, core/determinism/portable.py), each with its own label.
 _KNOWN = tuple((re.compile(rf"(^|\.)cpu_settings\.{name}(\..*)?$"), why)
                for name, why in EXPLAIN_LABELS.items()) + _KNOWN
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from . import torch_compat
+from .. import torch_compat
 
 __all__ = ["TorchGlobalState", "snapshot_state", "restore_state", "set_fp32_precision_values", "FP32_LEAVES"]
 

@@ -2,7 +2,7 @@
 
 :func:`choose_blocks`, the one block finder, uses :data:`COMFY_REPEATED_BLOCKS` for ComfyUI's models (diffusers'
 ``_repeated_blocks`` idea, by class *name*: no ComfyUI imports), else class names or auto-discovery. Swapping a
-compiled block in (:func:`core.compile.swap_in`) is only correct when its parent calls it generically (an
+compiled block in (:func:`core.compile.swap.swap_in`) is only correct when its parent calls it generically (an
 ``OptimizedModule`` fails ``isinstance``): every choice passes :func:`safe_to_swap`."""
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from . import torch_compat
-from .compile import submodule
+from .. import torch_compat
+from .swap import submodule
 
 _FLUX = ("DoubleStreamBlock", "SingleStreamBlock")
 #: ``{model class: block classes}`` by ``__name__`` (``"module.QualName"`` where two share a name); outermost match

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import torch_compat
-from .paths import redact
-from .torch_state import snapshot_state
+from .. import torch_compat
+from ..paths import redact
+from ..determinism.torch_state import snapshot_state
 
 #: Dynamo's GLOBAL_STATE name -> the fingerprint fields that can explain it, first the setting users change (a name
 #: not listed is its own field: ``deterministic_algorithms``, ``num_threads``, ``grad_mode``, ``default_dtype``, ...).
@@ -34,7 +34,7 @@ DYNAMO_GUARDED: dict[str, tuple[str, ...]] = {
 def guarded_flags() -> dict[str, Any]:
     """JSON-safe fingerprint of the process-global torch settings compiled code depends on.
 
-    :func:`core.torch_state.snapshot_state` (without inductor) plus ``grad_mode``, ``inference_mode``,
+    :func:`core.determinism.torch_state.snapshot_state` (without inductor) plus ``grad_mode``, ``inference_mode``,
     ``default_dtype`` (e.g. ``"torch.float32"``), ``autocast`` (devices with autocast on) and ``torch_function``.
     """
     state = snapshot_state(load_inductor=False).as_dict()

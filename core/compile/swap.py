@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import torch_compat
-from .guard_filters import GuardFilterFn
+from .. import torch_compat
+from .guards import GuardFilterFn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +153,7 @@ def compile_blocks(root: nn.Module, paths: Sequence[str], options: CompileOption
 def swap_in(root: nn.Module, compiled: Mapping[str, Callable[..., Any]]) -> Iterator[nn.Module]:
     """Inside the ``with``, ``root``'s submodules at the paths are the compiled callables (``setattr`` on each
     parent; restored in reverse order in ``finally``); yields ``root``. Raises ``ValueError`` for an empty or
-    unknown path, before swapping. Parents dispatching on ``isinstance``: see :func:`core.blocks.safe_to_swap`."""
+    unknown path, before swapping. Parents dispatching on ``isinstance``: see :func:`core.compile.blocks.safe_to_swap`."""
     targets = []
     for path, fn in compiled.items():
         block, (parent_path, _, name) = submodule(root, path), path.rpartition(".")

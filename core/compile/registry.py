@@ -1,6 +1,6 @@
 """Compile state per model: what was compiled, how long it took, graphs, recompiles and why.
 
-One :class:`~core.compile_record.CompileRecord` per model object, held weakly; only this module writes
+One :class:`~core.compile.record.CompileRecord` per model object, held weakly; only this module writes
 ``record.stats``. Recompile reasons and limit fallbacks come from Dynamo's log messages (a log tap), graphs, graph
 breaks and cache hits from Dynamo's counters, to the innermost ``with REGISTRY.track(record)`` of the thread.
 Caveat: the counters are process-global (a compile in another thread meanwhile counts too). No ComfyUI imports.
@@ -18,13 +18,12 @@ from typing import Any
 
 import torch
 
-from . import torch_compat
-from .compile import CompileOptions, compile_blocks
-from .compile_record import CompileRecord, CompileStats, normalise_shape
-from .failures import is_interrupt, passes_through
-from .guard_filters import GuardFilterFn
-from .recompile_watch import (FullgraphBreakError, ParamIdentity, explain_recompile, graph_break_message, guarded_flags,
-                              parse_limit_hit, parse_recompile)
+from .. import torch_compat
+from .swap import CompileOptions, compile_blocks
+from .record import CompileRecord, CompileStats, normalise_shape
+from ..failures import is_interrupt, passes_through
+from .guards import GuardFilterFn
+from .recompiles import FullgraphBreakError, ParamIdentity, explain_recompile, graph_break_message, guarded_flags, parse_limit_hit, parse_recompile
 
 log = logging.getLogger("steadfast.registry")
 

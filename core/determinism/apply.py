@@ -2,9 +2,9 @@
 
 Everything this module changes is process-global torch state, changed only through :func:`apply_policy` /
 :func:`deterministic` / :func:`enable_full_determinism`; every change is recorded in a
-:class:`~core.torch_state.TorchGlobalState` snapshot that :func:`~core.torch_state.restore_state` puts back.
-The policy and its report live in :mod:`core.determinism_policy`, the snapshot in :mod:`core.torch_state`,
-``CUBLAS_WORKSPACE_CONFIG`` in :mod:`core.cublas_config`. Facts behind the recipe (figures and how to reproduce
+:class:`~core.determinism.torch_state.TorchGlobalState` snapshot that :func:`~core.determinism.torch_state.restore_state` puts back.
+The policy and its report live in :mod:`core.determinism.policy`, the snapshot in :mod:`core.determinism.torch_state`,
+``CUBLAS_WORKSPACE_CONFIG`` in :mod:`core.determinism.cublas`. Facts behind the recipe (figures and how to reproduce
 them in ``docs/measurements.md``): fp32 CPU output differs between 1 and 2 threads, so the thread count is part of
 the contract; ``torch.use_deterministic_algorithms`` also flips inductor's ``deterministic`` config, part of the
 FX-graph cache key (toggling it recompiles); ``fill_uninitialized_memory`` (torch's default True) NaN-fills
@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import torch_compat
-from .cublas_config import ensure_cublas_workspace_config
-from .determinism_policy import DeterminismPolicy, DeterminismReport, make_report
+from .. import torch_compat
+from .cublas import ensure_cublas_workspace_config
+from .policy import DeterminismPolicy, DeterminismReport, make_report
 from .noise import check_seed
 from .torch_state import FP32_LEAVES, TorchGlobalState, restore_state, set_fp32_precision_values, snapshot_state
 
