@@ -2,7 +2,7 @@
 
 Each row is ``| `path` | first paragraph of the module docstring, on one line |`` for every tracked ``.py`` file
 of the shipped tree (the root ``__init__.py``, ``core/``, ``headless/``, ``nodes/``), in that order.
-``tests/core/test_docs_map.py`` checks the table against the same function, so after adding, removing or
+``tests/repo/test_docs_map.py`` checks the table against the same function, so after adding, removing or
 redocumenting a module run::
 
     python scripts/module_map.py          # rewrites the table in docs/architecture.md

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from comfy_server import ComfyServer
-from conftest import TINY_CKPT_NAME
+from tiny_sd15 import CHECKPOINT_NAME as TINY_CKPT_NAME  # headless/ is on sys.path (tests/comfy/conftest.py)
 from steadfast_workflows import build_lora, record_of, run
 
 STEPS = 2

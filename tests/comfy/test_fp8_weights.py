@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import pytest
 
 from comfy_server import ComfyServer
-from conftest import TINY_CKPT_NAME
+from tiny_sd15 import CHECKPOINT_NAME as TINY_CKPT_NAME  # headless/ is on sys.path (tests/comfy/conftest.py)
 from steadfast_workflows import only, record_of, run, text, workflow
 
 pytestmark = [pytest.mark.comfyui, pytest.mark.slow]

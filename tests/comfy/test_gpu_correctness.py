@@ -101,7 +101,7 @@ def test_cublas_config_judged_on_a_real_gpu() -> None:
 # Item 7: a pipeline stays on the CPU and visits the GPU for the call
 # ---------------------------------------------------------------------------------------------------------------
 def test_pipeline_moves_to_the_gpu_only_for_the_call(tmp_path: Path) -> None:
-    import tiny_pipelines as tp
+    import pipeline_fixtures as tp
     from steadfast.core.pipelines import generate
     from steadfast.core.pipelines.load import on_run_device
 

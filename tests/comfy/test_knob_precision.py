@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from comfy_server import ComfyServer, PromptFailed
-from conftest import TINY_CKPT_NAME
+from tiny_sd15 import CHECKPOINT_NAME as TINY_CKPT_NAME  # headless/ is on sys.path (tests/comfy/conftest.py)
 from recompile_workflows import build
 from steadfast_workflows import add, compare_of, compile_records, record_of, run, text
 

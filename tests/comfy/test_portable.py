@@ -48,7 +48,7 @@ GOLDEN = {
 def _versions(comfyui_path: Path) -> tuple[str, str]:
     import torch
 
-    # ComfyUI's own version file (``__version__ = "0.33.0"``), read, not executed (tests/core/test_registry_package.py)
+    # ComfyUI's own version file (``__version__ = "0.33.0"``), read, not executed (tests/repo/test_publishing.py)
     found = re.search(r"__version__\s*=\s*[\"']([^\"']+)[\"']", (comfyui_path / "comfyui_version.py").read_text())
     return (found.group(1) if found else "unknown"), torch.__version__.split("+")[0]
 

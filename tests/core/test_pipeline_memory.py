@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import tiny_pipelines as tp
+import pipeline_fixtures as tp
 from steadfast.core.optimize import attention as attn_mod
 from steadfast.core.pipelines.attention import UnsupportedAttentionError, resolve_attention
 from steadfast.core.pipelines.load import RUN_DEVICE_ATTR, on_run_device, pipeline_bytes, run_device

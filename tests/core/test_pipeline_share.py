@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import tiny_pipelines as tp
+import pipeline_fixtures as tp
 from steadfast.headless import tiny_pipelines as tiny
 from steadfast.core.record.compare import compare
 from steadfast.core.record.hashing import hash_image
@@ -22,7 +22,7 @@ from steadfast.core.pipelines.share import shared_tensor_count
 G = dict(steps=2, width=tp.SIZE, height=tp.SIZE)
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/core/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/fixtures/torch_fixtures.py
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Tests for core/pipelines: loading errors, reproducible generation, ordered optimizations, LoRA hot-swap.
 
-Everything runs on tiny random-weight pipelines built at test time (tests/tiny_pipelines.py). The one
+Everything runs on tiny random-weight pipelines built at test time (tests/fixtures/pipeline_fixtures.py). The one
 compiled test uses Dynamo's ``eager`` backend: recompiles are decided by Dynamo's guards, which do not
 depend on the backend, so "0 recompiles after a hot-swap" is backend-independent.
 """
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-import tiny_pipelines as tp
+import pipeline_fixtures as tp
 from steadfast.core.record.compare import compare
 from steadfast.core.determinism.policy import DeterminismPolicy
 from steadfast.core.determinism.torch_state import snapshot_state
@@ -24,7 +24,7 @@ from steadfast.core.compile.registry import REGISTRY
 G = dict(steps=tp.STEPS, width=tp.SIZE, height=tp.SIZE)
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/core/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/fixtures/torch_fixtures.py
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import tiny_pipelines as tp
+import pipeline_fixtures as tp
 from steadfast.headless.verify_cli import main
 from steadfast.core.determinism.policy import DeterminismPolicy
 from steadfast.core.record.hashing import hash_image
@@ -24,7 +24,7 @@ from steadfast.headless.verify import SCHEMA, VerifySettings, config_names, pars
 ROOT = Path(__file__).resolve().parents[2]
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/core/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/fixtures/torch_fixtures.py
 
 
 def test_parse_configs_expectations_and_errors():

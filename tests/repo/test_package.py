@@ -68,3 +68,21 @@ def test_nodes_import_the_pinned_comfy_api_version_only():
     for name, text in users.items():
         assert "comfy_api.latest" not in text, name
         assert "comfy_api.v0_0_2" in text, name
+
+
+def test_the_version_has_one_source_in_code() -> None:
+    """``core/version.py`` holds the version; the pack's root re-exports it; ``pyproject.toml`` repeats it for the
+    Comfy Registry (which reads the field statically) and must agree."""
+    import re
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    code = re.search(r'^__version__ = "([^"]+)"$', (root / "core" / "version.py").read_text(), re.MULTILINE)
+    assert code, "core/version.py must assign __version__ a string literal"
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
+    assert project == code.group(1), f"pyproject.toml version {project} != core/version.py {code.group(1)}"
+    others = [str(p.relative_to(root)) for p in root.rglob("*.py")
+              if p.name != "version.py" and "tests" not in p.parts and not any(x.startswith(".") for x in p.parts)
+              and re.search(r"^\s*__version__\s*=", p.read_text(encoding="utf-8"), re.MULTILINE)
+              and "gpu_protocol_stubs" not in p.parts]
+    assert others == [], f"__version__ assigned outside core/version.py: {others}"
