@@ -69,7 +69,7 @@ else
     pip install -c "$cons" -r "$cons.req" requests
   fi
   log "installing Steadfast's own dependencies and the test tools"
-  pip install -c "$cons" diffusers transformers peft safetensors pillow numpy pytest requests torchao ruff
+  pip install -c "$cons" diffusers transformers peft safetensors pillow numpy pytest requests torchao ruff==0.17.6
   rm -f "$cons" "$cons.req"
   echo "$want" > "$stamp"
 fi
