@@ -40,6 +40,20 @@ def tiny_sd15_module() -> Any:
     return tiny_sd15
 
 
+TINY_CKPT = "steadfast_tiny_sd15.safetensors"
+
+
+def tiny_prompt_base(side: int, batch: int = 1, ckpt: str = TINY_CKPT) -> dict[str, Any]:
+    """Nodes "1"-"4" of an API-format prompt on the tiny checkpoint: loader, positive "a lighthouse at dusk" and
+    empty negative CLIPTextEncode, EmptyLatentImage ``side`` x ``side`` (pixels), ``batch`` items."""
+    return {
+        "1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": ckpt}},
+        "2": {"class_type": "CLIPTextEncode", "inputs": {"text": "a lighthouse at dusk", "clip": ["1", 1]}},
+        "3": {"class_type": "CLIPTextEncode", "inputs": {"text": "", "clip": ["1", 1]}},
+        "4": {"class_type": "EmptyLatentImage", "inputs": {"width": side, "height": side, "batch_size": batch}},
+    }
+
+
 def import_pack(cpu: bool = True) -> Any:
     """Import ComfyUI in-process (``args.cpu = True`` unless ``cpu=False``), then the repo root as package ``steadfast``.
 

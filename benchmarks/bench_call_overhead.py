@@ -45,10 +45,7 @@ CKPT = "steadfast_tiny_sd15.safetensors"
 def workflow(config: str, seed: int, steps: int, side: int) -> dict[str, Any]:
     """The API-format prompt for ``config`` (``eager`` or ``steadfast``, see the module docstring)."""
     wf: dict[str, Any] = {
-        "1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": CKPT}},
-        "2": {"class_type": "CLIPTextEncode", "inputs": {"text": "a lighthouse at dusk", "clip": ["1", 1]}},
-        "3": {"class_type": "CLIPTextEncode", "inputs": {"text": "", "clip": ["1", 1]}},
-        "4": {"class_type": "EmptyLatentImage", "inputs": {"width": side, "height": side, "batch_size": 1}},
+        **_common.tiny_prompt_base(side, ckpt=CKPT),
         "7": {"class_type": "VAEDecode", "inputs": {"samples": ["6", 0], "vae": ["1", 2]}},
         "8": {"class_type": "PreviewImage", "inputs": {"images": ["7", 0]}},
     }

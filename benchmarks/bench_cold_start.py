@@ -40,10 +40,7 @@ CKPT = "steadfast_tiny_sd15.safetensors"
 def workflow(config: str, seed: int, steps: int, side: int) -> dict[str, Any]:
     """The API-format prompt for ``config`` (see the module docstring)."""
     wf: dict[str, Any] = {
-        "1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": CKPT}},
-        "2": {"class_type": "CLIPTextEncode", "inputs": {"text": "a lighthouse at dusk", "clip": ["1", 1]}},
-        "3": {"class_type": "CLIPTextEncode", "inputs": {"text": "", "clip": ["1", 1]}},
-        "4": {"class_type": "EmptyLatentImage", "inputs": {"width": side, "height": side, "batch_size": 1}},
+        **_common.tiny_prompt_base(side, ckpt=CKPT),
         "6": {"class_type": "KSampler", "inputs": {
             "model": ["5", 0] if config != "eager" else ["1", 0], "seed": seed, "steps": steps, "cfg": 7.0,
             "sampler_name": "euler", "scheduler": "normal", "positive": ["2", 0], "negative": ["3", 0],

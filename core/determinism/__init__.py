@@ -6,13 +6,12 @@ restoring it (:mod:`.apply`), torch's process-global flags (:mod:`.torch_state`)
 ``CPUNoiseSampler``), torch's AVX2 CPU ``randn`` reproduced on every platform (:mod:`.randn`) and portable CPU mode
 (:mod:`.portable`).
 
-The face below is lazy (PEP 562): importing this package imports no torch, because :mod:`.cublas` and
-:mod:`.portable` must run before torch starts (the pack's ``__init__``).
+The face below is lazy (PEP 562): importing this package imports none of its modules (the pack's ``__init__``
+imports only :mod:`.cublas` and :mod:`.portable`, at start-up).
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..lazy_face import lazy_face
 
 _FACE = {
     "DeterminismPolicy": ".policy",
@@ -22,8 +21,4 @@ _FACE = {
 }
 __all__ = sorted(_FACE)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _FACE:
-        return getattr(importlib.import_module(_FACE[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_face(__name__, _FACE)

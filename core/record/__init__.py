@@ -9,8 +9,7 @@ The face below is lazy (PEP 562): importing the package imports no submodule.
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..lazy_face import lazy_face
 
 _FACE = {
     "RunRecord": ".run_record",
@@ -18,8 +17,4 @@ _FACE = {
 }
 __all__ = sorted(_FACE)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _FACE:
-        return getattr(importlib.import_module(_FACE[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_face(__name__, _FACE)
