@@ -49,3 +49,17 @@ def test_readme_folder_table_names_every_top_level_folder() -> None:
     assert {"core", "nodes", "tests"} <= folders
     rows = set(re.findall(r"^\| `([\w.-]+)/` \|", readme, flags=re.M))
     assert rows == folders, f"README folder table: missing {sorted(folders - rows)}, extra {sorted(rows - folders)}"
+
+
+def test_rooms_table_names_every_package_and_only_real_ones() -> None:
+    """The "Rooms" table of docs/architecture.md: each package it names exists (with an ``__init__.py``), and every
+    package of the shipped tree (a folder of ``core``/``nodes``/``headless`` holding an ``__init__.py``) is named."""
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = doc.split("## Rooms", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"^\| `((?:core|nodes|headless)(?:/\w+)*)/`", section, flags=re.M))
+    assert named, "no rooms table in docs/architecture.md"
+    ghosts = sorted(n for n in named if not (ROOT / n / "__init__.py").is_file())
+    assert not ghosts, f"rooms named in docs/architecture.md that are not packages: {ghosts}"
+    packages = {str(Path(f).parent) for f in tracked(*SHIPPED) if f.endswith("/__init__.py")}
+    missing = sorted(packages - named)
+    assert not missing, f"packages missing from the rooms table of docs/architecture.md: {missing}"
