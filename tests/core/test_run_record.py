@@ -99,20 +99,23 @@ HOST = {"comfyui": "0.33.0", "steadfast": "9.9.9", "dynamic_vram": False, "comfy
 
 def _model(**changes) -> RunRecord:
     latent = torch.arange(3 * 4 * 2 * 2, dtype=torch.float32).reshape(3, 4, 2, 2)
-    args = dict(seed=7, batch=3, batch_seed_mode="incremental", steps=4, cfg=7.0, denoise=1.0, sampler="euler",
-                scheduler="normal", samples=latent, settings={"device": "cpu", "attention": "math"}, host=HOST,
-                during={"num_threads": 99, "flags": {"measured": "inside"}, "cpu_settings": {"threads": 99}},
-                compile={"mode": "regional", "recompiles_this_run": 2}, model_identity={"digest": "d", "cached": True},
-                model_file={"file": "m.safetensors"}, seconds=0.123456, details={"per_step_noise": "cpu"})
+    args = {"seed": 7, "batch": 3, "batch_seed_mode": "incremental", "steps": 4, "cfg": 7.0, "denoise": 1.0,
+            "sampler": "euler", "scheduler": "normal", "samples": latent,
+            "settings": {"device": "cpu", "attention": "math"}, "host": HOST,
+            "during": {"num_threads": 99, "flags": {"measured": "inside"}, "cpu_settings": {"threads": 99}},
+            "compile": {"mode": "regional", "recompiles_this_run": 2},
+            "model_identity": {"digest": "d", "cached": True}, "model_file": {"file": "m.safetensors"},
+            "seconds": 0.123456, "details": {"per_step_noise": "cpu"}}
     args.update(changes)
     return run_record.for_model(**args)
 
 
 def _pipeline(**changes) -> RunRecord:
     images = torch.linspace(0, 1, 3 * 2 * 2 * 3).reshape(3, 2, 2, 3)
-    args = dict(seed=7, batch=3, steps=4, cfg=7.0, scheduler_class="EulerDiscreteScheduler", images=images,
-                environment=environment_fingerprint(pipeline_class="X"), host=HOST, determinism="not set",
-                compile=None, recompiles_this_run=0, seconds=0.123456, details={"prompt": "a"})
+    args = {"seed": 7, "batch": 3, "steps": 4, "cfg": 7.0, "scheduler_class": "EulerDiscreteScheduler",
+            "images": images, "environment": environment_fingerprint(pipeline_class="X"), "host": HOST,
+            "determinism": "not set", "compile": None, "recompiles_this_run": 0, "seconds": 0.123456,
+            "details": {"prompt": "a"}}
     args.update(changes)
     return run_record.for_pipeline(**args)
 
