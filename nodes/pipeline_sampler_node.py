@@ -3,7 +3,7 @@
 Thin adapters over ``core.pipelines``: ``generate`` with one CPU generator per image (image i: seed + i),
 ``warmup``; the handle's LoRA is made active right before the run and its determinism policy (Pipeline
 Determinism Setup) applied around it. The run record is a :class:`core.record.run_record.RunRecord`, the same
-schema as Seeded Sampler's.
+schema as Seeded Sampler's, from the same builder (:func:`core.record.run_record.for_pipeline`).
 """
 from __future__ import annotations
 
@@ -16,13 +16,12 @@ import comfy.model_management
 import comfy.utils
 
 from ..core.determinism import apply as determinism, portable
-from ..core.record.fingerprint import fingerprint_digest
-from ..core.record.hashing import hash_image
 from ..core.pipelines import compile_record, generate, pipeline_report
 from ..core.compile.registry import REGISTRY
 from ..core.pipelines import warmup as core_warmup
 from ..core.pipelines.handle import RUN_LOCK, PipelineHandle, prepare_run
 from ..core.pipelines.load import on_run_device
+from ..core.record import run_record
 from ..core.record.run_record import RunRecord
 from ..core.sizes import check_sizes, parse_sizes
 from . import identity
@@ -108,24 +107,20 @@ class SteadfastPipelineSampler(io.ComfyNode):
                                   on_step=_progress(total))
                 seconds = time.perf_counter() - t0
                 report = pipeline_report(pipe)  # inside the policy: threads and flags as they were for the run
-        env = {**report["environment"], **identity.versions(), **identity.comfy_environment()}
-        env["determinism"] = det.as_dict() if det is not None else NO_POLICY
-        record = RunRecord(
-            kind="pipeline", seeds=[seed + i for i in range(batch_size)],
-            batch_seed_mode="incremental (one CPU generator per image)", steps=steps, cfg=cfg, denoise=1.0,
-            sampler=type(getattr(pipe, "scheduler", None)).__name__, scheduler="pipeline's own",
-            output="image", output_shape=list(images.shape), output_sha256=hash_image(images),
-            fingerprint=env, compile=report["compile"] or "off",
+        record = run_record.for_pipeline(
+            seed=seed, batch=batch_size, steps=steps, cfg=cfg,
+            scheduler_class=type(getattr(pipe, "scheduler", None)).__name__, images=images,
+            environment=report["environment"], host={**identity.versions(), **identity.comfy_environment()},
+            determinism=det.as_dict() if det is not None else NO_POLICY, compile=report["compile"],
             recompiles_this_run=(len(rec.stats.recompiles) - recompiles_before) if rec is not None else 0,
-            seconds=round(seconds, 4),
+            seconds=seconds,
             details={"prompt": prompt, "negative_prompt": negative_prompt, "pipeline": report["pipeline"],
                      "cpu_randn": report["cpu_randn"], "source": handle.source, "dtype": handle.dtype,
                      "lora": None if handle.lora is None else {"name": handle.lora.name, "rank": handle.lora.rank,
                                                                "max_rank": handle.lora.max_rank},
                      "lora_events": events, "optimize": report["optimize"],
-                     "batch_invariant": ("on: image by image, batch-1 pipeline calls" if handle.batch_invariant
-                                         else "off: one batched pipeline call; the last bits may depend on the batch"),
-                     "fingerprint_digest": fingerprint_digest(env)},
+                     "batch_invariant": ("on: image by image, batch-1 pipeline calls" if handle.batch_invariant else
+                                         "off: one batched pipeline call; the last bits may depend on the batch")},
         )
         text = record.as_json()
         return io.NodeOutput(images, text, ui={"text": [record.summary_text()],

@@ -13,10 +13,10 @@ import comfy.samplers
 import comfy.utils
 import latent_preview
 
-from ..core.record import fingerprint, hashing
+from ..core.record import run_record
+from ..core.record.run_record import RunRecord
 from ..core.determinism import noise, portable, randn as portable_randn, torch_state
 from ..core.optimize import attention as sdpa
-from ..core.record.run_record import RunRecord
 from . import comfy_noise, identity
 from .model_patches import compile_state, qkv_counters, steadfast_options
 
@@ -214,36 +214,25 @@ class SteadfastSeededSampler(io.ComfyNode):
                          "separate_reasons": qkv_after["separate_reasons"],
                          "note": "projections inside torch.compile regions are not counted"}
         compiled = compile_state(model)
-        batch = latent.shape[0]
-        fp = fingerprint.environment_fingerprint(
-            device=str(model.load_device),
-            dtype=_dtype_of(model),
-            attention=_attention_of(opts),
-            qkv_fusion=opts.get("qkv_fusion", 0),
-            channels_last=opts.get("channels_last", False),
-            compile=compiled,
-            determinism=opts.get("last_determinism") or opts.get("determinism") or "not set (Determinism Setup not used)",
-            **({"quantize": opts["quantize"]} if "quantize" in opts else {}),  # absent when off (older records)
-            **identity.versions(),
-            **identity.comfy_environment(),
-        )
-        if during:  # the process state after sampling may differ (the policy is restored)
-            fp["num_threads"], fp["flags"] = during["num_threads"], during["flags"]
-            fp["cpu_settings"] = during["cpu_settings"]
-        fp["flags_measured"] = "during sampling" if during else "after sampling (no step callback ran)"
-        record = RunRecord(
-            kind="model",
-            seeds=[seed + i for i in range(batch)] if batch_seed_mode == "incremental" else [seed] * batch,
-            batch_seed_mode=batch_seed_mode, steps=steps, cfg=cfg, denoise=denoise,
-            sampler=sampler_name, scheduler=scheduler,
-            output="latent", output_shape=list(samples.shape), output_sha256=hashing.tensor_digest(samples),
-            fingerprint=fp, compile=compiled,
-            model={**{k: v for k, v in model_id.items()
-                      if k != "cached"},
-                   **identity.model_file(cls.hidden.prompt if cls.hidden else None,
-                                         cls.hidden.unique_id if cls.hidden else None)},
-            recompiles_this_run=(compiled.get("recompiles_this_run") or 0) if isinstance(compiled, dict) else 0,
-            seconds=round(seconds, 4),
+        record = run_record.for_model(
+            seed=seed, batch=latent.shape[0], batch_seed_mode=batch_seed_mode, steps=steps, cfg=cfg,
+            denoise=denoise, sampler=sampler_name, scheduler=scheduler, samples=samples,
+            settings=dict(
+                device=str(model.load_device),
+                dtype=_dtype_of(model),
+                attention=_attention_of(opts),
+                qkv_fusion=opts.get("qkv_fusion", 0),
+                channels_last=opts.get("channels_last", False),
+                compile=compiled,
+                determinism=(opts.get("last_determinism") or opts.get("determinism")
+                             or "not set (Determinism Setup not used)"),
+                **({"quantize": opts["quantize"]} if "quantize" in opts else {}),  # absent when off (older records)
+            ),
+            host={**identity.versions(), **identity.comfy_environment()},
+            during=during, compile=compiled, model_identity=model_id,
+            model_file=identity.model_file(cls.hidden.prompt if cls.hidden else None,
+                                           cls.hidden.unique_id if cls.hidden else None),
+            seconds=seconds,
             details={"per_step_noise": per_step, "cpu_randn": portable_randn.route_record(),
                      **({} if comfy_identical is None else {"comfy_initial_noise": (
                          "bit-identical to KSampler's prepare_noise here" if comfy_identical else

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from .. import torch_compat
+from .. import paths, torch_compat
 from ..version import __version__
 from .cache_location import DEFAULT_NAME, CacheRefused, check_location, check_name
 
@@ -149,11 +149,17 @@ class CompileCache:
         return msg
 
     def redact(self, text: str) -> str:
-        """``text`` with this cache's absolute paths replaced by ``<compile cache 'name'>``."""
-        for p in sorted({str(self.path.resolve()), str(self.path), str(self.root.resolve()), str(self.root)},
-                        key=len, reverse=True):
-            text = text.replace(p, f"<compile cache {self.name!r}>")
-        return text
+        """``text`` with this cache's absolute paths replaced by ``<compile cache 'name'>`` (a file in it:
+        ``<compile cache 'name'>/ab/x.so``), any other absolute path as :func:`core.paths.redact` shows it.
+
+        Args:
+            text: any message (an exception text, a quarantine reason).
+        Returns:
+            the text; unchanged when it holds no absolute path.
+        """
+        label = f"<compile cache {self.name!r}>"
+        roots = {str(self.path.resolve()), str(self.path), str(self.root.resolve()), str(self.root)}
+        return paths.redact(text, [(r, label) for r in sorted(roots)])
 
     def as_dict(self) -> dict[str, Any]:
         """What clients may see: name, root source, messages; never the path or key (where to plant a cache)."""

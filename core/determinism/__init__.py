@@ -2,7 +2,7 @@
 
 Owns the policy (:mod:`.policy`: what a policy asks for and what it cannot promise), applying it around a run and
 restoring it (:mod:`.apply`), torch's process-global flags (:mod:`.torch_state`), ``CUBLAS_WORKSPACE_CONFIG``
-(:mod:`.cublas`), seeds and noise (:mod:`.noise`: ``check_seed``, ``seeded_noise``,
+(:mod:`.cublas`), seeds and noise (:mod:`.noise`: ``check_seed``, ``item_seeds``, ``seeded_noise``,
 ``CPUNoiseSampler``), torch's AVX2 CPU ``randn`` reproduced on every platform (:mod:`.randn`) and portable CPU mode
 (:mod:`.portable`).
 
@@ -17,6 +17,7 @@ _FACE = {
     "DeterminismPolicy": ".policy",
     "deterministic": ".apply",
     "check_seed": ".noise",
+    "item_seeds": ".noise",
     "seeded_noise": ".noise",
 }
 __all__ = sorted(_FACE)

@@ -26,7 +26,7 @@ import torch
 
 from .randn import PORTABLE_DTYPES, portable_randn
 
-__all__ = ["MAX_SEED", "NOISE_MODES", "CPUNoiseSampler", "check_seed", "draw", "seeded_noise"]
+__all__ = ["MAX_SEED", "NOISE_MODES", "CPUNoiseSampler", "check_seed", "draw", "item_seeds", "seeded_noise"]
 
 NOISE_MODES = ("incremental", "comfy")
 #: Largest seed ComfyUI's seed widgets allow and ``torch.Generator.manual_seed`` takes: ``2**64 - 1``.
@@ -107,6 +107,40 @@ def _check_batch_index(batch_index: Sequence[int] | None, batch: int) -> list[in
     return inds
 
 
+def item_seeds(seed: int, batch: int, mode: str = "incremental",
+               batch_index: Sequence[int] | None = None) -> list[int]:
+    """The seed of each batch item: the pack's one "item ``i`` = ``seed + i``".
+
+    Used wherever a batch derives its seeds: initial noise (:func:`seeded_noise`), per-step noise
+    (:class:`CPUNoiseSampler` ``per_item``), a pipeline's CPU generators (``core.pipelines.run.image_generators``)
+    and the run record's ``seeds``.
+
+    Args:
+        seed: seed of item 0, an integer in ``[0, 2**64 - 1]``.
+        batch: number of items, >= 1.
+        mode: ``"incremental"``: item ``j`` gets ``seed + k`` with ``k = batch_index[j]`` (default ``k = j``),
+            so item ``j`` equals a batch-1 run at that seed. ``"comfy"``: ComfyUI's one stream for the whole
+            batch, seeded once: every item lists ``seed`` (``batch_index`` is checked, not used).
+        batch_index: optional per-item indices (``latent["batch_index"]``), one per item, each >= 0.
+    Returns:
+        ``batch`` Python ints, in batch order.
+    Raises:
+        TypeError: ``seed`` is not an integer. ValueError: ``batch < 1``, unknown ``mode``, a ``batch_index`` of
+            the wrong length or with negative entries, or a seed outside ``[0, 2**64 - 1]`` (:func:`check_seed`).
+    """
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    seed = check_seed(seed)
+    if mode not in NOISE_MODES:
+        raise ValueError(f"mode must be one of {NOISE_MODES}, got {mode!r}")
+    inds = _check_batch_index(batch_index, batch)
+    if mode == "comfy":
+        return [seed] * batch
+    offsets = inds if inds is not None else range(batch)
+    check_seed(seed, count=max(offsets) + 1)
+    return [seed + k for k in offsets]
+
+
 def seeded_noise(
     shape: Sequence[int],
     seed: int,
@@ -159,9 +193,7 @@ def seeded_noise(
         return _randn(size, draw, generator).to(dtype)
 
     if mode == "incremental":
-        offsets = inds if inds is not None else range(dims[0])
-        check_seed(seed, count=max(offsets) + 1)
-        items = [randn(item_shape, _generator(seed + k)) for k in offsets]
+        items = [randn(item_shape, _generator(s)) for s in item_seeds(seed, dims[0], mode, inds)]
         return torch.cat(items, dim=0)
 
     generator = _generator(seed)
@@ -234,8 +266,7 @@ class CPUNoiseSampler:
         if self.per_item:
             if len(self.shape) == 0 or self.shape[0] < 1:
                 raise ValueError(f"per_item needs a non-empty batch dimension, got shape {self.shape}")
-            check_seed(self.seed, count=self.shape[0])
-            self.generators = [_generator(self.seed + i) for i in range(self.shape[0])]
+            self.generators = [_generator(s) for s in item_seeds(self.seed, self.shape[0])]
         else:
             self.generators = [_generator(self.seed)]
         self.calls = 0

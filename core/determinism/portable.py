@@ -30,7 +30,7 @@ import os
 from typing import Any
 
 __all__ = ["ENV_FLAG", "PortableModeError", "portable_env", "is_portable", "check_cpu", "apply_in_process", "pin_thread",
-           "cpu_settings", "refuse", "check_device", "EXPLAIN_LABELS", "SETTINGS_ENV"]
+           "cpu_settings", "refuse", "check_device", "SETTINGS_ENV"]
 __all__ += ["free_memory_refusals", "FREE_MEMORY_NODES"]  # ComfyUI's free-memory choices (kept apart for merges)
 
 ENV_FLAG = "STEADFAST_PORTABLE"
@@ -50,19 +50,6 @@ CAPS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 _CBWR_NAMES = {1: "OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 6: "SSSE3", 7: "SSE4_1", 8: "SSE4_2", 9: "AVX",
                10: "AVX2", 11: "AVX512_MIC", 12: "AVX512", 13: "AVX512_MIC_E1", 14: "AVX512_E1"}
 _CBWR_STRICT = 0x10000
-
-#: Run-record field (dotted, under ``fingerprint.cpu_settings``) -> what :mod:`core.record.explain` says about it.
-EXPLAIN_LABELS: dict[str, str] = {
-    "portable": "portable CPU mode on/off (pinned code paths vs this CPU's fastest)",
-    "aten_capability": "ATen vector kernels (ATEN_CPU_CAPABILITY): softmax, SDPA, elementwise, randn",
-    "mkldnn_enabled": "oneDNN on/off: convolution and GELU kernels",
-    "mkl_cbwr": "MKL numerical-reproducibility branch (MKL_CBWR): linear, bmm, SDPA, exp",
-    "threads": "CPU reductions split by thread count",
-    "mkl_max_threads": "MKL threads: GEMM split by thread count",
-    "inductor_simdlen": "inductor's vector width for compiled CPU code",
-    "env": "a CPU-settings environment variable (read at start-up)",
-    "cpu_flags": "the CPU's vector ISA (which kernels run when nothing is pinned)",
-}
 
 
 class PortableModeError(RuntimeError):

@@ -14,7 +14,7 @@ import torch
 from ..determinism.apply import deterministic
 from ..determinism.policy import DeterminismPolicy
 from ..record.fingerprint import environment_fingerprint, fingerprint_digest
-from ..determinism.noise import check_seed
+from ..determinism.noise import item_seeds
 from ..optimize.attention import check_sdpa_backend, sdpa_context
 from ..determinism.randn import portable_generator_randn, route_record
 from ..compile.record import CompileRecord
@@ -31,12 +31,9 @@ def image_generators(seed: int, batch: int) -> list[torch.Generator]:
     diffusers' ``randn_tensor`` draws item ``i`` of a batch from ``generator[i]`` when given a list, so
     image ``i``'s initial noise (and any per-step noise) equals that of a batch-1 run at ``seed + i``.
     Raises ``ValueError`` for ``batch < 1`` or seeds outside ``[0, 2**64 - 1]`` and ``TypeError`` for a
-    non-integer seed (:func:`~..noise.check_seed`).
+    non-integer seed (:func:`~..determinism.noise.item_seeds`).
     """
-    if batch < 1:
-        raise ValueError(f"batch must be >= 1, got {batch}")
-    seed = check_seed(seed, count=batch)
-    return [torch.Generator(device="cpu").manual_seed(seed + i) for i in range(batch)]
+    return [torch.Generator(device="cpu").manual_seed(s) for s in item_seeds(seed, batch)]
 
 
 def compile_record(pipe: Any) -> CompileRecord | None:

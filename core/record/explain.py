@@ -25,9 +25,21 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ..determinism.portable import EXPLAIN_LABELS
+__all__ = ["EXPLAIN_LABELS", "FieldDiff", "Explanation", "flatten", "explain", "parse_record", "expected_difference"]
 
-__all__ = ["FieldDiff", "Explanation", "flatten", "explain", "parse_record", "expected_difference"]
+#: CPU code-path setting (dotted, under ``fingerprint.cpu_settings``: the keys of
+#: :func:`core.determinism.portable.cpu_settings`) -> what :func:`explain` says about it.
+EXPLAIN_LABELS: dict[str, str] = {
+    "portable": "portable CPU mode on/off (pinned code paths vs this CPU's fastest)",
+    "aten_capability": "ATen vector kernels (ATEN_CPU_CAPABILITY): softmax, SDPA, elementwise, randn",
+    "mkldnn_enabled": "oneDNN on/off: convolution and GELU kernels",
+    "mkl_cbwr": "MKL numerical-reproducibility branch (MKL_CBWR): linear, bmm, SDPA, exp",
+    "threads": "CPU reductions split by thread count",
+    "mkl_max_threads": "MKL threads: GEMM split by thread count",
+    "inductor_simdlen": "inductor's vector width for compiled CPU code",
+    "env": "a CPU-settings environment variable (read at start-up)",
+    "cpu_flags": "the CPU's vector ISA (which kernels run when nothing is pinned)",
+}
 
 # Leaf patterns (regex on the dotted name) that differ run to run without changing the bits.
 _VOLATILE = re.compile(

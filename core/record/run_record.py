@@ -1,21 +1,34 @@
-"""The run record: one typed schema for every Steadfast sampler (MODEL and diffusers pipeline).
+"""The run record: one typed schema for every Steadfast sampler (MODEL and diffusers pipeline), and its one builder.
 
 A run record says what decided the output bits of one sampling run: seeds, sampler settings, the
 output's hash, the environment fingerprint (:func:`core.record.fingerprint.environment_fingerprint`) and the
 compile state. Two records of the same workflow can be compared field by field; ``from_json`` reads
 back what :meth:`RunRecord.as_json` wrote (the Seeded Sampler nodes' ``run_record`` output).
+
+Both samplers build theirs here: :func:`for_model` (Seeded Sampler) and :func:`for_pipeline` (Pipeline Sampler)
+gather their path's fields and share one core (seeds from :func:`core.determinism.noise.item_seeds`, the output's
+digest, the running ComfyUI's facts in the fingerprint, the timing): a node only collects what ComfyUI knows.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["KINDS", "OUTPUTS", "RunRecord"]
+import torch
+
+from ..determinism.noise import item_seeds
+from .fingerprint import environment_fingerprint, fingerprint_digest
+from .hashing import hash_image, tensor_digest
+
+__all__ = ["KINDS", "OUTPUTS", "PIPELINE_SEED_MODE", "RunRecord", "for_model", "for_pipeline"]
 
 KINDS = ("model", "pipeline")
 OUTPUTS = ("latent", "image")
+#: ``batch_seed_mode`` of a pipeline run: image i from its own CPU generator seeded ``seed + i``.
+PIPELINE_SEED_MODE = "incremental (one CPU generator per image)"
 
 
 @dataclass
@@ -141,3 +154,99 @@ def _compile_text(comp: dict[str, Any], this_run: int) -> str:
         reasons = comp.get("fallbacks") or ["unknown reason"]
         text += f"\nCOMPILE FAILED -> ran EAGER: {str(reasons[-1])[:300]}"
     return text
+
+
+def for_model(*, seed: int, batch: int, batch_seed_mode: str, steps: int, cfg: float, denoise: float, sampler: str,
+              scheduler: str, samples: torch.Tensor, settings: Mapping[str, Any], host: Mapping[str, Any],
+              during: Mapping[str, Any] | None, compile: dict[str, Any] | str, model_identity: Mapping[str, Any],
+              model_file: Mapping[str, Any], seconds: float, details: dict[str, Any]) -> RunRecord:
+    """The run record of one Seeded Sampler run (``kind="model"``, ``output="latent"``).
+
+    Args:
+        seed: the node's seed. batch: the LATENT's batch size. batch_seed_mode: ``"incremental"`` or ``"comfy"``
+            (seeds: :func:`~..determinism.noise.item_seeds`, without ``batch_index``).
+        steps / cfg / denoise / sampler / scheduler: the node's sampler settings.
+        samples: the denoised latent ``[B, C, H, W]`` (or 5-D), hashed exactly (:func:`~.hashing.tensor_digest`).
+        settings: the MODEL's output-relevant settings, in record order (``device``, ``dtype``, ``attention``,
+            ``qkv_fusion``, ``channels_last``, ``compile``, ``determinism``, and ``quantize`` when on): fingerprint
+            fields after the built-in ones.
+        host: the running ComfyUI's facts (versions, determinism-relevant settings), fingerprint fields after
+            ``settings``.
+        during: ``num_threads``, ``flags`` and ``cpu_settings`` as measured inside sampling (they replace the
+            values measured now: the determinism policy is restored after the run); empty or None when no step
+            callback ran.
+        compile: the MODEL's compile state ("off" or a dict; its ``recompiles_this_run`` is counted).
+        model_identity: :func:`~.model_identity` digest fields (its ``cached`` flag is not recorded).
+        model_file: ``file`` / ``file_size`` of the loader upstream, or ``{}``.
+        seconds: wall time of the sampling call (s), recorded to 0.1 ms.
+        details: the MODEL path's facts (per-step noise, QKV counters, ...), recorded as given.
+    Returns:
+        the validated :class:`RunRecord`.
+    Raises:
+        ValueError: a fingerprint field colliding with a built-in one, a bad seed/mode, or a field
+            :class:`RunRecord` refuses. TypeError: a fingerprint value without a stable JSON form.
+    """
+    fp = environment_fingerprint(**settings, **host)
+    if during:  # the process state after sampling may differ (the policy is restored)
+        fp["num_threads"], fp["flags"] = during["num_threads"], during["flags"]
+        fp["cpu_settings"] = during["cpu_settings"]
+    fp["flags_measured"] = "during sampling" if during else "after sampling (no step callback ran)"
+    return _record(
+        "model", seeds=item_seeds(seed, batch, batch_seed_mode), batch_seed_mode=batch_seed_mode, steps=steps,
+        cfg=cfg, denoise=denoise, sampler=sampler, scheduler=scheduler, output="latent", tensor=samples,
+        fingerprint=fp, compile=compile,
+        recompiles_this_run=(compile.get("recompiles_this_run") or 0) if isinstance(compile, dict) else 0,
+        seconds=seconds, details=details,
+        model={**{k: v for k, v in model_identity.items() if k != "cached"}, **model_file})
+
+
+def for_pipeline(*, seed: int, batch: int, steps: int, cfg: float, scheduler_class: str, images: torch.Tensor,
+                 environment: Mapping[str, Any], host: Mapping[str, Any], determinism: Any,
+                 compile: dict[str, Any] | None, recompiles_this_run: int, seconds: float,
+                 details: dict[str, Any]) -> RunRecord:
+    """The run record of one Pipeline Sampler run (``kind="pipeline"``, ``output="image"``).
+
+    Args:
+        seed: the node's seed. batch: the number of images (seeds: :func:`~..determinism.noise.item_seeds`,
+            ``batch_seed_mode`` :data:`PIPELINE_SEED_MODE`).
+        steps / cfg: ``num_inference_steps`` / ``guidance_scale`` (``denoise`` is recorded as 1.0).
+        scheduler_class: the pipeline's scheduler class name (recorded as ``sampler``; ``scheduler`` is
+            "pipeline's own").
+        images: the IMAGE ``[B, H, W, 3]`` float32, hashed as the uint8 pixels SaveImage writes
+            (:func:`~.hashing.hash_image`).
+        environment: the pipeline report's environment fingerprint (``core.pipelines.pipeline_report``).
+        host: the running ComfyUI's facts (versions, determinism-relevant settings), fingerprint fields after
+            ``environment``.
+        determinism: the policy in effect (its ``as_dict()``) or the text saying none was set; the last
+            fingerprint field.
+        compile: the compile record's dict, or None when not compiled (recorded "off").
+        recompiles_this_run: recompiles counted during this run. seconds: wall time (s), recorded to 0.1 ms.
+        details: the pipeline path's facts (prompt, source, LoRA, ...); ``fingerprint_digest`` (of the
+            fingerprint) is appended.
+    Returns:
+        the validated :class:`RunRecord`.
+    Raises:
+        ValueError: a bad seed, or a field :class:`RunRecord` refuses. TypeError: a fingerprint value without a
+            stable JSON form (in the digest).
+    """
+    env = {**environment, **host}
+    env["determinism"] = determinism
+    return _record(
+        "pipeline", seeds=item_seeds(seed, batch), batch_seed_mode=PIPELINE_SEED_MODE, steps=steps, cfg=cfg,
+        denoise=1.0, sampler=scheduler_class, scheduler="pipeline's own", output="image", tensor=images,
+        fingerprint=env, compile=compile or "off", recompiles_this_run=recompiles_this_run, seconds=seconds,
+        details={**details, "fingerprint_digest": fingerprint_digest(env)}, model={})
+
+
+def _record(kind: str, *, seeds: list[int], batch_seed_mode: str, steps: int, cfg: float, denoise: float,
+            sampler: str, scheduler: str, output: str, tensor: torch.Tensor, fingerprint: dict[str, Any],
+            compile: dict[str, Any] | str, recompiles_this_run: int, seconds: float, details: dict[str, Any],
+            model: dict[str, Any]) -> RunRecord:
+    """The core both builders share: the output's shape and digest (a latent's exact bytes, an image's uint8
+    pixels), the timing to 0.1 ms, field order of the record."""
+    digest = tensor_digest(tensor) if output == "latent" else hash_image(tensor)
+    return RunRecord(
+        kind=kind, seeds=seeds, batch_seed_mode=batch_seed_mode, steps=steps, cfg=cfg, denoise=denoise,
+        sampler=sampler, scheduler=scheduler, output=output, output_shape=list(tensor.shape), output_sha256=digest,
+        fingerprint=fingerprint, compile=compile, model=model, recompiles_this_run=recompiles_this_run,
+        seconds=round(seconds, 4), details=details)

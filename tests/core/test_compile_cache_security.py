@@ -47,6 +47,10 @@ def test_cache_lives_under_root_and_name(tmp_path: Path) -> None:
     assert cache.as_dict() == {"name": "flux", "source": "", "messages": []}
     assert cache.redact(f"ImportError: {cache.path.resolve()}/ab/x.so: file too short") == \
         "ImportError: <compile cache 'flux'>/ab/x.so: file too short"
+    # one redactor (core/paths.py): the cache's folders are its label, any other absolute path is hidden too
+    aside, elsewhere = cache.root / f"{cache.key}.bad-1", tmp_path / "elsewhere" / "x.so"
+    assert cache.redact(f"moved {aside} ({elsewhere})") == \
+        f"moved <compile cache 'flux'>/{cache.key}.bad-1 (.../elsewhere/x.so)"
 
 
 @pytest.mark.parametrize("where", ["input", "output", "temp", "user/default", "input/deep/er"])

@@ -94,3 +94,11 @@ def test_expected_difference_tells_design_from_failure() -> None:
     assert explain.expected_difference(ref, None)[0] is False
     with pytest.raises(ValueError):
         explain.expected_difference("not json", ref)
+
+
+def test_every_cpu_setting_has_its_label_in_explain() -> None:
+    """The labels live with their user (core/record/explain.py), one per key of ``portable.cpu_settings()``: a new
+    setting without a label would be explained as "may change bits"; determinism holds no record labels."""
+    from steadfast.core.determinism import portable
+    assert set(explain.EXPLAIN_LABELS) == set(portable.cpu_settings())
+    assert not hasattr(portable, "EXPLAIN_LABELS")

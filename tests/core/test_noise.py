@@ -14,11 +14,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from steadfast.core.record.hashing import tensor_digest
-from steadfast.core.determinism.noise import MAX_SEED, CPUNoiseSampler, check_seed, seeded_noise
+from steadfast.core.determinism.noise import MAX_SEED, CPUNoiseSampler, check_seed, item_seeds, seeded_noise
 from steadfast.core.determinism.randn import portable_randn
 
 COMFY = Path(os.environ.get("COMFYUI_PATH", Path.home() / "comfy" / "ComfyUI")).expanduser()
@@ -290,6 +291,38 @@ def test_check_seed_is_the_one_seed_check():
             call(1.0)
     with pytest.raises(ValueError, match="exceeds"):
         image_generators(MAX_SEED, 2)
+
+
+def test_item_seeds_is_item_i_equals_seed_plus_i():
+    assert item_seeds(7, 3) == item_seeds(7, 3, "incremental") == [7, 8, 9]
+    assert item_seeds(7, 3, "comfy") == [7, 7, 7]  # one stream for the batch, seeded once
+    assert item_seeds(50, 2, batch_index=[3, 1]) == [53, 51]
+    assert item_seeds(50, 2, "comfy", batch_index=[3, 1]) == [50, 50]
+    assert item_seeds(MAX_SEED - 2, 3) == [MAX_SEED - 2, MAX_SEED - 1, MAX_SEED]
+    assert [type(s) for s in item_seeds(np.uint64(5), 2)] == [int, int]
+    for bad in ({"batch": 0}, {"mode": "gpu"}, {"batch_index": [0]}, {"batch_index": [0, -1]},
+                {"seed": MAX_SEED - 1, "batch": 3}, {"seed": 0, "batch_index": [0, MAX_SEED + 1]}):
+        args = {"seed": 0, "batch": 2, **bad}
+        with pytest.raises(ValueError):
+            item_seeds(**args)
+    with pytest.raises(TypeError):
+        item_seeds(1.0, 1)
+
+
+def test_every_batch_derives_its_seeds_from_item_seeds():
+    """Initial noise, per-step noise and a pipeline's generators give item j what a batch-1 run at item_seeds[j]
+    gives (the run record's ``seeds`` are the same list: tests/core/test_run_record.py)."""
+    from steadfast.core.pipelines.run import image_generators
+
+    seeds = item_seeds(40, 3, batch_index=[2, 0, 5])
+    out = seeded_noise((3, 4, 2, 2), 40, batch_index=[2, 0, 5])
+    for j, s in enumerate(seeds):
+        assert torch.equal(out[j:j + 1], seeded_noise((1, 4, 2, 2), s))
+    per_step = CPUNoiseSampler(torch.zeros(3, 4, 2, 2), 40, per_item=True)()
+    gens = image_generators(40, 3)
+    for j, s in enumerate(item_seeds(40, 3)):
+        assert torch.equal(per_step[j:j + 1], CPUNoiseSampler(torch.zeros(1, 4, 2, 2), s)())
+        assert gens[j].initial_seed() == s
 
 
 # ----------------------------------------------------------------------------- CPUNoiseSampler
