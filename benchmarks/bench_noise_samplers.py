@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     import comfy.sd
     import torch
     from steadfast.core.determinism import noise as sf_noise
-    from steadfast.core.determinism import randn as portable_randn
+    from steadfast.core.determinism import randn_route
     from steadfast.nodes.host import noise as comfy_noise
 
     if args.threads:
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         "sampling": f"{args.steps} steps, normal schedule, cfg 1.0, latent 1x4x{args.side}x{args.side}, "
                     f"seed {args.seed}",
         "timing": f"{args.rounds} interleaved rounds per case after one untimed call each",
-        "cpu_randn": portable_randn.route_record(),
+        "cpu_randn": randn_route.route_record(),
     })
 
     class StandIn(torch.nn.Module):
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             ns, _ = comfy_noise.per_step_noise(sampler, latent, ks.sigmas, args.seed, mode, model.load_device)
             if ns is not None:
                 sampler.extra_options = {**sampler.extra_options, "noise_sampler": ns}
-            with portable_randn.portable_generator_randn():
+            with randn_route.portable_generator_randn():
                 out = comfy.sample.sample_custom(model, x0, 1.0, sampler, ks.sigmas, cond, cond, latent,
                                                  disable_pbar=True, seed=args.seed)
             if isinstance(ns, sf_noise.CPUNoiseSampler):

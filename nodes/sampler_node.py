@@ -13,7 +13,7 @@ import comfy.utils
 import latent_preview
 
 from ..core.record import fingerprint, hashing
-from ..core.determinism import noise, portable, randn as portable_randn, torch_state
+from ..core.determinism import noise, portable, randn_route, torch_state
 from ..core.optimize import attention as sdpa
 from ..core.record.run_record import RunRecord
 from .host import identity, noise as host_noise
@@ -124,9 +124,9 @@ class SteadfastSeededSampler(io.ComfyNode):
         sdpa_before = sdpa.fallback_counts()
         t0 = time.perf_counter()
         # CPU Brownian trees (torchsde) draw with torch.randn on CPU generators: routed to portable noise only
-        # where torch's own bytes differ (core/portable_randn.routed_dtypes; nothing is replaced on x86 AVX2)
+        # where torch's own bytes differ (core/determinism/randn_route.routed_dtypes; nothing is replaced on x86 AVX2)
         try:
-            with portable_randn.portable_generator_randn():
+            with randn_route.portable_generator_randn():
                 samples = comfy.sample.sample_custom(model, x0, cfg, sampler, ks.sigmas, positive, negative, latent,
                                                      noise_mask=latent_image.get("noise_mask"), callback=callback,
                                                      disable_pbar=not comfy.utils.PROGRESS_BAR_ENABLED, seed=seed)
@@ -177,7 +177,7 @@ class SteadfastSeededSampler(io.ComfyNode):
                                          cls.hidden.unique_id if cls.hidden else None)},
             recompiles_this_run=(compiled.get("recompiles_this_run") or 0) if isinstance(compiled, dict) else 0,
             seconds=round(seconds, 4),
-            details={"per_step_noise": per_step, "cpu_randn": portable_randn.route_record(),
+            details={"per_step_noise": per_step, "cpu_randn": randn_route.route_record(),
                      **({} if comfy_identical is None else {"comfy_initial_noise": (
                          "bit-identical to KSampler's prepare_noise here" if comfy_identical else
                          "NOT bit-identical to KSampler's here: this torch's own CPU randn is not the portable "
