@@ -125,7 +125,8 @@ PER_STEP_NOISE: dict[str, str] = {
     "sample_dpm_2_ancestral": DEFAULT, "sample_dpmpp_2s_ancestral": DEFAULT,
     "sample_dpmpp_2s_ancestral_cfg_pp": DEFAULT, "sample_exp_heun_2_x0_sde": DEFAULT,
     "sample_ddpm": DEFAULT, "sample_lcm": DEFAULT, "sample_er_sde": DEFAULT,
-    "sample_seeds_2": DEFAULT, "sample_seeds_3": DEFAULT, "sample_sa_solver": DEFAULT, "sample_sa_solver_pece": DEFAULT,
+    "sample_seeds_2": DEFAULT, "sample_seeds_3": DEFAULT,
+    "sample_sa_solver": DEFAULT, "sample_sa_solver_pece": DEFAULT,
     "sample_res_multistep": DEFAULT, "sample_res_multistep_cfg_pp": DEFAULT,  # built, eta=0: never called
     "sample_res_multistep_ancestral": DEFAULT, "sample_res_multistep_ancestral_cfg_pp": DEFAULT,
     # BrownianTreeNoiseSampler(x, sigma_min, sigma_max, seed=..., cpu=True) (_gpu twins: cpu=False)

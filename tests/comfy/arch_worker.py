@@ -12,10 +12,15 @@ Modes::
     python arch_worker.py run [--backend eager|inductor] [--calls 3] [--threads 1] ITEM ...
         ITEM = arch[:dynamic=none|true|false,contiguous=0|1,specialize=0|1,filter=comfy|skip,patch=0|1]
         (arch: sd15 sdxl flux sd3 wan)
+    python arch_worker.py swaptable [ARCH ...]     # NON_GENERIC_PARENTS against the small models (same archs)
 
 ``structure``: per architecture the declared blocks (:func:`core.compile.blocks.choose_blocks`), their count
 against the count read from the model's own containers, auto-discovery (:func:`core.compile.blocks.choose_blocks` with ``discover=True``)
-and :func:`core.compile.blocks.safe_to_swap`. Nothing is allocated (meta tensors).
+and :func:`core.compile.blocks.safe_to_swap`, and whether a chosen block's caller dispatches on its class
+(``caller_dispatch``: :func:`core.compile.blocks.isinstance_dispatch`, the swap table's oracle, read here only).
+Nothing is allocated (meta tensors).
+
+``swaptable``: :func:`swap_table` (blocks swapped for wrappers that are not instances of their class).
 
 ``run``: a SMALL seeded instance (every parameter and float buffer written from one generator; ComfyUI
 layers skip weight init) is run eagerly, then with the chosen blocks compiled (``compile_blocks`` +
@@ -690,7 +695,8 @@ def swap_table(arch: str) -> dict[str, Any]:
         chosen = {"count": len(wrappers), "error": err, "uncalled": [p for p, w in wrappers.items() if not w.calls],
                   "equal": out is not None and torch.equal(out, eager)}
         refused = {}
-        candidates = [*disc.refused, *(f"{p}.{n}" for p in disc.refused for n, _ in model.get_submodule(p).named_children())]
+        candidates = [*disc.refused,
+                      *(f"{p}.{n}" for p in disc.refused for n, _ in model.get_submodule(p).named_children())]
         for path in candidates:
             reason = sblocks.swap_refusal(model, path)
             if reason is None or not reason.startswith("called by"):
@@ -698,7 +704,8 @@ def swap_table(arch: str) -> dict[str, Any]:
             caller = type(_caller(model, path)).__name__
             w = _Stranger(model.get_submodule(path))
             out, err = forward({path: w})
-            refused[path] = {"caller": caller, "changed": err is not None or not w.calls or not torch.equal(out, eager),
+            changed = err is not None or not w.calls or not torch.equal(out, eager)
+            refused[path] = {"caller": caller, "changed": changed,
                              "error": err, "called": w.calls}
     return {"class": type(model).__name__, "chosen": chosen, "refused": refused}
 

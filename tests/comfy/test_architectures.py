@@ -18,6 +18,10 @@ What is measured (numbers come from the worker, nothing is assumed):
   without them the same models compile extra graphs (Dynamo's reasons are checked);
 * ``comfy_guard_filter``: a per-block attn2 patch added after warm-up is applied (ComfyUI-style
   ``SkipGuardsOn`` silently ignores it; measured);
+* the swap table (``NON_GENERIC_PARENTS``, by which ``swap_refusal`` judges ComfyUI's callers without reading
+  source): every chosen block swapped for a plain wrapper is called and changes nothing, children of each row's
+  caller swapped alone change the result (arch_worker ``swaptable``); no caller of a chosen block dispatches on its
+  class (``caller_dispatch``, per architecture);
 * ``slow``: the same with ``backend="inductor"`` for Flux and Wan.
 """
 from __future__ import annotations
@@ -437,7 +441,8 @@ def test_comfy_callers_are_judged_by_the_table_alone() -> None:
     comfy_dispatcher = type("Dispatcher", (Dispatcher,), {"__module__": "comfy.ldm.not_a_module"})()
     assert sblocks.safe_to_swap(comfy_dispatcher, ["layers.0", "layers.1"]).refused == {}
     assert set(sblocks.safe_to_swap(Dispatcher(), ["layers.0", "layers.1"]).refused) == {"layers.0", "layers.1"}
-    assert sblocks.isinstance_dispatch(Dispatcher, DispatchedLeaf) and not sblocks.isinstance_dispatch(Dispatcher, Leaf)
+    assert sblocks.isinstance_dispatch(Dispatcher, DispatchedLeaf)
+    assert not sblocks.isinstance_dispatch(Dispatcher, Leaf)
     named = type("TimestepEmbedSequential", (nn.Sequential,), {"__module__": "comfy.ldm.not_a_module"})
     seq = nn.Module()
     seq.ts = nn.ModuleList([named(Leaf(), Leaf())])
