@@ -8,7 +8,7 @@ sigmas (``normal`` schedule), cfg 1.0 and the SDXL latent size 1x4x128x128:
 - **stock** (KSampler): initial noise ``comfy.sample.prepare_noise`` (what ``common_ksampler`` calls), the
   sampler's own per-step noise (``default_noise_sampler`` / ``BrownianTreeNoiseSampler(cpu=True)``);
 - **seeded** (Seeded Sampler): the node's real noise path: ``core.determinism.noise.seeded_noise`` (with the ``comfy`` draw
-  dtype the node asks for), ``nodes.sampler_node.per_step_noise`` and ``portable_generator_randn`` around the
+  dtype the node asks for), ``nodes.host.noise.per_step_noise`` and ``portable_generator_randn`` around the
   call, exactly as ``SteadfastSeededSampler.execute`` does (its run record, written after sampling, is not
   timed).
 
@@ -51,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     import comfy.sd
     import torch
     from steadfast.core.determinism import noise as sf_noise
-    from steadfast.core.determinism import randn as portable_randn
-    from steadfast.nodes import comfy_noise, sampler_node
+    from steadfast.core.determinism import randn_route
+    from steadfast.nodes.host import noise as comfy_noise
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         "sampling": f"{args.steps} steps, normal schedule, cfg 1.0, latent 1x4x{args.side}x{args.side}, "
                     f"seed {args.seed}",
         "timing": f"{args.rounds} interleaved rounds per case after one untimed call each",
-        "cpu_randn": portable_randn.route_record(),
+        "cpu_randn": randn_route.route_record(),
     })
 
     class StandIn(torch.nn.Module):
@@ -91,10 +91,10 @@ def main(argv: list[str] | None = None) -> int:
                                                   disable_pbar=True, seed=args.seed)
             draw = comfy_noise.comfy_draw(latent.dtype, sf_noise.draw)[0] if mode == "comfy" else None
             x0 = sf_noise.seeded_noise(tuple(latent.shape), args.seed, mode=mode, dtype=latent.dtype, draw_dtype=draw)
-            ns, _ = sampler_node.per_step_noise(sampler, latent, ks.sigmas, args.seed, mode, model.load_device)
+            ns, _ = comfy_noise.per_step_noise(sampler, latent, ks.sigmas, args.seed, mode, model.load_device)
             if ns is not None:
                 sampler.extra_options = {**sampler.extra_options, "noise_sampler": ns}
-            with portable_randn.portable_generator_randn():
+            with randn_route.portable_generator_randn():
                 out = comfy.sample.sample_custom(model, x0, 1.0, sampler, ks.sigmas, cond, cond, latent,
                                                  disable_pbar=True, seed=args.seed)
             if isinstance(ns, sf_noise.CPUNoiseSampler):

@@ -2,12 +2,12 @@
 // after they execute. Uses the documented extension hooks (beforeRegisterNodeDef + onExecuted).
 import { app } from "../../scripts/app.js";
 
-const NODES = new Set([
-  "SteadfastDeterminismSetup", "SteadfastOptimizeModel", "SteadfastSeededSampler",
-  "SteadfastWarmup", "SteadfastHash", "SteadfastCompare",
-  "SteadfastPipelineSampler", "SteadfastPipelineOptimize", "SteadfastPipelineWarmup",
-  "SteadfastPipelineDeterminismSetup", "SteadfastLoadDiffusersPipeline", "SteadfastPipelineLoRA",
-]);
+// The pack's nodes, learned from /object_info as the frontend registers each node type (beforeRegisterNodeDef gets
+// the node's /object_info entry): every node whose category is "Steadfast" or under it, as nodes/*.py declare it.
+// No hand-kept list that a new node could be missing from.
+const CATEGORY = "Steadfast";
+const NODES = new Set();
+const isOurs = (nodeData) => nodeData?.category === CATEGORY || String(nodeData?.category ?? "").startsWith(`${CATEGORY}/`);
 
 // Optimize Model lost its two pipeline-only widgets (vae_slicing, vae_tiling: now on Pipeline Optimize).
 // widgets_values are positional, so a workflow saved with them would shift strict_recompiles and
@@ -373,7 +373,8 @@ app.registerExtension({
     setTimeout(restoreReports, 300);
   },
   async beforeRegisterNodeDef(nodeType, nodeData) {
-    if (!NODES.has(nodeData.name)) return;
+    if (!isOurs(nodeData)) return;
+    NODES.add(nodeData.name);
     if (nodeData.name === "SteadfastOptimizeModel") {
       const onConfigure = nodeType.prototype.onConfigure;
       nodeType.prototype.onConfigure = function (info) {

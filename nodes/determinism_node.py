@@ -5,7 +5,7 @@ from comfy_api.v0_0_2 import io, ui
 
 from ..core.determinism import policy as determinism_policy, portable
 from .batch_invariance import add_batch_invariance
-from .identity import server_risks_text
+from .host.identity import server_risks_text
 from .model_patches import add_determinism, plan_attention, steadfast_options
 
 

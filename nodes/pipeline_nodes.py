@@ -18,7 +18,7 @@ from ..core.pipelines import DTYPES, PipelineLoadError, count_params, denoiser_o
 from ..core.pipelines.handle import LoraSpec, PipelineHandle
 from ..core.pipelines.run import compile_record
 from ..core.pipelines.state import peek_state
-from .public_text import public
+from .host.public_text import public
 
 DiffusersPipeline = io.Custom("DIFFUSERS_PIPELINE")
 FOLDER = "diffusers"  # ComfyUI's models/diffusers (folder_paths)

@@ -14,7 +14,7 @@ from ..core.pipelines.handle import optimized_handle
 from ..core.compile.registry import REGISTRY
 from . import optimize_inputs as oi
 from .determinism_node import policy_inputs
-from .identity import server_risks_text
+from .host.identity import server_risks_text
 from .pipeline_nodes import DiffusersPipeline, as_handle
 
 

@@ -24,7 +24,7 @@ from ..core.pipelines.load import on_run_device
 from ..core.record import run_record
 from ..core.record.run_record import RunRecord
 from ..core.sizes import check_sizes, parse_sizes
-from . import identity
+from .host import identity
 from .pipeline_nodes import DiffusersPipeline, as_handle
 
 NO_POLICY = "not set (Pipeline Determinism Setup not used)"

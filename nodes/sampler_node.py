@@ -1,7 +1,6 @@
 """Steadfast Seeded Sampler: KSampler with device-independent seeded noise and a run record."""
 from __future__ import annotations
 
-import functools
 import time
 
 import torch
@@ -13,81 +12,13 @@ import comfy.samplers
 import comfy.utils
 import latent_preview
 
-from ..core.record import run_record
-from ..core.record.run_record import RunRecord
-from ..core.determinism import noise, portable, randn as portable_randn, torch_state
+from ..core.determinism import noise, portable, randn_route, torch_state
 from ..core.optimize import attention as sdpa
-from . import comfy_noise, identity
+from ..core.record import run_record
+from .host import identity, noise as host_noise
 from .model_patches import compile_state, qkv_counters, steadfast_options
 
 BATCH_SEED_MODES = ["incremental", "comfy"]
-
-
-def _noise_kind(sampler) -> str:
-    """How a k-diffusion sampler draws its per-step noise: ``"none"``, ``"brownian"`` or ``"default"``.
-
-    ``"default"``: from ``default_noise_sampler``, a generator on the *sampling device* over the whole
-    batch, so the output depends on the device and on the batch: we hand it a per-item CPU noise sampler.
-    ``"brownian"``: a ``BrownianTreeNoiseSampler`` (``dpmpp_sde``, ``dpmpp_2m_sde``, ``dpmpp_3m_sde`` and
-    their ``_gpu`` twins) seeded once for the whole batch: in ``incremental`` mode we hand it one tree per
-    item (seed + i), drawn on the CPU.
-    """
-    fn = getattr(sampler, "sampler_function", None)
-    return "none" if fn is None else _noise_kind_of(fn)
-
-
-@functools.cache
-def _noise_kind_of(fn) -> str:
-    """:func:`_noise_kind` of one sampler function, read once (``inspect.getsource`` costs milliseconds)."""
-    import inspect
-    if "noise_sampler" not in inspect.signature(fn).parameters:
-        return "none"
-    try:
-        source = inspect.getsource(fn)
-    except (OSError, TypeError):
-        source = ""
-    return "brownian" if "BrownianTreeNoiseSampler" in source else "default"
-
-
-def _per_item_brownian(latent: torch.Tensor, sigmas: torch.Tensor, seed: int):
-    """One CPU Brownian tree per item, seeded ``seed + i`` (item i then equals a batch-1 run at seed + i)."""
-    from comfy.k_diffusion.sampling import BrownianTreeNoiseSampler
-    positive = sigmas[sigmas > 0]
-    return BrownianTreeNoiseSampler(latent, positive.min(), sigmas.max(),
-                                    seed=[seed + i for i in range(latent.shape[0])], cpu=True)
-
-
-def per_step_noise(sampler, latent: torch.Tensor, sigmas: torch.Tensor, seed: int, mode: str,
-                   device: torch.device):
-    """The per-step noise sampler the Seeded Sampler hands ``sampler`` (or ``None``: ComfyUI's own), and its name.
-
-    Args:
-        sampler: ``comfy.samplers.KSAMPLER`` from ``sampler_object``.
-        latent: the LATENT's samples (ComfyUI keeps them on the CPU); shape and dtype of the noise.
-        sigmas: the schedule (its min/max bound a Brownian tree).
-        seed: the node's seed. mode: ``"incremental"`` or ``"comfy"``.
-        device: where the model samples (``model.load_device``: ComfyUI moves ``x`` and ``sigmas`` there).
-    Returns:
-        ``(noise_sampler or None, description)``. Each noise sampler returns its noise on the device of the
-        ``sigma`` it is called with (ComfyUI calls ``noise_sampler(sigmas[i], sigmas[i + 1])``):
-        :class:`~..core.noise.CPUNoiseSampler` follows ``sigma``, ComfyUI's ``BatchedBrownianTree`` moves its
-        CPU draw to ``t0.device``.
-
-    ``comfy`` mode keeps ComfyUI's own noise sampler wherever KSampler's per-step noise is not the CPU's:
-    ``default_noise_sampler`` draws from a generator on ``x``'s device seeded ``seed`` (``seed + 1`` only on
-    the CPU: ``comfy/k_diffusion/sampling.py``, 0.8.0 and 0.33.0), which only that device can reproduce.
-    """
-    kind = _noise_kind(sampler)
-    if kind == "default":
-        if mode == "incremental":
-            # seed + 1: ComfyUI's CPU default stream, so a batch-1 CPU run equals KSampler's
-            return noise.CPUNoiseSampler(latent, seed + 1, per_item=True), "cpu"
-        if torch.device(device).type == "cpu":
-            return noise.CPUNoiseSampler(latent, seed + 1), "cpu"  # = KSampler's CPU generator (seed + 1)
-        return None, f"comfy default_noise_sampler on {device} (seed {seed})"
-    if kind == "brownian" and mode == "incremental":
-        return _per_item_brownian(latent, sigmas, seed), "cpu brownian tree per item"
-    return None, "sampler default"
 
 
 def _attention_of(opts: dict) -> str:
@@ -163,14 +94,15 @@ class SteadfastSeededSampler(io.ComfyNode):
         batch_index = latent_image.get("batch_index")
         draw, comfy_identical = None, None
         if batch_seed_mode == "comfy":  # the pack's own draw against the running ComfyUI's, once per dtype
-            draw, comfy_identical = comfy_noise.comfy_draw(latent.dtype, noise.draw)
+            draw, comfy_identical = host_noise.comfy_draw(latent.dtype, noise.draw)
         x0 = noise.seeded_noise(tuple(latent.shape), seed, mode=batch_seed_mode, dtype=latent.dtype,
                                 batch_index=batch_index, draw_dtype=draw)
 
         sampler = comfy.samplers.sampler_object(sampler_name)
         ks = comfy.samplers.KSampler(model, steps=steps, device=model.load_device, sampler=sampler_name,
                                      scheduler=scheduler, denoise=denoise, model_options=model.model_options)
-        ns, per_step = per_step_noise(sampler, latent, ks.sigmas, seed, batch_seed_mode, model.load_device)
+        ns, per_step = host_noise.per_step_noise(sampler, latent, ks.sigmas, seed, batch_seed_mode,
+                                                 model.load_device)
         if ns is not None:
             sampler.extra_options = {**sampler.extra_options, "noise_sampler": ns}
         preview = latent_preview.prepare_callback(model, steps)
@@ -191,9 +123,9 @@ class SteadfastSeededSampler(io.ComfyNode):
         sdpa_before = sdpa.fallback_counts()
         t0 = time.perf_counter()
         # CPU Brownian trees (torchsde) draw with torch.randn on CPU generators: routed to portable noise only
-        # where torch's own bytes differ (core/portable_randn.routed_dtypes; nothing is replaced on x86 AVX2)
+        # where torch's own bytes differ (core/determinism/randn_route.routed_dtypes; nothing is replaced on x86 AVX2)
         try:
-            with portable_randn.portable_generator_randn():
+            with randn_route.portable_generator_randn():
                 samples = comfy.sample.sample_custom(model, x0, cfg, sampler, ks.sigmas, positive, negative, latent,
                                                      noise_mask=latent_image.get("noise_mask"), callback=callback,
                                                      disable_pbar=not comfy.utils.PROGRESS_BAR_ENABLED, seed=seed)
@@ -233,7 +165,7 @@ class SteadfastSeededSampler(io.ComfyNode):
             model_file=identity.model_file(cls.hidden.prompt if cls.hidden else None,
                                            cls.hidden.unique_id if cls.hidden else None),
             seconds=seconds,
-            details={"per_step_noise": per_step, "cpu_randn": portable_randn.route_record(),
+            details={"per_step_noise": per_step, "cpu_randn": randn_route.route_record(),
                      **({} if comfy_identical is None else {"comfy_initial_noise": (
                          "bit-identical to KSampler's prepare_noise here" if comfy_identical else
                          "NOT bit-identical to KSampler's here: this torch's own CPU randn is not the portable "
@@ -244,4 +176,4 @@ class SteadfastSeededSampler(io.ComfyNode):
         )
         text = record.as_json()
         return io.NodeOutput(out, text, ui={"text": [record.summary_text()],
-                                            "steadfast_run_record": [RunRecord.from_json(text).as_dict()]})
+                                            "steadfast_run_record": [run_record.RunRecord.from_json(text).as_dict()]})

@@ -90,7 +90,12 @@ COMFY_REPEATED_BLOCKS: dict[str, tuple[str, ...]] = {
     # wan/ar_model.py forward_block `block(x, e=, ..., kv_cache=)`, else WanModel.forward_orig's call
     "CausalWanModel": ("CausalWanAttentionBlock",),
 }
-#: Callers that do not call (some of) their children generically: ``{caller class: reason}``.
+#: Callers that do not call (some of) their children generically: ``{caller class: reason}``. A block whose caller is
+#: one of them is never swapped (an ``OptimizedModule`` fails their ``isinstance`` dispatch). Explicit, by class
+#: ``__name__``; for ComfyUI's own callers the whole truth (:func:`swap_refusal`). tests/comfy/test_architectures.py
+#: holds it to ComfyUI: ``test_swap_table_holds_on_comfyui`` swaps children of each row for wrappers and sees the
+#: result change, and every declared block for one and sees it unchanged; the structure tests find no
+#: :func:`isinstance_dispatch` in any declared block's caller on 60 architectures.
 NON_GENERIC_PARENTS: dict[str, str] = {
     "UNetModel": "UNetModel._forward hands its blocks to forward_timestep_embed (iterates them, isinstance dispatch)",
     "TimestepEmbedSequential": "openaimodel.forward_timestep_embed dispatches on isinstance(layer, TimestepBlock/...)",
@@ -103,7 +108,7 @@ REGIONAL_UNSUPPORTED["WanAnimate2Model"] = (  # ComfyUI 0.33.0 wan/model_animate
     "Wan Animate 2: forward_orig calls its blocks only through methods (block.forward_gen, block.forward_pose, "
     "block.kv_from_input), never block(...): a swapped compiled block would never run (compile it whole)")
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict)  # never called themselves; their owner iterates them
-_source = functools.lru_cache(maxsize=256)(inspect.getsource)  # of a caller's module, scanned per block
+_source = functools.lru_cache(maxsize=256)(inspect.getsource)  # of another pack's caller module, scanned per block
 
 
 def declaration(model_cls: type) -> tuple[tuple[str, ...] | None, str | None]:
@@ -129,32 +134,65 @@ class SwapCheck:
     warnings: list[str]
 
 
+def isinstance_dispatch(caller: type, block: type) -> list[str]:
+    """Lines of ``caller``'s module that test ``isinstance(x, C)`` for a class ``C`` of ``block``'s MRO (torch's and
+    builtins' classes left out), as ``"module:line: isinstance(..., C)"``; ``[]`` when none or the source is
+    unavailable. A conservative guard for model code no table covers (another node pack's); ComfyUI's own callers
+    are judged by :data:`NON_GENERIC_PARENTS` alone (:func:`swap_refusal`).
+
+    Args:
+        caller: the class whose instance calls the block.
+        block: the block's class.
+    Returns:
+        Up to every matching line, in file order (comment lines skipped).
+    """
+    names = [k.__name__ for k in block.__mro__ if not k.__module__.startswith(("torch.", "builtins"))]
+    try:
+        src = _source(sys.modules[caller.__module__]) if names else ""
+    except (KeyError, OSError, TypeError):
+        src = ""
+    if not src:
+        return []
+    pattern = re.compile(r"isinstance\(\s*[^,()]+,\s*(?:\([^)]*)?\b(?:[\w.]+\.)?("
+                         + "|".join(re.escape(n) for n in names) + r")\b")
+    return [f"{caller.__module__}:{n}: isinstance(..., {m.group(1)})" for n, line in enumerate(src.splitlines(), 1)
+            if not line.lstrip().startswith("#") and (m := pattern.search(line))]
+
+
 def swap_refusal(root: nn.Module, path: str) -> str | None:
-    """Why the block at ``path`` must not be swapped, or None. Raises ``ValueError`` for a bad path."""
-    block, parts = submodule(root, path), path.split(".")  # the caller: the nearest ancestor not a plain container
+    """Why the block at ``path`` must not be swapped, or None.
+
+    The caller is the block's nearest ancestor that is not a plain ``ModuleList``/``ModuleDict``. Refused: a caller
+    of :data:`NON_GENERIC_PARENTS` (an explicit table, by class ``__name__``; ComfyUI's callers are judged by it
+    alone, no source read: ``tests/comfy/test_architectures.py`` holds it to ComfyUI by running models with blocks
+    swapped for wrappers); a caller from outside ComfyUI (``comfy.*``) whose module dispatches on the block's class
+    (:func:`isinstance_dispatch`: another node pack's model, which no table can know).
+
+    Args:
+        root: the model (``nn.Module``).
+        path: a submodule path in ``root`` (``"input_blocks.1.1"``).
+    Returns:
+        ``"called by <caller> (<its path>): <the row's reason>"``, ``"caller <caller> (<its path>) may dispatch on
+        the block's class: <lines>"``, or ``None``.
+    Raises:
+        ValueError: an empty or unknown ``path``.
+    """
+    block, parts = submodule(root, path), path.split(".")
     cut = next((c for c in range(len(parts) - 1, -1, -1)
                 if type(root.get_submodule(".".join(parts[:c]))) not in _CONTAINERS), 0)
     caller_path, caller = ".".join(parts[:cut]), root.get_submodule(".".join(parts[:cut]))
     where = f"{type(caller).__name__} ({caller_path or 'root'})"
     if type(caller).__name__ in NON_GENERIC_PARENTS:
         return f"called by {where}: {NON_GENERIC_PARENTS[type(caller).__name__]}"
-    names = [k.__name__ for k in type(block).__mro__ if not k.__module__.startswith(("torch.", "builtins"))]
-    try:  # the caller's source file, scanned for isinstance on a class of the block's MRO
-        src = _source(sys.modules[type(caller).__module__]) if names else ""
-    except (KeyError, OSError, TypeError):
-        src = ""
-    pattern = re.compile(r"isinstance\(\s*[^,()]+,\s*(?:\([^)]*)?\b(?:[\w.]+\.)?("
-                         + "|".join(re.escape(n) for n in names) + r")\b")
-    hits = [f"{type(caller).__module__}:{n}: isinstance(..., {m.group(1)})"
-            for n, line in enumerate(src.splitlines(), 1)
-            if not line.lstrip().startswith("#") and (m := pattern.search(line))]
+    if type(caller).__module__.split(".")[0] == "comfy":
+        return None  # ComfyUI's own: the table is the whole truth
+    hits = isinstance_dispatch(type(caller), type(block))
     return f"caller {where} may dispatch on the block's class: " + "; ".join(hits[:3]) if hits else None
 
 
 def safe_to_swap(root: nn.Module, paths: Sequence[str], *, recompile_limit: int | None = None) -> SwapCheck:
-    """Which blocks at ``paths`` may be swapped for compiled wrappers: not those whose caller (nearest non-container
-    ancestor) is in :data:`NON_GENERIC_PARENTS` or whose source file has ``isinstance(x, C)`` for a class ``C`` of the
-    block's MRO. Same-class blocks of different structure (ints not compared) are variants; more than
+    """Which blocks at ``paths`` may be swapped for compiled wrappers: not those :func:`swap_refusal` refuses (a caller
+    in :data:`NON_GENERIC_PARENTS`, or another pack's caller dispatching on the block's class). Same-class blocks of different structure (ints not compared) are variants; more than
     ``recompile_limit`` (default: Dynamo's) warns. ``ValueError``: an empty or unknown path."""
     refused = {p: r for p in paths if (r := swap_refusal(root, p)) is not None}
     safe = [p for p in paths if p not in refused]

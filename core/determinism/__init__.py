@@ -3,7 +3,8 @@
 Owns the policy (:mod:`.policy`: what a policy asks for and what it cannot promise), applying it around a run and
 restoring it (:mod:`.apply`), torch's process-global flags (:mod:`.torch_state`), ``CUBLAS_WORKSPACE_CONFIG``
 (:mod:`.cublas`), seeds and noise (:mod:`.noise`: ``check_seed``, ``item_seeds``, ``seeded_noise``,
-``CPUNoiseSampler``), torch's AVX2 CPU ``randn`` reproduced on every platform (:mod:`.randn`) and portable CPU mode
+``CPUNoiseSampler``), torch's AVX2 CPU ``randn`` reproduced on every platform (:mod:`.randn`) and its one
+process-wide route into code the pack does not own (:mod:`.randn_route`), and portable CPU mode
 (:mod:`.portable`).
 
 The face below is lazy (PEP 562): importing this package imports none of its modules (the pack's ``__init__``

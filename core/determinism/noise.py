@@ -172,7 +172,7 @@ def seeded_noise(
             ``dtype``. Drawing fp16 is not the same as drawing fp32 and casting, and ComfyUI changed
             which it does: 0.8.0's ``prepare_noise_inner`` draws in the latent's dtype, 0.33.0's draws
             ``torch.float32`` and casts. ``"comfy"`` callers pass what the running ComfyUI does
-            (``nodes/comfy_noise.py`` asks it).
+            (``nodes/host/noise.py`` asks it).
     Returns:
         ``torch.Tensor`` of ``shape`` and ``dtype`` on the CPU, contiguous.
     Raises:

@@ -31,16 +31,15 @@ The polynomial and the FMA sites were read from ``avx_mathfun.h`` and from the d
 ``NormalFill16<float, true>::operator()`` in ``libtorch_cpu.so`` (torch 2.14.1 and 2.11.0, x86-64 wheels).
 
 Fewer than 16 elements (or float16/bfloat16 in torch <= 2.11) go through other torch code: see
-:func:`portable_randn`.
+:func:`portable_randn`. Noise drawn inside code the pack does not own (torchsde, diffusers) reaches
+:func:`portable_randn` through the one process-wide route, :mod:`.randn_route`.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import struct
-import threading
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -49,10 +48,7 @@ __all__ = [
     "PORTABLE_DTYPES",
     "box_muller_avx2",
     "draw_method",
-    "portable_generator_randn",
     "portable_randn",
-    "route_record",
-    "routed_dtypes",
     "torch_draws_portable",
     "torch_half_uses_float32_kernel",
 ]
@@ -450,102 +446,3 @@ def portable_randn(shape: Sequence[int], generator: torch.Generator,
     if method == "torch.randn float32 chunks":
         return _half_from_float32_kernel(dims, n, generator, dtype)
     return _numpy_randn(dims, n, generator, dtype)
-
-
-def routed_dtypes() -> tuple[torch.dtype, ...]:
-    """The dtypes whose CPU-generator ``torch.randn`` :func:`portable_generator_randn` sends to :func:`portable_randn`.
-
-    Only where routing changes bits towards the portable ones, on the torch that runs:
-
-    - a dtype whose ``torch.randn`` already gives the portable bytes here (:func:`torch_draws_portable`:
-      x86 AVX2/AVX512) is left alone: routing would change nothing and cost time;
-    - float16/bfloat16 on a torch that draws them with its own half algorithm (torch 2.11:
-      :func:`torch_half_uses_float32_kernel` False) are left alone too: the portable bytes follow torch
-      2.14's algorithm and would differ from plain torch/diffusers in ~99.9% of values. Those draws are
-      torch's own, i.e. not portable across CPUs; :func:`route_record` says so in run records.
-    Checked once per process (the probes are cached).
-    """
-    return tuple(d for d in PORTABLE_DTYPES if not torch_draws_portable(d)
-                 and (d == torch.float32 or torch_half_uses_float32_kernel(d)))
-
-
-def route_record() -> dict[str, str]:
-    """What a CPU-generator ``torch.randn`` of each portable dtype gives under :func:`portable_generator_randn`.
-
-    For run records. Returns ``{"float32": ..., "float16": ..., "bfloat16": ...}``, each one of
-    ``"torch.randn (portable bytes here)"``, ``"routed to portable_randn"`` or
-    ``"torch.randn, not portable (this torch's own half algorithm)"``.
-    """
-    routed = routed_dtypes()
-    out = {}
-    for d in PORTABLE_DTYPES:
-        name = str(d).replace("torch.", "")
-        if d in routed:
-            out[name] = "routed to portable_randn"
-        elif torch_draws_portable(d):
-            out[name] = "torch.randn (portable bytes here)"
-        else:
-            out[name] = "torch.randn, not portable (this torch's own half algorithm)"
-    return out
-
-
-_ROUTE_LOCK = threading.Lock()
-_ROUTE_DEPTH = 0
-_ORIGINAL_RANDN = None
-_ROUTED: tuple[torch.dtype, ...] = ()
-
-
-_PASSIVE = {"generator", "dtype", "device", "layout", "size"}  # the only keywords a routed call may carry
-
-
-def _routed_randn(*size, **kwargs):
-    """``torch.randn`` replacement: calls that draw a routed dtype from a CPU generator on the CPU go portable."""
-    generator = kwargs.get("generator")
-    dims = kwargs.get("size", size[0] if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size)
-    device = kwargs.get("device")
-    target = torch.device(device) if device is not None else torch.get_default_device()
-    dtype = kwargs.get("dtype") or torch.get_default_dtype()
-    if (isinstance(generator, torch.Generator) and generator.device.type == "cpu" and target.type == "cpu"
-            and dtype in _ROUTED and set(kwargs) <= _PASSIVE
-            and kwargs.get("layout") in (None, torch.strided) and all(isinstance(d, int) for d in dims)):
-        return portable_randn(dims, generator, dtype=dtype)
-    return _ORIGINAL_RANDN(*size, **kwargs)
-
-
-@contextlib.contextmanager
-def portable_generator_randn() -> Iterator[None]:
-    """While active, ``torch.randn(..., generator=<CPU generator>)`` on the CPU gives the portable bytes.
-
-    For noise drawn inside code the pack does not own: torchsde's ``BrownianInterval`` (ComfyUI's
-    ``BrownianTreeNoiseSampler`` with ``cpu=True``: ``torchsde/_brownian/brownian_interval.py``
-    ``_randn`` calls ``torch.randn(size, dtype=, device=, generator=)``) and diffusers' ``randn_tensor``
-    (``diffusers/utils/torch_utils.py``: one ``torch.randn(shape, generator=g, device=, dtype=,
-    layout=)`` per generator). Draws without a generator (the global RNG), on other devices, of other
-    dtypes or with ``out=``/``requires_grad``/``names`` keep ``torch.randn``.
-
-    Process-wide only where it changes bits: the attribute ``torch.randn`` is replaced for the duration
-    (re-entrant, reference counted) only when :func:`routed_dtypes` is not empty (no AVX2 kernel: ARM,
-    ``ATEN_CPU_CAPABILITY=default``, old x86), and then routes only those dtypes. On an x86 AVX2/AVX512 CPU
-    torch's own bytes are the portable ones and ``torch.randn`` is not touched. Code holding its own
-    reference to the original function is not affected.
-
-    Yields:
-        None.
-    """
-    global _ROUTE_DEPTH, _ORIGINAL_RANDN, _ROUTED
-    routed = routed_dtypes()  # probes once per process, before any patch
-    with _ROUTE_LOCK:
-        if _ROUTE_DEPTH == 0 and routed:
-            _ORIGINAL_RANDN = torch.randn
-            _ROUTED = routed
-            torch.randn = _routed_randn
-        _ROUTE_DEPTH += 1
-    try:
-        yield
-    finally:
-        with _ROUTE_LOCK:
-            _ROUTE_DEPTH -= 1
-            if _ROUTE_DEPTH == 0 and _ORIGINAL_RANDN is not None:
-                torch.randn = _ORIGINAL_RANDN
-                _ORIGINAL_RANDN = None
-                _ROUTED = ()

@@ -16,7 +16,7 @@ from ..determinism.policy import DeterminismPolicy
 from ..record.fingerprint import environment_fingerprint, fingerprint_digest
 from ..determinism.noise import item_seeds
 from ..optimize.attention import check_sdpa_backend, sdpa_context
-from ..determinism.randn import portable_generator_randn, route_record
+from ..determinism.randn_route import portable_generator_randn, route_record
 from ..compile.record import CompileRecord
 from ..compile.registry import REGISTRY
 from .load import count_params, denoiser_of, module_components, run_device

@@ -3,7 +3,7 @@
 ComfyUI has added, since 0.8.0, features that change output bits or break run-to-run equality: Dynamic VRAM
 (comfy-aimdo, the default on NVIDIA GPUs from 0.1x on), comfy-kitchen kernels, and ``--fast`` options
 (``fp16_accumulation``, ``fp8_matrix_mult``, ``cublas_ops``, ``autotune``: ``comfy/cli_args.py``
-``PerformanceFeature``). The node layer (``nodes/identity.py``) reads them from the running server into a plain
+``PerformanceFeature``). The node layer (``nodes/host/identity.py``) reads them from the running server into a plain
 dict; this module, which imports nothing from ComfyUI, says which of them are known to break run-to-run equality,
 so that the detection can be tested on any machine.
 

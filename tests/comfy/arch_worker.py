@@ -12,10 +12,15 @@ Modes::
     python arch_worker.py run [--backend eager|inductor] [--calls 3] [--threads 1] ITEM ...
         ITEM = arch[:dynamic=none|true|false,contiguous=0|1,specialize=0|1,filter=comfy|skip,patch=0|1]
         (arch: sd15 sdxl flux sd3 wan)
+    python arch_worker.py swaptable [ARCH ...]     # NON_GENERIC_PARENTS against the small models (same archs)
 
 ``structure``: per architecture the declared blocks (:func:`core.compile.blocks.choose_blocks`), their count
 against the count read from the model's own containers, auto-discovery (:func:`core.compile.blocks.choose_blocks` with ``discover=True``)
-and :func:`core.compile.blocks.safe_to_swap`. Nothing is allocated (meta tensors).
+and :func:`core.compile.blocks.safe_to_swap`, and whether a chosen block's caller dispatches on its class
+(``caller_dispatch``: :func:`core.compile.blocks.isinstance_dispatch`, the swap table's oracle, read here only).
+Nothing is allocated (meta tensors).
+
+``swaptable``: :func:`swap_table` (blocks swapped for wrappers that are not instances of their class).
 
 ``run``: a SMALL seeded instance (every parameter and float buffer written from one generator; ComfyUI
 layers skip weight init) is run eagerly, then with the chosen blocks compiled (``compile_blocks`` +
@@ -356,6 +361,16 @@ def _version_tuple(v: str) -> tuple[int, ...]:
     return tuple(int(p) for p in v.split(".")[:3] if p.isdigit())
 
 
+def _caller(root: torch.nn.Module, path: str) -> torch.nn.Module:
+    """The module that calls the block at ``path``: its nearest ancestor that is not a ModuleList/ModuleDict."""
+    parts = path.split(".")
+    for cut in range(len(parts) - 1, -1, -1):
+        mod = root.get_submodule(".".join(parts[:cut]))
+        if not isinstance(mod, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+            return mod
+    return root
+
+
 def structure(arch: str) -> dict[str, Any]:
     module, name, kwargs, counters = STRUCTURE[arch]
     t0 = time.perf_counter()
@@ -380,6 +395,11 @@ def structure(arch: str) -> dict[str, Any]:
     choice = sblocks.choose_blocks(model)
     auto = sblocks.choose_blocks(model, discover=True)
     disc, auto_check = auto.discovery, auto.check
+    dispatch = {}  # the swap table's oracle: does a chosen block's caller dispatch on its class? (source, test only)
+    for path in dict.fromkeys([*choice.paths, *disc.paths]):
+        hits = sblocks.isinstance_dispatch(type(_caller(model, path)), type(model.get_submodule(path)))
+        if hits:
+            dispatch[path] = hits[:3]
     return {
         "class": type(model).__name__,
         "params_M": round(sum(p.numel() for p in model.parameters()) / 1e6, 1),
@@ -399,6 +419,7 @@ def structure(arch: str) -> dict[str, Any]:
         "auto_refused_sample": dict(list(disc.refused.items())[:2]),
         "auto_check_ok": not auto_check.refused,
         "auto_equals_declared": disc.paths == choice.paths,
+        "caller_dispatch": dispatch,
         "optional_kwargs": optional,
         "off_meta_numel": off_meta,
         "seconds": round(time.perf_counter() - t0, 2),
@@ -635,6 +656,60 @@ def run(arch: str, options: CompileOptions, calls: int, guard_filter: str = "com
     return res
 
 
+class _Stranger(torch.nn.Module):
+    """Calls the block it holds and counts the calls; is not an instance of the block's class (as an
+    ``OptimizedModule`` is not): a caller that dispatches on ``isinstance`` treats it differently."""
+
+    def __init__(self, block: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner, self.calls = block, 0
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        return self.inner(*args, **kwargs)
+
+
+def swap_table(arch: str) -> dict[str, Any]:
+    """``core.compile.blocks.NON_GENERIC_PARENTS`` against ComfyUI, by running a small model (no source read): every
+    chosen block swapped for a :class:`_Stranger` must be called and give the eager output bit for bit (its caller
+    is generic); each block refused by a table row (auto-discovery's candidates and their children), swapped
+    alone, shows whether the output changes (or the call fails, or the wrapper is never called)."""
+    model, make_inputs, _ = SMALL[arch]()
+    model.eval()
+    seed_(model)
+    inp = make_inputs(0)
+    choice = sblocks.choose_blocks(model)
+    disc = sblocks.choose_blocks(model, discover=True).discovery
+
+    def forward(swapped: dict[str, torch.nn.Module]) -> tuple[torch.Tensor | None, str | None]:
+        try:
+            with swap_in(model, swapped):
+                return model(**inp, transformer_options=step_options(0)), None
+        except Exception as e:  # noqa: BLE001 - a non-generic caller may fail on the wrapper: a measured fact
+            return None, f"{type(e).__name__}: {e}"[:200]
+
+    with torch.inference_mode():
+        eager, _ = forward({})
+        wrappers = {p: _Stranger(model.get_submodule(p)) for p in choice.paths}
+        out, err = forward(wrappers)
+        chosen = {"count": len(wrappers), "error": err, "uncalled": [p for p, w in wrappers.items() if not w.calls],
+                  "equal": out is not None and torch.equal(out, eager)}
+        refused = {}
+        candidates = [*disc.refused,
+                      *(f"{p}.{n}" for p in disc.refused for n, _ in model.get_submodule(p).named_children())]
+        for path in candidates:
+            reason = sblocks.swap_refusal(model, path)
+            if reason is None or not reason.startswith("called by"):
+                continue
+            caller = type(_caller(model, path)).__name__
+            w = _Stranger(model.get_submodule(path))
+            out, err = forward({path: w})
+            changed = err is not None or not w.calls or not torch.equal(out, eager)
+            refused[path] = {"caller": caller, "changed": changed,
+                             "error": err, "called": w.calls}
+    return {"class": type(model).__name__, "chosen": chosen, "refused": refused}
+
+
 def parse_item(item: str, backend: str) -> tuple[str, CompileOptions, dict[str, str]]:
     """``"arch"`` or ``"arch:dynamic=true,contiguous=0,specialize=0,filter=skip,patch=1"`` -> (arch,
     options, extra). ``filter``: "comfy" (default, :func:`comfy_guard_filter`) or "skip" (drop every
@@ -671,6 +746,8 @@ def main(argv: list[str] | None = None) -> None:
     pr.add_argument("--backend", default="eager")
     pr.add_argument("--calls", type=int, default=3)
     pr.add_argument("--threads", type=int, default=1, help="torch threads (0 = leave torch's default)")
+    pw = sub.add_parser("swaptable", help="NON_GENERIC_PARENTS against small models: blocks swapped for wrappers")
+    pw.add_argument("archs", nargs="*", help=f"default: all of {sorted(SMALL)}")
     a = p.parse_args(argv)
     out: dict[str, Any] = {"torch": torch.__version__,
                            "attention": getattr(comfy_attention.optimized_attention, "__name__", "?")}
@@ -679,6 +756,12 @@ def main(argv: list[str] | None = None) -> None:
         for arch in a.archs or list(STRUCTURE):
             try:
                 out[arch] = structure(arch)
+            except Exception as e:  # reported; the test decides
+                out[arch] = {"error": f"{type(e).__name__}: {e}"}
+    elif a.mode == "swaptable":
+        for arch in a.archs or list(SMALL):
+            try:
+                out[arch] = swap_table(arch)
             except Exception as e:  # reported; the test decides
                 out[arch] = {"error": f"{type(e).__name__}: {e}"}
     else:

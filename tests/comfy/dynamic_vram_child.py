@@ -35,7 +35,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "scripts"))
     from _steadfast_import import import_steadfast
     import_steadfast(ROOT)
-    from steadfast.nodes import identity
+    from steadfast.nodes.host import identity
     from steadfast.nodes import model_patches as mp
     from steadfast.nodes import quantize_patch
     from steadfast.nodes.optimize_node import SteadfastOptimizeModel

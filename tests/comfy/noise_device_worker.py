@@ -35,6 +35,7 @@ def main() -> int:
 
     import_steadfast()
     from steadfast.nodes import sampler_node
+    from steadfast.nodes.host import noise as host_noise
 
     model = comfy.sd.load_checkpoint_guess_config(ckpt, output_vae=False, output_clip=False)[0]
     second = torch.device("meta")  # where a GPU would be: ComfyUI moves x and sigmas to the model's device
@@ -75,10 +76,10 @@ def main() -> int:
     kinds, results, on_gpu = {}, {}, {}
     latent = torch.zeros(2, 4, 8, 8)
     for name in comfy.samplers.KSampler.SAMPLERS:
-        kinds[name] = sampler_node._noise_kind(comfy.samplers.sampler_object(name))
+        kinds[name] = host_noise.noise_kind(comfy.samplers.sampler_object(name))
         for mode in sampler_node.BATCH_SEED_MODES:  # what the node would choose for a model on a GPU
-            ns, text = sampler_node.per_step_noise(comfy.samplers.sampler_object(name), latent,
-                                                   torch.tensor([14.6, 3.0, 0.0]), 7, mode, torch.device("cuda"))
+            ns, text = host_noise.per_step_noise(comfy.samplers.sampler_object(name), latent,
+                                                 torch.tensor([14.6, 3.0, 0.0]), 7, mode, torch.device("cuda"))
             on_gpu[f"{name}/{mode}"] = {"installed": ns is not None, "text": text}
         for mode in sampler_node.BATCH_SEED_MODES:
             seen.clear()
@@ -90,7 +91,6 @@ def main() -> int:
                 results[f"{name}/{mode}"] = {"error": f"{type(exc).__name__}: {exc}"[:400]}
     # comfy mode's draw-dtype probe against the draw the pack makes: is "bit-identical" true exactly when it is?
     from steadfast.core.determinism import noise as sf_noise
-    from steadfast.nodes import comfy_noise
 
     def in_dtype(latent_image, generator, noise_inds=None):  # ComfyUI 0.8.0's prepare_noise_inner (no inds)
         return torch.randn(latent_image.size(), dtype=latent_image.dtype, layout=latent_image.layout,
@@ -100,9 +100,9 @@ def main() -> int:
     running = comfy.sample.prepare_noise_inner
     for way, inner in (("running", running), ("draws in the latent dtype", in_dtype)):
         comfy.sample.prepare_noise_inner = inner
-        comfy_noise.comfy_draw.cache_clear()
+        host_noise.comfy_draw.cache_clear()
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
-            draw, identical = comfy_noise.comfy_draw(dtype, sf_noise.draw)
+            draw, identical = host_noise.comfy_draw(dtype, sf_noise.draw)
             shape = (2, 4, 25, 10)
             ours = sf_noise.seeded_noise(shape, 3, mode="comfy", dtype=dtype, draw_dtype=draw)
             theirs = comfy.sample.prepare_noise(torch.zeros(shape, dtype=dtype), 3)

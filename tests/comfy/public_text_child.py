@@ -1,4 +1,4 @@
-"""Child process of test_public_errors.py: ``nodes/public_text.guard_node`` on toy nodes, with ComfyUI importable
+"""Child process of test_public_errors.py: ``nodes/host/public_text.guard_node`` on toy nodes, with ComfyUI importable
 (``COMFYUI_PATH`` on ``sys.path``) but no server. Prints one JSON line of what each case raised and logged."""
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import comfy.model_management as mm  # noqa: E402
 import folder_paths  # noqa: E402
 import torch  # noqa: E402
 
-from steadfast.nodes.public_text import guard_node  # noqa: E402
+from steadfast.nodes.host.public_text import guard_node  # noqa: E402
 
 secret = os.path.join(folder_paths.models_dir, "loras", "John Smith's lora.safetensors")
 records: list[str] = []

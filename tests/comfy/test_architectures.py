@@ -18,6 +18,10 @@ What is measured (numbers come from the worker, nothing is assumed):
   without them the same models compile extra graphs (Dynamo's reasons are checked);
 * ``comfy_guard_filter``: a per-block attn2 patch added after warm-up is applied (ComfyUI-style
   ``SkipGuardsOn`` silently ignores it; measured);
+* the swap table (``NON_GENERIC_PARENTS``, by which ``swap_refusal`` judges ComfyUI's callers without reading
+  source): every chosen block swapped for a plain wrapper is called and changes nothing, children of each row's
+  caller swapped alone change the result (arch_worker ``swaptable``); no caller of a chosen block dispatches on its
+  class (``caller_dispatch``, per architecture);
 * ``slow``: the same with ``backend="inductor"`` for Flux and Wan.
 """
 from __future__ import annotations
@@ -92,6 +96,11 @@ def structure(comfyui_path: Path) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
+def swap_runs(comfyui_path: Path) -> dict[str, Any]:
+    return _worker(comfyui_path, "swaptable")
+
+
+@pytest.fixture(scope="module")
 def eager_runs(comfyui_path: Path) -> dict[str, Any]:
     """One worker process: the 5 small models with the defaults (dynamic=None), dynamic=True, and
     three runs without the first-call fixes."""
@@ -160,6 +169,38 @@ def test_auto_discovery_picks_the_declared_level(structure: dict[str, Any], arch
     assert auto - declared == extra and declared - auto == missing, (arch, r["auto_groups"], r["found"])
     for cls in auto & declared:
         assert r["auto_groups"][cls] == r["found"][cls], (arch, cls)
+
+
+@pytest.mark.comfyui
+@pytest.mark.parametrize("arch", STRUCTURE_ARCHS)
+def test_no_comfyui_caller_dispatches_on_a_chosen_block(structure: dict[str, Any], arch: str) -> None:
+    """``swap_refusal`` judges ComfyUI's callers by ``NON_GENERIC_PARENTS`` alone: the table is complete only if no
+    caller of a declared or auto-discovered block tests ``isinstance`` on the block's classes (this test reads
+    ComfyUI's source, the product does not: it fails when ComfyUI adds such a dispatch the table lacks)."""
+    r = _built(structure, arch)
+    assert r["caller_dispatch"] == {}, (arch, r["caller_dispatch"])
+
+
+@pytest.mark.comfyui
+def test_swap_table_holds_on_comfyui(swap_runs: dict[str, Any]) -> None:
+    """``NON_GENERIC_PARENTS`` against ComfyUI by running the small models (no source read; arch_worker
+    ``swaptable``): every chosen block swapped for a wrapper that is not an instance of its class (as an
+    ``OptimizedModule`` is not) is called and the output is bit-identical (the callers are generic); each table row
+    met in these models (UNetModel, TimestepEmbedSequential) does dispatch by class: some child of it, swapped
+    alone, changes the result or fails. Fails when ComfyUI makes a row's caller generic or a chosen one not."""
+    rows: dict[str, list[bool]] = {}
+    for arch in ARCHS:
+        r = swap_runs[arch]
+        assert "error" not in r, (arch, r)
+        chosen = r["chosen"]
+        assert chosen["count"] > 0 and chosen["error"] is None and chosen["uncalled"] == [] and chosen["equal"], \
+            (arch, chosen)
+        for path, fact in r["refused"].items():
+            assert fact["caller"] in sblocks.NON_GENERIC_PARENTS, (arch, path, fact)
+            rows.setdefault(fact["caller"], []).append(fact["changed"])
+    assert set(rows) == {"UNetModel", "TimestepEmbedSequential"}, rows
+    assert all(any(changed) for changed in rows.values()), rows
+    assert all(rows["UNetModel"]), rows  # forward_timestep_embed iterates its blocks: a wrapper is not iterable
 
 
 @pytest.mark.comfyui
@@ -310,7 +351,7 @@ class Leaf(nn.Module):
 
 
 class DispatchedLeaf(Leaf):
-    """Called with a different signature by :class:`Dispatcher` (found by the source scan below)."""
+    """Called with a different signature by :class:`Dispatcher` (another pack's caller: found by the source scan)."""
 
     def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:  # type: ignore[override]
         return x + scale * self.lin(x)
@@ -392,6 +433,20 @@ def test_safe_to_swap_refuses_isinstance_dispatch_and_counts_variants() -> None:
     assert sblocks.safe_to_swap(mixed, ["blocks.0", "blocks.1"]).warnings == []
     with pytest.raises(ValueError):
         sblocks.safe_to_swap(mixed, ["blocks.7"])
+
+
+def test_comfy_callers_are_judged_by_the_table_alone() -> None:
+    """A caller from ComfyUI (``comfy.*``) is refused only by a ``NON_GENERIC_PARENTS`` row, never by reading its
+    source; another pack's caller (here: this test module's :class:`Dispatcher`) is still scanned."""
+    comfy_dispatcher = type("Dispatcher", (Dispatcher,), {"__module__": "comfy.ldm.not_a_module"})()
+    assert sblocks.safe_to_swap(comfy_dispatcher, ["layers.0", "layers.1"]).refused == {}
+    assert set(sblocks.safe_to_swap(Dispatcher(), ["layers.0", "layers.1"]).refused) == {"layers.0", "layers.1"}
+    assert sblocks.isinstance_dispatch(Dispatcher, DispatchedLeaf)
+    assert not sblocks.isinstance_dispatch(Dispatcher, Leaf)
+    named = type("TimestepEmbedSequential", (nn.Sequential,), {"__module__": "comfy.ldm.not_a_module"})
+    seq = nn.Module()
+    seq.ts = nn.ModuleList([named(Leaf(), Leaf())])
+    assert "forward_timestep_embed" in sblocks.swap_refusal(seq, "ts.0.0")
 
 
 def test_discovery_descends_past_refused_unwraps_and_drops_small_groups() -> None:

@@ -261,6 +261,23 @@ def test_template_browser_shows_our_pack(page: Any) -> None:
     assert sorted(tuple(x) for x in shown) == want, shown
 
 
+OURS_JS = """(types) => types.map((t) => {
+  const n = window.LiteGraph.createNode(t); window.app.graph.add(n);
+  n.onExecuted?.({text: ['report of ' + t]});  // as ComfyUI's 'executed' message reaches a node
+  const w = n.widgets?.find((x) => x.name === 'steadfast_info'); const got = w ? w.value : null;
+  window.app.graph.remove(n); return [t, got]; })"""
+
+
+def test_pack_nodes_are_learned_from_object_info(page: Any, object_info: dict[str, Any]) -> None:
+    """js/steadfast.js knows the pack's nodes from /object_info (category "Steadfast"), not from a hand-kept list:
+    every one of them, ``SteadfastVAEDecode`` included (the list before issue 27 lacked it), shows the report an
+    'executed' message brings in the pack's box; a stock node gets no box."""
+    ours = sorted(n for n, i in object_info.items() if str(i.get("category", "")).split("/")[0] == "Steadfast")
+    assert "SteadfastVAEDecode" in ours and set(ours) == {n for n in object_info if n.startswith("Steadfast")}, ours
+    shown = dict(page.evaluate(OURS_JS, [*ours, "KSampler", "VAEDecode"]))
+    assert shown == {**{t: f"report of {t}" for t in ours}, "KSampler": None, "VAEDecode": None}, shown
+
+
 def check_round_trip(page: Any, api: dict[str, Any], object_info: dict[str, Any], what: str) -> None:
     """The loaded graph has only known node types and the frontend's ``graphToPrompt()`` is ``api`` (plus the
     optional widgets it leaves out, at their defaults)."""

@@ -182,7 +182,7 @@ def test_comfyuis_traceback_field_carries_source_paths(server: ComfyServer) -> N
 
 
 def test_guard_node_keeps_interrupts_and_oom_and_supports_async(comfyui_path: Path) -> None:
-    """nodes/public_text.guard_node on toy nodes in a child process (ComfyUI importable, no server): a
+    """nodes/host/public_text.guard_node on toy nodes in a child process (ComfyUI importable, no server): a
     ValueError is rewritten in place (same object and type) and its original text logged; OOM, ComfyUI's
     InterruptProcessingException and KeyboardInterrupt pass untouched (ComfyUI acts on their type); an
     ``async def execute`` stays a coroutine function and is rewritten when awaited."""

@@ -171,7 +171,7 @@ def comfy_reference(tmp_path_factory):
     out = tmp_path_factory.mktemp("comfy") / "noise.pt"
     script = out.parent / "ref.py"
     script.write_text(COMFY_SCRIPT)
-    comfy_noise = Path(__file__).resolve().parents[2] / "nodes" / "comfy_noise.py"
+    comfy_noise = Path(__file__).resolve().parents[2] / "nodes" / "host" / "noise.py"
     # ComfyUI as on an x86 PC (torch's AVX2 randn kernel), whatever ATEN_CPU_CAPABILITY this run has:
     # the pack's noise is portable, ComfyUI's own is not (issue 17)
     proc = subprocess.run([sys.executable, str(script), str(COMFY), str(out), str(comfy_noise)],
@@ -190,7 +190,7 @@ def comfy_reference(tmp_path_factory):
 def test_comfy_mode_bit_identical_to_comfyui(comfy_reference, name, shape, dtype, seed, inds):
     """Runs ComfyUI's own prepare_noise in a subprocess (so its imports stay out of this process).
 
-    The draw dtype is what ``nodes/comfy_noise.draw_dtype`` learned from the same running ComfyUI (0.8.0
+    The draw dtype is what ``nodes/host/noise.draw_dtype`` learned from the same running ComfyUI (0.8.0
     draws in the latent's dtype, 0.33.0 draws float32 and casts), exactly as the Seeded Sampler passes it.
     """
     draw = comfy_reference["draw_dtype:" + name]

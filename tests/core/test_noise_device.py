@@ -11,6 +11,7 @@ import pytest
 import torch
 from steadfast.core.record import hashing, verdict
 from steadfast.core.determinism import randn as pr
+from steadfast.core.determinism import randn_route as route
 from steadfast.core.record.compare import compare
 from steadfast.core.determinism.noise import CPUNoiseSampler
 
@@ -137,11 +138,11 @@ def test_pipeline_noise_is_routed_only_where_it_changes_bits_towards_the_portabl
         return [torch.Generator().manual_seed(5 + i) for i in range(2)]
 
     plain = torch_utils.randn_tensor(shape, generator=gens(), dtype=dtype)
-    with pr.portable_generator_randn():
+    with route.portable_generator_randn():
         routed = torch_utils.randn_tensor(shape, generator=gens(), dtype=dtype)
     portable = torch.cat([pr.portable_randn((1, *shape[1:]), g, dtype=dtype, backend="numpy") for g in gens()])
-    said = pr.route_record()[str(dtype).removeprefix("torch.")]
-    if dtype in pr.routed_dtypes():
+    said = route.route_record()[str(dtype).removeprefix("torch.")]
+    if dtype in route.routed_dtypes():
         assert said == "routed to portable_randn" and torch.equal(_bits(routed), _bits(portable))
     else:
         assert torch.equal(_bits(routed), _bits(plain)), said

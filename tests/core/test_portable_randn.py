@@ -27,6 +27,7 @@ import pytest
 import torch
 
 from steadfast.core.determinism import randn as pr
+from steadfast.core.determinism import randn_route as route
 from steadfast.core.determinism.randn import box_muller_avx2, portable_randn
 
 pytestmark = pytest.mark.torch_version  # half types follow torch >= 2.14: CI runs this on both rows
@@ -71,16 +72,16 @@ ISA_SCRIPT = textwrap.dedent(
         seq_p = torch.cat([portable_randn((n,), g1, dtype=dt).float() for n in (3, 40, 5, 1, 17, 7, 16)])
         seq_t = torch.cat([torch.randn(n, generator=g2, dtype=dt).float() for n in (3, 40, 5, 1, 17, 7, 16)])
         out["portable"][dtype + "/sequence/-1"], out["randn"][dtype + "/sequence/-1"] = digest(seq_p), digest(seq_t)
-    from steadfast.core.determinism import randn as pr
+    from steadfast.core.determinism import randn as pr, randn_route as route
     out["method"] = {d: pr.draw_method(getattr(torch, d)) for d in ("float32", "float16", "bfloat16")}
-    out["routed"] = [str(d) for d in pr.routed_dtypes()]
+    out["routed"] = [str(d) for d in route.routed_dtypes()]
     # torchsde's Brownian-interval draw (ComfyUI's CPU BrownianTreeNoiseSampler), routed and not
     try:
         from torchsde._brownian import brownian_interval as bi
     except ImportError:
         bi = None
     if bi is not None:
-        from steadfast.core.determinism.randn import portable_generator_randn
+        from steadfast.core.determinism.randn_route import portable_generator_randn
         draw = lambda: bi._randn((2, 4, 24, 24), torch.float32, torch.device("cpu"), 12345)
         with portable_generator_randn():
             out["portable"]["float32/torchsde/-2"] = digest(draw())
@@ -431,13 +432,13 @@ def test_rejects_bad_input():
 
 def test_routing_happens_only_where_it_changes_bits():
     """x86 AVX2/AVX512: torch's float32 bytes are the portable ones, so ``torch.randn`` is not replaced."""
-    routed = pr.routed_dtypes()
+    routed = route.routed_dtypes()
     assert (torch.float32 in routed) == (not pr.torch_draws_portable(torch.float32))
     original = torch.randn
-    with pr.portable_generator_randn():
+    with route.portable_generator_randn():
         assert (torch.randn is original) == (not routed)
     assert torch.randn is original
-    record = pr.route_record()
+    record = route.route_record()
     assert set(record) == {"float32", "float16", "bfloat16"}
     if pr.torch_draws_portable(torch.float32):
         assert record["float32"].startswith("torch.randn (portable")
@@ -446,15 +447,15 @@ def test_routing_happens_only_where_it_changes_bits():
 @pytest.fixture
 def force_route(monkeypatch):
     """Route every portable dtype, as on a CPU without AVX2 (to test the replacement itself on any CPU)."""
-    monkeypatch.setattr(pr, "routed_dtypes", lambda: pr.PORTABLE_DTYPES)
+    monkeypatch.setattr(route, "routed_dtypes", lambda: pr.PORTABLE_DTYPES)
 
 
 def test_generator_randn_routing_is_scoped_and_selective(force_route):
     original = torch.randn
     torch.manual_seed(0)
     global_draw = torch.randn(100)
-    with pr.portable_generator_randn():
-        with pr.portable_generator_randn():  # re-entrant
+    with route.portable_generator_randn():
+        with route.portable_generator_randn():  # re-entrant
             routed = torch.randn(3, 40, generator=torch.Generator().manual_seed(8))
             routed_kw = torch.randn(size=(3, 40), generator=torch.Generator().manual_seed(8), device="cpu",
                                     dtype=torch.float32, layout=torch.strided)
@@ -468,15 +469,15 @@ def test_generator_randn_routing_is_scoped_and_selective(force_route):
     assert torch.equal(global_inside, global_draw)
     assert torch.equal(double, torch.randn(40, generator=torch.Generator().manual_seed(8), dtype=torch.float64))
     with pytest.raises(RuntimeError):
-        with pr.portable_generator_randn():
+        with route.portable_generator_randn():
             raise RuntimeError("boom")
     assert torch.randn is original
 
 
 def test_torchsde_brownian_draws_are_routed(force_route):
     bi = pytest.importorskip("torchsde._brownian.brownian_interval")
-    with pr.portable_generator_randn():
-        assert torch.randn is pr._routed_randn
+    with route.portable_generator_randn():
+        assert torch.randn is route._routed_randn
         draw = bi._randn((4, 16, 16), torch.float32, torch.device("cpu"), 77)
     assert torch.equal(draw, portable_randn((4, 16, 16), torch.Generator().manual_seed(77), backend="numpy"))
 
@@ -492,7 +493,7 @@ BROWNIAN_SCRIPT = textwrap.dedent(
     sys.path.insert(0, sys.argv[2])
     from _steadfast_import import import_steadfast
     import_steadfast()
-    from steadfast.core.determinism.randn import portable_generator_randn
+    from steadfast.core.determinism.randn_route import portable_generator_randn
     x = torch.zeros(2, 4, 16, 16)
     sig = torch.tensor([14.6, 9.1, 5.3, 2.9, 1.4, 0.6, 0.2, 0.03])  # literal: torch.linspace is ISA-dependent
     def steps():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from ..core.compile.registry import REGISTRY
+from ...core.compile.registry import REGISTRY
 from .public_text import public_value
 
 log = logging.getLogger("steadfast")

@@ -15,14 +15,14 @@ from typing import Any
 
 import folder_paths
 
-from ..core.record import comfy_env, model_identity
+from ...core.record import comfy_env, model_identity
 
 LOADER_KEYS = {"ckpt_name": "checkpoints", "unet_name": "diffusion_models"}
 
 
 def versions() -> dict[str, str]:
     """``{"comfyui": "0.8.0", "steadfast": "0.1.0"}`` ("unknown" where a version cannot be read)."""
-    from ..core.version import __version__ as pack
+    from ...core.version import __version__ as pack
     try:
         import comfyui_version
         comfy = str(comfyui_version.__version__)
@@ -71,7 +71,7 @@ def comfy_environment() -> dict[str, Any]:
 
 
 def _comfy_compiler_state() -> str:
-    from .model_patches import comfy_compiler_state
+    from ..model_patches import comfy_compiler_state
     return comfy_compiler_state()
 
 

@@ -22,8 +22,8 @@ import os
 
 import folder_paths
 
-from ..core.failures import passes_through
-from ..core.paths import redact, redact_value
+from ...core.failures import passes_through
+from ...core.paths import redact, redact_value
 
 log = logging.getLogger("steadfast")
 
