@@ -31,7 +31,7 @@ import torch
 
 from ..core.record.compare import compare
 from ..core.determinism.policy import DeterminismPolicy
-from ..core.record.fingerprint import environment_fingerprint, fingerprint_digest
+from ..core.record.environment import environment_fingerprint, fingerprint_digest
 from ..core.record.hashing import hash_image
 from ..core.pipelines import PipelineOptions, attention_names, compile_record, generate, load_pipeline, optimize_pipeline, warmup
 from ..core.pipelines.attention import TORCH_TO_DIFFUSERS

@@ -153,7 +153,7 @@ class OptimizeReport:
         return [s.step for s in self.steps if s.applied]
 
     def fingerprint_fields(self) -> dict[str, Any]:
-        """Settings that change output bits, for :func:`~..fingerprint.environment_fingerprint` extras."""
+        """Settings that change output bits, for :func:`~..record.environment.environment_fingerprint` extras."""
         o = self.options
         comp = self.step("compile")
         return {

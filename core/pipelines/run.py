@@ -13,7 +13,7 @@ import torch
 
 from ..determinism.apply import deterministic
 from ..determinism.policy import DeterminismPolicy
-from ..record.fingerprint import environment_fingerprint, fingerprint_digest
+from ..record.environment import environment_fingerprint, fingerprint_digest
 from ..determinism.noise import item_seeds
 from ..optimize.attention import check_sdpa_backend, sdpa_context
 from ..determinism.randn_route import portable_generator_randn, route_record
@@ -225,7 +225,7 @@ def pipeline_report(pipe: Any, *, environment: bool = True) -> dict[str, Any]:
     per module), ``cpu_randn`` (:func:`~..portable_randn.route_record`: how CPU-generator noise of each dtype is
     drawn here: portable, routed to portable, or torch's own half algorithm), ``optimize`` (:meth:`OptimizeReport.as_dict` or None), ``sdpa_backend``, ``compile``
     (:meth:`CompileRecord.as_dict` or None), ``lora`` (adapters and load events), and with ``environment``
-    also ``environment`` (:func:`~..fingerprint.environment_fingerprint` plus the output-relevant pipeline
+    also ``environment`` (:func:`~..record.environment.environment_fingerprint` plus the output-relevant pipeline
     settings) and ``fingerprint_digest``.
     """
     state = peek_state(pipe)

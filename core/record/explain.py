@@ -10,7 +10,7 @@ identity and the environment fingerprint. :func:`explain` flattens both records 
   model digest (base weights, patches), sampler settings, seeds, latent shape, batch-invariance policy, the ComfyUI
   version, Dynamic VRAM, ``--fast-disk``, CUDA graphs, the Comfy Compiler, attention fallbacks,
   ComfyUI's ``--fast`` options, fp16 accumulation, ComfyUI's dtype/attention switches, comfy-kitchen's version
-  (``core/record/comfy_env.py``);
+  (``core/record/environment.py``);
 - ``may change bits``: not measured either way (Python/numpy/pack version, comfy-aimdo version, platform ...).
 
 Fields that differ on every run without touching the bits (timings, counters, the output hashes themselves)

@@ -1,7 +1,7 @@
 """The run record: one typed schema for every Steadfast sampler (MODEL and diffusers pipeline), and its one builder.
 
 A run record says what decided the output bits of one sampling run: seeds, sampler settings, the
-output's hash, the environment fingerprint (:func:`core.record.fingerprint.environment_fingerprint`) and the
+output's hash, the environment fingerprint (:func:`core.record.environment.environment_fingerprint`) and the
 compile state. Two records of the same workflow can be compared field by field; ``from_json`` reads
 back what :meth:`RunRecord.as_json` wrote (the Seeded Sampler nodes' ``run_record`` output).
 
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ..determinism.noise import item_seeds
-from .fingerprint import environment_fingerprint, fingerprint_digest
+from .environment import environment_fingerprint, fingerprint_digest
 from .hashing import hash_image, tensor_digest
 
 __all__ = ["KINDS", "OUTPUTS", "PIPELINE_SEED_MODE", "RunRecord", "for_model", "for_pipeline"]

@@ -15,7 +15,7 @@ from typing import Any
 
 import folder_paths
 
-from ...core.record import comfy_env, model_identity
+from ...core.record import environment, model_identity
 
 LOADER_KEYS = {"ckpt_name": "checkpoints", "unet_name": "diffusion_models"}
 
@@ -39,7 +39,7 @@ def _dist_version(name: str) -> str | None:
 
 
 def comfy_environment() -> dict[str, Any]:
-    """The running ComfyUI's settings that touch determinism (fields: ``core/record/comfy_env.py``), for run records
+    """The running ComfyUI's settings that touch determinism (fields: ``core/record/environment.py``), for run records
     beside :func:`versions`.
 
     Read from the server itself: the comfy-aimdo / comfy-kitchen distributions, whether Dynamic VRAM
@@ -60,7 +60,7 @@ def comfy_environment() -> dict[str, Any]:
         "comfy_kitchen": _dist_version("comfy-kitchen"),
         "dynamic_vram": bool(getattr(memory, "aimdo_enabled", False)),
         "comfy_fast": sorted(str(getattr(f, "value", f)) for f in fast),
-        "comfy_numeric_args": {k: getattr(args, k) for k in comfy_env.NUMERIC_ARGS if getattr(args, k, None)},
+        "comfy_numeric_args": {k: getattr(args, k) for k in environment.NUMERIC_ARGS if getattr(args, k, None)},
         "fp16_accumulation": getattr(torch.backends.cuda.matmul, "allow_fp16_accumulation", None),
         # ComfyUI 0.33 switches that change how weights are loaded and run (None: not in this ComfyUI)
         "fast_disk": getattr(args, "fast_disk", None),
@@ -119,8 +119,8 @@ def model_identity_of(patcher: Any) -> dict[str, Any]:
 
 def server_risks_text() -> str:
     """Determinism Setup's lines on the running server: each setting known to break run-to-run equality
-    (:func:`core.record.comfy_env.run_to_run_risks`), or one line saying none is known."""
-    risks = comfy_env.run_to_run_risks(comfy_environment())
+    (:func:`core.record.environment.run_to_run_risks`), or one line saying none is known."""
+    risks = environment.run_to_run_risks(comfy_environment())
     if not risks:
         return "server settings: none known to break run-to-run equality"
     return "\n".join("WARNING, server setting: " + r for r in risks)

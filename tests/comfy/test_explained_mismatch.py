@@ -92,7 +92,7 @@ def test_model_record_names_digest_file_and_versions(comfy_server: ComfyServer, 
     assert rec["model"]["file_size"] == tiny_ckpt.stat().st_size and rec["model"]["tensors"] > 100
     running = comfy_server.get("/system_stats")["system"]["comfyui_version"]  # asked, not a literal
     assert rec["fingerprint"]["comfyui"] == running and rec["fingerprint"]["steadfast"]
-    # what changed upstream and touches determinism (core/record/comfy_env.py): present on every version
+    # what changed upstream and touches determinism (core/record/environment.py): present on every version
     for key in ("comfy_aimdo", "comfy_kitchen", "dynamic_vram", "comfy_fast", "comfy_numeric_args"):
         assert key in rec["fingerprint"], key
     assert rec["fingerprint"]["dynamic_vram"] is False  # --cpu: ComfyUI never enables Dynamic VRAM on the CPU

@@ -1,7 +1,7 @@
 """Determinism policy: every global flag is set, read back, and restored exactly.
 
 Covers ``core/determinism/apply.py`` (application), ``core/determinism/policy.py`` (policy, description, report),
-``core/determinism/torch_state.py`` (snapshot / restore), ``core/determinism/cublas.py`` and ``core/record/fingerprint.py`` (it reports
+``core/determinism/torch_state.py`` (snapshot / restore), ``core/determinism/cublas.py`` and ``core/record/environment.py`` (it reports
 the same flags).
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from steadfast.core.determinism import apply as det
 from steadfast.core.determinism.apply import apply_policy, deterministic, seed_everything
 from steadfast.core.determinism.policy import DeterminismPolicy, describe_policy
 from steadfast.core.determinism.torch_state import restore_state, snapshot_state
-from steadfast.core.record.fingerprint import environment_fingerprint, fingerprint_digest
+from steadfast.core.record.environment import environment_fingerprint, fingerprint_digest
 
 matmul = torch.backends.cuda.matmul
 HAS_FP32_API = torch_compat.has_fp32_precision_api()

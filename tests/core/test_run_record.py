@@ -10,7 +10,7 @@ import torch
 
 from steadfast.core.determinism.noise import item_seeds
 from steadfast.core.record import run_record
-from steadfast.core.record.fingerprint import environment_fingerprint, fingerprint_digest
+from steadfast.core.record.environment import environment_fingerprint, fingerprint_digest
 from steadfast.core.record.hashing import hash_image, tensor_digest
 from steadfast.core.record.run_record import RunRecord
 

@@ -1,7 +1,7 @@
-"""core.record.comfy_env: which settings of the running ComfyUI are known to break run-to-run equality, and explain's labels."""
+"""core.record.environment: which settings of the running ComfyUI are known to break run-to-run equality, and explain's labels."""
 from __future__ import annotations
 
-from steadfast.core.record.comfy_env import run_to_run_risks
+from steadfast.core.record.environment import run_to_run_risks
 from steadfast.core.record.explain import explain
 
 QUIET = {"comfy_aimdo": None, "comfy_kitchen": None, "dynamic_vram": False, "comfy_fast": [],
