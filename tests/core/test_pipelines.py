@@ -20,6 +20,7 @@ from steadfast.core.determinism.torch_state import snapshot_state
 from steadfast.core.record.hashing import hash_image
 from steadfast.core.compile.blocks import repeated_block_paths
 from steadfast.core.compile.options import CompileOptions
+from steadfast.core.optimize.plan import StepReport
 from steadfast.core.pipelines import LoraLoadError, OptimizeOptions, PipelineLoadError, PipelineStateError, UnsupportedAttentionError, compile_record, generate, load_lora, load_pipeline, optimize_pipeline, pipeline_report, prepare_lora_hotswap, warmup
 from steadfast.core.compile.registry import REGISTRY
 
@@ -198,6 +199,17 @@ def test_attention_backend_errors_before_any_change(sd_dir):
             optimize_pipeline(pipe, OptimizeOptions(qkv_fusion=True, attention=name))
     assert not hasattr(pipe.unet.down_blocks[1].attentions[0].transformer_blocks[0].attn1, "to_qkv")
     optimize_pipeline(pipe, OptimizeOptions())  # still optimizable: nothing was recorded
+
+
+def test_model_only_steps_are_refused_before_any_change(sd_dir):
+    """One plan type for both paths: a pipeline refuses the MODEL path's own steps up front, nothing recorded."""
+    pipe = tp.fresh(sd_dir)
+    for kw, words in (({"precision": "bf16"}, "precision=bf16"), ({"quantize": "int8"}, "quantize=int8")):
+        with pytest.raises(ValueError, match=f"{words}: Optimize Model"):
+            optimize_pipeline(pipe, OptimizeOptions(qkv_fusion=True, **kw))
+    assert not hasattr(pipe.unet.down_blocks[1].attentions[0].transformer_blocks[0].attn1, "to_qkv")
+    rep = optimize_pipeline(pipe, OptimizeOptions(qkv_fusion=True))  # still optimizable: nothing was recorded
+    assert [s.step for s in rep.steps] == ["qkv_fusion"] and all(isinstance(s, StepReport) for s in rep.steps)
 
 
 def test_flux_uses_diffusers_dispatcher_and_keeps_global_backend(flux_dir):
