@@ -69,8 +69,8 @@ def optimize_model(model, opts: OptimizeOptions, device) -> tuple[object, list[S
     plan = [
         Step("dynamic_vram", dynamic_vram.is_dynamic(model) and not dynamic_vram.is_dynamic(m), lambda: StepReport(
             "dynamic_vram", True, note="compiling a non-dynamic copy", lines=[
-                "Dynamic VRAM: compiling a non-dynamic copy (model.clone(disable_dynamic=True), as ComfyUI's "
-                "TorchCompileModel); its weights are loaded again and patched the classic way"])),
+                ("Dynamic VRAM: compiling a non-dynamic copy (model.clone(disable_dynamic=True), as ComfyUI's "
+                 "TorchCompileModel); its weights are loaded again and patched the classic way")])),
         Step("precision", True, lambda: precision_patch.add_precision(m, opts.precision)),
         Step("attention", True, lambda: attention_patch.add_attention(m, opts.attention, device, dtype(),
                                                                       compiling=opts.scope != "off")),

@@ -52,8 +52,8 @@ class OptimizeOptions:
         compile_cache: name of the persistent compile cache ("" = default, "off" = none).
 
     Raises:
-        ValueError: unknown ``scope``, an empty ``attention`` or ``compile.backend``, or ``compile`` not a
-            :class:`~..compile.options.CompileOptions`.
+        ValueError: unknown ``scope``, an empty ``attention`` or ``compile.backend``.
+        TypeError: ``compile`` is not a :class:`~..compile.options.CompileOptions`.
     """
 
     qkv_fusion: bool = False
@@ -74,7 +74,7 @@ class OptimizeOptions:
         if self.scope not in COMPILE_SCOPES:
             raise ValueError(f"compile must be one of {', '.join(COMPILE_SCOPES)}, got {self.scope!r}")
         if not isinstance(self.compile, CompileOptions):
-            raise ValueError(f"compile must be a CompileOptions, got {type(self.compile).__name__}")
+            raise TypeError(f"compile must be a CompileOptions, got {type(self.compile).__name__}")
         if not isinstance(self.attention, str) or not self.attention.strip():
             raise ValueError(f"attention must be a backend name, got {self.attention!r}")
         if not self.compile.backend:

@@ -107,8 +107,8 @@ def add_qkv_fusion(model) -> StepReport:
     if is_dynamic(model):  # fused_project takes the separate path whenever comfy_cast_weights is set
         steadfast_options(model)["qkv_fusion"] = NOT_APPLIED_DYNAMIC
         return StepReport("qkv_fusion", False, note=NOT_APPLIED_DYNAMIC, lines=[
-            f"qkv_fusion: {NOT_APPLIED_DYNAMIC} (weights are cast per call; compile, or start ComfyUI "
-            "with --disable-dynamic-vram, to fuse)"])
+            (f"qkv_fusion: {NOT_APPLIED_DYNAMIC} (weights are cast per call; compile, or start ComfyUI "
+             "with --disable-dynamic-vram, to fuse)")])
     found = _fusable_paths(model)
     for name, mod in found:
         model.add_object_patch(f"diffusion_model.{name}", FusedQKVCrossAttention(mod))

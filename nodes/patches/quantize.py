@@ -109,5 +109,5 @@ def add_quantize(model, mode: str, device) -> StepReport:
     steadfast_options(model)["quantize"] = {"mode": mode, "layers": len(paths), "torchao": qz.torchao_version()}
     choice = qz.Choice(tuple(paths), skipped)
     return StepReport("quantize", True, list(paths), {"mode": mode, "choice": choice}, lines=[
-        f"quantize: {mode} (torchao), {choice.as_text()}; built at the first run from the "
-        "weights as patched (LoRA included)"])
+        (f"quantize: {mode} (torchao), {choice.as_text()}; built at the first run from the "
+         "weights as patched (LoRA included)")])

@@ -32,11 +32,15 @@ def test_one_type_and_one_list_of_scopes() -> None:
     ({"scope": "regionl"}, "compile must be one of off, regional, full"),
     ({"attention": " "}, "attention must be a backend name"),
     ({"compile": CompileOptions(backend="")}, "backend must be"),
-    ({"compile": {"backend": "eager"}}, "compile must be a CompileOptions"),
 ])
 def test_options_refuse_invalid_values(kwargs: dict, words: str) -> None:
     with pytest.raises(ValueError, match=words):
         OptimizeOptions(**kwargs)
+
+
+def test_compile_settings_must_be_held_whole() -> None:
+    with pytest.raises(TypeError, match="compile must be a CompileOptions, got dict"):
+        OptimizeOptions(compile={"backend": "eager"})
 
 
 def test_compile_options_are_held_whole() -> None:
