@@ -16,7 +16,7 @@ the graph):
 
 Compilation uses the pack's core code: ``torch.compile`` with ``CompileOptions.to_kwargs`` (whole model) or
 ``core.compile.swap.compile_blocks`` + ``swap_in`` on the blocks ``core.compile.blocks.choose_blocks`` picks (regional), with
-the Optimize node's default options (``nodes.patches.compile.compile_options``: inductor, mode default,
+the Optimize node's default options (``nodes.optimize_inputs.compile_settings``: inductor, mode default,
 dynamic auto, fullgraph off) and its guard filter (``core.compile.guards.comfy_guard_filter``).
 
 Every measurement of a first call runs in a FRESH subprocess:
@@ -196,12 +196,12 @@ def make_runner(dm: Any, call: Callable[[Any], Any], mode: str) -> Callable[[], 
 
     from steadfast.core.compile import blocks
     from steadfast.core.compile.swap import compile_blocks, swap_in
-    from steadfast.nodes.patches import compile as compile_patch
+    from steadfast.nodes.optimize_inputs import compile_settings
 
     if mode == "eager":
         return lambda: call(dm)
     # the Optimize node's defaults (backend inductor, mode default, dynamic auto, fullgraph off) and guard filter
-    options, guard = compile_patch.compile_options(BACKEND[0], "default", "auto", False), node_guard_filter()[0]
+    options, guard = compile_settings(BACKEND[0], "default", "auto", False), node_guard_filter()[0]
     if mode == "regional":
         paths = blocks.choose_blocks(dm).paths
         if not paths:

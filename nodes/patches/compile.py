@@ -18,14 +18,13 @@ from ...core import torch_compat
 from ...core.compile import blocks, cache as compile_cache, cache_location as compile_cache_location
 from ...core.compile import presets as inductor_presets, registry
 from ...core.compile.guards import comfy_guard_filter
-from ...core.compile.options import CompileOptions
 from ...core.compile.record import CompileRecord
 from ...core.compile.swap import swap_in
 from ...core.optimize.plan import OptimizeOptions, StepReport
 from .options import steadfast_options
 
 __all__ = ["KEY_COMPILE", "client_writable_dirs", "open_compile_cache", "add_compile", "compile_model",
-           "compile_state", "compile_options"]
+           "compile_state"]
 
 log = logging.getLogger("steadfast")
 
@@ -211,16 +210,3 @@ def compile_state(model) -> dict | str:
             state["fallbacks"] = [f.get("reason", "") for f in rec.stats.fallbacks[-3:]]
         return state
     return snap
-
-
-def compile_options(backend: str, mode: str, dynamic: str, fullgraph: bool,
-                    inductor_preset: str = inductor_presets.NONE) -> CompileOptions:
-    """Translate the node's widget values into :class:`CompileOptions` (a preset's inductor config as ``options``,
-    None without one). Raises ``ValueError`` for a preset with a backend other than inductor."""
-    return CompileOptions(
-        backend=backend,
-        mode=None if mode == "default" else mode,
-        dynamic={"auto": None, "true": True, "false": False}[dynamic],
-        fullgraph=fullgraph,
-        options=inductor_presets.preset_options(inductor_preset, backend) or None,
-    )
