@@ -2,7 +2,7 @@
 
 Two ComfyUI diffusion models, called directly (no sampler) with seeded inputs and ComfyUI's PyTorch SDPA
 attention through ``transformer_options["optimized_attention_override"]`` (the pack's
-``nodes.model_patches.attention_override("auto")``; ComfyUI's CPU default, sub_quad attention, breaks
+``nodes.patches.attention.attention_override("auto")``; ComfyUI's CPU default, sub_quad attention, breaks
 the graph):
 
 * ``sd15``: the UNet (``UNetModel``) of the cached tiny SD1.5-architecture checkpoint
@@ -16,7 +16,7 @@ the graph):
 
 Compilation uses the pack's core code: ``torch.compile`` with ``CompileOptions.to_kwargs`` (whole model) or
 ``core.compile.swap.compile_blocks`` + ``swap_in`` on the blocks ``core.compile.blocks.choose_blocks`` picks (regional), with
-the Optimize node's default options (``nodes.model_patches.compile_options``: inductor, mode default,
+the Optimize node's default options (``nodes.optimize_inputs.compile_settings``: inductor, mode default,
 dynamic auto, fullgraph off) and its guard filter (``core.compile.guards.comfy_guard_filter``).
 
 Every measurement of a first call runs in a FRESH subprocess:
@@ -134,7 +134,7 @@ def build_model(name: str, sd15_side: int, flux: dict[str, Any] = FLUX_PARAMS) -
     its compiled wrapper) on fixed seeded inputs, with a fresh ``transformer_options`` dict each call
     (as ComfyUI builds one per ``apply_model``)."""
     import torch
-    from steadfast.nodes.model_patches import attention_override
+    from steadfast.nodes.patches.attention import attention_override
 
     attn = attention_override("auto")
     if name == "sd15":
@@ -179,12 +179,12 @@ def node_guard_filter() -> tuple[Any, str]:
     else:
         return guard_filters.comfy_guard_filter(), "core.compile.guards.comfy_guard_filter()"
     from steadfast.core.compile import swap as core_compile
-    from steadfast.nodes import model_patches as mp
+    from steadfast.nodes.patches import compile as compile_patch
 
     if hasattr(core_compile, "comfy_guard_filter"):  # pragma: no cover - earlier layout
         return core_compile.comfy_guard_filter(), "core.compile.swap.comfy_guard_filter()"
-    if hasattr(mp, "CompileGuardFilter"):  # pragma: no cover - earlier layout
-        return mp.CompileGuardFilter(), "nodes.model_patches.CompileGuardFilter()"
+    if hasattr(compile_patch, "CompileGuardFilter"):  # pragma: no cover - earlier layout
+        return compile_patch.CompileGuardFilter(), "nodes.patches.compile.CompileGuardFilter()"
     return core_compile.skip_guards_on("transformer_options"), "core.compile.swap.skip_guards_on('transformer_options')"
 
 
@@ -196,12 +196,12 @@ def make_runner(dm: Any, call: Callable[[Any], Any], mode: str) -> Callable[[], 
 
     from steadfast.core.compile import blocks
     from steadfast.core.compile.swap import compile_blocks, swap_in
-    from steadfast.nodes import model_patches as mp
+    from steadfast.nodes.optimize_inputs import compile_settings
 
     if mode == "eager":
         return lambda: call(dm)
     # the Optimize node's defaults (backend inductor, mode default, dynamic auto, fullgraph off) and guard filter
-    options, guard = mp.compile_options(BACKEND[0], "default", "auto", False), node_guard_filter()[0]
+    options, guard = compile_settings(BACKEND[0], "default", "auto", False), node_guard_filter()[0]
     if mode == "regional":
         paths = blocks.choose_blocks(dm).paths
         if not paths:

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"parameters: {n_params / 1e6:.1f} M; quantized: {choice}\n", flush=True)
 
     def call_for(dm: Any) -> Callable[[Any], Any]:
-        from steadfast.nodes.model_patches import attention_override
+        from steadfast.nodes.patches.attention import attention_override
 
         attn = attention_override("auto")
         x = bcl._randn((1, 16, 64, 64), "flux.x")

@@ -662,7 +662,7 @@ def sec_quantize(s: Section) -> None:
                                          else [])
     for q in choices:
         def one(q=q) -> tuple:
-            # through sampling: the quantized copy is built at ON_PRE_RUN (nodes/quantize_patch.py)
+            # through sampling: the quantized copy is built at ON_PRE_RUN (nodes/patches/quantize.py)
             m = SteadfastOptimizeModel.execute(base, False, False, "auto", "off", "inductor", "default", "auto",
                                                False, quantize=q).result[0]
             times = []

@@ -32,7 +32,7 @@ __all__ = [
     "clear_inductor_caches", "has_fp32_precision_api", "get_fp32_precision", "set_fp32_precision",
     "inductor_deterministic", "set_inductor_deterministic", "RecompileLogTap", "install_recompile_log_tap",
     "remove_recompile_log_tap", "compile_events", "compile_activity", "PROBE_CPU_ISA_ENV", "trusted_cpu_isa",
-    "tensor_version",
+    "tensor_version", "orig_module", "has_compiled_call", "compiled_call", "set_compiled_call",
 ]
 
 #: Names of the settings as messages to users should spell them.
@@ -201,6 +201,44 @@ def tensor_version(t: torch.Tensor) -> int | None:
     except AttributeError as e:
         raise TorchAPIMissing(f"change detection needs Tensor._version, which torch {torch.__version__} does not "
                               f"have ({e})") from e
+
+
+def orig_module(module: Any) -> Any:
+    """The module an ``OptimizedModule`` (what ``torch.compile(module)`` returns) wraps: its ``_orig_mod``;
+    ``module`` itself for anything else (a plain module, a function, None).
+
+    Args:
+        module: a ``torch.compile`` result or any other object.
+    Returns:
+        the original ``nn.Module`` (same object, not a copy), or ``module`` unchanged.
+    """
+    return getattr(module, "_orig_mod", module)
+
+
+def has_compiled_call() -> bool:
+    """Whether this torch's ``nn.Module`` has ``_compiled_call_impl``, the slot ``Module.compile()`` fills with the
+    compiled ``_call_impl`` (compile in place, what diffusers' ``compile_repeated_blocks`` uses; torch >= 2.2)."""
+    return hasattr(torch.nn.Module, "_compiled_call_impl")
+
+
+def compiled_call(module: torch.nn.Module) -> Callable[..., Any] | None:
+    """The compiled call ``module.compile()`` installed on ``module`` (``Module._compiled_call_impl``), or None when
+    ``module`` was not compiled in place (or this torch has no such slot: see :func:`has_compiled_call`)."""
+    return getattr(module, "_compiled_call_impl", None)
+
+
+def set_compiled_call(module: torch.nn.Module, call: Callable[..., Any]) -> None:
+    """Replace the compiled call of ``module`` (after ``module.compile()``) by ``call``, which every later
+    ``module(...)`` runs instead of ``forward``.
+
+    Raises:
+        TorchAPIMissing: this torch's ``nn.Module`` has no ``_compiled_call_impl`` (wrapping the in-place compiled
+            call of a ``Module.compile()``d block, e.g. to make its inputs contiguous, needs it).
+    """
+    if not has_compiled_call():
+        raise TorchAPIMissing(f"wrapping a Module.compile()d call needs torch.nn.Module._compiled_call_impl, which "
+                              f"torch {torch.__version__} does not have; Steadfast is checked against torch 2.13/2.14")
+    module._compiled_call_impl = call
 
 
 def is_compile_error(exc: BaseException) -> bool:

@@ -33,7 +33,8 @@ from ..core.record.compare import compare
 from ..core.determinism.policy import DeterminismPolicy
 from ..core.record.environment import environment_fingerprint, fingerprint_digest
 from ..core.record.hashing import hash_image
-from ..core.pipelines import PipelineOptions, attention_names, compile_record, generate, load_pipeline, optimize_pipeline, warmup
+from ..core.compile.options import CompileOptions
+from ..core.pipelines import OptimizeOptions, attention_names, compile_record, generate, load_pipeline, optimize_pipeline, warmup
 from ..core.pipelines.attention import TORCH_TO_DIFFUSERS
 from .verify_render import format_table, write_grid
 
@@ -51,18 +52,18 @@ def config_names() -> list[str]:
     return list(_BASE_NAMES) + [f"attn-{n}" for n in attention_names()]
 
 
-def _options_for(part: str, backend: str, mode: str | None) -> PipelineOptions:
+def _options_for(part: str, backend: str, mode: str | None) -> OptimizeOptions:
     fixed = {
-        "baseline": PipelineOptions(), "qkv": PipelineOptions(qkv_fusion=True),
-        "channels_last": PipelineOptions(channels_last=True), "vae-slicing": PipelineOptions(vae_slicing=True),
-        "vae-tiling": PipelineOptions(vae_tiling=True),
-        "compile-regional": PipelineOptions(compile="regional", backend=backend, mode=mode),
-        "compile-full": PipelineOptions(compile="full", backend=backend, mode=mode),
+        "baseline": OptimizeOptions(), "qkv": OptimizeOptions(qkv_fusion=True),
+        "channels_last": OptimizeOptions(channels_last=True), "vae-slicing": OptimizeOptions(vae_slicing=True),
+        "vae-tiling": OptimizeOptions(vae_tiling=True),
+        "compile-regional": OptimizeOptions(scope="regional", compile=CompileOptions(backend=backend, mode=mode)),
+        "compile-full": OptimizeOptions(scope="full", compile=CompileOptions(backend=backend, mode=mode)),
     }
     if part in fixed:
         return fixed[part]
     if part.startswith("attn-") and part[5:] in attention_names():
-        return PipelineOptions(attention=part[5:])
+        return OptimizeOptions(attention=part[5:])
     raise ValueError(f"unknown configuration {part!r}; known: {', '.join(_BASE_NAMES)}, attn-<backend> "
                      f"(backends: {', '.join(attention_names())}), and '+' combinations")
 
@@ -112,7 +113,7 @@ class VerifyConfig:
     ("reference" | "bit-equal" | "may differ" | "differs") with its ``reason``."""
 
     name: str
-    options: PipelineOptions
+    options: OptimizeOptions
     expectation: str
     reason: str
 
@@ -139,7 +140,7 @@ def parse_configs(spec: str | Sequence[str], *, dtype: str = "fp32", device: str
         if name in seen:
             continue
         seen.add(name)
-        opts = PipelineOptions()
+        opts = OptimizeOptions()
         parts = [p.strip() for p in name.split("+")]
         exps = []
         for part in parts:

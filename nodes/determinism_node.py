@@ -4,9 +4,11 @@ from __future__ import annotations
 from comfy_api.v0_0_2 import io, ui
 
 from ..core.determinism import policy as determinism_policy, portable
-from .batch_invariance import add_batch_invariance
+from .patches.attention import plan_attention
+from .patches.batch_invariance import add_batch_invariance
+from .patches.determinism import add_determinism
 from .host.identity import server_risks_text
-from .model_patches import add_determinism, plan_attention, steadfast_options
+from .patches.options import steadfast_options
 
 
 def policy_inputs(during: str) -> list[io.Input]:
@@ -65,7 +67,7 @@ class SteadfastDeterminismSetup(io.ComfyNode):
             # cuDNN attention under strict deterministic algorithms): refused here, not mid-run
             import comfy.model_management
             plan_attention(m, pinned.split(":", 1)[1], comfy.model_management.get_torch_device())
-        rows = add_batch_invariance(m, batch_invariant)
+        rows = add_batch_invariance(m, batch_invariant).details["policy"]
         steadfast_options(m)["batch_invariant"] = rows
         report = determinism_policy.describe_policy(policy) + "\nbatch-invariant sampling: " + (
             "on (" + "; ".join(rows.values()) + ")" if isinstance(rows, dict) else rows) + "\n" + server_risks_text()

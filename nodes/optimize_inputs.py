@@ -1,7 +1,7 @@
 """The widgets Optimize Model and Pipeline Optimize share, and their one mapping to compile options.
 
 Both nodes declare these inputs from here (same names, defaults, tooltips) and translate them with
-:func:`compile_settings` (``model_patches.compile_options``), so the MODEL and pipeline paths cannot drift.
+:func:`compile_settings`, so the MODEL and pipeline paths cannot drift.
 """
 from __future__ import annotations
 
@@ -10,14 +10,13 @@ from comfy_api.v0_0_2 import io
 import comfy.model_management
 
 from ..core.compile import cache_location as compile_cache_location, presets as inductor_presets
-from ..core.compile.swap import CompileOptions
+from ..core.compile.options import COMPILE_SCOPES, CompileOptions
 from ..core.optimize import quantize as qz
 from ..core.optimize.precision import PRECISIONS
-from . import model_patches as mp
 
 SDPA_CHOICES = ["auto", "math", "efficient", "flash", "cudnn"]
 MODEL_ATTENTION_CHOICES = SDPA_CHOICES + ["comfy"]  # "comfy": ComfyUI's own attention, which only MODELs have
-COMPILE_CHOICES = ["off", "regional", "full"]
+COMPILE_CHOICES = list(COMPILE_SCOPES)  # the one list of compile choices (core.compile.options)
 BACKENDS = ["inductor", "eager", "aot_eager", "cudagraphs"]
 MODES = ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 DYNAMIC_CHOICES = ["auto", "true", "false"]
@@ -131,9 +130,15 @@ def knob_inputs() -> list[io.Input]:
 def compile_settings(backend: str, mode: str, dynamic: str, fullgraph: bool,
                      inductor_preset: str = inductor_presets.NONE) -> CompileOptions:
     """The compile widgets as :class:`CompileOptions` (mode "default" -> None; dynamic "auto" -> None,
-    "true"/"false" -> bool; a preset's inductor config as options). Raises ``KeyError`` only for a value ComfyUI's
-    combo check already rejects, ``ValueError`` for a preset with a backend other than inductor."""
-    return mp.compile_options(backend, mode, dynamic, fullgraph, inductor_preset)
+    "true"/"false" -> bool; a preset's inductor config as options, None without one). Raises ``KeyError`` only for a
+    value ComfyUI's combo check already rejects, ``ValueError`` for a preset with a backend other than inductor."""
+    return CompileOptions(
+        backend=backend,
+        mode=None if mode == "default" else mode,
+        dynamic={"auto": None, "true": True, "false": False}[dynamic],
+        fullgraph=fullgraph,
+        options=inductor_presets.preset_options(inductor_preset, backend) or None,
+    )
 
 
 __all__ = ["SDPA_CHOICES", "MODEL_ATTENTION_CHOICES", "COMPILE_CHOICES", "BACKENDS", "MODES", "DYNAMIC_CHOICES",

@@ -9,7 +9,8 @@ from __future__ import annotations
 from comfy_api.v0_0_2 import io, ui
 
 from ..core.determinism import policy as determinism_policy, portable
-from ..core.pipelines import PipelineOptions, compile_record
+from ..core.optimize.plan import OptimizeOptions
+from ..core.pipelines import compile_record
 from ..core.pipelines.handle import optimized_handle
 from ..core.compile.registry import REGISTRY
 from . import optimize_inputs as oi
@@ -19,13 +20,13 @@ from .pipeline_nodes import DiffusersPipeline, as_handle
 
 
 def pipeline_options(qkv_fusion: bool, channels_last: bool, attention: str, compile: str, backend: str, mode: str,
-                     dynamic: str, fullgraph: bool, vae_slicing: bool, vae_tiling: bool) -> PipelineOptions:
-    """Pipeline Optimize's widget values as :class:`PipelineOptions` (compile widgets mapped by
-    :func:`.optimize_inputs.compile_settings`, the same mapping as Optimize Model's)."""
-    co = oi.compile_settings(backend, mode, dynamic, fullgraph)
-    return PipelineOptions(qkv_fusion=qkv_fusion, channels_last=channels_last, attention=attention,
-                           vae_slicing=vae_slicing, vae_tiling=vae_tiling, compile=compile, backend=co.backend,
-                           mode=co.mode, dynamic=co.dynamic, fullgraph=co.fullgraph)
+                     dynamic: str, fullgraph: bool, vae_slicing: bool, vae_tiling: bool) -> OptimizeOptions:
+    """Pipeline Optimize's widget values as an :class:`~..core.optimize.plan.OptimizeOptions` (the ``compile``
+    widget is the scope; the compile widgets, held whole, mapped by :func:`.optimize_inputs.compile_settings`, the
+    same mapping as Optimize Model's)."""
+    return OptimizeOptions(qkv_fusion=qkv_fusion, channels_last=channels_last, attention=attention,
+                           vae_slicing=vae_slicing, vae_tiling=vae_tiling, scope=compile,
+                           compile=oi.compile_settings(backend, mode, dynamic, fullgraph))
 
 
 class SteadfastPipelineOptimize(io.ComfyNode):
@@ -80,7 +81,7 @@ class SteadfastPipelineOptimize(io.ComfyNode):
         lines += [s.as_text() for s in rep.steps]
         if handle.lora is not None:
             lines.append(f"prepared for LoRA hot-swap up to rank {handle.lora.max_rank}; the LoRA is loaded at run time")
-        if opts.compile != "off":
+        if opts.scope != "off":
             rec = compile_record(new.pipe)
             if rec is not None:
                 REGISTRY.set_strict(rec, strict_recompiles)

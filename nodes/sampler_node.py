@@ -16,7 +16,9 @@ from ..core.determinism import noise, portable, randn_route, torch_state
 from ..core.optimize import attention as sdpa
 from ..core.record import run_record
 from .host import identity, noise as host_noise
-from .model_patches import compile_state, qkv_counters, steadfast_options
+from .patches.compile import compile_state
+from .patches.options import steadfast_options
+from .patches.qkv import qkv_counters
 
 BATCH_SEED_MODES = ["incremental", "comfy"]
 

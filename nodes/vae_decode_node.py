@@ -5,7 +5,7 @@ from comfy_api.v0_0_2 import io
 
 import comfy.utils
 
-from .batch_invariance import decode_rows
+from .patches.batch_invariance import decode_rows
 
 
 class SteadfastVAEDecode(io.ComfyNode):

@@ -1,6 +1,6 @@
 """Regional and full ``torch.compile``, tracked: one model's compile from the options to its state.
 
-Owns the options (:mod:`.swap` ``CompileOptions``), inductor presets (:mod:`.presets`), the one block finder
+Owns the options (:mod:`.options`: ``CompileOptions``, ``COMPILE_SCOPES``), inductor presets (:mod:`.presets`), the one block finder
 (:mod:`.blocks`: the architecture table, the swap-safety check, discovery), compiling blocks and swapping them in for
 one call (:mod:`.swap`), Dynamo guard filters (:mod:`.guards`), the per-model registry and its records
 (:mod:`.registry`, :mod:`.record`), why a block recompiled (:mod:`.recompiles`) and the persistent compile cache
@@ -13,7 +13,8 @@ from __future__ import annotations
 from ..lazy_face import lazy_face
 
 _FACE = {
-    "CompileOptions": ".swap",
+    "CompileOptions": ".options",
+    "COMPILE_SCOPES": ".options",
     "choose_blocks": ".blocks",
     "REGISTRY": ".registry",
     "CompileRecord": ".record",

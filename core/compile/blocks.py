@@ -329,3 +329,21 @@ def choose_blocks(root: nn.Module, *, classes: Sequence[str] | None = None, disc
     check = safe_to_swap(root, paths)
     counts = dict(Counter(type(root.get_submodule(p)).__name__ for p in check.safe))
     return BlockChoice(paths=check.safe, how=how, classes=counts, check=check, discovery=discovery, reason=reason)
+
+
+def repeated_block_paths(model: nn.Module) -> list[str]:
+    """The blocks of a diffusers model to compile regionally: the dotted paths of the modules diffusers'
+    ``compile_repeated_blocks`` compiles, i.e. every submodule whose class name is in ``model._repeated_blocks``
+    (nested matches included, exactly as diffusers does; :func:`choose_blocks` with ``classes`` keeps only the
+    outermost). ``[]`` when the attribute is missing or empty (SD3, VAEs).
+
+    Args:
+        model: a diffusers model (``ModelMixin``), e.g. a pipeline's ``unet`` or ``transformer``.
+    Returns:
+        paths in ``model.named_modules()`` order, never the root.
+    """
+    names = getattr(model, "_repeated_blocks", None) or ()
+    if isinstance(names, str):
+        names = (names,)
+    wanted = set(names)
+    return [p for p, m in model.named_modules() if p and type(m).__name__ in wanted]

@@ -73,8 +73,8 @@ def _tensors(modules: Mapping[str, nn.Module]) -> dict[str, torch.Tensor]:
 
 def code_of(module: Any) -> Any:
     """The code object Dynamo caches compiled entries on (all wrappers of one ``forward`` share them and the
-    ``recompile_limit``): the class's ``forward`` (of ``_orig_mod`` for an ``OptimizedModule``), else None."""
-    return getattr(getattr(type(getattr(module, "_orig_mod", module)), "forward", None), "__code__", None)
+    ``recompile_limit``): the class's ``forward`` (of the wrapped module for an ``OptimizedModule``: :func:`core.torch_compat.orig_module`), else None."""
+    return getattr(getattr(type(torch_compat.orig_module(module)), "forward", None), "__code__", None)
 
 
 _REASON_LINE = re.compile(r"^\s*-\s*(?:\d+/\d+:\s*)?(.*)$")

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from .. import torch_compat
-from .swap import CompileOptions
+from .options import CompileOptions
 from .recompiles import ParamIdentity, code_of
 
 
@@ -78,7 +78,7 @@ class CompileRecord:
 
     def block_modules(self) -> dict[str, torch.nn.Module]:
         """``{path: original module}`` of the compiled blocks (what Dynamo traces)."""
-        mods = {p: getattr(c, "_orig_mod", c) for p, c in self.compiled.items()}
+        mods = {p: torch_compat.orig_module(c) for p, c in self.compiled.items()}
         return {p: m for p, m in mods.items() if isinstance(m, torch.nn.Module)}
 
     def cache_entries(self) -> dict[str, int]:

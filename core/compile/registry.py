@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from .. import torch_compat
-from .swap import CompileOptions, compile_blocks
+from .options import CompileOptions
+from .swap import compile_blocks
 from .record import CompileRecord, CompileStats, normalise_shape
 from ..failures import is_interrupt, passes_through
 from .guards import GuardFilterFn

@@ -43,7 +43,7 @@ def diffusers_backend_names() -> list[str]:
 
 
 def attention_names() -> list[str]:
-    """Every accepted ``PipelineOptions.attention`` value: torch SDPA names, then diffusers backend names."""
+    """Every accepted ``OptimizeOptions.attention`` value: torch SDPA names, then diffusers backend names."""
     return list(SDPA_BACKENDS) + [n for n in diffusers_backend_names() if n not in SDPA_BACKENDS]
 
 

@@ -34,7 +34,7 @@ from typing import Any
 from .load import denoiser_of
 from .lora import LoraLoadError, load_lora, prepare_lora_hotswap
 from .optimize import PipelineStateError, optimize_pipeline
-from .options import OptimizeReport, PipelineOptions
+from ..optimize.plan import OptimizeOptions, OptimizeReport
 from .run import compile_record
 from .share import conv_weights, share_pipeline
 from .state import peek_state
@@ -167,7 +167,7 @@ _LORA_COPIES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 _MEMO_LOCK = threading.Lock()
 
 
-def optimized_handle(handle: PipelineHandle, options: PipelineOptions) -> tuple[PipelineHandle, OptimizeReport, bool]:
+def optimized_handle(handle: PipelineHandle, options: OptimizeOptions) -> tuple[PipelineHandle, OptimizeReport, bool]:
     """Apply ``options`` to a weight-sharing copy of ``handle.pipe``; returns ``(handle, report, reused)``.
 
     ``handle.pipe`` is not modified. With the same source pipeline, options and LoRA ``max_rank`` as an

@@ -1,4 +1,4 @@
-"""Apply :class:`PipelineOptions` to a diffusers pipeline in a safe order, and report what happened.
+"""Apply :class:`~..optimize.plan.OptimizeOptions` to a diffusers pipeline in a safe order, and report what happened.
 
 Order (structural changes first, compilation last, because Dynamo guards on module structure, processor
 objects and weight strides): QKV fusion -> channels_last -> attention backend -> VAE slicing/tiling ->
@@ -9,35 +9,25 @@ Everything here changes the pipeline in place and is not undone: load a fresh pi
 """
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
 
+from .. import torch_compat
+from ..compile.blocks import repeated_block_paths
 from ..compile.swap import contiguous_inputs_hook
 from ..optimize.layout import to_channels_last_
+from ..optimize.plan import OptimizeOptions, OptimizeReport, Step, StepReport, run_steps
 from ..compile.registry import REGISTRY
 from .attention import resolve_attention, set_model_attention_backend
 from .load import count_params, denoiser_of, module_components, run_device
-from .options import OptimizeReport, PipelineOptions, StepReport
 from .state import get_state
 
-__all__ = ["PipelineStateError", "optimize_pipeline", "repeated_block_paths"]
+__all__ = ["PipelineStateError", "optimize_pipeline"]
 
 
 class PipelineStateError(RuntimeError):
     """The pipeline is in a state where the operation cannot be done (e.g. optimized twice)."""
-
-
-def repeated_block_paths(model: torch.nn.Module) -> list[str]:
-    """Dotted paths of the modules diffusers' ``compile_repeated_blocks`` compiles: every submodule whose
-    class name is in ``model._repeated_blocks`` (nested matches included, exactly as diffusers does).
-    ``[]`` when the attribute is missing or empty (SD3, VAEs)."""
-    names = getattr(model, "_repeated_blocks", None) or ()
-    if isinstance(names, str):
-        names = (names,)
-    wanted = set(names)
-    return [p for p, m in model.named_modules() if p and type(m).__name__ in wanted]
 
 
 def _param_dtype(module: torch.nn.Module) -> torch.dtype:
@@ -49,7 +39,7 @@ def _has_adapters(module: torch.nn.Module) -> bool:
     return bool(getattr(module, "peft_config", None))
 
 
-def _qkv_step(pipe: Any, comps: dict[str, torch.nn.Module], den_name: str, opts: PipelineOptions) -> StepReport:
+def _qkv_step(pipe: Any, comps: dict[str, torch.nn.Module], den_name: str, opts: OptimizeOptions) -> StepReport:
     step = StepReport("qkv_fusion", False)
     targets = [den_name] + (["vae"] if opts.qkv_fusion_vae and "vae" in comps else [])
     notes = []
@@ -96,7 +86,7 @@ def _channels_last_step(comps: dict[str, torch.nn.Module], den_name: str) -> Ste
     return step
 
 
-def _attention_step(pipe: Any, den: torch.nn.Module, den_name: str, opts: PipelineOptions) -> StepReport:
+def _attention_step(pipe: Any, den: torch.nn.Module, den_name: str, opts: OptimizeOptions) -> StepReport:
     dev, dt = run_device(pipe), _param_dtype(den)
     diffusers_name, sdpa_name = resolve_attention(opts.attention, den, dev, dt)
     details: dict[str, Any] = {"requested": opts.attention, "diffusers_backend": None, "dispatch_modules": 0,
@@ -139,8 +129,8 @@ def contiguous_compiled_inputs(module: torch.nn.Module) -> bool:
     included, so a forward pre-hook would run inside the graph and Dynamo would still guard on the caller's
     strides. SD1.5's transformer blocks get ``hidden_states`` as a permuted view whose size-1 dimension has
     another stride at the lowest resolution: a "stride mismatch" recompile during the warm-up. The wrapper
-    put on ``module._compiled_call_impl`` applies :func:`core.compile.swap.contiguous_inputs_hook` outside the graph
-    (same bits: contiguous clones).
+    put on the module's compiled call (:func:`core.torch_compat.set_compiled_call`) applies
+    :func:`core.compile.swap.contiguous_inputs_hook` outside the graph (same bits: contiguous clones).
 
     Args:
         module: a module after ``module.compile()``.
@@ -148,7 +138,7 @@ def contiguous_compiled_inputs(module: torch.nn.Module) -> bool:
         False (nothing changed) when ``module`` has no compiled call (not compiled, or a torch without
         ``Module._compiled_call_impl``).
     """
-    compiled = getattr(module, "_compiled_call_impl", None)
+    compiled = torch_compat.compiled_call(module)
     if compiled is None or getattr(compiled, "_steadfast_contiguous", False):
         return compiled is not None
 
@@ -159,20 +149,20 @@ def contiguous_compiled_inputs(module: torch.nn.Module) -> bool:
         return compiled(*args, **kwargs)
 
     call._steadfast_contiguous = True  # type: ignore[attr-defined]
-    module._compiled_call_impl = call
+    torch_compat.set_compiled_call(module, call)
     return True
 
 
-def _compile_step(pipe: Any, den: torch.nn.Module, den_name: str, opts: PipelineOptions) -> StepReport:
-    copts = opts.compile_options()
+def _compile_step(pipe: Any, den: torch.nn.Module, den_name: str, opts: OptimizeOptions) -> StepReport:
+    copts = opts.compile
     kwargs = copts.to_kwargs()
-    paths = repeated_block_paths(den) if opts.compile == "regional" else []
+    paths = repeated_block_paths(den) if opts.scope == "regional" else []
     note = ""
-    if opts.compile == "regional" and paths:
+    if opts.scope == "regional" and paths:
         kind = "regional"
         den.compile_repeated_blocks(**kwargs)
     else:
-        if opts.compile == "regional":
+        if opts.scope == "regional":
             note = (f"{type(den).__name__} declares no _repeated_blocks, so the whole model was compiled "
                     f"(torch.compile) instead")
         kind = "full"
@@ -198,7 +188,7 @@ def _compile_step(pipe: Any, den: torch.nn.Module, den_name: str, opts: Pipeline
     return StepReport("compile", True, [den_name], details, note)
 
 
-def optimize_pipeline(pipe: Any, options: PipelineOptions) -> OptimizeReport:
+def optimize_pipeline(pipe: Any, options: OptimizeOptions) -> OptimizeReport:
     """Apply ``options`` to ``pipe`` in place and return what was applied to which components.
 
     Order: QKV fusion (denoiser, then VAE) -> channels_last (denoiser, VAE) -> attention backend ->
@@ -211,7 +201,8 @@ def optimize_pipeline(pipe: Any, options: PipelineOptions) -> OptimizeReport:
         PipelineStateError: ``pipe`` was already optimized (load a fresh one), or QKV fusion was requested
             for a component with LoRA adapters (the fused projections would bypass them).
         UnsupportedAttentionError: the attention backend cannot run here.
-        ValueError: the pipeline has no denoiser.
+        ValueError: the pipeline has no denoiser, or ``options`` asks for a MODEL-only step (``precision``,
+            ``quantize``).
     """
     state = get_state(pipe)
     if state.report is not None:
@@ -222,6 +213,11 @@ def optimize_pipeline(pipe: Any, options: PipelineOptions) -> OptimizeReport:
     report = OptimizeReport(options=options, pipeline=type(pipe).__name__, denoiser=den_name,
                             params_before={k: count_params(m) for k, m in comps.items()})
     # validate first, so a refused request leaves the pipeline untouched
+    model_only = [f"{n}={getattr(options, n)}" for n, off in (("precision", "model"), ("quantize", "off"))
+                  if getattr(options, n) != off]
+    if model_only:
+        raise ValueError(f"{', '.join(model_only)}: Optimize Model (MODEL path) only; diffusers pipelines have no "
+                         "such step")
     if options.attention != "auto":
         resolve_attention(options.attention, den, run_device(pipe), _param_dtype(den))
     if options.qkv_fusion:
@@ -230,22 +226,16 @@ def optimize_pipeline(pipe: Any, options: PipelineOptions) -> OptimizeReport:
                 raise PipelineStateError(
                     f"{name} has LoRA adapters loaded: diffusers' fused to_qkv/to_kv projections would bypass "
                     f"the LoRA layers on to_q/to_k/to_v, so QKV fusion and LoRA cannot be combined")
-    plan: list[tuple[bool, Any]] = [
-        (options.qkv_fusion, lambda: _qkv_step(pipe, comps, den_name, options)),
-        (options.channels_last, lambda: _channels_last_step(comps, den_name)),
-        (options.attention != "auto", lambda: _attention_step(pipe, den, den_name, options)),
-        (options.vae_slicing, lambda: _vae_step(comps, "vae_slicing")),
-        (options.vae_tiling, lambda: _vae_step(comps, "vae_tiling")),
-        (options.compile != "off", lambda: _compile_step(pipe, den, den_name, options)),
+    plan = [
+        Step("qkv_fusion", options.qkv_fusion, lambda: _qkv_step(pipe, comps, den_name, options)),
+        Step("channels_last", options.channels_last, lambda: _channels_last_step(comps, den_name)),
+        Step("attention", options.attention != "auto", lambda: _attention_step(pipe, den, den_name, options)),
+        Step("vae_slicing", options.vae_slicing, lambda: _vae_step(comps, "vae_slicing")),
+        Step("vae_tiling", options.vae_tiling, lambda: _vae_step(comps, "vae_tiling")),
+        Step("compile", options.scope != "off", lambda: _compile_step(pipe, den, den_name, options)),
     ]
     try:
-        for wanted, run in plan:
-            if not wanted:
-                continue
-            t0 = time.perf_counter()
-            step = run()
-            step.seconds = time.perf_counter() - t0
-            report.steps.append(step)
+        run_steps(plan, into=report.steps)
     finally:  # also after a failing step: what was done stays recorded, and a second call is refused
         report.params_after = {k: count_params(m) for k, m in module_components(pipe).items()}
         state.report = report

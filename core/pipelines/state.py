@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..compile.record import CompileRecord
-from .options import OptimizeReport
+from ..optimize.plan import OptimizeReport
 
 __all__ = ["PipelineState", "get_state", "peek_state"]
 

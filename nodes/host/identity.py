@@ -48,7 +48,7 @@ def comfy_environment() -> dict[str, Any]:
     (``fast_disk``: disk-backed loading, reported to change outputs, ComfyUI issue 15528), the CUDA-graph switch
     (``cuda_graphs``: ComfyUI's block prefetcher captures CUDA graphs under Dynamic VRAM unless
     ``--disable-cuda-graphs``) and the Comfy Compiler (``comfy_compiler``: ``absent`` / ``on`` / ``off`` /
-    ``disabled``, :func:`nodes.model_patches.comfy_compiler_state`). ``None``: the switch is not in this ComfyUI.
+    ``disabled``, :func:`nodes.patches.dynamic_vram.comfy_compiler_state`). ``None``: the switch is not in this ComfyUI.
     """
     import comfy.cli_args
     import torch
@@ -71,7 +71,7 @@ def comfy_environment() -> dict[str, Any]:
 
 
 def _comfy_compiler_state() -> str:
-    from ..model_patches import comfy_compiler_state
+    from ..patches.dynamic_vram import comfy_compiler_state
     return comfy_compiler_state()
 
 

@@ -23,8 +23,6 @@ import torch
 
 import comfy.sample
 
-from ...core.determinism.noise import item_seeds
-
 # Torch's vectorised (>= 16 elements) path with and without a tail: on torch 2.14.1 half-precision randn equals
 # float32-then-cast for whole multiples of 16 elements and differs in the tail (torch 2.11.0 differs everywhere),
 # so a probe without a tail could not tell the two ways apart.
@@ -196,6 +194,8 @@ def per_item_brownian(latent: torch.Tensor, sigmas: torch.Tensor, seed: int):
         ComfyUI's ``BrownianTreeNoiseSampler`` over ``B`` trees (its draw moves to ``sigma``'s device).
     """
     from comfy.k_diffusion.sampling import BrownianTreeNoiseSampler
+
+    from ...core.determinism.noise import item_seeds  # here: tests load this module on its own (tests/core/test_noise.py)
     positive = sigmas[sigmas > 0]
     return BrownianTreeNoiseSampler(latent, positive.min(), sigmas.max(),
                                     seed=item_seeds(seed, latent.shape[0]), cpu=True)

@@ -77,7 +77,8 @@ import torch  # noqa: E402
 import comfy.ops  # noqa: E402
 from comfy.ldm.modules import attention as comfy_attention  # noqa: E402
 from steadfast.core.compile import blocks as sblocks  # noqa: E402
-from steadfast.core.compile.swap import CompileOptions, compile_blocks, swap_in  # noqa: E402
+from steadfast.core.compile.options import CompileOptions  # noqa: E402
+from steadfast.core.compile.swap import compile_blocks, swap_in  # noqa: E402
 from steadfast.core.compile.guards import SkipGuardsOn, comfy_guard_filter  # noqa: E402
 
 OPS = comfy.ops.disable_weight_init

@@ -6,12 +6,14 @@ here, so tests can ``import comfy_server`` and ``import tiny_sd15`` without impo
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -97,3 +99,20 @@ def artifacts_dir() -> Path:
     path = Path(os.environ.get("STEADFAST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts"))
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@pytest.fixture(scope="session")
+def run_child(comfyui_path: Path, tiny_ckpt: Path) -> Callable[[str], dict[str, Any]]:
+    """Run an in-process child script of this folder (``<name> REPO_ROOT CKPT``, ComfyUI imported there, never in
+    this process) and return the JSON of its ``RESULT `` line; a failing child fails with its stderr's tail."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "COMFYUI_PATH": str(comfyui_path)}
+
+    def run(name: str) -> dict[str, Any]:
+        proc = subprocess.run([sys.executable, str(Path(__file__).with_name(name)), str(root), str(tiny_ckpt)],
+                              capture_output=True, text=True, timeout=900, env=env)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+        return json.loads(line[len("RESULT "):])
+
+    return run

@@ -36,14 +36,14 @@ def main() -> None:
     from _steadfast_import import import_steadfast
     import_steadfast(ROOT)
     from steadfast.nodes.host import identity
-    from steadfast.nodes import model_patches as mp
-    from steadfast.nodes import quantize_patch
+    from steadfast.nodes.patches import dynamic_vram as dv, options as so
+    from steadfast.nodes.patches import quantize as quantize_patch
     from steadfast.nodes.optimize_node import SteadfastOptimizeModel
 
     out: dict[str, Any] = {"has_dynamic": hasattr(comfy.model_patcher.ModelPatcher, "is_dynamic")}
     model = comfy.sd.load_checkpoint_guess_config(sys.argv[2], output_vae=False, output_clip=False)[0]
     unet = model.model.diffusion_model
-    out["compiler_state"] = mp.comfy_compiler_state()
+    out["compiler_state"] = dv.comfy_compiler_state()
 
     def optimize(m, **kw):
         args = dict(qkv_fusion=False, channels_last=False, attention="auto", compile="off", backend="eager",
@@ -59,15 +59,15 @@ def main() -> None:
 
         dyn = model.clone()
         dyn.__class__ = EmulatedDynamic
-        assert mp.is_dynamic(dyn)
+        assert dv.is_dynamic(dyn)
         before = params_state(unet)
         opt, report = optimize(dyn, qkv_fusion=True, channels_last=True)
         out["dyn_report"] = report
-        out["dyn_options"] = {k: mp.steadfast_options(opt).get(k) for k in ("qkv_fusion", "channels_last")}
+        out["dyn_options"] = {k: so.steadfast_options(opt).get(k) for k in ("qkv_fusion", "channels_last")}
         out["dyn_object_patches"] = len(opt.object_patches)
         out["dyn_callbacks"] = sorted(k for k in ("steadfast.qkv", "steadfast.layout")
                                       if any(k in str(cbs) for cbs in opt.callbacks.values()))
-        out["dyn_is_dynamic"] = mp.is_dynamic(opt)
+        out["dyn_is_dynamic"] = dv.is_dynamic(opt)
         out["params_untouched"] = params_state(unet) == before
         try:
             optimize(dyn, quantize="int8-dynamic")
@@ -75,10 +75,10 @@ def main() -> None:
         except ValueError as e:
             out["dyn_quantize"] = str(e)
         comp, report = optimize(dyn, qkv_fusion=True, compile="regional")
-        out["compiled_clone_dynamic"] = mp.is_dynamic(comp)
+        out["compiled_clone_dynamic"] = dv.is_dynamic(comp)
         out["compiled_clone_same_module"] = comp.model is model.model
         out["compiled_report"] = report
-        out["compiled_qkv"] = mp.steadfast_options(comp).get("qkv_fusion")
+        out["compiled_qkv"] = so.steadfast_options(comp).get("qkv_fusion")
 
         # the Comfy Compiler (absent in 0.33.0): emulate its switch and Dynamic VRAM being active
         import comfy.memory_management as memory
@@ -87,7 +87,7 @@ def main() -> None:
         args.disable_comfy_compiler = False
         memory.aimdo_enabled = True
         try:
-            out["compiler_on_state"] = mp.comfy_compiler_state()
+            out["compiler_on_state"] = dv.comfy_compiler_state()
             try:
                 optimize(model, compile="regional")
                 out["compiler_on_compile"] = "accepted"
@@ -96,14 +96,14 @@ def main() -> None:
             _, report = optimize(model, attention="math")  # no forward replaced: allowed
             out["compiler_on_attention_only"] = "accepted"
             args.disable_comfy_compiler = True
-            out["compiler_disabled_state"] = mp.comfy_compiler_state()
+            out["compiler_disabled_state"] = dv.comfy_compiler_state()
         finally:
             memory.aimdo_enabled = saved[0]
             del args.disable_comfy_compiler
     else:
         plain, report = optimize(model, qkv_fusion=True, compile="regional")
         out["plain_report"] = report
-        out["plain_qkv"] = mp.steadfast_options(plain).get("qkv_fusion")
+        out["plain_qkv"] = so.steadfast_options(plain).get("qkv_fusion")
 
     # quantize's refusal when ComfyUI did not apply a layer's patches (partial / dynamic load)
     q, _ = optimize(model, quantize="int8-dynamic")

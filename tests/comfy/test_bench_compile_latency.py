@@ -34,7 +34,7 @@ with torch.inference_mode():
     out = call(dm)
     again = call(dm)
     # the same call with another latent: b.build_model's inputs are fixed, so rebuild them with x changed
-    from steadfast.nodes.model_patches import attention_override
+    from steadfast.nodes.patches.attention import attention_override
 
     def with_x(key):
         return dm(b._randn((1, 16, 64, 64), key), torch.tensor([0.5]), b._randn((1, 32, 256), "flux.context"),

@@ -7,28 +7,17 @@ aimdo) is in ``test_gpu_correctness.py``. On ComfyUI 0.8.0 (no Dynamic VRAM) the
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 pytestmark = [pytest.mark.comfyui, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
-def result(comfyui_path: Path, tiny_ckpt: Path) -> dict[str, Any]:
-    env = {**os.environ, "COMFYUI_PATH": str(comfyui_path)}
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("dynamic_vram_child.py")), str(ROOT),
-                           str(tiny_ckpt)], capture_output=True, text=True, timeout=900, env=env)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+def result(run_child: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
+    return run_child("dynamic_vram_child.py")
 
 
 def _needs_dynamic(result: dict[str, Any]) -> None:

@@ -2,7 +2,7 @@
 
 Issue 24 item 2: the SDPA probe ran in the *weight* dtype (fp8), where no backend runs, so Optimize Model with the
 default ``attention=auto`` failed with ``UnsupportedBackendError`` although sampling computes in
-``manual_cast_dtype``. The probe now uses the compute dtype (``nodes/model_patches.py::compute_dtype``).
+``manual_cast_dtype``. The probe now uses the compute dtype (``nodes/patches/precision.py::compute_dtype``).
 """
 from __future__ import annotations
 

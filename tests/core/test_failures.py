@@ -14,7 +14,8 @@ import torch
 
 from tiny_modules import Tiny, block_paths
 from steadfast.core import failures
-from steadfast.core.compile.swap import CompileOptions, swap_in
+from steadfast.core.compile.options import CompileOptions
+from steadfast.core.compile.swap import swap_in
 from steadfast.core.pipelines import load
 
 COMFY_MM = "comfy.model_management"

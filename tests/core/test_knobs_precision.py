@@ -7,7 +7,7 @@ import torch
 
 from steadfast.core.compile import cache as compile_cache, presets as inductor_presets
 from steadfast.core.record import explain
-from steadfast.core.compile.swap import CompileOptions
+from steadfast.core.compile.options import CompileOptions
 from steadfast.core.optimize import precision
 
 

@@ -14,7 +14,8 @@ import pipeline_fixtures as tp
 from steadfast.headless import tiny_pipelines as tiny
 from steadfast.core.record.compare import compare
 from steadfast.core.record.hashing import hash_image
-from steadfast.core.pipelines import PipelineOptions, PipelineStateError, compile_record, generate
+from steadfast.core.compile.options import CompileOptions
+from steadfast.core.pipelines import OptimizeOptions, PipelineStateError, compile_record, generate
 from steadfast.core.pipelines.handle import LoraSpec, PipelineHandle, lora_file_rank, optimized_handle, prepare_run, runtime_pipe
 from steadfast.core.pipelines.lora import LoraLoadError
 from steadfast.core.pipelines.share import shared_tensor_count
@@ -47,8 +48,8 @@ def test_optimized_copy_leaves_the_source_pipeline_as_it_was(sd_dir):
     base = tp.fresh(sd_dir)
     before = hash_image(_run(base))
     processors = dict(base.unet.attn_processors)
-    opts = PipelineOptions(qkv_fusion=True, channels_last=True, attention="math", vae_tiling=True,
-                           compile="regional", backend="eager")
+    opts = OptimizeOptions(qkv_fusion=True, channels_last=True, attention="math", vae_tiling=True,
+                           scope="regional", compile=CompileOptions(backend="eager"))
     h, report, reused = optimized_handle(PipelineHandle(base, "tiny", "fp32"), opts)
     assert not reused and h.owned and h.optimized and h.pipe is not base
     assert report.applied == ["qkv_fusion", "channels_last", "attention", "vae_tiling", "compile"]
@@ -72,10 +73,10 @@ def test_optimized_copy_leaves_the_source_pipeline_as_it_was(sd_dir):
 def test_same_source_and_options_reuse_the_copy(sd_dir):
     base = tp.fresh(sd_dir)
     h0 = PipelineHandle(base, "tiny", "fp32")
-    opts = PipelineOptions(compile="regional", backend="eager")
+    opts = OptimizeOptions(scope="regional", compile=CompileOptions(backend="eager"))
     h1, _, reused1 = optimized_handle(h0, opts)
     h2, _, reused2 = optimized_handle(h0, opts)
-    h3, _, reused3 = optimized_handle(h0, PipelineOptions(qkv_fusion=True))
+    h3, _, reused3 = optimized_handle(h0, OptimizeOptions(qkv_fusion=True))
     assert (reused1, reused2, reused3) == (False, True, False)
     assert h2.pipe is h1.pipe and h3.pipe is not h1.pipe
     with pytest.raises(PipelineStateError, match="already optimized"):
@@ -105,7 +106,7 @@ def test_lora_is_loaded_at_run_time_into_a_copy_and_each_value_runs_with_its_own
     _untouched(base.unet)
     assert hash_image(_run(base)) == hash_image(ref)
     # an optimized copy without LoRA that had one loaded by another value runs LoRA-free (disabled)
-    opts = PipelineOptions(attention="math")
+    opts = OptimizeOptions(attention="math")
     ha, _, _ = optimized_handle(with_a, opts)
     h_plain, _, reused = optimized_handle(plain, opts)
     assert h_plain.pipe is not ha.pipe and not reused  # max_rank is part of the memo key
@@ -126,4 +127,4 @@ def test_qkv_fusion_with_a_lora_is_refused(sd_dir, tmp_path):
     f = tiny.save_tiny_lora(tp.tiny_lora(base, rank=2, seed=0), tmp_path / "a.safetensors")
     h = PipelineHandle(base, "tiny", "fp32", lora=LoraSpec.from_file("a", f, 2))
     with pytest.raises(PipelineStateError, match="QKV fusion cannot be combined"):
-        optimized_handle(h, PipelineOptions(qkv_fusion=True))
+        optimized_handle(h, OptimizeOptions(qkv_fusion=True))

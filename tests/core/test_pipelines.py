@@ -18,7 +18,10 @@ from steadfast.core.record.compare import compare
 from steadfast.core.determinism.policy import DeterminismPolicy
 from steadfast.core.determinism.torch_state import snapshot_state
 from steadfast.core.record.hashing import hash_image
-from steadfast.core.pipelines import LoraLoadError, PipelineLoadError, PipelineOptions, PipelineStateError, UnsupportedAttentionError, compile_record, generate, load_lora, load_pipeline, optimize_pipeline, pipeline_report, prepare_lora_hotswap, repeated_block_paths, warmup
+from steadfast.core.compile.blocks import repeated_block_paths
+from steadfast.core.compile.options import CompileOptions
+from steadfast.core.optimize.plan import StepReport
+from steadfast.core.pipelines import LoraLoadError, OptimizeOptions, PipelineLoadError, PipelineStateError, UnsupportedAttentionError, compile_record, generate, load_lora, load_pipeline, optimize_pipeline, pipeline_report, prepare_lora_hotswap, warmup
 from steadfast.core.compile.registry import REGISTRY
 
 G = dict(steps=tp.STEPS, width=tp.SIZE, height=tp.SIZE)
@@ -153,7 +156,7 @@ def test_generate_under_policy_restores_global_state(sd_ref):
 def test_optimize_applies_in_order_and_reports(sd_dir, sd_ref):
     _, ref = sd_ref
     pipe = tp.fresh(sd_dir)
-    opts = PipelineOptions(qkv_fusion=True, channels_last=True, attention="math", vae_slicing=True,
+    opts = OptimizeOptions(qkv_fusion=True, channels_last=True, attention="math", vae_slicing=True,
                            vae_tiling=True)
     report = optimize_pipeline(pipe, opts)
     assert report.applied == ["qkv_fusion", "channels_last", "attention", "vae_slicing", "vae_tiling"]
@@ -176,13 +179,13 @@ def test_optimize_applies_in_order_and_reports(sd_dir, sd_ref):
     img = generate(pipe, "a cat", seed=3, **G)
     assert not compare(ref, img).identical  # channels_last / math SDPA / tiling change bits (measured)
     with pytest.raises(PipelineStateError, match="already optimized"):
-        optimize_pipeline(pipe, PipelineOptions())
+        optimize_pipeline(pipe, OptimizeOptions())
 
 
 def test_qkv_fusion_alone_is_bit_equal_in_fp32_on_cpu(sd_dir, sd_ref):
     _, ref = sd_ref
     pipe = tp.fresh(sd_dir)
-    optimize_pipeline(pipe, PipelineOptions(qkv_fusion=True))
+    optimize_pipeline(pipe, OptimizeOptions(qkv_fusion=True))
     rep = compare(ref, generate(pipe, "a cat", seed=3, **G))
     print("qkv fusion vs baseline:", rep.as_text())
     assert rep.identical
@@ -193,9 +196,20 @@ def test_attention_backend_errors_before_any_change(sd_dir):
     for name, pattern in (("efficient", "does not run"), ("flex", "call torch SDPA directly"),
                           ("no-such-backend", "unknown attention backend")):
         with pytest.raises(UnsupportedAttentionError, match=pattern):
-            optimize_pipeline(pipe, PipelineOptions(qkv_fusion=True, attention=name))
+            optimize_pipeline(pipe, OptimizeOptions(qkv_fusion=True, attention=name))
     assert not hasattr(pipe.unet.down_blocks[1].attentions[0].transformer_blocks[0].attn1, "to_qkv")
-    optimize_pipeline(pipe, PipelineOptions())  # still optimizable: nothing was recorded
+    optimize_pipeline(pipe, OptimizeOptions())  # still optimizable: nothing was recorded
+
+
+def test_model_only_steps_are_refused_before_any_change(sd_dir):
+    """One plan type for both paths: a pipeline refuses the MODEL path's own steps up front, nothing recorded."""
+    pipe = tp.fresh(sd_dir)
+    for kw, words in (({"precision": "bf16"}, "precision=bf16"), ({"quantize": "int8"}, "quantize=int8")):
+        with pytest.raises(ValueError, match=f"{words}: Optimize Model"):
+            optimize_pipeline(pipe, OptimizeOptions(qkv_fusion=True, **kw))
+    assert not hasattr(pipe.unet.down_blocks[1].attentions[0].transformer_blocks[0].attn1, "to_qkv")
+    rep = optimize_pipeline(pipe, OptimizeOptions(qkv_fusion=True))  # still optimizable: nothing was recorded
+    assert [s.step for s in rep.steps] == ["qkv_fusion"] and all(isinstance(s, StepReport) for s in rep.steps)
 
 
 def test_flux_uses_diffusers_dispatcher_and_keeps_global_backend(flux_dir):
@@ -207,8 +221,8 @@ def test_flux_uses_diffusers_dispatcher_and_keeps_global_backend(flux_dir):
     assert compare(base, generate(pipe, "a fox", seed=1, **G)).pct_pixels_differ > 50
     assert compare(base, generate(pipe, "a cat", seed=2, **G)).pct_pixels_differ > 50
     opt = tp.fresh(flux_dir)
-    rep = optimize_pipeline(opt, PipelineOptions(qkv_fusion=True, attention="math", compile="regional",
-                                                 backend="eager"))
+    rep = optimize_pipeline(opt, OptimizeOptions(qkv_fusion=True, attention="math", scope="regional",
+                                                 compile=CompileOptions(backend="eager")))
     att = rep.step("attention")
     assert att.details["diffusers_backend"] == "_native_math" and att.details["dispatch_modules"] == 4
     assert _AttentionBackendRegistry.get_active_backend()[0] == before
@@ -224,7 +238,7 @@ def test_flux_uses_diffusers_dispatcher_and_keeps_global_backend(flux_dir):
 def test_regional_falls_back_to_full_without_repeated_blocks(sd_dir):
     pipe = tp.fresh(sd_dir)
     pipe.unet._repeated_blocks = []  # instance-level, like SD3 / VAEs which declare none
-    rep = optimize_pipeline(pipe, PipelineOptions(compile="regional", backend="eager"))
+    rep = optimize_pipeline(pipe, OptimizeOptions(scope="regional", compile=CompileOptions(backend="eager")))
     comp = rep.step("compile")
     assert comp.details["kind"] == "full" and "declares no _repeated_blocks" in comp.note
     assert compile_record(pipe) is REGISTRY.get(pipe.unet)
@@ -235,13 +249,13 @@ def test_regional_falls_back_to_full_without_repeated_blocks(sd_dir):
 
 def test_qkv_fusion_and_lora_are_refused_together(sd_dir):
     pipe = tp.fresh(sd_dir)
-    optimize_pipeline(pipe, PipelineOptions(qkv_fusion=True))
+    optimize_pipeline(pipe, OptimizeOptions(qkv_fusion=True))
     with pytest.raises(LoraLoadError, match="fused"):
         load_lora(pipe, tp.tiny_lora(pipe, 4, 0), "a")
     pipe2 = tp.fresh(sd_dir)
     load_lora(pipe2, tp.tiny_lora(pipe2, 4, 0), "a")
     with pytest.raises(PipelineStateError, match="LoRA"):
-        optimize_pipeline(pipe2, PipelineOptions(qkv_fusion=True))
+        optimize_pipeline(pipe2, OptimizeOptions(qkv_fusion=True))
     with pytest.raises(LoraLoadError, match="already loaded"):
         load_lora(pipe2, tp.tiny_lora(pipe2, 4, 1), "a")
     with pytest.raises(LoraLoadError, match="no adapter named 'b'"):
@@ -263,7 +277,7 @@ def test_lora_hotswap_into_compiled_unet_does_not_recompile(sd_dir, tmp_path):
     file_a = tp.tiny.save_tiny_lora(lora_a, tmp_path / "a.safetensors")
     first = load_lora(pipe, file_a, "style")
     assert first.components == ["unet"] and not first.compiled
-    optimize_pipeline(pipe, PipelineOptions(compile="regional", backend="eager"))
+    optimize_pipeline(pipe, OptimizeOptions(scope="regional", compile=CompileOptions(backend="eager")))
     with pytest.raises(PipelineStateError):
         prepare_lora_hotswap(pipe, 8)
     w = warmup(pipe, tp.SIZE, tp.SIZE, steps=tp.STEPS)
@@ -306,7 +320,7 @@ def test_lora_hotswap_with_inductor_does_not_recompile(sd_dir):
     pipe = tp.fresh(sd_dir)
     prepare_lora_hotswap(pipe, target_rank=8)
     load_lora(pipe, lora_a, "style")
-    optimize_pipeline(pipe, PipelineOptions(compile="regional", backend="inductor"))
+    optimize_pipeline(pipe, OptimizeOptions(scope="regional", compile=CompileOptions(backend="inductor")))
     w = warmup(pipe, tp.SIZE, tp.SIZE, steps=tp.STEPS)
     rec = compile_record(pipe)
     print(f"inductor warm-up {w.seconds:.1f} s: {rec.as_text()}")
@@ -328,7 +342,8 @@ def test_warmup_does_not_recompile_on_strided_block_inputs(sd_dir, sd_ref):
     warm-up recompiled ("stride mismatch at index 1"). The blocks' compiled call now gets contiguous inputs, so
     the warm-up compiles one graph and the image is the same bits as without the fix's copies (eager backend)."""
     pipe = tp.fresh(sd_dir)
-    rep = optimize_pipeline(pipe, PipelineOptions(qkv_fusion=False, compile="regional", backend="eager"))
+    rep = optimize_pipeline(pipe, OptimizeOptions(qkv_fusion=False, scope="regional",
+                                                  compile=CompileOptions(backend="eager")))
     assert not [s.note for s in rep.steps if s.step == "compile" and "contiguous" in s.note]
     w = warmup(pipe, tp.SIZE, tp.SIZE, guidance=7.0)
     rec = compile_record(pipe)

@@ -18,7 +18,8 @@ import torch
 from torch._dynamo.utils import counters
 
 from tiny_modules import Block, Tiny, block_paths
-from steadfast.core.compile.swap import CompileOptions, swap_in
+from steadfast.core.compile.options import CompileOptions
+from steadfast.core.compile.swap import swap_in
 from steadfast.core.compile.guards import SkipGuardsOn
 from steadfast.core.compile.record import CompileRecord, CompileStats
 from steadfast.core.compile.recompiles import FullgraphBreakError

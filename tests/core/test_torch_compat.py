@@ -321,3 +321,31 @@ def test_trusted_cpu_isa_gives_the_probed_isa_list_without_building(tmp_path: Pa
         assert built["trust"] < built["probe"], built
     print(f"ISA list {probed['isas']}: {built} test programs built, {trusted['seconds']:.1f} s vs "
           f"{probed['seconds']:.1f} s")
+
+
+def test_orig_module_unwraps_only_a_compiled_module() -> None:
+    m = torch.nn.Linear(2, 2)
+    compiled = torch.compile(m, backend="eager")  # lazy: nothing is compiled here
+    assert tc.orig_module(compiled) is m and tc.orig_module(m) is m and tc.orig_module(None) is None
+
+
+def test_compiled_call_of_an_in_place_compile_and_its_replacement(monkeypatch) -> None:
+    m = torch.nn.Linear(2, 2)
+    assert tc.has_compiled_call() and tc.compiled_call(m) is None  # not compiled in place
+    m.compile(backend="eager")
+    compiled = tc.compiled_call(m)
+    assert callable(compiled)
+    calls = []
+
+    def call(*args, **kwargs):
+        calls.append(args[0].shape)
+        return compiled(*args, **kwargs)
+
+    tc.set_compiled_call(m, call)
+    assert tc.compiled_call(m) is call
+    x = torch.ones(1, 2)
+    assert torch.equal(m(x), torch.nn.functional.linear(x, m.weight, m.bias)) and calls == [(1, 2)]
+    monkeypatch.delattr(torch.nn.Module, "_compiled_call_impl")
+    assert tc.has_compiled_call() is False
+    with pytest.raises(tc.TorchAPIMissing, match=r"needs torch\.nn\.Module\._compiled_call_impl, which torch 2\.\d+"):
+        tc.set_compiled_call(torch.nn.Linear(2, 2), call)

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 import pipeline_fixtures as tp
 from steadfast.headless.verify_cli import main
@@ -36,7 +35,7 @@ def test_parse_configs_expectations_and_errors():
     assert exp == {"baseline": "reference", "qkv": "bit-equal", "channels_last": "differs",
                    "attn-flash": "bit-equal", "compile-regional": "bit-equal", "qkv+channels_last": "differs"}
     combo = cfgs[-1].options
-    assert combo.qkv_fusion and combo.channels_last and combo.compile == "off"
+    assert combo.qkv_fusion and combo.channels_last and combo.scope == "off"
     inductor = parse_configs("compile-full", compile_backend="inductor")[1]
     assert inductor.expectation == "differs" and "not bit-equal" in inductor.reason
     assert parse_configs("qkv", dtype="bf16")[1].expectation == "may differ"

@@ -3,7 +3,7 @@
 :class:`core.optimize.quantize.QuantizedLinear` registers the original weight/bias Parameters (LoRA patches land on
 them, the shared model is never modified) and runs a torchao-quantized copy built at ``ON_PRE_RUN``, i.e. after
 weight patches: a LoRA is quantized with the weight. The copies are dropped at ``ON_DETACH`` (model unloaded) and
-rebuilt on the next run. Key: ``steadfast.quantize`` (the key table is in :mod:`.model_patches`). When ComfyUI did
+rebuilt on the next run. Key: ``steadfast.quantize`` (the key table is in :mod:`nodes.patches`). When ComfyUI did
 not apply a layer's weight patches (partial lowvram load, Dynamic VRAM) the run is refused at ``ON_PRE_RUN``
 (:func:`unpatched_keys`) instead of quantizing weights without their LoRA; Optimize Model refuses quantize under
 Dynamic VRAM up front.
@@ -12,8 +12,13 @@ from __future__ import annotations
 
 from comfy.patcher_extension import CallbacksMP
 
-from ..core.optimize import quantize as qz
-from .model_patches import FusedQKVCrossAttention, steadfast_options
+from ...core.optimize import quantize as qz
+from ...core.optimize.plan import StepReport
+from .dynamic_vram import is_dynamic
+from .options import steadfast_options
+from .qkv import FusedQKVCrossAttention
+
+__all__ = ["KEY_QUANT", "unpatched_keys", "add_quantize"]
 
 KEY_QUANT = "steadfast.quantize"
 
@@ -41,11 +46,30 @@ def unpatched_keys(patcher, paths: list[str], layers: list) -> list[str]:
     return missing
 
 
-def add_quantize(model, mode: str) -> qz.Choice:
+def add_quantize(model, mode: str, device) -> StepReport:
     """Quantize the Linears of ``model``'s (a clone's) diffusion model with ``mode`` (:data:`qz.MODES`).
 
-    The q/k/v projections of attention modules fused by :func:`add_qkv_fusion` are skipped (the fused matmul
-    does not run them). Returns the choice (layers quantized, skipped with reasons). Imports torchao."""
+    The q/k/v projections of attention modules fused by :func:`nodes.patches.qkv.add_qkv_fusion` are skipped (the
+    fused matmul does not run them). Imports torchao.
+
+    Args:
+        model: a ComfyUI ``ModelPatcher`` clone, not a Dynamic VRAM one.
+        mode: a torchao mode of :data:`core.optimize.quantize.MODES`.
+        device: the torch device the model runs on (:func:`core.optimize.quantize.check_supported`).
+    Returns:
+        a "quantize" :class:`StepReport` on the quantized layers' paths, ``details["choice"]`` the
+        :class:`core.optimize.quantize.Choice` (layers quantized, skipped with reasons), one report line.
+    Raises:
+        ValueError: ``model`` is a Dynamic VRAM patcher (LoRA would be dropped), or ``mode`` is not supported on
+            ``device``, before anything is patched; plus what :func:`core.optimize.quantize.require_torchao` raises.
+    """
+    if is_dynamic(model):
+        raise ValueError(f"quantize={mode} under Dynamic VRAM: ComfyUI applies LoRA and other weight "
+                         "patches at cast time there, and the quantized layers would be built from unpatched "
+                         "weights (a LoRA silently dropped) while the full-precision weights stay on the GPU "
+                         "uncounted. Turn compile on (it runs a non-dynamic copy), or start ComfyUI with "
+                         "--disable-dynamic-vram, or set quantize to off.")
+    qz.check_supported(mode, device)
     qz.require_torchao()  # "pip install torchao" before anything is patched
     root = model.get_model_object("diffusion_model")
     fused = {k[len("diffusion_model."):] for k, p in model.object_patches.items()
@@ -83,4 +107,7 @@ def add_quantize(model, mode: str) -> qz.Choice:
         model.remove_callbacks_with_key(kind, KEY_QUANT)
         model.add_callback_with_key(kind, KEY_QUANT, fn)
     steadfast_options(model)["quantize"] = {"mode": mode, "layers": len(paths), "torchao": qz.torchao_version()}
-    return qz.Choice(tuple(paths), skipped)
+    choice = qz.Choice(tuple(paths), skipped)
+    return StepReport("quantize", True, list(paths), {"mode": mode, "choice": choice}, lines=[
+        (f"quantize: {mode} (torchao), {choice.as_text()}; built at the first run from the "
+         "weights as patched (LoRA included)")])

@@ -28,6 +28,9 @@ import torch
 import comfy.utils
 from comfy.patcher_extension import WrappersMP
 
+from ...core.optimize.plan import StepReport
+from .attention import attention_override, comfy_attention_passthrough
+
 KEY_ROWS = "steadfast.batch_invariant"
 
 POLICY_ON = {
@@ -84,7 +87,6 @@ def check_rows_possible(conds: list) -> None:
 
 def _pinned_attention(model_options: dict) -> dict:
     """``model_options`` whose attention never chunks by free memory (SDPA unless a backend is chosen)."""
-    from .model_patches import attention_override, comfy_attention_passthrough  # noqa: PLC0415 (cycle)
     to = model_options.get("transformer_options", {})
     current = to.get("optimized_attention_override")
     if current is not None and current is not comfy_attention_passthrough:
@@ -114,13 +116,18 @@ def per_row_calc_cond_batch(executor, model, conds: list, x_in: torch.Tensor, ti
     return [torch.cat(parts) for parts in rows]
 
 
-def add_batch_invariance(model, on: bool) -> dict | str:
-    """Install (``on``) or remove the per-row wrapper on ``model`` (a clone); returns the policy as recorded."""
+def add_batch_invariance(model, on: bool) -> StepReport:
+    """Install (``on``) or remove the per-row wrapper on ``model`` (a clone).
+
+    Returns:
+        a "batch_invariant" :class:`StepReport`, applied when ``on``; ``details["policy"]`` the policy as recorded
+        (:data:`POLICY_ON` as a fresh dict, or the :data:`POLICY_OFF` line).
+    """
     model.remove_wrappers_with_key(WrappersMP.CALC_COND_BATCH, KEY_ROWS)
     if not on:
-        return POLICY_OFF
+        return StepReport("batch_invariant", False, details={"policy": POLICY_OFF})
     model.add_wrapper_with_key(WrappersMP.CALC_COND_BATCH, KEY_ROWS, per_row_calc_cond_batch)
-    return dict(POLICY_ON)
+    return StepReport("batch_invariant", True, ["diffusion_model"], {"policy": dict(POLICY_ON)})
 
 
 # --------------------------------------------------------------------------------------------
