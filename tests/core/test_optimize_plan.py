@@ -2,7 +2,7 @@
 
 The MODEL path (Optimize Model, ``nodes/optimize_node.py``) and the pipeline path (``core/pipelines/optimize.py``)
 both build an :class:`OptimizeOptions` and run :func:`run_steps`; the MODEL side is exercised in
-``tests/comfy/test_optimize_plan.py``, the pipeline side in ``tests/core/test_pipelines.py``.
+``tests/comfy/test_optimize_model_plan.py``, the pipeline side in ``tests/core/test_pipelines.py``.
 """
 from __future__ import annotations
 
