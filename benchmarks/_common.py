@@ -18,8 +18,9 @@ import re
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 # headless/: tiny_sd15, imported before the pack (it sets up ComfyUI); scripts/: _steadfast_import
@@ -244,7 +245,7 @@ class OthersMeter:
     def __init__(self) -> None:
         self.share: float | None = None
 
-    def __enter__(self) -> "OthersMeter":
+    def __enter__(self) -> OthersMeter:
 
         self._t0, self._b0 = time.perf_counter(), _cpu_busy_s()
         self._c0 = _tree_cpu_s() if self._b0 is not None else 0.0

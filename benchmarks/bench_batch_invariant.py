@@ -47,10 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     _common.import_pack()
     import torch
+
     import comfy.sample
     import comfy.sd
-    from steadfast.core.record.compare import compare_outputs
+
     from steadfast.core.determinism.noise import seeded_noise
+    from steadfast.core.record.compare import compare_outputs
     from steadfast.nodes.determinism_node import SteadfastDeterminismSetup
 
     ckpt = _common.tiny_sd15_module().cached_tiny_sd15()

@@ -65,8 +65,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
@@ -109,6 +110,7 @@ def build_flux(params: dict[str, Any] = FLUX_PARAMS) -> Any:
     model holds buffers (they would stay uninitialised).
     """
     import torch
+
     import comfy.ldm.flux.model
     import comfy.ops
 
@@ -134,6 +136,7 @@ def build_model(name: str, sd15_side: int, flux: dict[str, Any] = FLUX_PARAMS) -
     its compiled wrapper) on fixed seeded inputs, with a fresh ``transformer_options`` dict each call
     (as ComfyUI builds one per ``apply_model``)."""
     import torch
+
     from steadfast.nodes.patches.attention import attention_override
 
     attn = attention_override("auto")
@@ -285,6 +288,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     DEVICE[0], BACKEND[0] = spec.get("device", "cpu"), spec.get("backend", "inductor")
     _common.import_pack(cpu=DEVICE[0] == "cpu")
     import torch
+
     from steadfast.core.record.compare import compare_outputs
 
     result: dict[str, Any] = {"spec": spec}

@@ -47,12 +47,12 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
-
 
 FLUX_DEV: dict[str, Any] = {
     "image_model": "flux", "in_channels": 16, "out_channels": 16, "patch_size": 2, "vec_in_dim": 768,
@@ -127,6 +127,7 @@ def build_flux(config: dict[str, Any], device: Any, dtype: Any, seed: int) -> An
     buffers (they would stay uninitialised).
     """
     import torch
+
     import comfy.model_patcher
     import comfy.supported_models
 
@@ -248,8 +249,8 @@ def run_config(name: str, model: Any, sample: Callable[[Any], Any], images: int,
     """One untimed image (compiles), then ``images`` timed ones; returns timings, hashes and compile state."""
     import torch
 
-    from steadfast.core.record import hashing
     from steadfast.core.compile.registry import REGISTRY
+    from steadfast.core.record import hashing
 
     if str(device).startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()

@@ -46,10 +46,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     _common.import_pack(cpu=True)
+    import torch
+
     import comfy.sample
     import comfy.samplers
     import comfy.sd
-    import torch
+
     from steadfast.core.determinism import noise as sf_noise
     from steadfast.core.determinism import randn_route
     from steadfast.nodes.host import noise as comfy_noise

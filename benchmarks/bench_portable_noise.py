@@ -42,6 +42,7 @@ def _profile(rounds: int, seed: int) -> str:
     """Where the numpy path's time goes for one 1x4x128x128 draw: min milliseconds of each part over ``rounds``."""
     import numpy as np
     import torch
+
     from steadfast.core.determinism import randn as pr
 
     n = 4 * 128 * 128
@@ -93,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import_steadfast()
     import torch
+
     from steadfast.core.determinism.randn import draw_method, portable_randn
 
     torch.set_num_threads(args.threads)

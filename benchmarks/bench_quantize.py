@@ -29,8 +29,9 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
@@ -60,10 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     t_start = time.perf_counter()
     _common.import_pack(cpu=True)
+    import bench_compile_latency as bcl
     import torch
     import torchao
-
-    import bench_compile_latency as bcl
 
     if args.threads:
         torch.set_num_threads(args.threads)

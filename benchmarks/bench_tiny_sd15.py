@@ -54,8 +54,9 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
@@ -220,6 +221,7 @@ def load_and_sampler(ckpt: Path, args: argparse.Namespace) -> tuple[Any, Callabl
     ``1 x 4 x side x side`` zero latent; ``marks`` collects one ``perf_counter`` per step. Call inside inference
     mode."""
     import torch
+
     import comfy.sample
     import comfy.sd
 

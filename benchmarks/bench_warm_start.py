@@ -45,9 +45,9 @@ ROWS = [("jit cold", "jit", "A", True), ("jit warm", "jit", "A", False), ("mega-
 def child(mode: str, work: Path, hidden: int, save_mega: bool) -> dict[str, Any]:
     """One fresh process: build the block, run ``mode`` once, return its first-call seconds and output file."""
     sf = _common.import_pack()
+    import bench_compile_latency as bcl
     import torch
 
-    import bench_compile_latency as bcl
     import comfy.ldm.flux.math as flux_math
     import comfy.ldm.modules.attention as comfy_attention
 

@@ -59,8 +59,8 @@ import sys
 import tempfile
 import time
 import traceback
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
@@ -568,12 +568,13 @@ def sec_syncs(s: Section) -> None:
     """Host-device syncs per step, counted with ``torch.cuda.set_sync_debug_mode("warn")`` in-process."""
     import warnings
 
-    import torch
     import _common
+    import torch
     cuda = torch.cuda.is_available() and not s.smoke
     _common.import_pack(cpu=not cuda)
     import comfy.sd
     import nodes as comfy_nodes
+
     from steadfast.nodes.sampler_node import SteadfastSeededSampler
     model, clip, _vae = comfy.sd.load_checkpoint_guess_config(str(tiny_ckpt(s.work)))[:3]
     enc = comfy_nodes.CLIPTextEncode()
@@ -647,6 +648,7 @@ def sec_quantize(s: Section) -> None:
     import _common
     _common.import_pack(cpu=not cuda)
     import bench_gpu_flux as bgf
+
     from steadfast.nodes.optimize_node import SteadfastOptimizeModel
     device = torch.device("cuda" if cuda else "cpu")
     cfg = bgf.SMOKE if s.smoke else {**bgf.FLUX_DEV, "depth": 4, "depth_single_blocks": 8}

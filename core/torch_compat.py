@@ -339,7 +339,7 @@ def set_inductor_deterministic(value: bool) -> bool:
     whether it wrote (``torch.use_deterministic_algorithms`` rewrites it; restoring puts the old value back)."""
     if sys.modules.get(_INDUCTOR_CONFIG) is None or inductor_deterministic() == bool(value):
         return False
-    setattr(importlib.import_module(_INDUCTOR_CONFIG), "deterministic", bool(value))
+    importlib.import_module(_INDUCTOR_CONFIG).deterministic = bool(value)
     return True
 
 

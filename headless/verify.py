@@ -23,19 +23,28 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
-from ..core.record.compare import compare
+from ..core.compile.options import CompileOptions
 from ..core.determinism.policy import DeterminismPolicy
+from ..core.pipelines import (
+    OptimizeOptions,
+    attention_names,
+    compile_record,
+    generate,
+    load_pipeline,
+    optimize_pipeline,
+    warmup,
+)
+from ..core.pipelines.attention import TORCH_TO_DIFFUSERS
+from ..core.record.compare import compare
 from ..core.record.environment import environment_fingerprint, fingerprint_digest
 from ..core.record.hashing import hash_image
-from ..core.compile.options import CompileOptions
-from ..core.pipelines import OptimizeOptions, attention_names, compile_record, generate, load_pipeline, optimize_pipeline, warmup
-from ..core.pipelines.attention import TORCH_TO_DIFFUSERS
 from .verify_render import format_table, write_grid
 
 __all__ = ["SCHEMA", "DEFAULT_CONFIGS", "VerifyConfig", "VerifySettings", "VerifyResult", "config_names",

@@ -8,12 +8,12 @@ from comfy_api.v0_0_2 import ComfyExtension, io
 from .compare_node import SteadfastCompare
 from .determinism_node import SteadfastDeterminismSetup
 from .hash_node import SteadfastHash
+from .host.public_text import guard_node
+from .host.routes import register_routes
 from .optimize_node import SteadfastOptimizeModel
 from .pipeline_nodes import SteadfastLoadDiffusersPipeline, SteadfastPipelineLoRA
 from .pipeline_optimize_node import SteadfastPipelineDeterminismSetup, SteadfastPipelineOptimize
 from .pipeline_sampler_node import SteadfastPipelineSampler, SteadfastPipelineWarmup
-from .host.public_text import guard_node
-from .host.routes import register_routes
 from .sampler_node import SteadfastSeededSampler
 from .vae_decode_node import SteadfastVAEDecode
 from .warmup_node import SteadfastWarmup

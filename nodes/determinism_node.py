@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from comfy_api.v0_0_2 import io, ui
 
-from ..core.determinism import policy as determinism_policy, portable
+from ..core.determinism import policy as determinism_policy
+from ..core.determinism import portable
+from .host.identity import server_risks_text
 from .patches.attention import plan_attention
 from .patches.batch_invariance import add_batch_invariance
 from .patches.determinism import add_determinism
-from .host.identity import server_risks_text
 from .patches.options import steadfast_options
 
 

@@ -5,11 +5,11 @@ Both nodes declare these inputs from here (same names, defaults, tooltips) and t
 """
 from __future__ import annotations
 
+import comfy.model_management
 from comfy_api.v0_0_2 import io
 
-import comfy.model_management
-
-from ..core.compile import cache_location as compile_cache_location, presets as inductor_presets
+from ..core.compile import cache_location as compile_cache_location
+from ..core.compile import presets as inductor_presets
 from ..core.compile.options import COMPILE_SCOPES, CompileOptions
 from ..core.optimize import quantize as qz
 from ..core.optimize.precision import PRECISIONS

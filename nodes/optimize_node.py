@@ -5,15 +5,19 @@ declare their shared widgets from :mod:`.optimize_inputs`.
 """
 from __future__ import annotations
 
-from comfy_api.v0_0_2 import io, ui
-
 import comfy.model_management
+from comfy_api.v0_0_2 import io, ui
 
 from ..core.determinism import portable
 from ..core.optimize.plan import OptimizeOptions, Step, StepReport, run_steps
 from . import optimize_inputs as oi
-from .patches import attention as attention_patch, compile as compile_patch, dynamic_vram, layout as layout_patch
-from .patches import precision as precision_patch, qkv as qkv_patch, quantize as quantize_patch
+from .patches import attention as attention_patch
+from .patches import compile as compile_patch
+from .patches import dynamic_vram
+from .patches import layout as layout_patch
+from .patches import precision as precision_patch
+from .patches import qkv as qkv_patch
+from .patches import quantize as quantize_patch
 from .patches.options import steadfast_options
 
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import os
 
-from comfy_api.v0_0_2 import io, ui
-
 import comfy.model_management
 import folder_paths
+from comfy_api.v0_0_2 import io, ui
 
 from ..core.pipelines import DTYPES, PipelineLoadError, count_params, denoiser_of, load_pipeline, module_components
 from ..core.pipelines.handle import LoraSpec, PipelineHandle

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from comfy_api.v0_0_2 import io, ui
 
-from ..core.determinism import policy as determinism_policy, portable
+from ..core.compile.registry import REGISTRY
+from ..core.determinism import policy as determinism_policy
+from ..core.determinism import portable
 from ..core.optimize.plan import OptimizeOptions
 from ..core.pipelines import compile_record
 from ..core.pipelines.handle import optimized_handle
-from ..core.compile.registry import REGISTRY
 from . import optimize_inputs as oi
 from .determinism_node import policy_inputs
 from .host.identity import server_risks_text

@@ -10,14 +10,14 @@ from __future__ import annotations
 import contextlib
 import time
 
-from comfy_api.v0_0_2 import io, ui
-
 import comfy.model_management
 import comfy.utils
+from comfy_api.v0_0_2 import io, ui
 
-from ..core.determinism import apply as determinism, portable
-from ..core.pipelines import compile_record, generate, pipeline_report
 from ..core.compile.registry import REGISTRY
+from ..core.determinism import apply as determinism
+from ..core.determinism import portable
+from ..core.pipelines import compile_record, generate, pipeline_report
 from ..core.pipelines import warmup as core_warmup
 from ..core.pipelines.handle import RUN_LOCK, PipelineHandle, prepare_run
 from ..core.pipelines.load import on_run_device

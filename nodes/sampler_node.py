@@ -4,18 +4,19 @@ from __future__ import annotations
 import time
 
 import torch
-from comfy_api.v0_0_2 import io
 
 import comfy.model_management
 import comfy.sample
 import comfy.samplers
 import comfy.utils
 import latent_preview
+from comfy_api.v0_0_2 import io
 
 from ..core.determinism import noise, portable, randn_route, torch_state
 from ..core.optimize import attention as sdpa
 from ..core.record import run_record
-from .host import identity, noise as host_noise
+from .host import identity
+from .host import noise as host_noise
 from .patches.compile import compile_state
 from .patches.options import steadfast_options
 from .patches.qkv import qkv_counters

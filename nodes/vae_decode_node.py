@@ -1,9 +1,8 @@
 """Steadfast VAE Decode: LATENT -> IMAGE, each item alone, so the image bits never depend on free memory."""
 from __future__ import annotations
 
-from comfy_api.v0_0_2 import io
-
 import comfy.utils
+from comfy_api.v0_0_2 import io
 
 from .patches.batch_invariance import decode_rows
 

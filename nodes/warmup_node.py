@@ -4,12 +4,12 @@ from __future__ import annotations
 import time
 
 import torch
-from comfy_api.v0_0_2 import io, ui
 
 import comfy.model_management
 import comfy.sample
 import comfy.samplers
 import comfy.utils
+from comfy_api.v0_0_2 import io, ui
 
 from ..core import torch_compat
 from ..core.compile.registry import REGISTRY

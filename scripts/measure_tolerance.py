@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT))
 from comfy_server import ComfyServer  # noqa: E402
 from tiny_sd15 import CHECKPOINT_NAME, cached_tiny_sd15  # noqa: E402
 
-from core.record import verdict  # noqa: E402
 from core.determinism.portable import portable_env  # noqa: E402
+from core.record import verdict  # noqa: E402
 
 WORKFLOW = ROOT / "example_workflows" / "api" / "determinism_check.json"
 

@@ -27,9 +27,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "headless"), str(ROOT / "scripts")]
-from comfy_server import ComfyServer, find_comfyui  # noqa: E402
 import api_to_ui  # noqa: E402
 import tiny_sd15  # noqa: E402
+from comfy_server import ComfyServer, find_comfyui  # noqa: E402
 
 CHROMIUM = os.environ.get("STEADFAST_CHROMIUM", "/usr/bin/chromium")
 OUT = ROOT / "docs" / "templates"
@@ -91,10 +91,9 @@ def write_thumbnail(page, server: ComfyServer, entry: dict, out: Path) -> str:
 
 
 def main() -> int:
+    from _steadfast_import import import_steadfast
     from PIL import Image
     from playwright.sync_api import sync_playwright
-
-    from _steadfast_import import import_steadfast
     import_steadfast()
     from steadfast.headless import tiny_pipelines as tiny
 

@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from .. import torch_compat
-from ..paths import redact
 from ..determinism.torch_state import snapshot_state
+from ..paths import redact
 
 #: Dynamo's GLOBAL_STATE name -> the fingerprint fields that can explain it, first the setting users change (a name
 #: not listed is its own field: ``deterministic_algorithms``, ``num_threads``, ``grad_mode``, ``default_dtype``, ...).

@@ -19,12 +19,20 @@ from typing import Any
 import torch
 
 from .. import torch_compat
-from .options import CompileOptions
-from .swap import compile_blocks
-from .record import CompileRecord, CompileStats, normalise_shape
 from ..failures import is_interrupt, passes_through
 from .guards import GuardFilterFn
-from .recompiles import FullgraphBreakError, ParamIdentity, explain_recompile, graph_break_message, guarded_flags, parse_limit_hit, parse_recompile
+from .options import CompileOptions
+from .recompiles import (
+    FullgraphBreakError,
+    ParamIdentity,
+    explain_recompile,
+    graph_break_message,
+    guarded_flags,
+    parse_limit_hit,
+    parse_recompile,
+)
+from .record import CompileRecord, CompileStats, normalise_shape
+from .swap import compile_blocks
 
 log = logging.getLogger("steadfast.registry")
 

@@ -23,8 +23,8 @@ import torch
 
 from .. import torch_compat
 from .cublas import ensure_cublas_workspace_config
-from .policy import DeterminismPolicy, DeterminismReport, make_report
 from .noise import check_seed
+from .policy import DeterminismPolicy, DeterminismReport, make_report
 from .torch_state import FP32_LEAVES, TorchGlobalState, restore_state, set_fp32_precision_values, snapshot_state
 
 __all__ = ["apply_policy", "deterministic", "enable_full_determinism", "seed_everything"]

@@ -39,7 +39,7 @@ from __future__ import annotations
 import functools
 import math
 import struct
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

@@ -16,8 +16,9 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager
+from typing import Any, ContextManager
 
 import torch
 import torch.nn.functional as F

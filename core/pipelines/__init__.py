@@ -11,10 +11,10 @@ Modules: :mod:`.load` (folder checks, dtype, components), :mod:`.optimize` (orde
 :mod:`core.optimize.plan`'s options, steps and reports, the plan type the MODEL path shares), :mod:`.attention` (backend choice), :mod:`.run` (generation,
 warm-up, reports), :mod:`.lora` (LoRA and hot-swap), :mod:`.state` (per-pipeline bookkeeping).
 """
+from ..optimize.plan import OptimizeOptions, OptimizeReport, StepReport
 from .attention import UnsupportedAttentionError, attention_names
 from .load import DTYPES, PipelineLoadError, count_params, denoiser_of, load_pipeline, module_components
 from .lora import LoraLoadError, LoraReport, adapter_components, load_lora, prepare_lora_hotswap
-from ..optimize.plan import OptimizeOptions, OptimizeReport, StepReport
 from .optimize import PipelineStateError, optimize_pipeline
 from .run import WarmupResult, compile_record, generate, image_generators, pipeline_report, warmup
 

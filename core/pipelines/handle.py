@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..optimize.plan import OptimizeOptions, OptimizeReport
 from .load import denoiser_of
 from .lora import LoraLoadError, load_lora, prepare_lora_hotswap
 from .optimize import PipelineStateError, optimize_pipeline
-from ..optimize.plan import OptimizeOptions, OptimizeReport
 from .run import compile_record
 from .share import conv_weights, share_pipeline
 from .state import peek_state

@@ -15,10 +15,10 @@ import torch
 
 from .. import torch_compat
 from ..compile.blocks import repeated_block_paths
+from ..compile.registry import REGISTRY
 from ..compile.swap import contiguous_inputs_hook
 from ..optimize.layout import to_channels_last_
 from ..optimize.plan import OptimizeOptions, OptimizeReport, Step, StepReport, run_steps
-from ..compile.registry import REGISTRY
 from .attention import resolve_attention, set_model_attention_backend
 from .load import count_params, denoiser_of, module_components, run_device
 from .state import get_state

@@ -4,21 +4,21 @@ from __future__ import annotations
 import contextlib
 import inspect
 import time
-from dataclasses import asdict, dataclass
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..determinism.apply import deterministic
-from ..determinism.policy import DeterminismPolicy
-from ..record.environment import environment_fingerprint, fingerprint_digest
-from ..determinism.noise import item_seeds
-from ..optimize.attention import check_sdpa_backend, sdpa_context
-from ..determinism.randn_route import portable_generator_randn, route_record
 from ..compile.record import CompileRecord
 from ..compile.registry import REGISTRY
+from ..determinism.apply import deterministic
+from ..determinism.noise import item_seeds
+from ..determinism.policy import DeterminismPolicy
+from ..determinism.randn_route import portable_generator_randn, route_record
+from ..optimize.attention import check_sdpa_backend, sdpa_context
+from ..record.environment import environment_fingerprint, fingerprint_digest
 from .load import count_params, denoiser_of, module_components, run_device
 from .state import peek_state
 

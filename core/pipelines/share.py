@@ -70,7 +70,7 @@ def share_pipeline(pipe: Any, copy_params: dict[str, TensorFilter] | None = None
         setattr(new, name, share_module(mod, copy_params.get(name)))
     scheduler = getattr(pipe, "scheduler", None)
     if scheduler is not None:
-        setattr(new, "scheduler", copy.deepcopy(scheduler))
+        new.scheduler = copy.deepcopy(scheduler)
     return new
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import string
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch

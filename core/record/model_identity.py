@@ -27,7 +27,7 @@ from .hashing import tensor_bytes
 
 __all__ = ["tensors_digest", "module_digest", "patches_digest", "combined_digest", "clear"]
 
-_CACHE: "weakref.WeakKeyDictionary[torch.nn.Module, dict[Hashable, dict[str, Any]]]" = weakref.WeakKeyDictionary()
+_CACHE: weakref.WeakKeyDictionary[torch.nn.Module, dict[Hashable, dict[str, Any]]] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 

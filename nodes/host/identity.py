@@ -50,8 +50,9 @@ def comfy_environment() -> dict[str, Any]:
     ``--disable-cuda-graphs``) and the Comfy Compiler (``comfy_compiler``: ``absent`` / ``on`` / ``off`` /
     ``disabled``, :func:`nodes.patches.dynamic_vram.comfy_compiler_state`). ``None``: the switch is not in this ComfyUI.
     """
-    import comfy.cli_args
     import torch
+
+    import comfy.cli_args
     args = comfy.cli_args.args
     memory = sys.modules.get("comfy.memory_management")
     fast = getattr(args, "fast", None) or ()

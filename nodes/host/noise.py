@@ -195,7 +195,9 @@ def per_item_brownian(latent: torch.Tensor, sigmas: torch.Tensor, seed: int):
     """
     from comfy.k_diffusion.sampling import BrownianTreeNoiseSampler
 
-    from ...core.determinism.noise import item_seeds  # here: tests load this module on its own (tests/core/test_noise.py)
+    from ...core.determinism.noise import (
+        item_seeds,  # here: tests load this module on its own (tests/core/test_noise.py)
+    )
     positive = sigmas[sigmas > 0]
     return BrownianTreeNoiseSampler(latent, positive.min(), sigmas.max(),
                                     seed=item_seeds(seed, latent.shape[0]), cpu=True)

@@ -18,6 +18,7 @@ def register_routes() -> bool:
         return True
     try:
         from aiohttp import web
+
         from server import PromptServer  # ComfyUI's server module (top-level in ComfyUI)
     except ImportError:
         return False

@@ -7,7 +7,7 @@ copy.deepcopy) but would rebuild a partial.
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import comfy.ldm.modules.attention as comfy_attention
 
@@ -20,7 +20,7 @@ __all__ = ["attention_override", "comfy_attention_passthrough", "policy_is_stric
            "keep_comfy_attention", "add_attention"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def attention_override(backend: str) -> Callable:
     """The ``optimized_attention_override`` callable that runs PyTorch SDPA on ``backend``.
 

@@ -149,6 +149,7 @@ def decode_rows(vae, latent: torch.Tensor, on_item=None) -> torch.Tensor:
     Not covered: when the decode runs out of memory ComfyUI itself retries tiled (it logs a warning).
     """
     import copy  # noqa: PLC0415
+
     from comfy.ldm.modules.diffusionmodules.model import pytorch_attention  # noqa: PLC0415
     pinned = copy.copy(vae)
     pinned.patcher = vae.patcher.clone()

@@ -15,8 +15,10 @@ import comfy.model_management
 from comfy.patcher_extension import WrappersMP
 
 from ...core import torch_compat
-from ...core.compile import blocks, cache as compile_cache, cache_location as compile_cache_location
-from ...core.compile import presets as inductor_presets, registry
+from ...core.compile import blocks, registry
+from ...core.compile import cache as compile_cache
+from ...core.compile import cache_location as compile_cache_location
+from ...core.compile import presets as inductor_presets
 from ...core.compile.guards import comfy_guard_filter
 from ...core.compile.record import CompileRecord
 from ...core.compile.swap import swap_in

@@ -43,8 +43,9 @@ import os
 import sys
 import time
 import types
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -76,10 +77,11 @@ import torch  # noqa: E402
 
 import comfy.ops  # noqa: E402
 from comfy.ldm.modules import attention as comfy_attention  # noqa: E402
+
 from steadfast.core.compile import blocks as sblocks  # noqa: E402
+from steadfast.core.compile.guards import SkipGuardsOn, comfy_guard_filter  # noqa: E402
 from steadfast.core.compile.options import CompileOptions  # noqa: E402
 from steadfast.core.compile.swap import compile_blocks, swap_in  # noqa: E402
-from steadfast.core.compile.guards import SkipGuardsOn, comfy_guard_filter  # noqa: E402
 
 OPS = comfy.ops.disable_weight_init
 

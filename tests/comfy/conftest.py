@@ -21,8 +21,8 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "headless"
 if str(SCRIPTS) not in sys.path:
     sys.path.insert(0, str(SCRIPTS))
 
-from comfy_server import ComfyServer, find_comfyui  # noqa: E402
 import tiny_sd15  # noqa: E402
+from comfy_server import ComfyServer, find_comfyui  # noqa: E402
 
 TINY_CKPT_NAME = tiny_sd15.CHECKPOINT_NAME  # "steadfast_tiny_sd15.safetensors"
 

@@ -36,9 +36,10 @@ def main() -> None:
     from _steadfast_import import import_steadfast
     import_steadfast(ROOT)
     from steadfast.nodes.host import identity
-    from steadfast.nodes.patches import dynamic_vram as dv, options as so
-    from steadfast.nodes.patches import quantize as quantize_patch
     from steadfast.nodes.optimize_node import SteadfastOptimizeModel
+    from steadfast.nodes.patches import dynamic_vram as dv
+    from steadfast.nodes.patches import options as so
+    from steadfast.nodes.patches import quantize as quantize_patch
 
     out: dict[str, Any] = {"has_dynamic": hasattr(comfy.model_patcher.ModelPatcher, "is_dynamic")}
     model = comfy.sd.load_checkpoint_guess_config(sys.argv[2], output_vae=False, output_clip=False)[0]

@@ -62,14 +62,20 @@ def params_state(module: torch.nn.Module) -> dict[str, str]:
 def main() -> None:
     # ComfyUI's own modules (what a server has imported before it loads custom nodes): their import-time
     # effects (e.g. logging set-up) are ComfyUI's, not the pack's.
-    import comfy.model_management, comfy.sample, comfy.samplers, comfy.sd, comfy.utils  # noqa: E401,F401
-    import comfy.ldm.modules.attention, comfy.patcher_extension, comfy_api.latest, folder_paths  # noqa: E401,F401
+    import comfy.ldm.modules.attention  # noqa: E401,F401
+    import comfy.model_management  # noqa: E401,F401
+    import comfy.patcher_extension
+    import comfy.sample
+    import comfy.samplers
+    import comfy.sd
+    import comfy.utils
     import latent_preview  # noqa: F401
     out: dict[str, Any] = {"before_pack": snapshot()}
     sys.path.insert(0, str(ROOT / "scripts"))
     from _steadfast_import import import_steadfast
     import_steadfast(ROOT)
     import comfy.sd
+
     from steadfast.nodes.determinism_node import SteadfastDeterminismSetup
     from steadfast.nodes.hash_node import SteadfastHash
     from steadfast.nodes.optimize_node import SteadfastOptimizeModel

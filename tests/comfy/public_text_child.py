@@ -18,9 +18,10 @@ import comfy.options  # noqa: E402
 
 comfy.options.enable_args_parsing()
 import_steadfast()
+import torch  # noqa: E402
+
 import comfy.model_management as mm  # noqa: E402
 import folder_paths  # noqa: E402
-import torch  # noqa: E402
 
 from steadfast.nodes.host.public_text import guard_node  # noqa: E402
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from comfy_server import ComfyServer
-from tiny_sd15 import CHECKPOINT_NAME as TINY_CKPT_NAME  # headless/ is on sys.path (tests/comfy/conftest.py)
 from steadfast_workflows import build_lora, record_of, run
+from tiny_sd15 import CHECKPOINT_NAME as TINY_CKPT_NAME  # headless/ is on sys.path (tests/comfy/conftest.py)
 
 STEPS = 2
 PROMPT = "a lighthouse on a cliff at dawn, oil painting"

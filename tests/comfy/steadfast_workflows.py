@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import time
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ API_DIR = REPO_ROOT / "example_workflows" / "api"
 Workflow = dict[str, dict[str, Any]]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load(name: str) -> str:
     return (API_DIR / f"{name}.json").read_text(encoding="utf-8")
 

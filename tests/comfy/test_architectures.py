@@ -40,9 +40,9 @@ from torch import nn
 from torch._dynamo.utils import counters
 
 from steadfast.core.compile import blocks as sblocks
+from steadfast.core.compile.guards import SkipGuardsOn, TransformerOptionsGuardFilter, comfy_guard_filter
 from steadfast.core.compile.options import CompileOptions
 from steadfast.core.compile.swap import compile_blocks, contiguous_inputs_hook, swap_in
-from steadfast.core.compile.guards import SkipGuardsOn, TransformerOptionsGuardFilter, comfy_guard_filter
 
 WORKER = Path(__file__).with_name("arch_worker.py")
 ARCHS = ["sd15", "sdxl", "flux", "sd3", "wan"]

@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from comfy_server import ComfyServer
 from steadfast_workflows import add, hash_of, record_of, run, text, workflow
 

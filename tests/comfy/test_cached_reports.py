@@ -3,7 +3,6 @@ output nodes, so a re-run without /free sends their cached report again (canvas)
 from __future__ import annotations
 
 import pytest
-
 from comfy_server import ComfyServer
 from steadfast_workflows import cached_nodes, run, text, workflow
 

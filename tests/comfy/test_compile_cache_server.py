@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from comfy_server import ComfyServer
 from recompile_workflows import go, server_with_lora
 from steadfast_workflows import compile_records, text

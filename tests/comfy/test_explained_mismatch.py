@@ -13,7 +13,6 @@ import json
 from typing import Any
 
 import pytest
-
 from comfy_server import ComfyServer, PromptFailed
 from steadfast_workflows import hash_of, record_of, run, text, ui
 from tiny_sd15 import CHECKPOINT_NAME

@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from comfy_server import ComfyServer
 from steadfast_workflows import run, text, workflow
 

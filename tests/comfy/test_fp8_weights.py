@@ -6,14 +6,14 @@ default ``attention=auto`` failed with ``UnsupportedBackendError`` although samp
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-
 from comfy_server import ComfyServer
-from tiny_sd15 import CHECKPOINT_NAME as TINY_CKPT_NAME  # headless/ is on sys.path (tests/comfy/conftest.py)
 from steadfast_workflows import only, record_of, run, text, workflow
+from tiny_sd15 import CHECKPOINT_NAME as TINY_CKPT_NAME  # headless/ is on sys.path (tests/comfy/conftest.py)
 
 pytestmark = [pytest.mark.comfyui, pytest.mark.slow]
 

@@ -45,8 +45,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))  # api_to_ui (conftest adds headless/)
 import api_to_ui  # noqa: E402
-from comfy_server import PACK_DIR_NAME, ComfyServer
 import tiny_sd15
+from comfy_server import PACK_DIR_NAME, ComfyServer
 
 pytestmark = pytest.mark.comfyui
 

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tiny_sd15
 import torch
 import torch.nn.functional as F
 from comfy_server import ComfyServer, PromptFailed
+from steadfast_workflows import add, build_lora, only, record_of, run, text, workflow
+
 from steadfast.core.determinism import portable
 from steadfast.core.optimize import attention as attn_mod
-import tiny_sd15
-from steadfast_workflows import add, build_lora, only, record_of, run, text, workflow
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -102,6 +103,7 @@ def test_cublas_config_judged_on_a_real_gpu() -> None:
 # ---------------------------------------------------------------------------------------------------------------
 def test_pipeline_moves_to_the_gpu_only_for_the_call(tmp_path: Path) -> None:
     import pipeline_fixtures as tp
+
     from steadfast.core.pipelines import generate
     from steadfast.core.pipelines.load import on_run_device
 

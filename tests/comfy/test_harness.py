@@ -14,10 +14,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from PIL import Image
-
-from comfy_server import ComfyServer, PromptFailed, PromptRejected
 import tiny_sd15
+from comfy_server import ComfyServer, PromptFailed, PromptRejected
+from PIL import Image
 
 pytestmark = pytest.mark.comfyui
 

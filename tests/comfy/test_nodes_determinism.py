@@ -10,10 +10,17 @@ import json
 from typing import Any
 
 import pytest
-
 from comfy_server import ComfyServer
 from steadfast_workflows import (
-    add, cached_nodes, check_ui_lists, compare_of, hash_of, record_of, run, text, workflow,
+    add,
+    cached_nodes,
+    check_ui_lists,
+    compare_of,
+    hash_of,
+    record_of,
+    run,
+    text,
+    workflow,
 )
 
 pytestmark = pytest.mark.comfyui

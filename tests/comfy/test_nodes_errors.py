@@ -9,10 +9,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from comfy_server import ComfyServer, PromptFailed, PromptRejected
 from steadfast_workflows import (
-    check_ui_lists, compare_of, hash_of, only, run, text, ui, workflow,
+    check_ui_lists,
+    compare_of,
+    hash_of,
+    only,
+    run,
+    text,
+    ui,
+    workflow,
 )
 
 pytestmark = pytest.mark.comfyui

@@ -14,10 +14,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from comfy_server import ComfyServer
 from steadfast_workflows import (
-    add, build_lora, cached_nodes, check_ui_lists, compare_of, compile_records, hash_of, only, record_of, run, text,
+    add,
+    build_lora,
+    cached_nodes,
+    check_ui_lists,
+    compare_of,
+    compile_records,
+    hash_of,
+    only,
+    record_of,
+    run,
+    text,
     workflow,
 )
 

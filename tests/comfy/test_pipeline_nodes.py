@@ -14,7 +14,6 @@ import struct
 from typing import Any
 
 import pytest
-
 from comfy_server import ComfyServer, PromptFailed, PromptRejected
 from steadfast_workflows import add, cached_nodes, check_ui_lists, compare_of, hash_of, record_of, run, text, workflow
 

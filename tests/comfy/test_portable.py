@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from comfy_server import ComfyServer
 from tiny_sd15 import CHECKPOINT_NAME as TINY_CKPT_NAME
 

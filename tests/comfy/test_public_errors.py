@@ -13,18 +13,18 @@ exception types come back as ``steadfast.core....Error``.
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import shutil
 import struct
 from pathlib import Path
 from typing import Any
 
 import pytest
-
 from comfy_server import ComfyServer, PromptFailed, PromptRejected
 from recompile_workflows import build, go
 from steadfast_workflows import run, text
+
 from steadfast.core.paths import find_absolute_paths
 
 pytestmark = pytest.mark.comfyui

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from comfy_server import ComfyServer, PromptFailed
 from recompile_workflows import build, server_with_lora
 from steadfast_workflows import add, compare_of, record_of, run, text, workflow

@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from comfy_server import ComfyServer, PromptFailed
-from tiny_sd15 import CHECKPOINT_NAME as TINY_CKPT_NAME  # headless/ is on sys.path (tests/comfy/conftest.py)
 from recompile_workflows import go, server_with_lora
 from steadfast_workflows import compile_records, text
+from tiny_sd15 import CHECKPOINT_NAME as TINY_CKPT_NAME  # headless/ is on sys.path (tests/comfy/conftest.py)
 
 pytestmark = pytest.mark.comfyui
 

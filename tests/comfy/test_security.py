@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from comfy_server import ComfyServer, PromptFailed, PromptRejected
-from tiny_sd15 import CHECKPOINT_NAME as TINY_CKPT_NAME
 from recompile_workflows import build
+from tiny_sd15 import CHECKPOINT_NAME as TINY_CKPT_NAME
+
 from steadfast.core.compile import cache as cc
 from steadfast.core.compile import cache_location as loc
 

@@ -10,10 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from comfy_server import ComfyServer
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
-
-from comfy_server import ComfyServer
 from tiny_sd15 import CHECKPOINT_NAME as TINY_CKPT_NAME
 
 pytestmark = pytest.mark.comfyui

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from comfy_server import ComfyServer
 from steadfast_workflows import add, compare_of, hash_of, run, text, ui, workflow
 

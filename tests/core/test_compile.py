@@ -12,14 +12,14 @@ from collections import namedtuple
 
 import pytest
 import torch
+from tiny_modules import Block, Tiny, block_paths
 from torch import nn
 from torch._dynamo.utils import counters
 
-from tiny_modules import Block, Tiny, block_paths
 from steadfast.core.compile.blocks import choose_blocks
+from steadfast.core.compile.guards import SkipGuardsOn
 from steadfast.core.compile.options import CompileOptions
 from steadfast.core.compile.swap import compile_blocks, swap_in
-from steadfast.core.compile.guards import SkipGuardsOn
 from steadfast.core.torch_compat import inductor_mode_options, supports_guard_filter_fn
 
 EAGER = CompileOptions(backend="eager", dynamic=False)

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from steadfast.core.determinism import cublas as cublas_config
 from steadfast.core import torch_compat
 from steadfast.core.determinism import apply as det
+from steadfast.core.determinism import cublas as cublas_config
 from steadfast.core.determinism.apply import apply_policy, deterministic, seed_everything
 from steadfast.core.determinism.policy import DeterminismPolicy, describe_policy
 from steadfast.core.determinism.torch_state import restore_state, snapshot_state

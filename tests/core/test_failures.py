@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from tiny_modules import Tiny, block_paths
+
 from steadfast.core import failures
 from steadfast.core.compile.options import CompileOptions
 from steadfast.core.compile.swap import swap_in

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from steadfast.core.compile import cache as compile_cache, presets as inductor_presets
-from steadfast.core.record import explain
+from steadfast.core.compile import cache as compile_cache
+from steadfast.core.compile import presets as inductor_presets
 from steadfast.core.compile.options import CompileOptions
 from steadfast.core.optimize import precision
+from steadfast.core.record import explain
 
 
 def test_diffusers_fast_is_the_published_recipe_and_inductor_knows_it() -> None:

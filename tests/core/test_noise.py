@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 import torch
 
-from steadfast.core.record.hashing import tensor_digest
 from steadfast.core.determinism.noise import MAX_SEED, CPUNoiseSampler, check_seed, item_seeds, seeded_noise
 from steadfast.core.determinism.randn import portable_randn
+from steadfast.core.record.hashing import tensor_digest
 
 COMFY = Path(os.environ.get("COMFYUI_PATH", Path.home() / "comfy" / "ComfyUI")).expanduser()
 

@@ -9,11 +9,12 @@ import threading
 
 import pytest
 import torch
-from steadfast.core.record import hashing, verdict
+
 from steadfast.core.determinism import randn as pr
 from steadfast.core.determinism import randn_route as route
-from steadfast.core.record.compare import compare
 from steadfast.core.determinism.noise import CPUNoiseSampler
+from steadfast.core.record import hashing, verdict
+from steadfast.core.record.compare import compare
 
 CUDA = torch.cuda.is_available()
 

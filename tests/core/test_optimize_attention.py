@@ -6,7 +6,14 @@ import torch
 import torch.nn.functional as F
 
 from steadfast.core.optimize import attention as attn_mod
-from steadfast.core.optimize.attention import SDPA_BACKENDS, UnsupportedBackendError, available_sdpa_backends, check_sdpa_backend, clear_sdpa_backend_cache, sdpa_context
+from steadfast.core.optimize.attention import (
+    SDPA_BACKENDS,
+    UnsupportedBackendError,
+    available_sdpa_backends,
+    check_sdpa_backend,
+    clear_sdpa_backend_cache,
+    sdpa_context,
+)
 from steadfast.core.record.compare import compare_outputs
 
 

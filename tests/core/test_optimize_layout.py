@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch import nn
 
+from steadfast.core.optimize.layout import as_channels_last, is_channels_last, to_channels_last_, to_contiguous_
 from steadfast.core.record.compare import compare_outputs
 from steadfast.core.record.hashing import tensor_digest
-from steadfast.core.optimize.layout import as_channels_last, is_channels_last, to_channels_last_, to_contiguous_
 
 
 def _net(ch: int = 128) -> nn.Module:

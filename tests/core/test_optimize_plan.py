@@ -11,7 +11,8 @@ import dataclasses
 import pytest
 
 from steadfast.core import pipelines
-from steadfast.core.compile import COMPILE_SCOPES as FACE_SCOPES, CompileOptions as FaceCompileOptions
+from steadfast.core.compile import COMPILE_SCOPES as FACE_SCOPES
+from steadfast.core.compile import CompileOptions as FaceCompileOptions
 from steadfast.core.compile.options import COMPILE_SCOPES, CompileOptions
 from steadfast.core.optimize.plan import OptimizeOptions, OptimizeReport, Step, StepReport, run_steps
 

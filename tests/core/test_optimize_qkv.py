@@ -10,10 +10,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from steadfast.core.record.hashing import tensor_digest
-from steadfast.core.record.compare import compare_outputs
-from steadfast.core.optimize.qkv import FusedQKV, NotFusableError, find_fusable_attention, fuse_all_qkv_, fuse_qkv_, is_fused, qkv_stats, release_stale_fusions_, unfuse_all_qkv_, unfuse_qkv_
+from steadfast.core.optimize.qkv import (
+    FusedQKV,
+    NotFusableError,
+    find_fusable_attention,
+    fuse_all_qkv_,
+    fuse_qkv_,
+    is_fused,
+    qkv_stats,
+    release_stale_fusions_,
+    unfuse_all_qkv_,
+    unfuse_qkv_,
+)
 from steadfast.core.optimize.qkv_project import fused_project
+from steadfast.core.record.compare import compare_outputs
+from steadfast.core.record.hashing import tensor_digest
 
 
 class Attn(nn.Module):

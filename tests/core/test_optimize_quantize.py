@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from steadfast.core.record import explain
 from steadfast.core.optimize import quantize as qz
+from steadfast.core.record import explain
 
 torchao = pytest.importorskip("torchao", reason="torchao not installed (pip install torchao)")
 

@@ -6,10 +6,10 @@ A pipeline loaded for a GPU with ``keep_on_cpu`` stays on the CPU; :func:`on_run
 """
 from __future__ import annotations
 
+import pipeline_fixtures as tp
 import pytest
 import torch
 
-import pipeline_fixtures as tp
 from steadfast.core.optimize import attention as attn_mod
 from steadfast.core.pipelines.attention import UnsupportedAttentionError, resolve_attention
 from steadfast.core.pipelines.load import RUN_DEVICE_ATTR, on_run_device, pipeline_bytes, run_device

@@ -7,18 +7,25 @@ contiguous conv weights).
 """
 from __future__ import annotations
 
+import pipeline_fixtures as tp
 import pytest
 import torch
 
-import pipeline_fixtures as tp
-from steadfast.headless import tiny_pipelines as tiny
-from steadfast.core.record.compare import compare
-from steadfast.core.record.hashing import hash_image
 from steadfast.core.compile.options import CompileOptions
 from steadfast.core.pipelines import OptimizeOptions, PipelineStateError, compile_record, generate
-from steadfast.core.pipelines.handle import LoraSpec, PipelineHandle, lora_file_rank, optimized_handle, prepare_run, runtime_pipe
+from steadfast.core.pipelines.handle import (
+    LoraSpec,
+    PipelineHandle,
+    lora_file_rank,
+    optimized_handle,
+    prepare_run,
+    runtime_pipe,
+)
 from steadfast.core.pipelines.lora import LoraLoadError
 from steadfast.core.pipelines.share import shared_tensor_count
+from steadfast.core.record.compare import compare
+from steadfast.core.record.hashing import hash_image
+from steadfast.headless import tiny_pipelines as tiny
 
 G = dict(steps=2, width=tp.SIZE, height=tp.SIZE)
 

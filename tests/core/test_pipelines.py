@@ -10,19 +10,33 @@ import json
 import shutil
 
 import numpy as np
+import pipeline_fixtures as tp
 import pytest
 import torch
 
-import pipeline_fixtures as tp
-from steadfast.core.record.compare import compare
-from steadfast.core.determinism.policy import DeterminismPolicy
-from steadfast.core.determinism.torch_state import snapshot_state
-from steadfast.core.record.hashing import hash_image
 from steadfast.core.compile.blocks import repeated_block_paths
 from steadfast.core.compile.options import CompileOptions
-from steadfast.core.optimize.plan import StepReport
-from steadfast.core.pipelines import LoraLoadError, OptimizeOptions, PipelineLoadError, PipelineStateError, UnsupportedAttentionError, compile_record, generate, load_lora, load_pipeline, optimize_pipeline, pipeline_report, prepare_lora_hotswap, warmup
 from steadfast.core.compile.registry import REGISTRY
+from steadfast.core.determinism.policy import DeterminismPolicy
+from steadfast.core.determinism.torch_state import snapshot_state
+from steadfast.core.optimize.plan import StepReport
+from steadfast.core.pipelines import (
+    LoraLoadError,
+    OptimizeOptions,
+    PipelineLoadError,
+    PipelineStateError,
+    UnsupportedAttentionError,
+    compile_record,
+    generate,
+    load_lora,
+    load_pipeline,
+    optimize_pipeline,
+    pipeline_report,
+    prepare_lora_hotswap,
+    warmup,
+)
+from steadfast.core.record.compare import compare
+from steadfast.core.record.hashing import hash_image
 
 G = dict(steps=tp.STEPS, width=tp.SIZE, height=tp.SIZE)
 

@@ -12,10 +12,10 @@ import torch
 from torch import nn
 from torch._dynamo.utils import counters
 
-from steadfast.core.determinism import torch_state
 from steadfast.core.compile.options import CompileOptions
 from steadfast.core.compile.recompiles import ParamIdentity, code_of, explain_recompile, guarded_flags, parse_recompile
 from steadfast.core.compile.registry import CompileRegistry, RecompileError
+from steadfast.core.determinism import torch_state
 from steadfast.core.torch_compat import cache_entry_count
 
 STATIC = CompileOptions(backend="eager", dynamic=False)

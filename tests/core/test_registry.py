@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_modules import Block, Tiny, block_paths
 from torch._dynamo.utils import counters
 
-from tiny_modules import Block, Tiny, block_paths
-from steadfast.core.compile.options import CompileOptions
-from steadfast.core.compile.swap import swap_in
 from steadfast.core.compile.guards import SkipGuardsOn
-from steadfast.core.compile.record import CompileRecord, CompileStats
+from steadfast.core.compile.options import CompileOptions
 from steadfast.core.compile.recompiles import FullgraphBreakError
+from steadfast.core.compile.record import CompileRecord, CompileStats
 from steadfast.core.compile.registry import REGISTRY, CompileRegistry, RecompileError
+from steadfast.core.compile.swap import swap_in
 
 STATIC = CompileOptions(backend="eager", dynamic=False)
 ROOT = Path(__file__).resolve().parents[2]

@@ -248,6 +248,7 @@ def test_a_failing_callback_is_reported_not_raised(default_torch_logging, capsys
 def test_compile_events_count_each_compiled_frame_and_unregister() -> None:
     """One callback per frame Dynamo compiles (a recompile for a new shape is another); none after the block."""
     import torch
+
     from steadfast.core import torch_compat
 
     seen: list[int] = []

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from steadfast.core.record import explain, verdict
 from steadfast.core.determinism import portable
+from steadfast.core.record import explain, verdict
 from steadfast.headless import runner
 
 

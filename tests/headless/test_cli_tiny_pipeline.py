@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from steadfast.headless.verify_cli import main
 from steadfast.core.pipelines import load_pipeline
+from steadfast.headless.verify_cli import main
 
 
 def test_tiny_pipeline_writes_a_loadable_folder_once(tmp_path: Path, capsys) -> None:

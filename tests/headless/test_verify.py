@@ -11,14 +11,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pipeline_fixtures as tp
 import pytest
 
-import pipeline_fixtures as tp
-from steadfast.headless.verify_cli import main
 from steadfast.core.determinism.policy import DeterminismPolicy
-from steadfast.core.record.hashing import hash_image
 from steadfast.core.pipelines import generate
+from steadfast.core.record.hashing import hash_image
 from steadfast.headless.verify import SCHEMA, VerifySettings, config_names, parse_configs, run_verify
+from steadfast.headless.verify_cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 

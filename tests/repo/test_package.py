@@ -75,6 +75,7 @@ def test_the_version_has_one_source_in_code() -> None:
     """``core/version.py`` holds the version; the pack's root re-exports it; ``pyproject.toml`` repeats it for the
     Comfy Registry (which reads the field statically) and must agree."""
     import re
+
     import tomllib
 
     root = Path(__file__).resolve().parents[2]

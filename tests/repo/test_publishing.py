@@ -5,8 +5,9 @@ from __future__ import annotations
 import ast
 import re
 import subprocess
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 
