@@ -56,7 +56,8 @@ def tiny_prompt_base(side: int, batch: int = 1, ckpt: str = TINY_CKPT) -> dict[s
 
 
 def import_pack(cpu: bool = True) -> Any:
-    """Import ComfyUI in-process (``args.cpu = True`` unless ``cpu=False``), then the repo root as package ``steadfast``.
+    """Import ComfyUI in-process (``args.cpu = True`` unless ``cpu=False``), then the repo root as package
+    ``steadfast``.
 
     Order matters: ComfyUI's CPU flag must be set before ``comfy.model_management`` is imported, and the
     pack's ``__init__`` imports ``comfy_api`` (so ComfyUI must be on ``sys.path`` first); the pack sets

@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                         singles[on][i] = sample(patcher, 1, args.seed + i)
             times: dict[bool, list[float]] = {True: [], False: []}
             outs: dict[bool, Any] = {}
-            for r in range(args.rounds):
+            for _r in range(args.rounds):
                 _common.wait_for_quiet(args.wait_quiet)
                 for on, patcher in configs.items():
                     t0 = time.perf_counter()

@@ -106,8 +106,8 @@ def main() -> int:
     print()
     print(_common.markdown_table(["config", "cache", "first prompt s (median)", "each repeat", "second prompt s",
                                   "first / core's first", "warm / cold"], rows))
-    print("\nfirst prompt = wall seconds queue -> done in a fresh server (checkpoint load, compile, sampling, decode); "
-          "second prompt = the same workflow with another seed in the same server (no compile).")
+    print("\nfirst prompt = wall seconds queue -> done in a fresh server (checkpoint load, compile, sampling, "
+          "decode); second prompt = the same workflow with another seed in the same server (no compile).")
     _common.print_footer(t_start)
     return 0
 

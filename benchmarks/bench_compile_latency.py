@@ -15,9 +15,9 @@ the graph):
   tokens after 2x2 patches) + 32 text tokens.
 
 Compilation uses the pack's core code: ``torch.compile`` with ``CompileOptions.to_kwargs`` (whole model) or
-``core.compile.swap.compile_blocks`` + ``swap_in`` on the blocks ``core.compile.blocks.choose_blocks`` picks (regional), with
-the Optimize node's default options (``nodes.optimize_inputs.compile_settings``: inductor, mode default,
-dynamic auto, fullgraph off) and its guard filter (``core.compile.guards.comfy_guard_filter``).
+``core.compile.swap.compile_blocks`` + ``swap_in`` on the blocks ``core.compile.blocks.choose_blocks`` picks
+(regional), with the Optimize node's default options (``nodes.optimize_inputs.compile_settings``: inductor,
+mode default, dynamic auto, fullgraph off) and its guard filter (``core.compile.guards.comfy_guard_filter``).
 
 Every measurement of a first call runs in a FRESH subprocess:
 
@@ -37,9 +37,9 @@ compilation down). A second call checks run-to-run bit-equality.
 Steady-state speed is measured side by side in one more process ("interleaved") that loads eager,
 regional and full from a merged warm cache and times them interleaved ``E R F E R F ...``; before each
 round it waits (at most ``--wait-quiet`` s) for idle cores, and only rounds in which other processes
-used <= ``--max-others`` of the cores count (``--rounds`` clean ones wanted, ``--max-rounds`` at most; with fewer than 3
-clean rounds all are used and the output says so). Two-thread OpenMP runs get up to 10x slower in
-bursts when other processes compete for the 2 cores, hence this filter.
+used <= ``--max-others`` of the cores count (``--rounds`` clean ones wanted, ``--max-rounds`` at most; with
+fewer than 3 clean rounds all are used and the output says so). Two-thread OpenMP runs get up to 10x slower
+in bursts when other processes compete for the 2 cores, hence this filter.
 
 Each (mode, cache state) first call is repeated ``--repeats`` times (fresh process and, for cold and
 primed, a fresh empty cache dir each time); medians are reported, with each repeat's value beside them.
@@ -188,7 +188,8 @@ def node_guard_filter() -> tuple[Any, str]:
         return core_compile.comfy_guard_filter(), "core.compile.swap.comfy_guard_filter()"
     if hasattr(compile_patch, "CompileGuardFilter"):  # pragma: no cover - earlier layout
         return compile_patch.CompileGuardFilter(), "nodes.patches.compile.CompileGuardFilter()"
-    return core_compile.skip_guards_on("transformer_options"), "core.compile.swap.skip_guards_on('transformer_options')"
+    return (core_compile.skip_guards_on("transformer_options"),
+            "core.compile.swap.skip_guards_on('transformer_options')")
 
 
 def make_runner(dm: Any, call: Callable[[Any], Any], mode: str) -> Callable[[], Any]:
@@ -357,7 +358,8 @@ def run_child(spec: dict[str, Any], cache_dir: Path, timeout: float) -> dict[str
     wall = time.perf_counter() - t0
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"child {spec} failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+        raise RuntimeError(f"child {spec} failed (rc {proc.returncode}):\n"
+                           f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     res = json.loads(lines[-1][len("RESULT "):])
     res["wall_s"] = wall
     return res
@@ -513,7 +515,8 @@ def main(argv: list[str] | None = None) -> int:
         "sd15 input": f"latent [2, 4, {args.sd15_side}, {args.sd15_side}], context [2, 77, 768], fp32",
         "flux model": "comfy.ldm.flux.model.Flux " + json.dumps(flux_params(args.flux_depth, args.flux_single)),
         "flux input": "latent [1, 16, 64, 64] (1024 tokens), context [1, 32, 256], y [1, 256], fp32",
-        "processes": f"one fresh process per first call, {args.repeats} per model, mode and cache state; steady state side by side in one extra warm process: "
+        "processes": f"one fresh process per first call, {args.repeats} per model, mode and cache state; "
+                     "steady state side by side in one extra warm process: "
                      f"{args.rounds} clean interleaved rounds wanted (at most {args.max_rounds}; clean = other "
                      f"processes used <= {args.max_others:.0%} of the cores)",
     })

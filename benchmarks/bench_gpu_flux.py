@@ -240,7 +240,8 @@ def make_configs(base: Any, names: list[str], backend: str) -> dict[str, tuple[A
         if name == "steadfast+det":
             det = SteadfastDeterminismSetup.execute(model, True, False, 0)
             model, reports = det.result[0], [det.result[1]]
-        opt = SteadfastOptimizeModel.execute(model, False, False, "auto", "regional", backend, "default", "auto", False)
+        opt = SteadfastOptimizeModel.execute(model, False, False, "auto", "regional", backend, "default", "auto",
+                                             False)
         out[name] = (opt.result[0], "\n".join(reports + [opt.result[1]]))
     return out
 
@@ -334,12 +335,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{name}]   recompiled: {reason[:200]}", flush=True)
 
     base_name = "eager" if "eager" in results else next(iter(results))
-    for name, r in results.items():
+    for _name, r in results.items():
         r["speedup_vs_" + base_name] = results[base_name]["s_per_image"] / r["s_per_image"]
         r["bit_equal_to_" + base_name] = r["hashes"][0] == results[base_name]["hashes"][0]
 
     print()
-    print("| config | first image s | s/image | speed-up | run-to-run equal | = eager bits | TFLOP/s | % of bf16 matmul | recompiles |")
+    print("| config | first image s | s/image | speed-up | run-to-run equal | = eager bits | TFLOP/s "
+          "| % of bf16 matmul | recompiles |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
         rec = r.get("compile", {}).get("recompiles", "-")

@@ -7,10 +7,10 @@ sigmas (``normal`` schedule), cfg 1.0 and the SDXL latent size 1x4x128x128:
 
 - **stock** (KSampler): initial noise ``comfy.sample.prepare_noise`` (what ``common_ksampler`` calls), the
   sampler's own per-step noise (``default_noise_sampler`` / ``BrownianTreeNoiseSampler(cpu=True)``);
-- **seeded** (Seeded Sampler): the node's real noise path: ``core.determinism.noise.seeded_noise`` (with the ``comfy`` draw
-  dtype the node asks for), ``nodes.host.noise.per_step_noise`` and ``portable_generator_randn`` around the
-  call, exactly as ``SteadfastSeededSampler.execute`` does (its run record, written after sampling, is not
-  timed).
+- **seeded** (Seeded Sampler): the node's real noise path: ``core.determinism.noise.seeded_noise`` (with the
+  ``comfy`` draw dtype the node asks for), ``nodes.host.noise.per_step_noise`` and ``portable_generator_randn``
+  around the call, exactly as ``SteadfastSeededSampler.execute`` does (its run record, written after sampling,
+  is not timed).
 
 Printed per sampler and seed mode: median and min seconds of each side over ``--rounds`` INTERLEAVED rounds
 (stock, seeded, stock, ...) after one untimed call each, the ratio seeded / stock, and whether the two outputs

@@ -10,7 +10,8 @@ does). Four variants, each a forward of the denoiser (one sampling step without 
 
 * ``eager fp32``, ``eager int8``;
 * ``regional fp32``, ``regional int8``: ``core.compile.swap.compile_blocks`` + ``swap_in`` on the blocks
-  ``core.compile.blocks.choose_blocks`` picks, with the Optimize node's default compile options (inductor) and guard filter.
+  ``core.compile.blocks.choose_blocks`` picks, with the Optimize node's default compile options (inductor) and
+  guard filter.
 
 Each variant is compiled/warmed by two calls (the second checks run-to-run bit equality), then timed
 interleaved ``E Q R RQ E Q R RQ ...`` for ``--rounds`` rounds; before each round it waits (at most

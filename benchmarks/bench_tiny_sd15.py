@@ -26,8 +26,9 @@ rounds, so machine load affects all of them alike. Before each round the script 
 ``--wait-quiet`` s) until other processes leave the cores idle, and it measures how much of the 2 cores
 other processes used during the round ("others' CPU", from ``/proc/stat`` minus this process's CPU
 time); only rounds with others' CPU <= ``--max-others`` count as clean (until ``--rounds`` clean ones
-or ``--max-rounds`` in all; if fewer than 3 are clean, all rounds are used and the output says so). On a shared 2-core machine other processes make two-thread OpenMP runs up to
-10x slower in bursts, hence this filter. Reported: min and median seconds per sample, the fastest
+or ``--max-rounds`` in all; if fewer than 3 are clean, all rounds are used and the output says so). On a
+shared 2-core machine other processes make two-thread OpenMP runs up to 10x slower in bursts, hence this
+filter. Reported: min and median seconds per sample, the fastest
 single sampler step (from the sampler callback; steps 2..N of each sample, i.e. one UNet call plus the
 euler update, without per-run set-up such as the channels-last conversion), and the ratio of the
 baseline's time to the configuration's (> 1 = faster).

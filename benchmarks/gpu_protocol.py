@@ -43,7 +43,8 @@ Speed (random weights, no download):
 Usage::
 
     python benchmarks/gpu_protocol.py --out $OUT                 # GPU; budget 540 s by default
-    python benchmarks/gpu_protocol.py --out /tmp/p --smoke       # CPU, tiny sizes (CI; 16 min on a very busy 2-core machine)
+    python benchmarks/gpu_protocol.py --out /tmp/p --smoke       # CPU, tiny sizes (CI; 16 min on a very busy
+                                                                 # 2-core machine)
     python benchmarks/gpu_protocol.py --out /tmp/p --sections env,pytest_gpu
 
 ``COMFYUI_PATH`` names the ComfyUI checkout (``benchmarks/gpu_protocol_prepare.sh`` unpacks one into
@@ -307,7 +308,8 @@ def _nodes(s: Section, extra_args: list[str]) -> None:
 
         for compile_ in ("off",) if s.smoke else ("off", "regional"):
             def det_case(compile_=compile_) -> tuple:
-                one, three = sw.run(srv, optimize_chain(True, compile_, 1)), sw.run(srv, optimize_chain(True, compile_, 3))
+                one = sw.run(srv, optimize_chain(True, compile_, 1))
+                three = sw.run(srv, optimize_chain(True, compile_, 3))
                 again = sw.run(srv, optimize_chain(True, compile_, 3))
                 h1, h3 = sw.hash_of(one, "hfirst"), sw.hash_of(three, "hfirst")
                 r3, r3b = sw.hash_of(three, "himg"), sw.hash_of(again, "himg")
@@ -441,7 +443,7 @@ def sec_first_load(s: Section) -> None:
             continue
         with server(s, args) as srv:
             for label, kind, seed, before in plan:
-                def run_one(kind=kind, seed=seed, before=before) -> tuple:
+                def run_one(kind=kind, seed=seed, before=before, mode=mode, label=label) -> tuple:
                     if before is not None:
                         srv.free(unload_models=before == "unload", free_memory=True)
                     h = sw.hash_of(sw.run(srv, one(kind, seed), timeout=300), "h")
@@ -498,8 +500,8 @@ def sec_pytest_gpu(s: Section) -> None:
     fe.mkdir(exist_ok=True)
     (fe / "index.html").write_text("<html></html>")
     env = dict(os.environ, STEADFAST_FRONT_END_ROOT=str(fe))
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(10, s.metrics.get("limit", 55) - 8),
-                          check=False, env=env)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                          timeout=max(10, s.metrics.get("limit", 55) - 8), check=False, env=env)
     s.metrics["pytest_rc"] = proc.returncode
     s.metrics["pytest_tail"] = (proc.stdout + proc.stderr)[-1500:]
     if not xml.exists():

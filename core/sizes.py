@@ -11,8 +11,8 @@ _ITEM = re.compile(r"^\s*(\d+)\s*[xX\u00d7*]\s*(\d+)\s*$")
 def parse_sizes(text: str | None, *, minimum: int = 8, maximum: int = 16384) -> list[tuple[int, int]]:
     """``"WxH, WxH ..."`` -> ``[(width, height), ...]`` in pixels, duplicates dropped, order kept.
 
-    Items are separated by commas, semicolons or whitespace; ``x``, ``X``, the multiplication sign (U+00D7) or ``*`` separate
-    width and height. ``None`` / empty text gives ``[]``. Raises ``ValueError`` naming the bad item
+    Items are separated by commas, semicolons or whitespace; ``x``, ``X``, the multiplication sign (U+00D7) or ``*``
+    separate width and height. ``None`` / empty text gives ``[]``. Raises ``ValueError`` naming the bad item
     for anything else, or for a side outside ``[minimum, maximum]``.
     """
     if not text or not text.strip():

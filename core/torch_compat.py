@@ -1,4 +1,5 @@
-"""Every private torch API Steadfast uses (``torch._dynamo``, ``torch._inductor``, ``torch._logging``, ``torch._C``), in one place.
+"""Every private torch API Steadfast uses (``torch._dynamo``, ``torch._inductor``, ``torch._logging``, ``torch._C``),
+in one place.
 
 No other module of ``core/`` or ``nodes/`` names ``torch._`` (``tests/core/test_torch_compat.py`` greps for it),
 so a torch upgrade that moves one of these APIs breaks here, with a :class:`TorchAPIMissing` that names the API,

@@ -7,8 +7,8 @@
 ``~/comfy/ComfyUI``) is started for the run; ``--ckpt`` files are linked into its ``models/checkpoints`` and
 every ``CheckpointLoaderSimple`` is pointed at the first one; a workflow that names the embedded tiny
 checkpoint gets it built (seeded, nothing downloaded). ``--portable`` starts it in portable CPU mode
-(:mod:`core.determinism.portable`). Exit codes: 0 identical bytes (every run, and every pinned ``expected``); 3 the bytes
-differ but every output is the same picture within tolerance (:mod:`core.record.verdict`: PSNR of the thumbnails
+(:mod:`core.determinism.portable`). Exit codes: 0 identical bytes (every run, and every pinned ``expected``); 3 the
+bytes differ but every output is the same picture within tolerance (:mod:`core.record.verdict`: PSNR of the thumbnails
 against the first run or the pinned ``expected_reference``); 1 a different picture, or bytes that differ with
 nothing to grade them by, or batch items without a reference thumbnail whose bytes differ ("ungraded"), or a
 failed run; 2 the workflow or a server could not be used, or portable mode refused a setting or a node whose
@@ -38,7 +38,8 @@ def build_run_parser() -> argparse.ArgumentParser:
     p.add_argument("--server", action="append", default=[], metavar="URL",
                    help="a running ComfyUI (repeatable: every run is done on every server); default: start one")
     p.add_argument("--runs", type=int, default=2, help="runs per server (default 2)")
-    p.add_argument("--free-between", action="store_true", help="also unload the models between runs (every run recomputes every node anyway)")
+    p.add_argument("--free-between", action="store_true",
+                   help="also unload the models between runs (every run recomputes every node anyway)")
     p.add_argument("--restart", action="store_true", help="restart the started server and run once more")
     p.add_argument("--pin", type=Path, metavar="OUT.json",
                    help="write the workflow with the observed hashes and run records in its Hash nodes")
@@ -162,7 +163,8 @@ def run_main(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``steadfast run ...`` here; every other subcommand (``verify``, ``tiny-pipeline``) goes to :func:`headless.verify_cli.main`."""
+    """``steadfast run ...`` here; every other subcommand (``verify``, ``tiny-pipeline``) goes to
+    :func:`headless.verify_cli.main`."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "run":
         return run_main(args[1:])

@@ -207,7 +207,8 @@ class ComfyClient:
             # whose Hash (or any other node) is invalid must not pass as a shorter, partial run.
             raise PromptRejected({"type": "partially_rejected",
                                   "message": "ComfyUI queued only the outputs that validated "
-                                             f"(prompt {answer.get('prompt_id')}); fix the nodes named in node_errors"},
+                                             f"(prompt {answer.get('prompt_id')}); "
+                                             "fix the nodes named in node_errors"},
                                  answer["node_errors"])
         return str(answer["prompt_id"])
 
@@ -433,7 +434,8 @@ class ComfyServer(ComfyClient):
                 time.sleep(0.25)
         self.stop()
         raise ServerStartError(
-            f"ComfyUI did not answer GET /system_stats within {self.startup_timeout:.0f} s; log tail:\n{self.log_tail()}"
+            f"ComfyUI did not answer GET /system_stats within {self.startup_timeout:.0f} s; "
+            f"log tail:\n{self.log_tail()}"
         )
 
     def stop(self, grace: float = 10.0) -> None:

@@ -214,10 +214,10 @@ def tiny_lora_state_dict(denoiser: torch.nn.Module, rank: int, seed: int = 0, *,
                          scale: float = 0.5) -> dict[str, torch.Tensor]:
     """A random LoRA for ``denoiser`` in the diffusers/PEFT key format, ``{prefix}.{path}.lora_A/B.weight``.
 
-    One pair per linear layer (``in_features``/``out_features``) whose dotted path ends with one of ``targets``: ``lora_A`` ``[rank, in]``
-    and ``lora_B`` ``[out, rank]`` float32, drawn from a private generator seeded with ``seed`` (std
-    ``scale / sqrt(in)`` and ``scale / sqrt(rank)``, so the adapter visibly changes the output). Load it with
-    ``pipe.load_lora_weights(state_dict)``; ``prefix`` is the pipeline component ("unet" / "transformer").
+    One pair per linear layer (``in_features``/``out_features``) whose dotted path ends with one of ``targets``:
+    ``lora_A`` ``[rank, in]`` and ``lora_B`` ``[out, rank]`` float32, drawn from a private generator seeded with
+    ``seed`` (std ``scale / sqrt(in)`` and ``scale / sqrt(rank)``, so the adapter visibly changes the output). Load it
+    with ``pipe.load_lora_weights(state_dict)``; ``prefix`` is the pipeline component ("unet" / "transformer").
 
     Raises:
         ValueError: ``rank < 1`` or no target layer found.

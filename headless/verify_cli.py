@@ -1,4 +1,5 @@
-"""``steadfast`` command line: ``steadfast verify [PIPELINE_DIR | --tiny sd|flux] [options]``, ``steadfast tiny-pipeline DIR``.
+"""``steadfast`` command line: ``steadfast verify [PIPELINE_DIR | --tiny sd|flux] [options]``,
+``steadfast tiny-pipeline DIR``.
 
 Entry point ``main(argv=None) -> int``. Runs as ``steadfast`` (console script), as
 ``python -m steadfast.headless.verify_cli`` when the pack is importable as ``steadfast``, or via

@@ -43,10 +43,11 @@ class SteadfastDeterminismSetup(io.ComfyNode):
                 io.Model.Input("model", tooltip="The model to make deterministic. It is cloned, never modified."),
                 *policy_inputs("sampling"),
                 io.Boolean.Input("batch_invariant", default=True, optional=True,
-                                 tooltip="On: every batch item and every conditioning is evaluated alone (batch 1) and "
-                                         "attention never chunks by free memory, so the bits depend only on the "
-                                         "workflow: item i of a batch equals a batch-1 run at seed + i, on a busy or a "
-                                         "quiet machine. Costs speed on large batches. Off: ComfyUI's own batching."),
+                                 tooltip="On: every batch item and every conditioning is evaluated alone (batch 1) "
+                                         "and attention never chunks by free memory, so the bits depend only on the "
+                                         "workflow: item i of a batch equals a batch-1 run at seed + i, on a busy or "
+                                         "a quiet machine. Costs speed on large batches. Off: ComfyUI's own "
+                                         "batching."),
             ],
             outputs=[
                 io.Model.Output(display_name="MODEL", tooltip="A clone of the model carrying the policy."),

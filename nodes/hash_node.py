@@ -91,7 +91,8 @@ def check_json_inputs(expected_record: str, expected_reference: str) -> None:
     """Refuse a malformed ``expected_record`` / ``expected_reference`` before anything is hashed.
 
     Raises:
-        ValueError: naming the input and why (:func:`core.record.explain.parse_record`, :func:`core.record.verdict.parse_reference`).
+        ValueError: naming the input and why (:func:`core.record.explain.parse_record`,
+            :func:`core.record.verdict.parse_reference`).
     """
     try:
         verdict.parse_reference(expected_reference)
@@ -105,7 +106,8 @@ def check_json_inputs(expected_record: str, expected_reference: str) -> None:
 
 
 def mismatch_explanation(check: hashing.HashCheck, run_record: str | None, expected_record: str) -> str:
-    """On a mismatch: the recorded fields that differ (:func:`core.record.explain.explain`), or what is missing to say."""
+    """On a mismatch: the recorded fields that differ (:func:`core.record.explain.explain`), or what is missing to
+    say."""
     if not check.checked or check.match:
         return ""
     if not (expected_record or "").strip():

@@ -99,7 +99,8 @@ class SteadfastOptimizeModel(io.ComfyNode):
             category="Steadfast",
             description="Returns a copy of the model with speed optimizations. Each may change output bits: use "
                         "Compare against the unoptimized model to measure by how much. Compilation happens on the "
-                        "first run (or in Warmup); the compile state is shown on Warmup and at /steadfast/compile_state.",
+                        "first run (or in Warmup); the compile state is shown on Warmup and at "
+                        "/steadfast/compile_state.",
             inputs=[
                 io.Model.Input("model", tooltip="The MODEL to optimize. It is cloned, never modified."),
                 *oi.layout_inputs(),

@@ -142,7 +142,8 @@ class SteadfastLoadDiffusersPipeline(io.ComfyNode):
                           for k, m in module_components(pipe).items())
         where = (f"runs on {device}: kept on the CPU, moved to {device} for each call after ComfyUI frees room, "
                  "and back after it" if on_gpu else f"{device}")
-        report = f"{type(pipe).__name__} from models/{FOLDER}/{pipeline_name} ({dtype}, {where}); denoiser: {den}\n{comps}"
+        report = (f"{type(pipe).__name__} from models/{FOLDER}/{pipeline_name} ({dtype}, {where}); "
+                  f"denoiser: {den}\n{comps}")
         return io.NodeOutput(handle, report, ui=ui.PreviewText(report))
 
 
@@ -166,7 +167,8 @@ class SteadfastPipelineLoRA(io.ComfyNode):
                                      "recompiles. Changing it makes Pipeline Optimize build and compile a new copy."),
             ],
             outputs=[DiffusersPipeline.Output(display_name="PIPELINE", tooltip="The pipeline carrying the LoRA."),
-                     io.String.Output(display_name="report", tooltip="The LoRA, its rank, and how it will be applied.")],
+                     io.String.Output(display_name="report",
+                                      tooltip="The LoRA, its rank, and how it will be applied.")],
         )
 
     @classmethod

@@ -81,7 +81,8 @@ class SteadfastPipelineOptimize(io.ComfyNode):
                  if reused else "optimized a copy sharing the weights (the input pipeline is unchanged)"]
         lines += [s.as_text() for s in rep.steps]
         if handle.lora is not None:
-            lines.append(f"prepared for LoRA hot-swap up to rank {handle.lora.max_rank}; the LoRA is loaded at run time")
+            lines.append(f"prepared for LoRA hot-swap up to rank {handle.lora.max_rank}; "
+                         "the LoRA is loaded at run time")
         if opts.scope != "off":
             rec = compile_record(new.pipe)
             if rec is not None:
@@ -116,7 +117,8 @@ class SteadfastPipelineDeterminismSetup(io.ComfyNode):
                                          "(faster; CPU kernels then see another batch and the last bits can differ)."),
             ],
             outputs=[DiffusersPipeline.Output(display_name="PIPELINE", tooltip="The pipeline carrying the policy."),
-                     io.String.Output(display_name="report", tooltip="What will be set, and what cannot be guaranteed.")],
+                     io.String.Output(display_name="report",
+                                      tooltip="What will be set, and what cannot be guaranteed.")],
         )
 
     @classmethod
@@ -124,7 +126,8 @@ class SteadfastPipelineDeterminismSetup(io.ComfyNode):
                 batch_invariant: bool = True) -> io.NodeOutput:
         portable.check_threads(num_threads)
         handle = as_handle(pipeline, "Pipeline Determinism Setup")
-        policy = determinism_policy.DeterminismPolicy(strict=strict, allow_tf32=allow_tf32, num_threads=num_threads or None)
+        policy = determinism_policy.DeterminismPolicy(strict=strict, allow_tf32=allow_tf32,
+                                                      num_threads=num_threads or None)
         report = determinism_policy.describe_policy(policy) + "\nbatch-invariant sampling: " + (
             "on (image by image, batch-1 pipeline calls)" if batch_invariant else "off (one batched pipeline call)"
         ) + "\n" + server_risks_text()

@@ -85,7 +85,8 @@ class SteadfastPipelineSampler(io.ComfyNode):
             not_idempotent=True,  # two identical sampler nodes in one workflow must both run (determinism check)
             outputs=[io.Image.Output(display_name="IMAGE", tooltip="The generated images."),
                      io.String.Output(display_name="run_record",
-                                      tooltip="JSON run record: seeds, settings, environment fingerprint, image hash.")],
+                                      tooltip="JSON run record: seeds, settings, environment fingerprint, "
+                                              "image hash.")],
         )
 
     @classmethod
@@ -148,9 +149,11 @@ class SteadfastPipelineWarmup(io.ComfyNode):
                 DiffusersPipeline.Input("pipeline", tooltip="The (optimized) pipeline to warm up."),
                 *_size_inputs(),
                 io.Float.Input("cfg", default=7.0, min=0.0, max=100.0, step=0.1,
-                               tooltip="Use the cfg of the real run: guidance on/off changes the batch the denoiser sees."),
+                               tooltip="Use the cfg of the real run: guidance on/off changes the batch the denoiser "
+                                       "sees."),
                 io.String.Input("sizes", default="", optional=True,
-                                tooltip="More target sizes to warm up, e.g. '512x512, 768x512' (pixels, width x height)."),
+                                tooltip="More target sizes to warm up, e.g. '512x512, 768x512' (pixels, width x "
+                                        "height)."),
             ],
             outputs=[DiffusersPipeline.Output(display_name="PIPELINE", tooltip="The same pipeline, now warm."),
                      io.String.Output(display_name="report", tooltip="Compile seconds, graphs, recompiles.")],
@@ -187,7 +190,8 @@ class SteadfastPipelineWarmup(io.ComfyNode):
                         res = core_warmup(pipe, w, h, batch_size, steps=WARMUP_STEPS, guidance=cfg,
                                           policy=handle.determinism, on_step=step)
                         offset[0] += WARMUP_STEPS
-                        lines.append(f"warm-up generation at {list(target)} (batch, height, width): {res.seconds:.2f} s")
+                        lines.append(f"warm-up generation at {list(target)} (batch, height, width): "
+                                     f"{res.seconds:.2f} s")
             finally:
                 if rec is not None:
                     REGISTRY.set_strict(rec, strict)

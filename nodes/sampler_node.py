@@ -69,10 +69,10 @@ class SteadfastSeededSampler(io.ComfyNode):
                                tooltip="How much of the latent is replaced by noise (1.0 = all)."),
                 io.Combo.Input("batch_seed_mode", options=BATCH_SEED_MODES, default="incremental",
                                tooltip="incremental: item i of a batch gets the noise of a single run at seed + i "
-                                       "(initial and per-step noise). That alone makes the NOISE equal, not the result: "
-                                       "the model may compute a batch differently from a single item. For item i's "
-                                       "latent to equal the single run, add Determinism Setup with batch_invariant on; "
-                                       "for the image too, decode with VAE Decode (Steadfast). "
+                                       "(initial and per-step noise). That alone makes the NOISE equal, not the "
+                                       "result: the model may compute a batch differently from a single item. For "
+                                       "item i's latent to equal the single run, add Determinism Setup with "
+                                       "batch_invariant on; for the image too, decode with VAE Decode (Steadfast). "
                                        "comfy: KSampler's own noise streams, bit-identical to KSampler on x86-64 "
                                        "CPUs with AVX2/AVX512 whatever device samples (on a GPU the per-step noise "
                                        "is ComfyUI's own GPU noise sampler: equal to KSampler there, not portable to "

@@ -43,26 +43,31 @@ class SteadfastWarmup(io.ComfyNode):
             display_name="Warmup (Steadfast)",
             category="Steadfast",
             description="Runs one sampling step at the target size so torch.compile compiles here. A model already "
-                        "warm at this size is not run again. Shows compile seconds, graphs, recompiles and cache state.",
+                        "warm at this size is not run again. Shows compile seconds, graphs, recompiles and cache "
+                        "state.",
             inputs=[
                 io.Model.Input("model", tooltip="The (optimized) MODEL to warm up. Diffusers pipelines: use "
                                                 "Pipeline Warmup."),
                 io.Int.Input("width", default=512, min=16, max=16384, step=8, tooltip="Target image width in pixels."),
-                io.Int.Input("height", default=512, min=16, max=16384, step=8, tooltip="Target image height in pixels."),
+                io.Int.Input("height", default=512, min=16, max=16384, step=8,
+                             tooltip="Target image height in pixels."),
                 io.Int.Input("batch_size", default=1, min=1, max=4096, tooltip="Target batch size."),
                 io.Float.Input("cfg", default=8.0, min=0.0, max=100.0, step=0.1,
                                tooltip="Use the cfg of the real run: cfg 1.0 skips the negative pass, which changes "
                                        "the batch the model sees."),
                 io.Conditioning.Input("positive", optional=True,
-                                      tooltip="Optional conditioning; zeros of the model's context shape when absent."),
+                                      tooltip="Optional conditioning; zeros of the model's context shape when "
+                                              "absent."),
                 io.Conditioning.Input("negative", optional=True, tooltip="Optional negative conditioning."),
                 io.String.Input("sizes", default="", optional=True,
-                                tooltip="More target sizes to warm up, e.g. '512x512, 768x512' (pixels; width x height "
-                                        "also used). With Optimize dynamic=true one graph serves every size; with "
-                                        "dynamic=auto the second size makes the graph dynamic (one recompile here)."),
+                                tooltip="More target sizes to warm up, e.g. '512x512, 768x512' (pixels; width x "
+                                        "height also used). With Optimize dynamic=true one graph serves every size; "
+                                        "with dynamic=auto the second size makes the graph dynamic (one recompile "
+                                        "here)."),
             ],
             outputs=[io.Model.Output(display_name="MODEL", tooltip="The same model, now warm."),
-                     io.String.Output(display_name="report", tooltip="Compile seconds, graphs, recompiles, cache state.")],
+                     io.String.Output(display_name="report",
+                                      tooltip="Compile seconds, graphs, recompiles, cache state.")],
         )
 
     @classmethod

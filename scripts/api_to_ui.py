@@ -117,7 +117,8 @@ def convert(api: dict, object_info: dict, note: str | None = None) -> dict:
 
     def d(nid: str) -> int:
         if nid not in depth:
-            srcs = [v[0] for v in api[nid]["inputs"].values() if isinstance(v, list) and len(v) == 2 and isinstance(v[0], str)]
+            srcs = [v[0] for v in api[nid]["inputs"].values()
+                    if isinstance(v, list) and len(v) == 2 and isinstance(v[0], str)]
             depth[nid] = 1 + max((d(s) for s in srcs), default=-1)
         return depth[nid]
 

@@ -138,10 +138,13 @@ def main() -> int:
                 status = entry["status"]["status_str"]
                 page.wait_for_timeout(1500)  # the reports reach the page
                 # dialogs and any full-page dimming layer (the template browser's, in either frontend)
-                page.evaluate("() => { document.querySelectorAll('[role=dialog], .p-dialog-mask').forEach(d => d.remove());"
+                page.evaluate("() => { document.querySelectorAll('[role=dialog], .p-dialog-mask')"
+                              ".forEach(d => d.remove());"
                               " document.querySelectorAll('body *').forEach(e => { const s = getComputedStyle(e);"
-                              " if (s.position === 'fixed' && e.offsetWidth >= innerWidth && e.offsetHeight >= innerHeight"
-                              " && !e.querySelector('canvas') && s.backgroundColor !== 'rgba(0, 0, 0, 0)') e.remove() }) }")
+                              " if (s.position === 'fixed' && e.offsetWidth >= innerWidth"
+                              " && e.offsetHeight >= innerHeight"
+                              " && !e.querySelector('canvas') && s.backgroundColor !== 'rgba(0, 0, 0, 0)')"
+                              " e.remove() }) }")
                 page.evaluate("() => window.app.extensionManager.command.execute('Comfy.Canvas.FitView')")
                 page.wait_for_timeout(1500)
                 shot = Path(tmp) / "shot.png"

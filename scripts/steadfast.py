@@ -1,4 +1,5 @@
-"""Run the ``steadfast`` command from a checkout: ``python scripts/steadfast.py verify --tiny sd`` or ``... run WORKFLOW``.
+"""Run the ``steadfast`` command from a checkout: ``python scripts/steadfast.py verify --tiny sd`` or
+``... run WORKFLOW``.
 
 Registers the repository root as the package ``steadfast`` (:mod:`_steadfast_import`) and calls
 ``steadfast.headless.cli.main`` (``run`` and ``verify``); installed packs get the ``steadfast`` console script instead.

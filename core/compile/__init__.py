@@ -1,8 +1,8 @@
 """Regional and full ``torch.compile``, tracked: one model's compile from the options to its state.
 
-Owns the options (:mod:`.options`: ``CompileOptions``, ``COMPILE_SCOPES``), inductor presets (:mod:`.presets`), the one block finder
-(:mod:`.blocks`: the architecture table, the swap-safety check, discovery), compiling blocks and swapping them in for
-one call (:mod:`.swap`), Dynamo guard filters (:mod:`.guards`), the per-model registry and its records
+Owns the options (:mod:`.options`: ``CompileOptions``, ``COMPILE_SCOPES``), inductor presets (:mod:`.presets`), the one
+block finder (:mod:`.blocks`: the architecture table, the swap-safety check, discovery), compiling blocks and swapping
+them in for one call (:mod:`.swap`), Dynamo guard filters (:mod:`.guards`), the per-model registry and its records
 (:mod:`.registry`, :mod:`.record`), why a block recompiled (:mod:`.recompiles`) and the persistent compile cache
 (:mod:`.cache`, :mod:`.cache_location`).
 

@@ -103,7 +103,8 @@ NON_GENERIC_PARENTS: dict[str, str] = {
     "StageB": "cascade/stage_b.py _down_encode/_up_decode dispatch on isinstance(block, ResBlock/AttnBlock/...)",
 }
 #: Models whose repeated blocks cannot be swapped: ``{model class: reason}``.
-REGIONAL_UNSUPPORTED = {k: f"Stable Cascade: {NON_GENERIC_PARENTS[k]} (compile it whole)" for k in ("StageC", "StageB")}
+REGIONAL_UNSUPPORTED = {k: f"Stable Cascade: {NON_GENERIC_PARENTS[k]} (compile it whole)"
+                        for k in ("StageC", "StageB")}
 REGIONAL_UNSUPPORTED["WanAnimate2Model"] = (  # ComfyUI 0.33.0 wan/model_animate2.py
     "Wan Animate 2: forward_orig calls its blocks only through methods (block.forward_gen, block.forward_pose, "
     "block.kv_from_input), never block(...): a swapped compiled block would never run (compile it whole)")
@@ -192,8 +193,9 @@ def swap_refusal(root: nn.Module, path: str) -> str | None:
 
 def safe_to_swap(root: nn.Module, paths: Sequence[str], *, recompile_limit: int | None = None) -> SwapCheck:
     """Which blocks at ``paths`` may be swapped for compiled wrappers: not those :func:`swap_refusal` refuses (a caller
-    in :data:`NON_GENERIC_PARENTS`, or another pack's caller dispatching on the block's class). Same-class blocks of different structure (ints not compared) are variants; more than
-    ``recompile_limit`` (default: Dynamo's) warns. ``ValueError``: an empty or unknown path."""
+    in :data:`NON_GENERIC_PARENTS`, or another pack's caller dispatching on the block's class). Same-class blocks of
+    different structure (ints not compared) are variants; more than ``recompile_limit`` (default: Dynamo's) warns.
+    ``ValueError``: an empty or unknown path."""
     refused = {p: r for p in paths if (r := swap_refusal(root, p)) is not None}
     safe = [p for p in paths if p not in refused]
     sigs: dict[str, set] = {}
@@ -201,8 +203,10 @@ def safe_to_swap(root: nn.Module, paths: Sequence[str], *, recompile_limit: int 
         mods = list(block.named_modules())  # bool/str/float/None (not ints: ids like ``layer_id`` are rarely read)
         params = tuple((n, tuple(p.shape)) for n, p in block.named_parameters())
         attrs = tuple((n, k, v) for n, m in mods for k, v in vars(m).items()
-                      if not k.startswith("_") and k != "training" and (isinstance(v, (bool, str, float)) or v is None))
-        sigs.setdefault(type(block).__name__, set()).add((tuple((n, type(m).__name__) for n, m in mods), params, attrs))
+                      if not k.startswith("_") and k != "training"
+                      and (isinstance(v, (bool, str, float)) or v is None))
+        sigs.setdefault(type(block).__name__, set()).add(
+            (tuple((n, type(m).__name__) for n, m in mods), params, attrs))
     variants = {k: len(v) for k, v in sigs.items()}
     limit = torch_compat.recompile_limit() if recompile_limit is None else recompile_limit
     warnings = [f"{n} structurally different {k} blocks > recompile_limit={limit}: Dynamo would run the "

@@ -33,7 +33,8 @@ log = logging.getLogger("steadfast.compile_cache")
 INDUCTOR_ENV = "TORCHINDUCTOR_CACHE_DIR"
 TRITON_ENV = "TRITON_CACHE_DIR"
 MANIFEST = "steadfast_cache.json"
-FILES = "steadfast_files.json"  # {relative path: [size, mtime_ns, ctime_ns, sha256]} of what inductor wrote while watched
+# {relative path: [size, mtime_ns, ctime_ns, sha256]} of what inductor wrote while watched
+FILES = "steadfast_files.json"
 WATCH_SLACK_NS = 50_000_000  # file times use the kernel's coarse clock (a tick behind time.time_ns); 50 ms covers it
 CACHE_FORMAT = 1
 _ENV_LOCK = threading.RLock()

@@ -1,4 +1,5 @@
-"""What a ``torch.compile`` is asked for: :class:`CompileOptions`, and :data:`COMPILE_SCOPES`, the one list of compile choices.
+"""What a ``torch.compile`` is asked for: :class:`CompileOptions`, and :data:`COMPILE_SCOPES`, the one list of compile
+choices.
 
 Both paths hold one :class:`CompileOptions` whole (:class:`core.optimize.plan.OptimizeOptions` ``compile``) and name
 where it applies with a scope from :data:`COMPILE_SCOPES` (the nodes' ``compile`` widget offers exactly these).
@@ -24,10 +25,11 @@ COMPILE_SCOPES = ("off", "regional", "full")
 @dataclasses.dataclass(frozen=True)
 class CompileOptions:
     """``torch.compile``'s arguments plus two settings that each remove a first-call recompile (``tests/comfy/
-    test_architectures.py``): ``contiguous_inputs`` (:func:`core.compile.swap.contiguous_inputs_hook`: Dynamo guards on strides, Wan's
-    and SD3's first block get a strided view) and ``specialize_ints`` (:func:`core.torch_compat.specialize_int`,
-    process-global meanwhile: ints such as ComfyUI's block index become constants whose guards a filter drops;
-    ints carrying sizes, e.g. HunyuanVideo I2V's ``modulation_dims``, then give a graph per value)."""
+    test_architectures.py``): ``contiguous_inputs`` (:func:`core.compile.swap.contiguous_inputs_hook`: Dynamo guards on
+    strides, Wan's and SD3's first block get a strided view) and ``specialize_ints``
+    (:func:`core.torch_compat.specialize_int`, process-global meanwhile: ints such as ComfyUI's block index become
+    constants whose guards a filter drops; ints carrying sizes, e.g. HunyuanVideo I2V's ``modulation_dims``, then give
+    a graph per value)."""
 
     backend: str = "inductor"
     mode: str | None = None

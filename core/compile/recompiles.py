@@ -73,7 +73,8 @@ def _tensors(modules: Mapping[str, nn.Module]) -> dict[str, torch.Tensor]:
 
 def code_of(module: Any) -> Any:
     """The code object Dynamo caches compiled entries on (all wrappers of one ``forward`` share them and the
-    ``recompile_limit``): the class's ``forward`` (of the wrapped module for an ``OptimizedModule``: :func:`core.torch_compat.orig_module`), else None."""
+    ``recompile_limit``): the class's ``forward`` (of the wrapped module for an ``OptimizedModule``:
+    :func:`core.torch_compat.orig_module`), else None."""
     return getattr(getattr(type(torch_compat.orig_module(module)), "forward", None), "__code__", None)
 
 

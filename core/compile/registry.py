@@ -80,7 +80,8 @@ class CompileRegistry:
         """``(record, created)`` for ``key`` (weak-referenceable, default ``model``), compiling ``blocks`` of
         ``model`` if needed: reused (nothing compiled, ``strict`` updated) when made for this ``model`` object with
         equal ``options``, ``blocks``, guard filter and ``in_place`` (the model compiled itself, e.g. diffusers'
-        ``compile_repeated_blocks``; ``blocks`` then only for reports), else replaced. ``ValueError``: unknown paths."""
+        ``compile_repeated_blocks``; ``blocks`` then only for reports), else replaced. ``ValueError``: unknown
+        paths."""
         k = model if key is None else key
         with self._lock:
             rec = self._records.get(k)
@@ -169,10 +170,11 @@ class CompileRegistry:
         """Attribute the compiles, recompiles and graph breaks inside one call of the compiled model to ``record``
         (``shape``: Tensor or nested ints, kept in ``stats.shapes_seen``; outside :meth:`run`, a run of its own). The
         first call that finishes turns it "warm" (``first_call_seconds``); an exception is kept in ``stats.errors``
-        and re-raised (Dynamo's graph break under ``fullgraph`` as :class:`FullgraphBreakError`, naming the cause, where
-        and the switch); an interrupt (:func:`core.failures.is_interrupt`) and an out-of-memory error are re-raised
-        unchanged, and an interrupt is not recorded as an error; nested tracking of the same record passes through. :class:`RecompileError` on exit when
-        ``strict`` (default ``stats.strict``) and a warm call recompiled."""
+        and re-raised (Dynamo's graph break under ``fullgraph`` as :class:`FullgraphBreakError`, naming the cause,
+        where and the switch); an interrupt (:func:`core.failures.is_interrupt`) and an out-of-memory error are
+        re-raised unchanged, and an interrupt is not recorded as an error; nested tracking of the same record passes
+        through. :class:`RecompileError` on exit when ``strict`` (default ``stats.strict``) and a warm call
+        recompiled."""
         stack, s = self._local.stack, record.stats
         if any(f.record is record for f in stack):
             yield record

@@ -89,7 +89,8 @@ def compile_blocks(root: nn.Module, paths: Sequence[str], options: CompileOption
 def swap_in(root: nn.Module, compiled: Mapping[str, Callable[..., Any]]) -> Iterator[nn.Module]:
     """Inside the ``with``, ``root``'s submodules at the paths are the compiled callables (``setattr`` on each
     parent; restored in reverse order in ``finally``); yields ``root``. Raises ``ValueError`` for an empty or
-    unknown path, before swapping. Parents dispatching on ``isinstance``: see :func:`core.compile.blocks.safe_to_swap`."""
+    unknown path, before swapping. Parents dispatching on ``isinstance``: see
+    :func:`core.compile.blocks.safe_to_swap`."""
     targets = []
     for path, fn in compiled.items():
         block, (parent_path, _, name) = submodule(root, path), path.rpartition(".")

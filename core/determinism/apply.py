@@ -2,7 +2,8 @@
 
 Everything this module changes is process-global torch state, changed only through :func:`apply_policy` /
 :func:`deterministic` / :func:`enable_full_determinism`; every change is recorded in a
-:class:`~core.determinism.torch_state.TorchGlobalState` snapshot that :func:`~core.determinism.torch_state.restore_state` puts back.
+:class:`~core.determinism.torch_state.TorchGlobalState` snapshot that
+:func:`~core.determinism.torch_state.restore_state` puts back.
 The policy and its report live in :mod:`core.determinism.policy`, the snapshot in :mod:`core.determinism.torch_state`,
 ``CUBLAS_WORKSPACE_CONFIG`` in :mod:`core.determinism.cublas`. Facts behind the recipe (figures and how to reproduce
 them in ``docs/measurements.md``): fp32 CPU output differs between 1 and 2 threads, so the thread count is part of

@@ -29,8 +29,8 @@ import ctypes
 import os
 from typing import Any
 
-__all__ = ["ENV_FLAG", "PortableModeError", "portable_env", "is_portable", "check_cpu", "apply_in_process", "pin_thread",
-           "cpu_settings", "refuse", "check_device", "SETTINGS_ENV"]
+__all__ = ["ENV_FLAG", "PortableModeError", "portable_env", "is_portable", "check_cpu", "apply_in_process",
+           "pin_thread", "cpu_settings", "refuse", "check_device", "SETTINGS_ENV"]
 __all__ += ["free_memory_refusals", "FREE_MEMORY_NODES"]  # ComfyUI's free-memory choices (kept apart for merges)
 
 ENV_FLAG = "STEADFAST_PORTABLE"

@@ -17,8 +17,9 @@ import contextlib
 import warnings
 from collections import Counter
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, ContextManager
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -63,7 +64,7 @@ def _validate(name: str) -> None:
         raise ValueError(f"unknown SDPA backend {name!r}; expected one of {', '.join(SDPA_BACKENDS)}")
 
 
-def sdpa_context(name: str) -> ContextManager[Any]:
+def sdpa_context(name: str) -> AbstractContextManager[Any]:
     """Context manager restricting ``F.scaled_dot_product_attention`` to backend ``name``.
 
     ``"auto"`` -> ``contextlib.nullcontext()`` (PyTorch's own choice); otherwise

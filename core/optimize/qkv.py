@@ -12,9 +12,9 @@ re-pointed at slices of it, so:
 * in-place weight updates (e.g. ``param.data.copy_(...)``, as ComfyUI's ``weight_inplace_update`` does)
   are seen by the fused path too, because both are the same memory.
 
-Any operation that gives a projection new storage (``module.to(other_dtype)``, assigning a new Parameter
-with ``setattr``) silently breaks the sharing; :func:`is_fused` detects that by checking storage pointers,
-and :func:`core.optimize.qkv_project.fused_project` then falls back to the separate projections and records that it did.
+Any operation that gives a projection new storage (``module.to(other_dtype)``, assigning a new Parameter with
+``setattr``) silently breaks the sharing; :func:`is_fused` detects that by checking storage pointers, and
+:func:`core.optimize.qkv_project.fused_project` then falls back to the separate projections and records that it did.
 
 Parity (measured on CPU by ``tests/core/test_optimize_qkv.py``, figures in ``docs/measurements.md``):
 fp32 fused == unfused bit-for-bit; bf16 at in_features 1280 differs by one ulp in ~1e-4 of the elements
@@ -341,8 +341,8 @@ def unfuse_all_qkv_(root: nn.Module) -> int:
 def release_stale_fusions_(root: nn.Module) -> int:
     """Drop the record of every module under ``root`` whose fusion is no longer live (see :func:`is_fused`).
 
-    Frees the stale fused storage and makes later :func:`core.optimize.qkv_project.fused_project` calls (compiled ones included,
-    which cannot check liveness themselves) take the separate path. Returns how many were dropped.
+    Frees the stale fused storage and makes later :func:`core.optimize.qkv_project.fused_project` calls (compiled ones
+    included, which cannot check liveness themselves) take the separate path. Returns how many were dropped.
     Call it eagerly, e.g. before each compiled run, after anything may have replaced weights.
     """
     n = 0

@@ -64,7 +64,8 @@ def require_torchao() -> Any:
     when torchao is not installed or too old to have the configs used here."""
     try:
         tq = importlib.import_module("torchao.quantization")
-        for name in ("quantize_", "Int8DynamicActivationInt8WeightConfig", "Float8DynamicActivationFloat8WeightConfig"):
+        for name in ("quantize_", "Int8DynamicActivationInt8WeightConfig",
+                     "Float8DynamicActivationFloat8WeightConfig"):
             getattr(tq, name)
     except (ImportError, AttributeError) as e:
         raise QuantizeUnavailable(f"quantize needs torchao (pip install torchao; tested with 0.18): "

@@ -8,8 +8,9 @@ Plain-Python API (no ComfyUI imports; diffusers is imported lazily, on first use
     images = generate(pipe, "a cat", steps=20, seed=1, batch=2)   # [2, 512, 512, 3] float32 in [0, 1]
 
 Modules: :mod:`.load` (folder checks, dtype, components), :mod:`.optimize` (ordered application of
-:mod:`core.optimize.plan`'s options, steps and reports, the plan type the MODEL path shares), :mod:`.attention` (backend choice), :mod:`.run` (generation,
-warm-up, reports), :mod:`.lora` (LoRA and hot-swap), :mod:`.state` (per-pipeline bookkeeping).
+:mod:`core.optimize.plan`'s options, steps and reports, the plan type the MODEL path shares), :mod:`.attention`
+(backend choice), :mod:`.run` (generation, warm-up, reports), :mod:`.lora` (LoRA and hot-swap), :mod:`.state`
+(per-pipeline bookkeeping).
 """
 from ..optimize.plan import OptimizeOptions, OptimizeReport, StepReport
 from .attention import UnsupportedAttentionError, attention_names

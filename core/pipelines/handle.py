@@ -117,11 +117,11 @@ def lora_file_rank(path: str | Path) -> int:
 class PipelineHandle:
     """A pipeline value: ``pipe`` (diffusers pipeline), where it came from, and the LoRA to run with.
 
-    ``owned``: ``pipe`` is a Steadfast copy (from :func:`optimized_handle`), which LoRAs may be loaded
-    into; a pipeline returned by a loader is not owned and is never modified. ``lora``: the LoRA to make
-    active at run time (None: none). ``determinism``: a :class:`~..determinism_policy.DeterminismPolicy` applied
-    around each run of this value (None: none). ``batch_invariant``: generate image by image (each a
-    batch-1 pipeline call, so image i equals the batch-1 run at seed + i). ``notes``: what produced this value, for reports.
+    ``owned``: ``pipe`` is a Steadfast copy (from :func:`optimized_handle`), which LoRAs may be loaded into; a pipeline
+    returned by a loader is not owned and is never modified. ``lora``: the LoRA to make active at run time (None:
+    none). ``determinism``: a :class:`~..determinism_policy.DeterminismPolicy` applied around each run of this value
+    (None: none). ``batch_invariant``: generate image by image (each a batch-1 pipeline call, so image i equals the
+    batch-1 run at seed + i). ``notes``: what produced this value, for reports.
     """
 
     pipe: Any

@@ -66,7 +66,8 @@ def _check_folder(path: Path) -> dict[str, Any]:
 
 
 def _dtype_kwarg() -> str:
-    """``"dtype"`` where diffusers has renamed ``torch_dtype`` (diffusers 0.42 warns on the old name), else ``"torch_dtype"``."""
+    """``"dtype"`` where diffusers has renamed ``torch_dtype`` (diffusers 0.42 warns on the old name), else
+    ``"torch_dtype"``."""
     try:
         from diffusers.utils.deprecation_utils import _resolve_dtype  # noqa: F401
     except ImportError:

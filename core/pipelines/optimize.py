@@ -191,9 +191,9 @@ def _compile_step(pipe: Any, den: torch.nn.Module, den_name: str, opts: Optimize
 def optimize_pipeline(pipe: Any, options: OptimizeOptions) -> OptimizeReport:
     """Apply ``options`` to ``pipe`` in place and return what was applied to which components.
 
-    Order: QKV fusion (denoiser, then VAE) -> channels_last (denoiser, VAE) -> attention backend ->
-    VAE slicing -> VAE tiling -> compile (denoiser only: diffusers' VAEs declare no ``_repeated_blocks``). Compilation is lazy: it happens at the first
-    :func:`~.run.generate` (use :func:`~.run.warmup`), which also records compile time and recompiles in
+    Order: QKV fusion (denoiser, then VAE) -> channels_last (denoiser, VAE) -> attention backend -> VAE slicing -> VAE
+    tiling -> compile (denoiser only: diffusers' VAEs declare no ``_repeated_blocks``). Compilation is lazy: it happens
+    at the first :func:`~.run.generate` (use :func:`~.run.warmup`), which also records compile time and recompiles in
     :data:`~..registry.REGISTRY`.
 
     Raises (all before anything is changed, except errors from diffusers/torch inside a step, after which

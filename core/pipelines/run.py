@@ -221,12 +221,12 @@ def _module_info(module: torch.nn.Module) -> dict[str, Any]:
 def pipeline_report(pipe: Any, *, environment: bool = True) -> dict[str, Any]:
     """JSON-safe description of ``pipe`` and everything Steadfast did to it.
 
-    Keys: ``pipeline`` (class), ``denoiser`` (component name), ``components`` (class, params, dtype, device
-    per module), ``cpu_randn`` (:func:`~..portable_randn.route_record`: how CPU-generator noise of each dtype is
-    drawn here: portable, routed to portable, or torch's own half algorithm), ``optimize`` (:meth:`OptimizeReport.as_dict` or None), ``sdpa_backend``, ``compile``
-    (:meth:`CompileRecord.as_dict` or None), ``lora`` (adapters and load events), and with ``environment``
-    also ``environment`` (:func:`~..record.environment.environment_fingerprint` plus the output-relevant pipeline
-    settings) and ``fingerprint_digest``.
+    Keys: ``pipeline`` (class), ``denoiser`` (component name), ``components`` (class, params, dtype, device per
+    module), ``cpu_randn`` (:func:`~..portable_randn.route_record`: how CPU-generator noise of each dtype is drawn
+    here: portable, routed to portable, or torch's own half algorithm), ``optimize`` (:meth:`OptimizeReport.as_dict` or
+    None), ``sdpa_backend``, ``compile`` (:meth:`CompileRecord.as_dict` or None), ``lora`` (adapters and load events),
+    and with ``environment`` also ``environment`` (:func:`~..record.environment.environment_fingerprint` plus the
+    output-relevant pipeline settings) and ``fingerprint_digest``.
     """
     state = peek_state(pipe)
     try:

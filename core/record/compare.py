@@ -246,7 +246,8 @@ class ParityReport:
         return asdict(self)
 
     def as_text(self) -> str:
-        """One line, e.g. ``fused-qkv: NOT bit-equal, 385/3932160 differ (0.0098%), max|d| 7.8e-03, mean|d| 7.6e-07``."""
+        """One line, e.g.
+        ``fused-qkv: NOT bit-equal, 385/3932160 differ (0.0098%), max|d| 7.8e-03, mean|d| 7.6e-07``."""
         head = f"{self.label}: " if self.label else ""
         if self.bit_equal:
             return head + f"bit-equal ({self.numel} elements, {self.n_tensors} tensor(s))"

@@ -5,7 +5,8 @@ Fields: torch version, thread count (fp32 CPU output differs between 1 and 2 thr
 determinism/TF32 flags, plus what the caller adds (dtype, attention backend, compile mode, seeds ...).
 Host names, paths and times are deliberately not included, so equal environments give equal digests.
 
-The running ComfyUI's settings that touch determinism are part of the environment too. ComfyUI has added, since 0.8.0, features that change output bits or break run-to-run equality: Dynamic VRAM
+The running ComfyUI's settings that touch determinism are part of the environment too. ComfyUI has added, since 0.8.0,
+features that change output bits or break run-to-run equality: Dynamic VRAM
 (comfy-aimdo, the default on NVIDIA GPUs from 0.1x on), comfy-kitchen kernels, and ``--fast`` options
 (``fp16_accumulation``, ``fp8_matrix_mult``, ``cublas_ops``, ``autotune``: ``comfy/cli_args.py``
 ``PerformanceFeature``). The node layer (``nodes/host/identity.py``) reads them from the running server into a plain

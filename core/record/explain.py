@@ -55,7 +55,8 @@ _KNOWN: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p), why) for
     (r"(^|\.)(torch|cuda|cudnn)$", "kernels differ between versions"),
     (r"(^|\.)(gpu|gpu_capability|cpu_capability|device)$", "another device runs other kernels"),
     (r"(^|\.)attention$", "attention backend"),
-    (r"(^|\.)compile(\.(mode|backend|dynamic|fullgraph|blocks|options.*))?$", "compiled code is not bit-equal to eager"),
+    (r"(^|\.)compile(\.(mode|backend|dynamic|fullgraph|blocks|options.*))?$",
+     "compiled code is not bit-equal to eager"),
     (r"(tf32|float32_matmul_precision|fp32_precision)", "TF32 / fp32 matmul precision (speed vs bits)"),
     (r"(^|\.)(flags|determinism)(\..*)?$", "determinism / precision flags"),
     (r"(^|\.)(dtype|precision)$", "numeric precision (compute dtype)"),
@@ -69,9 +70,12 @@ _KNOWN: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p), why) for
     (r"(^|\.)(sampler|scheduler|steps|cfg|denoise)$", "sampler settings"),
     (r"(^|\.)(latent_shape|output_shape)$", "another size or batch"),
     (r"(^|\.)batch_invariant(\..*)?$", "batch-invariance policy (free memory / batch composition)"),
-    (r"(^|\.)comfyui$", "ComfyUI's own code changed (e.g. 0.33.0 draws fp16/bf16 noise in float32; docs/compatibility.md)"),
-    (r"(^|\.)dynamic_vram$", "Dynamic VRAM (comfy-aimdo) loads weights another way; upstream reports leaks between runs"),
-    (r"(^|\.)comfy_fast$", "ComfyUI --fast options change kernels (fp16 accumulation, fp8 matmul, cuBLAS ops, autotune)"),
+    (r"(^|\.)comfyui$",
+     "ComfyUI's own code changed (e.g. 0.33.0 draws fp16/bf16 noise in float32; docs/compatibility.md)"),
+    (r"(^|\.)dynamic_vram$",
+     "Dynamic VRAM (comfy-aimdo) loads weights another way; upstream reports leaks between runs"),
+    (r"(^|\.)comfy_fast$",
+     "ComfyUI --fast options change kernels (fp16 accumulation, fp8 matmul, cuBLAS ops, autotune)"),
     (r"(^|\.)fp16_accumulation$", "fp16 accumulation in matmuls (speed vs bits)"),
     (r"(^|\.)comfy_numeric_args(\..*)?$", "ComfyUI dtype / attention switches"),
     (r"(^|\.)comfy_kitchen$", "comfy-kitchen supplies ComfyUI's kernels"),
@@ -133,7 +137,8 @@ def parse_record(record: Mapping[str, Any] | str) -> dict[str, Any]:
     try:
         value = json.loads(record)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"run record is not JSON ({type(e).__name__}: {str(e)[:80]}); got {str(record)[:60]!r}") from e
+        raise ValueError(f"run record is not JSON ({type(e).__name__}: {str(e)[:80]}); "
+                         f"got {str(record)[:60]!r}") from e
     if not isinstance(value, dict):
         raise ValueError(f"run record must be a JSON object, got {type(value).__name__}")
     return value

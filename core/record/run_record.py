@@ -53,7 +53,8 @@ class RunRecord:
         recompiles_this_run: recompiles counted during this run (0 when not compiled).
         seconds: wall time of the sampling call (s); None when not measured.
         model: what was sampled: ``digest`` (64-hex SHA-256 over the diffusion model's weights as sampled,
-            :mod:`core.record.model_identity`), ``tensors``, ``bytes``, and where known ``file`` / ``file_size`` (bytes).
+            :mod:`core.record.model_identity`), ``tensors``, ``bytes``, and where known ``file`` /
+            ``file_size`` (bytes).
         details: path-specific facts (MODEL: per-step noise source, QKV fusion counters; pipeline:
             prompt, source, dtype, LoRA, optimizations, fingerprint digest).
 

@@ -1,10 +1,11 @@
 """What was sampled, for run records: the model's content digest, its file, and the ComfyUI / pack versions.
 
-The digest (:func:`core.record.model_identity.combined_digest`) is the diffusion model's base weights (hashed once per model,
-patched Parameters read from the ModelPatcher's backups) plus its weight patches (LoRA keys, strengths, tensors), so
-a different file, dtype, LoRA or strength is a named cause of a mismatch, and the digest does not depend on how
-ComfyUI loaded the weights (Dynamic VRAM never patches Parameters; legacy lowvram patches only what fits). The file is found by following the workflow's
-``model`` links up to its loader (``ckpt_name`` / ``unet_name``), read from the hidden ``PROMPT``.
+The digest (:func:`core.record.model_identity.combined_digest`) is the diffusion model's base weights (hashed once
+per model, patched Parameters read from the ModelPatcher's backups) plus its weight patches (LoRA keys, strengths,
+tensors), so a different file, dtype, LoRA or strength is a named cause of a mismatch, and the digest does not
+depend on how ComfyUI loaded the weights (Dynamic VRAM never patches Parameters; legacy lowvram patches only what
+fits). The file is found by following the workflow's ``model`` links up to its loader (``ckpt_name`` /
+``unet_name``), read from the hidden ``PROMPT``.
 """
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ def comfy_environment() -> dict[str, Any]:
     (``fast_disk``: disk-backed loading, reported to change outputs, ComfyUI issue 15528), the CUDA-graph switch
     (``cuda_graphs``: ComfyUI's block prefetcher captures CUDA graphs under Dynamic VRAM unless
     ``--disable-cuda-graphs``) and the Comfy Compiler (``comfy_compiler``: ``absent`` / ``on`` / ``off`` /
-    ``disabled``, :func:`nodes.patches.dynamic_vram.comfy_compiler_state`). ``None``: the switch is not in this ComfyUI.
+    ``disabled``, :func:`nodes.patches.dynamic_vram.comfy_compiler_state`). ``None``: the switch is not in this
+    ComfyUI.
     """
     import torch
 
@@ -100,15 +102,16 @@ def model_file(prompt: dict[str, Any] | None, node_id: str | None) -> dict[str, 
 def model_identity_of(patcher: Any) -> dict[str, Any]:
     """The model digest of ``patcher`` (a ModelPatcher): base weights of its diffusion model + its weight patches.
 
-    Base: :func:`core.record.model_identity.module_digest` (cached per module, so a LoRA or strength change does not hash
-    the model again) over every parameter and buffer, a patched one read from ``patcher.backup`` (the original
-    ComfyUI keeps to unpatch). Patches: :func:`core.record.model_identity.patches_digest` of ``patcher.patches`` under
-    ``diffusion_model.``. Call it outside the sampling loop (it reads the whole model the first time)."""
+    Base: :func:`core.record.model_identity.module_digest` (cached per module, so a LoRA or strength change does not
+    hash the model again) over every parameter and buffer, a patched one read from ``patcher.backup`` (the original
+    ComfyUI keeps to unpatch). Patches: :func:`core.record.model_identity.patches_digest` of ``patcher.patches``
+    under ``diffusion_model.``. Call it outside the sampling loop (it reads the whole model the first time)."""
     module = patcher.model.diffusion_model
     backup = getattr(patcher, "backup", None) or {}
 
     def base_tensors():
-        for name, t in [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]:
+        for name, t in [*module.named_parameters(remove_duplicate=False),
+                        *module.named_buffers(remove_duplicate=False)]:
             saved = backup.get(f"diffusion_model.{name}")
             yield name, (saved.weight if saved is not None else t)
 

@@ -11,11 +11,15 @@ Keys used (``remove_*_with_key`` makes re-application idempotent):
 =============================  ==========================================  ======================================
 key                            extension point                             job (module)
 =============================  ==========================================  ======================================
-``steadfast.determinism``      ``WrappersMP.OUTER_SAMPLE``                 apply + restore the policy (:mod:`.determinism`)
-``steadfast.batch_invariant``  ``WrappersMP.CALC_COND_BATCH``              one model call per row (:mod:`.batch_invariance`)
-``steadfast.compile``          ``WrappersMP.APPLY_MODEL``                  swap compiled blocks in/out (:mod:`.compile`)
+``steadfast.determinism``      ``WrappersMP.OUTER_SAMPLE``                 apply + restore the policy
+                                                                           (:mod:`.determinism`)
+``steadfast.batch_invariant``  ``WrappersMP.CALC_COND_BATCH``              one model call per row
+                                                                           (:mod:`.batch_invariance`)
+``steadfast.compile``          ``WrappersMP.APPLY_MODEL``                  swap compiled blocks in/out
+                                                                           (:mod:`.compile`)
 ``steadfast.qkv``              object patches + ``CallbacksMP.ON_PRE_RUN``  fused q/k/v projections (:mod:`.qkv`)
-``steadfast.layout``           ``ON_PRE_RUN`` / ``ON_CLEANUP``             channels-last for the run only (:mod:`.layout`)
+``steadfast.layout``           ``ON_PRE_RUN`` / ``ON_CLEANUP``             channels-last for the run only
+                                                                           (:mod:`.layout`)
 ``steadfast.quantize``         object patches + ``ON_PRE_RUN`` / ``ON_DETACH``  quantized Linears (:mod:`.quantize`)
 =============================  ==========================================  ======================================
 

@@ -102,7 +102,8 @@ def add_attention(model, backend: str, device, dtype: str, compiling: bool) -> S
         plan = plan_attention(model, backend, device)
         set_attention(model, backend)
         return StepReport("attention", True, ["diffusion_model"], {"requested": backend, "sdpa": backend},
-                          lines=[f"attention: PyTorch SDPA, backend {backend} on {device} ({dtype}); {plan.as_text()}"])
+                          lines=[f"attention: PyTorch SDPA, backend {backend} on {device} ({dtype}); "
+                                 f"{plan.as_text()}"])
     if compiling:
         keep_comfy_attention(model)
         return StepReport("attention", True, ["diffusion_model"], {"requested": backend},

@@ -69,7 +69,8 @@ def open_compile_cache(backend: str, name: str = "", inductor_options: dict | No
     cache = compile_cache.open_cache(root, chosen, device=device, inductor_options=inductor_options, source=source,
                                      forbidden=client_writable_dirs())
     if cache is None:
-        return None, f"compile cache {chosen!r} is not usable (see the server log); inductor's default directory applies"
+        return None, (f"compile cache {chosen!r} is not usable (see the server log); "
+                      "inductor's default directory applies")
     line = f"compile cache: {chosen!r} ({source})"
     if cache.messages:
         line += "\n  " + "\n  ".join(cache.messages)
@@ -114,10 +115,12 @@ def add_compile(model, record: CompileRecord, scope: str,
         except registry.RecompileError:
             raise
         except Exception as e:
-            if not torch_compat.is_compile_error(e) or record.options.get("fullgraph"):  # fullgraph: a graph break is an error
+            # fullgraph: a graph break is an error
+            if not torch_compat.is_compile_error(e) or record.options.get("fullgraph"):
                 raise
             # compile failure: fall back to eager, visibly
-            registry.REGISTRY.disable(record, f"{type(e).__name__}: {cache.redact(str(e)) if cache is not None else e}")
+            registry.REGISTRY.disable(record,
+                                      f"{type(e).__name__}: {cache.redact(str(e)) if cache is not None else e}")
             log.warning("Steadfast: compile failed for %s, running it EAGER from now on: %s", record.label, e)
             return executor(*args, **kwargs)
         finally:

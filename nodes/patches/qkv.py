@@ -39,13 +39,16 @@ class FusedQKVCrossAttention(torch.nn.Module):
         self.attn_precision = getattr(inner, "attn_precision", None)
         object.__setattr__(self, "inner", inner)  # not a registered child: no duplicate parameters
 
-    def forward(self, x, context=None, value=None, mask=None, transformer_options={}):
+    def forward(self, x, context=None, value=None, mask=None, transformer_options=None):
+        if transformer_options is None:
+            transformer_options = {}
         q, k, v = qkv_project.fused_project(self.inner, x, context, value)
         if mask is None:
             out = comfy_attention.optimized_attention(q, k, v, self.heads, attn_precision=self.attn_precision,
                                                       transformer_options=transformer_options)
         else:
-            out = comfy_attention.optimized_attention_masked(q, k, v, self.heads, mask, attn_precision=self.attn_precision,
+            out = comfy_attention.optimized_attention_masked(q, k, v, self.heads, mask,
+                                                             attn_precision=self.attn_precision,
                                                              transformer_options=transformer_options)
         return self.to_out(out)
 

@@ -28,10 +28,11 @@ def unpatched_keys(patcher, paths: list[str], layers: list) -> list[str]:
     has patches for but did not apply to the layer's Parameters.
 
     ComfyUI applies a patch to the Parameter only when it loads the module fully (``ModelPatcher.load`` marks it
-    ``comfy_patched_weights`` and keeps the original in ``patcher.backup``); a module without ``comfy_cast_weights`` (a :class:`~core.optimize.quantize.
-    QuantizedLinear`) that does not fit in legacy lowvram, or any such module under Dynamic VRAM
-    (``ModelPatcherDynamic.load``'s plain branch: ``weight.to(device)``), keeps unpatched weights, and a quantized
-    copy built from them would drop the LoRA silently."""
+    ``comfy_patched_weights`` and keeps the original in ``patcher.backup``); a module without
+    ``comfy_cast_weights`` (a :class:`~core.optimize.quantize.QuantizedLinear`) that does not fit in legacy
+    lowvram, or any such module under Dynamic VRAM (``ModelPatcherDynamic.load``'s plain branch:
+    ``weight.to(device)``), keeps unpatched weights, and a quantized copy built from them would drop the LoRA
+    silently."""
     patches = getattr(patcher, "patches", None) or {}
     backup = getattr(patcher, "backup", None) or {}
     missing = []

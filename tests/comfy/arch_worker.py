@@ -15,10 +15,11 @@ Modes::
     python arch_worker.py swaptable [ARCH ...]     # NON_GENERIC_PARENTS against the small models (same archs)
 
 ``structure``: per architecture the declared blocks (:func:`core.compile.blocks.choose_blocks`), their count
-against the count read from the model's own containers, auto-discovery (:func:`core.compile.blocks.choose_blocks` with ``discover=True``)
-and :func:`core.compile.blocks.safe_to_swap`, and whether a chosen block's caller dispatches on its class
-(``caller_dispatch``: :func:`core.compile.blocks.isinstance_dispatch`, the swap table's oracle, read here only).
-Nothing is allocated (meta tensors).
+against the count read from the model's own containers, auto-discovery
+(:func:`core.compile.blocks.choose_blocks` with ``discover=True``) and :func:`core.compile.blocks.safe_to_swap`,
+and whether a chosen block's caller dispatches on its class (``caller_dispatch``:
+:func:`core.compile.blocks.isinstance_dispatch`, the swap table's oracle, read here only). Nothing is allocated
+(meta tensors).
 
 ``swaptable``: :func:`swap_table` (blocks swapped for wrappers that are not instances of their class).
 
@@ -302,7 +303,8 @@ STRUCTURE: dict[str, tuple[str, str, dict[str, Any], dict[str, Callable[[Any], i
 #: value})}``; each is passed only where the running ComfyUI's signature has it (``inspect.signature``).
 OPTIONAL_KWARGS: dict[str, tuple[tuple[str, str], dict[str, Any]]] = {
     # 0.33.0: ChromaRadianceParams gained use_sequential_txt_ids (model_detection: False unless `__sequential__`)
-    "chroma_radiance": (("comfy.ldm.chroma_radiance.model", "ChromaRadianceParams"), {"use_sequential_txt_ids": False}),
+    "chroma_radiance": (("comfy.ldm.chroma_radiance.model", "ChromaRadianceParams"),
+                        {"use_sequential_txt_ids": False}),
 }
 
 
@@ -321,8 +323,9 @@ def accepted_kwargs(arch: str) -> dict[str, Any]:
 #: ComfyUI (``comfyui_version.__version__``) is older and lacks the class, the arch is reported skipped, not failed.
 SINCE: dict[str, str] = {a: "0.33.0" for a in (
     "anima", "ace15", "boogu", "cogvideox", "ernie", "hidream_o1", "ideogram4", "joyimage", "krea2", "lens",
-    "zimage_pixel", "mage_flow", "minimax_h3", "minimax_music3", "pixeldit", "pid", "seedvr2", "trellis2", "triposplat",
-    "wan_causal", "wan_scail", "wan_scail2", "wan_dancer", "wan_animate2", "zimage_omni", "ltxav_switches")}
+    "zimage_pixel", "mage_flow", "minimax_h3", "minimax_music3", "pixeldit", "pid", "seedvr2", "trellis2",
+    "triposplat", "wan_causal", "wan_scail", "wan_scail2", "wan_dancer", "wan_animate2", "zimage_omni",
+    "ltxav_switches")}
 #: Architectures of an older class that need a newer constructor parameter: ``{arch: parameter names}``
 #: (missing where the running ComfyUI is older than ``SINCE``: skipped like a missing class).
 NEEDS_PARAMS: dict[str, tuple[str, ...]] = {"zimage_omni": ("siglip_feat_dim",),
@@ -388,8 +391,8 @@ def structure(arch: str) -> dict[str, Any]:
         since, running = SINCE.get(arch), comfyui_version()
         if since is None or _version_tuple(running) >= _version_tuple(since):
             raise  # should exist here: a real error
-        return {"skipped": f"{arch}: ComfyUI {running} lacks {module}.{name} as this config needs it (the table covers "
-                           f"it from ComfyUI {since}): {type(e).__name__}: {e}"}
+        return {"skipped": f"{arch}: ComfyUI {running} lacks {module}.{name} as this config needs it "
+                           f"(the table covers it from ComfyUI {since}): {type(e).__name__}: {e}"}
     optional = accepted_kwargs(arch)
     with BUILD_CONTEXT.get(arch, contextlib.nullcontext)():
         model = _cls(module, name)(**kwargs, **optional, device="meta", operations=OPS)

@@ -64,7 +64,8 @@ def tiny_ckpt(comfyui_path: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     try:
         return tiny_sd15.cached_tiny_sd15(cache, in_subprocess=True)
     except subprocess.CalledProcessError as exc:
-        raise RuntimeError(f"building the tiny checkpoint failed:\n{exc.stdout[-4000:]}\n{exc.stderr[-4000:]}") from exc
+        raise RuntimeError(f"building the tiny checkpoint failed:\n{exc.stdout[-4000:]}\n"
+                           f"{exc.stderr[-4000:]}") from exc
 
 
 @pytest.fixture(scope="session")

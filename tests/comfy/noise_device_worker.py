@@ -7,7 +7,8 @@ except that ``comfy.sample.sample_custom`` is replaced by a stand-in that does w
 the tensors a noise sampler sees (``outer_sample`` moves ``x`` and ``sigmas`` to the model's device; the
 samplers call ``noise_sampler(sigmas[i], sigmas[i + 1])``) with that device being ``meta`` instead of a GPU,
 and records what the node's noise sampler returned: once with ``sigma`` on ``meta``, once with a ``sigma`` whose
-value is readable but whose ``device`` says ``meta`` (the Brownian tree reads sigma's value, as it can on CUDA). Prints ONE JSON document::
+value is readable but whose ``device`` says ``meta`` (the Brownian tree reads sigma's value, as it can on CUDA).
+Prints ONE JSON document::
 
     python noise_device_worker.py COMFYUI_PATH REPO CHECKPOINT
 """

@@ -1,5 +1,5 @@
-"""Child process for test_optimize_model_plan.py: Optimize Model's plan (validation, ordered steps, step reports) on the
-tiny checkpoint's ModelPatcher, in-process on the CPU, printing one JSON line. Not a test module.
+"""Child process for test_optimize_model_plan.py: Optimize Model's plan (validation, ordered steps, step reports) on
+the tiny checkpoint's ModelPatcher, in-process on the CPU, printing one JSON line. Not a test module.
 
     python tests/comfy/optimize_plan_child.py REPO_ROOT CKPT
 """

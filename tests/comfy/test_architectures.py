@@ -73,8 +73,8 @@ STRUCTURE_ARCHS = [
     "ace", "stable_audio", "kandinsky5", "omnigen2", "stable_cascade_c", "stable_cascade_b",
     # new in ComfyUI 0.33.0 (skipped on older ones)
     "anima", "ace15", "boogu", "cogvideox", "ernie", "hidream_o1", "ideogram4", "joyimage", "krea2", "lens",
-    "zimage_pixel", "mage_flow", "minimax_h3", "minimax_music3", "pixeldit", "pid", "seedvr2", "trellis2", "triposplat",
-    "wan_causal", "wan_scail", "wan_scail2", "wan_dancer", "wan_animate2", "zimage_omni",
+    "zimage_pixel", "mage_flow", "minimax_h3", "minimax_music3", "pixeldit", "pid", "seedvr2", "trellis2",
+    "triposplat", "wan_causal", "wan_scail", "wan_scail2", "wan_dancer", "wan_animate2", "zimage_omni",
     "ltxav_switches",
 ]
 #: ``{arch: text its REGIONAL_UNSUPPORTED reason contains}``
@@ -465,7 +465,8 @@ def test_discovery_descends_past_refused_unwraps_and_drops_small_groups() -> Non
     disc = sblocks.choose_blocks(p, discover=True).discovery
     assert disc.groups == {"Leaf": ["wrapped.0.block", "wrapped.1.block"]}  # Wrapper -> its only child
     assert disc.dropped == {"Linear": pytest.approx(16 / sum(t.numel() for t in p.parameters()), abs=1e-4)}
-    assert sblocks.choose_blocks(p, discover=True, min_param_share=0.0).discovery.groups["Linear"] == ["tiny.0", "tiny.1"]
+    assert (sblocks.choose_blocks(p, discover=True, min_param_share=0.0).discovery.groups["Linear"]
+            == ["tiny.0", "tiny.1"])
     with pytest.raises(ValueError):
         sblocks.choose_blocks(p, discover=True, min_repeats=0)
 

@@ -33,7 +33,8 @@ def _record(server: ComfyServer) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def cache_server(comfyui_path: Path, tiny_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComfyServer]:
+def cache_server(comfyui_path: Path, tiny_ckpt: Path,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComfyServer]:
     with server_with_lora(comfyui_path, tiny_ckpt, tmp_path_factory.mktemp("cache_lora"), LORA) as srv:
         yield srv
 
@@ -65,8 +66,10 @@ def test_cold_then_warm_start_hits_the_cache(cache_server: ComfyServer, cold_war
     # no absolute path and no cache key reach clients (they would say where to plant a poisoned cache)
     state = json.dumps(cache_server.get("/steadfast/compile_state"))
     assert str(cache_server.base_dir) not in state and _key_dirs(cache_server)[0].name not in state
-    assert cold["cache_state"].get("fxgraph_cache_miss", 0) >= 1 and cold["cache_state"].get("fxgraph_cache_hit", 0) == 0
-    assert warm["cache_state"].get("fxgraph_cache_hit", 0) >= 1 and warm["cache_state"].get("fxgraph_cache_miss", 0) == 0
+    assert (cold["cache_state"].get("fxgraph_cache_miss", 0) >= 1
+            and cold["cache_state"].get("fxgraph_cache_hit", 0) == 0)
+    assert (warm["cache_state"].get("fxgraph_cache_hit", 0) >= 1
+            and warm["cache_state"].get("fxgraph_cache_miss", 0) == 0)
     assert "compile cache: " in text(cold_warm["cold"]["entry"], "opt")
     # the same bits before and after the restart (compiled kernels loaded from the cache)
     assert cold_warm["warm"]["hash"] == cold_warm["cold"]["hash"]

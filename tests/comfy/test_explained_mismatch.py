@@ -33,7 +33,8 @@ def graph(threads: int, attention: str, compile: str, seed: int, other_model: bo
     }
     model: list[Any] = ["ckpt", 0]
     if other_model:
-        wf["sub"] = {"class_type": "ModelMergeSubtract", "inputs": {"model1": model, "model2": model, "multiplier": 0.01}}
+        wf["sub"] = {"class_type": "ModelMergeSubtract",
+                     "inputs": {"model1": model, "model2": model, "multiplier": 0.01}}
         model = ["sub", 0]
     if dtype != "default":
         wf["dtype"] = {"class_type": "ModelComputeDtype", "inputs": {"model": model, "dtype": dtype}}
@@ -42,7 +43,8 @@ def graph(threads: int, attention: str, compile: str, seed: int, other_model: bo
                  "inputs": {"model": model, "strict": True, "allow_tf32": False, "num_threads": threads}}
     wf["opt"] = {"class_type": "SteadfastOptimizeModel", "inputs": {
         "model": ["det", 0], "qkv_fusion": False, "channels_last": False, "attention": attention, "compile": compile,
-        "backend": "inductor" if compile != "off" else "eager", "mode": "default", "dynamic": "true", "fullgraph": False}}
+        "backend": "inductor" if compile != "off" else "eager", "mode": "default", "dynamic": "true",
+        "fullgraph": False}}
     wf["samp"] = {"class_type": "SteadfastSeededSampler", "inputs": {
         "model": ["opt", 0], "seed": seed, "steps": 2, "cfg": 6.0, "sampler_name": "euler", "scheduler": "normal",
         "positive": ["pos", 0], "negative": ["neg", 0], "latent_image": ["lat", 0], "denoise": 1.0,

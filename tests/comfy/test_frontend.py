@@ -120,7 +120,8 @@ def describe_diff(got: dict[str, Any], want: dict[str, Any]) -> str:
             lines.append(f"{nid}: class_type {g['class_type']} != {w['class_type']}")
         for k in sorted(set(g["inputs"]) | set(w["inputs"])):
             if g["inputs"].get(k, "<absent>") != w["inputs"].get(k, "<absent>"):
-                lines.append(f"{nid}.{k}: frontend {g['inputs'].get(k, '<absent>')!r} != twin {w['inputs'].get(k, '<absent>')!r}")
+                lines.append(f"{nid}.{k}: frontend {g['inputs'].get(k, '<absent>')!r} "
+                             f"!= twin {w['inputs'].get(k, '<absent>')!r}")
     return "\n".join(lines)
 
 
@@ -157,7 +158,8 @@ def page(browser_ok: None, comfy_server: ComfyServer) -> Iterator[Any]:
             pg.goto(comfy_server.url + "/", wait_until="domcontentloaded")
             pg.wait_for_function("() => !!(window.app && window.app.graph && window.app.canvas)", timeout=60_000)
             exts = pg.evaluate("() => window.app.extensions.map(e => e.name)")
-            assert "comfyui-steadfast.nodes" in exts, f"js/steadfast.js not registered; extensions: {exts}; errors: {errors}"
+            assert "comfyui-steadfast.nodes" in exts, (f"js/steadfast.js not registered; extensions: {exts}; "
+                                                       f"errors: {errors}")
             yield pg
         finally:
             browser.close()
@@ -254,7 +256,8 @@ def test_template_browser_shows_our_pack(page: Any) -> None:
     from PIL import Image
     want = sorted(Image.open(WORKFLOWS / f"{name}.jpg").size for name in TEMPLATES)
     page.wait_for_function(
-        "(n) => [...document.querySelectorAll('[role=dialog] img')].filter(i => i.complete && i.naturalWidth).length >= n",
+        "(n) => [...document.querySelectorAll('[role=dialog] img')]"
+        ".filter(i => i.complete && i.naturalWidth).length >= n",
         arg=len(TEMPLATES))
     shown = page.evaluate("() => [...document.querySelectorAll('[role=dialog] img')]"
                           ".filter(i => i.complete && i.naturalWidth).map(i => [i.naturalWidth, i.naturalHeight])")
@@ -395,7 +398,8 @@ def test_run_from_browser_shows_hash_and_compare(page: Any, comfy_server: ComfyS
     saved = page.evaluate("() => window.app.graph.serialize()")
     page.evaluate("async (wf) => { await window.app.loadGraphData(wf) }", saved)
     reloaded = page.evaluate("(id) => { const n = window.app.graph.getNodeById(+id); return {state: "
-                             "n.steadfast_state ?? null, expected: n.widgets.find(w => w.name === 'expected').value} }",
+                             "n.steadfast_state ?? null, expected: "
+                             "n.widgets.find(w => w.name === 'expected').value} }",
                              hash_id)
     assert reloaded == {"state": None, "expected": digest}
     comfy_server.free()
@@ -501,7 +505,8 @@ def test_vue_nodes_renderer_shows_the_report(page: Any, comfy_server: ComfyServe
         page.wait_for_function(
             "([id, text]) => window.app.graph.getNodeById(+id)?.widgets?.find(w => w.name === 'steadfast_info')"
             "?.value === text", arg=[hash_id, want], timeout=30_000)
-        measure = ("(id) => { const w = window.app.graph.getNodeById(+id).widgets.find(w => w.name === 'steadfast_info');"
+        measure = ("(id) => { const w = window.app.graph.getNodeById(+id)"
+                   ".widgets.find(w => w.name === 'steadfast_info');"
                    " const el = w.element; if (!el) return null; const r = el.getBoundingClientRect();"
                    " return {connected: el.isConnected, w: r.width, h: r.height, text: el.value ?? el.textContent,"
                    " cut: el.scrollHeight - el.clientHeight} }")
@@ -518,9 +523,9 @@ def test_vue_nodes_renderer_shows_the_report(page: Any, comfy_server: ComfyServe
 
 
 def test_graded_verdicts_have_their_own_colour_and_label(page: Any) -> None:
-    """Hash and Compare show the graded verdict (core/record/verdict.py): identical bytes green, the same picture within
-    tolerance blue, a different picture red, and a label above the node names the level (with the PSNR). Fed as
-    ComfyUI's 'executed' message is, through the node's onExecuted."""
+    """Hash and Compare show the graded verdict (core/record/verdict.py): identical bytes green, the same picture
+    within tolerance blue, a different picture red, and a label above the node names the level (with the PSNR). Fed
+    as ComfyUI's 'executed' message is, through the node's onExecuted."""
     load_template(page, api_to_ui.ui_template_name("determinism_check"))
     shown = page.evaluate("""() => {
         const out = [];

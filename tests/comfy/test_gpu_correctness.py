@@ -130,7 +130,8 @@ def lora_file(tiny_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 
 @pytest.fixture(scope="module")
 def gpu_server(comfyui_path: Path, tiny_ckpt: Path, lora_file: Path) -> Iterator[ComfyServer]:
-    with ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path, cpu=False, loras={LORA_NAME: lora_file}) as srv:
+    with ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path, cpu=False,
+                     loras={LORA_NAME: lora_file}) as srv:
         yield srv
 
 
@@ -208,7 +209,8 @@ def test_fp8_unet_attention_auto_on_gpu(comfyui_path: Path, tiny_ckpt: Path) -> 
     wf = workflow("optimized_vs_baseline", steps=2)
     wf["6"]["inputs"]["model"] = ["1", 0]
     wf["13"]["inputs"].update({"model": ["1", 0], "compile": "off", "qkv_fusion": False, "attention": "auto"})
-    with ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path, cpu=False, extra_args=["--fp8_e4m3fn-unet"]) as srv:
+    with ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path, cpu=False,
+                     extra_args=["--fp8_e4m3fn-unet"]) as srv:
         entry = run(srv, only(wf, "14"))
     rec = record_of(entry, "7")
     assert "float8_e4m3fn" in rec["fingerprint"]["dtype"] and rec["fingerprint"]["attention"] == "pytorch_sdpa:auto"

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.comfyui, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-import gpu_protocol
+import gpu_protocol  # noqa: E402 - importable only once benchmarks/ is on sys.path (line above)
 
 #: cases that need a GPU, a C++ compiler run or that only report numbers: not asserted to pass on the CPU
 INFO_ONLY = {"info", "skipped"}
@@ -81,7 +81,8 @@ def test_a_failing_section_is_recorded_and_the_rest_run(tmp_path: Path, monkeypa
     assert res["sections"]["steady_flux"]["status"].startswith("error: over its 1 s budget")
     assert "| steady_flux | - | error: over its 1 s budget" in (tmp_path / "o" / "gpu_protocol.md").read_text()
     # and a budget too small to start anything: every section says so, the files are still written
-    assert gpu_protocol.main(["--smoke", "--budget", "5", "--out", str(tmp_path / "p"), "--work", str(tmp_path / "w")]) == 0
+    assert gpu_protocol.main(["--smoke", "--budget", "5", "--out", str(tmp_path / "p"),
+                              "--work", str(tmp_path / "w")]) == 0
     late = json.loads((tmp_path / "p" / "gpu_protocol.json").read_text())
     assert {s["status"] for s in late["sections"].values()} == {"skipped: out of time"}
     assert "skipped: out of time" in (tmp_path / "p" / "gpu_protocol.md").read_text()

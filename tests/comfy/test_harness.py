@@ -53,7 +53,8 @@ def render(server: ComfyServer, seed: int, text: str) -> tuple[np.ndarray, dict[
 
 
 def pixel_hash(pixels: np.ndarray) -> str:
-    return hashlib.sha256(f"{pixels.dtype}|{pixels.shape}|".encode() + np.ascontiguousarray(pixels).tobytes()).hexdigest()
+    return hashlib.sha256(f"{pixels.dtype}|{pixels.shape}|".encode()
+                          + np.ascontiguousarray(pixels).tobytes()).hexdigest()
 
 
 def cached_nodes(entry: dict[str, Any]) -> list[str]:
@@ -79,7 +80,8 @@ def test_checkpoint_is_detected_as_sd15_with_clip_and_taesd(tiny_ckpt: Path) -> 
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     info = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert (info["model_config"], info["model_type"], info["clip"], info["vae"]) == ("SD15", "EPS", "SD1ClipModel", "TAESD")
+    assert (info["model_config"], info["model_type"], info["clip"], info["vae"]) == ("SD15", "EPS", "SD1ClipModel",
+                                                                                     "TAESD")
     assert info["cond_max_abs_diff"] > 0.1  # two prompts give clearly different text conditioning
     assert info["max_abs_diff_prompt"] > 0.05 and info["max_abs_diff_seed"] > 0.05
     assert info["max_abs_diff_rerun"] == 0.0

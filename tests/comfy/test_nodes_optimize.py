@@ -210,7 +210,8 @@ def lora_workflow() -> dict[str, Any]:
     fused_only = add(wf, "SteadfastOptimizeModel", **dict(wf["13"]["inputs"], attention="comfy", compile="off"))
     wf["s_fused"] = {"class_type": "SteadfastSeededSampler", "inputs": dict(wf["7"]["inputs"], model=[fused_only, 0])}
     wf["s_lora"] = {"class_type": "SteadfastSeededSampler", "inputs": dict(wf["7"]["inputs"], model=[lora_model, 0])}
-    wf["c_fusion"] = {"class_type": "SteadfastCompare", "inputs": {"latent_a": ["s_fused", 0], "latent_b": ["s_lora", 0]}}
+    wf["c_fusion"] = {"class_type": "SteadfastCompare",
+                      "inputs": {"latent_a": ["s_fused", 0], "latent_b": ["s_lora", 0]}}
     wf["c_lora"] = {"class_type": "SteadfastCompare", "inputs": {"latent_a": ["s_lora", 0], "latent_b": ["6", 0]}}
     wf["c_opt"] = {"class_type": "SteadfastCompare", "inputs": {"latent_a": ["7", 0], "latent_b": ["s_lora", 0]}}
     return wf
@@ -282,5 +283,6 @@ def test_compare_tells_a_difference_by_design_from_a_failure(comfy_server: Comfy
     assert lines[0].startswith({"same_picture": "SAME PICTURE", "different_picture": "DIFFERENT PICTURE"}[level])
     assert "decided by PSNR" in lines[0] and lines[1].startswith("different, as expected"), lines
     folded = lines.index("measured on the full output (not what decides):")
-    assert all(line.startswith("  ") for line in lines[folded + 1:] if not line.startswith("run records differ")), lines
+    assert all(line.startswith("  ") for line in lines[folded + 1:]
+               if not line.startswith("run records differ")), lines
     assert sum("PSNR" in line for line in lines[:folded]) == 1, lines  # one PSNR above the fold: the deciding one

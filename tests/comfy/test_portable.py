@@ -109,7 +109,8 @@ def test_golden_portable_hash(portable_hash: tuple[str, dict], comfyui_path: Pat
 
 @pytest.mark.parametrize("caps", [
     {"ONEDNN_MAX_CPU_ISA": "SSE41", "DNNL_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
-    {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX", "DNNL_MAX_CPU_ISA": "AVX512_CORE_AMX", "MKL_ENABLE_INSTRUCTIONS": "AVX512"},
+    {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX", "DNNL_MAX_CPU_ISA": "AVX512_CORE_AMX",
+     "MKL_ENABLE_INSTRUCTIONS": "AVX512"},
 ], ids=["caps-below", "caps-above"])
 def test_portable_hash_holds_under_other_isa_caps(caps: dict, portable_hash: tuple[str, dict],
                                                   comfyui_path: Path, tiny_ckpt: Path, tmp_path: Path) -> None:
@@ -186,7 +187,8 @@ def test_graded_verdicts(two_servers: tuple[ComfyServer, ComfyServer], tmp_path:
     grade = next(g for g in report["grades"] if g["level"] == "same_picture")
     assert grade["verdict"]["psnr"] >= grade["verdict"]["threshold_db"]
     assert any("cpu_settings.mkl_cbwr" in d for d in grade["verdict"]["env_diffs"]), grade
-    print(f"\nother CPU settings: PSNR {grade['verdict']['psnr']:.1f} dB, max |delta| {grade['verdict']['max_abs']:.3g}")
+    print(f"\nother CPU settings: PSNR {grade['verdict']['psnr']:.1f} dB, "
+          f"max |delta| {grade['verdict']['max_abs']:.3g}")
     # the pinned workflow carries the reference: graded by the Hash node itself on the other server
     pinned = json.loads((tmp_path / "pinned.json").read_text())
     assert json.loads(pinned["11"]["inputs"]["expected_reference"])["format"] == "steadfast-thumb/1"

@@ -1,5 +1,5 @@
-"""Tests for core/compile/swap.py, core/compile/guards.py and core/compile/blocks.py: options, guard filters, the block finder,
-lazy regional compile and swap-in.
+"""Tests for core/compile/swap.py, core/compile/guards.py and core/compile/blocks.py: options, guard filters, the
+block finder, lazy regional compile and swap-in.
 
 Plumbing tests use ``backend="eager"`` (Dynamo tracing only, no C++ compiler). One small inductor
 test shows the real thing: identical blocks share one graph and compiled output is run-to-run

@@ -60,7 +60,8 @@ def test_manifest_mismatch_and_corruption_are_moved_aside(tmp_path):
     (cache.path / cc.MANIFEST).write_text(json.dumps(manifest))
     again = cc.open_cache(tmp_path, device="cpu")
     assert again is not None and len(again.messages) == 1
-    assert "made for another environment (differs in torch)" in again.messages[0] and "moved aside" in again.messages[0]
+    assert ("made for another environment (differs in torch)" in again.messages[0]
+            and "moved aside" in again.messages[0])
     assert not (again.path / "fxgraph").exists() and (again.path / cc.MANIFEST).exists()
     assert len(list(cache.root.glob(f"{cache.key}.bad-*"))) == 1  # kept, not deleted
 

@@ -1,8 +1,8 @@
 """Determinism policy: every global flag is set, read back, and restored exactly.
 
 Covers ``core/determinism/apply.py`` (application), ``core/determinism/policy.py`` (policy, description, report),
-``core/determinism/torch_state.py`` (snapshot / restore), ``core/determinism/cublas.py`` and ``core/record/environment.py`` (it reports
-the same flags).
+``core/determinism/torch_state.py`` (snapshot / restore), ``core/determinism/cublas.py`` and
+``core/record/environment.py`` (it reports the same flags).
 """
 from __future__ import annotations
 

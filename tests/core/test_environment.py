@@ -1,4 +1,5 @@
-"""core.record.environment: which settings of the running ComfyUI are known to break run-to-run equality, and explain's labels."""
+"""core.record.environment: which settings of the running ComfyUI are known to break run-to-run equality, and
+explain's labels."""
 from __future__ import annotations
 
 from steadfast.core.record.environment import run_to_run_risks

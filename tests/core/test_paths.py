@@ -80,9 +80,11 @@ def test_posix_roots_with_spaces_are_replaced_whole() -> None:
 def test_windows_roots_with_spaces_backslashes_and_drive_letters() -> None:
     """Windows user folders often hold spaces; a path can come with either separator, in another case, or
     with doubled backslashes (an exception's repr of the path)."""
-    roots = [(r"C:\Users\John Smith\ComfyUI\models\loras", "models/loras"), (r"C:\Users\John Smith\ComfyUI", "ComfyUI")]
+    roots = [(r"C:\Users\John Smith\ComfyUI\models\loras", "models/loras"),
+             (r"C:\Users\John Smith\ComfyUI", "ComfyUI")]
     text = (r"cannot open C:\Users\John Smith\ComfyUI\models\loras\x.safetensors; "
-            r"FileNotFoundError: 'c:\\users\\john smith\\comfyui\\input\\a.png'; see C:/Users/John Smith/ComfyUI/output")
+            r"FileNotFoundError: 'c:\\users\\john smith\\comfyui\\input\\a.png'; "
+            r"see C:/Users/John Smith/ComfyUI/output")
     out = paths.redact(text, roots)
     assert out == ("cannot open models/loras/x.safetensors; FileNotFoundError: 'ComfyUI/input/a.png'; "
                    "see ComfyUI/output"), out

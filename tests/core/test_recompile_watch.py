@@ -108,7 +108,8 @@ def test_flag_change_is_the_recompile_reason(reg):
     assert rec.stats.last_run["recompiles"] == 1 and rec.stats.last_run["reasons"] == [event["reason"]]
     torch.use_deterministic_algorithms(False)
     call(reg, m, rec, x)  # the graph compiled under the old flags is still cached
-    assert len(rec.stats.recompiles) == 1 and rec.stats.last_run["recompiles"] == 0 and rec.stats.last_run["graphs"] == 0
+    assert (len(rec.stats.recompiles) == 1 and rec.stats.last_run["recompiles"] == 0
+            and rec.stats.last_run["graphs"] == 0)
     torch.set_float32_matmul_precision("high")  # Dynamo sees it as "allow_tf32"
     call(reg, m, rec, x)
     assert rec.stats.recompiles[-1]["reason"] == ("global flag changed since compile: "

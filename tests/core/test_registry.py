@@ -63,7 +63,8 @@ def test_record_identity_is_frozen(reg):
 
 
 _STATS = "|".join(f.name for f in dataclasses.fields(CompileStats))
-_WRITE = re.compile(rf"\.stats\.(?:{_STATS})\b\s*(?:[+-]?=(?!=)|\[[^\]]*\]\s*[+-]?=(?!=)|\.(?:append|extend|add|update|clear|pop|discard|remove)\()")
+_WRITE = re.compile(rf"\.stats\.(?:{_STATS})\b\s*(?:[+-]?=(?!=)|\[[^\]]*\]\s*[+-]?=(?!=)|"
+                    r"\.(?:append|extend|add|update|clear|pop|discard|remove)\()")
 
 
 def stats_writes(folders=("core", "nodes", "headless", "benchmarks", "scripts")) -> dict[str, list[int]]:

@@ -87,7 +87,8 @@ def test_pipeline_summary_names_pipeline_lora_and_compile_label() -> None:
                            "lora_events": ["loaded LoRA a.safetensors"]})
     lines = rec.summary_text().splitlines()
     assert lines[0].startswith("image sha256 0000000000000000")
-    assert lines[1].startswith("StableDiffusionPipeline (fp32), scheduler EulerDiscreteScheduler") and "1.50 s" in lines[1]
+    assert (lines[1].startswith("StableDiffusionPipeline (fp32), scheduler EulerDiscreteScheduler")
+            and "1.50 s" in lines[1])
     assert lines[2] == "LoRA a.safetensors: loaded LoRA a.safetensors"
     assert lines[3].startswith("compile StableDiffusionPipeline.unet (regional): warm, 1 graph(s), 1 recompile(s)")
 
@@ -142,7 +143,8 @@ def test_model_record_fields_in_order_and_as_measured_during_sampling() -> None:
     builtin = list(environment_fingerprint())
     assert keys == builtin + ["device", "attention", *HOST, "flags_measured"]  # the JSON's field order
     assert (rec.fingerprint["num_threads"], rec.fingerprint["flags"]) == (99, {"measured": "inside"})
-    assert rec.fingerprint["cpu_settings"] == {"threads": 99} and rec.fingerprint["flags_measured"] == "during sampling"
+    assert (rec.fingerprint["cpu_settings"] == {"threads": 99}
+            and rec.fingerprint["flags_measured"] == "during sampling")
     assert rec.model == {"digest": "d", "file": "m.safetensors"} and rec.recompiles_this_run == 2
     assert rec.batch_seed_mode == "incremental" and rec.details == {"per_step_noise": "cpu"}
     after = _model(during={}, compile="off", batch_seed_mode="comfy")

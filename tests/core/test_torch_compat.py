@@ -198,7 +198,8 @@ def test_log_tap_forwards_messages_and_is_removed_exactly(default_torch_logging)
     logging.getLogger(tc.RECOMPILES_LOGGER).debug("Recompiling function %s", "forward")
     logging.getLogger(tc.CONVERT_FRAME_LOGGER).warning("torch._dynamo hit config.recompile_limit (8)")
     logging.getLogger(tc.CONVERT_FRAME_LOGGER).warning("an unrelated convert_frame message")
-    assert seen == {"recompile": ["Recompiling function forward"], "limit": ["torch._dynamo hit config.recompile_limit (8)"]}
+    assert seen == {"recompile": ["Recompiling function forward"],
+                    "limit": ["torch._dynamo hit config.recompile_limit (8)"]}
     tc.remove_recompile_log_tap(tap)
     assert _logging_state() == before
     tc.remove_recompile_log_tap(tap)  # a second removal changes nothing

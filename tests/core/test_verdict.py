@@ -1,5 +1,6 @@
-"""core/record/verdict.py and core/determinism/portable.py without ComfyUI: thumbnails stay a few KB, the three levels, the exit
-codes, the runner's worst-level report, portable mode's refusals and the explain labels of its settings."""
+"""core/record/verdict.py and core/determinism/portable.py without ComfyUI: thumbnails stay a few KB, the three
+levels, the exit codes, the runner's worst-level report, portable mode's refusals and the explain labels of its
+settings."""
 from __future__ import annotations
 
 import json
