@@ -8,9 +8,9 @@ the tensors a noise sampler sees (``outer_sample`` moves ``x`` and ``sigmas`` to
 samplers call ``noise_sampler(sigmas[i], sigmas[i + 1])``) with that device being ``meta`` instead of a GPU,
 and records what the node's noise sampler returned: once with ``sigma`` on ``meta``, once with a ``sigma`` whose
 value is readable but whose ``device`` says ``meta`` (the Brownian tree reads sigma's value, as it can on CUDA).
-Prints ONE JSON document::
+Prints ONE ``RESULT <json>`` line::
 
-    python noise_device_worker.py COMFYUI_PATH REPO CHECKPOINT
+    COMFYUI_PATH=... python noise_device_worker.py REPO CHECKPOINT   (run by the ``run_child`` fixture)
 """
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ import torch
 
 
 def main() -> int:
-    comfy_path, repo, ckpt = sys.argv[1:4]
-    sys.path.insert(0, comfy_path)
-    import comfy.cli_args
+    repo, ckpt = sys.argv[1:3]
+    sys.path.insert(0, f"{repo}/headless")
+    import tiny_sd15
 
-    comfy.cli_args.args.cpu = True
+    tiny_sd15.import_comfy()  # $COMFYUI_PATH on sys.path, forced to the CPU
     import comfy.k_diffusion.sampling as kds
     import comfy.sample
     import comfy.samplers
@@ -110,7 +110,7 @@ def main() -> int:
             probes[f"{way}/{dtype}"] = {"identical": identical, "equal": torch.equal(ours.view(torch.uint8),
                                                                                   theirs.view(torch.uint8))}
     comfy.sample.prepare_noise_inner = running
-    print(json.dumps({"kinds": kinds, "results": results, "on_gpu": on_gpu, "probes": probes,
+    print("RESULT " + json.dumps({"kinds": kinds, "results": results, "on_gpu": on_gpu, "probes": probes,
                       "default_noise_sampler_file": kds.__file__}))
     return 0
 

@@ -13,10 +13,10 @@ checkpoint is loaded as a real ModelPatcher with its diffusion model replaced by
 and once more like ``own`` with another ``seed`` (the same initial noise): whether the output depends on the
 per-step noise at all (ComfyUI seeds its own noise sampler with ``extra_args["seed"]``).
 
-Prints ONE JSON document ``{name: {"function", "module", "takes_noise_sampler", "built", "own_calls",
+Prints ONE ``RESULT <json>`` line, ``{name: {"function", "module", "takes_noise_sampler", "built", "own_calls",
 "handed_calls", "built_when_handed", "seed_dependent", "pack_kind"}}`` plus the pack's table (``nodes/host/noise``)::
 
-    python noise_table_worker.py COMFYUI_PATH REPO CHECKPOINT
+    COMFYUI_PATH=... python noise_table_worker.py REPO CHECKPOINT   (run by the ``run_child`` fixture)
 """
 from __future__ import annotations
 
@@ -28,11 +28,11 @@ import torch
 
 
 def main() -> int:
-    comfy_path, repo, ckpt = sys.argv[1:4]
-    sys.path.insert(0, comfy_path)
-    import comfy.cli_args
+    repo, ckpt = sys.argv[1:3]
+    sys.path.insert(0, f"{repo}/headless")
+    import tiny_sd15
 
-    comfy.cli_args.args.cpu = True
+    tiny_sd15.import_comfy()  # $COMFYUI_PATH on sys.path, forced to the CPU
     import comfy.k_diffusion.sampling as kds
     import comfy.sample
     import comfy.samplers
@@ -107,7 +107,7 @@ def main() -> int:
             row["seed_dependent"] = not torch.equal(outputs["own"], outputs["own again"])
         row["pack_kind"] = host_noise.noise_kind(comfy.samplers.sampler_object(name))
         out[name] = row
-    print(json.dumps({"samplers": out, "table": host_noise.PER_STEP_NOISE,
+    print("RESULT " + json.dumps({"samplers": out, "table": host_noise.PER_STEP_NOISE,
                       "pack_hands_default": sorted(host_noise.PACK_HANDS_DEFAULT)}))
     return 0
 

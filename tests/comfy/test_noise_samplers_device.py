@@ -9,23 +9,12 @@ subprocess, for every name in ``KSampler.SAMPLERS`` and both seed modes, with th
 """
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-WORKER = Path(__file__).resolve().parent / "noise_device_worker.py"
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def device_runs(comfyui_path, tiny_ckpt):
-    proc = subprocess.run([sys.executable, str(WORKER), str(comfyui_path), str(REPO), str(tiny_ckpt)],
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def device_runs(run_child):
+    return run_child("noise_device_worker.py")
 
 
 @pytest.mark.comfyui

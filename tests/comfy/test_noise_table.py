@@ -9,26 +9,16 @@ handed one is called, and whether the output depends on the per-step noise seed.
 """
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-WORKER = Path(__file__).resolve().parent / "noise_table_worker.py"
-REPO = Path(__file__).resolve().parents[2]
 #: ``"default"`` rows whose default ``eta`` is 0: ComfyUI builds (0.8.0: also calls) a noise sampler and scales its
 #: noise by zero, so the output does not depend on it (a handed one is harmless there).
 ETA_ZERO = {"sample_res_multistep", "sample_res_multistep_cfg_pp"}
 
 
 @pytest.fixture(scope="module")
-def measured(comfyui_path, tiny_ckpt):
-    proc = subprocess.run([sys.executable, str(WORKER), str(comfyui_path), str(REPO), str(tiny_ckpt)],
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def measured(run_child):
+    return run_child("noise_table_worker.py")
 
 
 @pytest.mark.comfyui
