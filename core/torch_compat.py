@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -33,6 +34,7 @@ __all__ = [
     "clear_inductor_caches", "has_fp32_precision_api", "get_fp32_precision", "set_fp32_precision",
     "inductor_deterministic", "set_inductor_deterministic", "RecompileLogTap", "install_recompile_log_tap",
     "remove_recompile_log_tap", "compile_events", "compile_activity", "PROBE_CPU_ISA_ENV", "trusted_cpu_isa",
+    "fast_isa_probe_child",
     "tensor_version", "orig_module", "has_compiled_call", "compiled_call", "set_compiled_call",
 ]
 
@@ -105,20 +107,89 @@ PROBE_CPU_ISA_ENV = "STEADFAST_PROBE_CPU_ISA"
 
 
 def trusted_cpu_isa() -> contextlib.AbstractContextManager[Any]:
-    """Context manager: inductor's ``cpp.vec_isa_ok = True`` inside (torch's ``config.patch``), unless
+    """Context manager: inductor's CPU vector-ISA checks made cheap inside, restored after; a no-op when
     ``$STEADFAST_PROBE_CPU_ISA`` is 1.
 
-    By default inductor checks each vector ISA the CPU reports (AVX512, AVX2 ...) by building and ``dlopen``-ing a
-    C++ test program in a subprocess, once per cache folder. With the flag the base checks trust the CPU's flags
-    (its sub-feature probes, VNNI/BF16/AMX, still run): the same ISA list and pick when the compiler builds them
-    all, in 1.7 s instead of 8.0 s on a 2-core CPU (``tests/core/test_torch_compat.py`` measures and compares
-    both); a compiler that cannot build an ISA makes the compile fail loudly (then set the variable). Caveat:
-    inductor memoises the list for the process, so it stays in force for later compiles in the process.
+    By default inductor checks each vector ISA the CPU reports (AVX512, AVX2 ...) by building a C++ test program and
+    ``dlopen``-ing it in a child Python, once per process. Two changes, both scoped to the block:
+
+    * ``cpp.vec_isa_ok = True`` (torch's ``config.patch``): the base checks trust the CPU's flags. The same ISA list
+      and pick when the compiler builds them all, in 1.7 s instead of 8.0 s on a 2-core CPU
+      (``tests/core/test_torch_compat.py`` measures and compares both); a compiler that cannot build an ISA makes
+      the compile fail loudly (then set the variable).
+    * :func:`fast_isa_probe_child`: the sub-feature probes that still run (VNNI, BF16, AMX, FP16) load their test
+      library in a child that does not ``import torch``, as torch 2.14 does (docs/benchmarks.md section 13: 11
+      children at about 2.2 s each on torch 2.11 made a warm start 2.5x slower).
+
+    Caveat: inductor memoises the ISA list for the process, so it stays in force for later compiles in the process.
+    Raises :class:`TorchAPIMissing` when inductor's config is gone.
     """
     if os.environ.get(PROBE_CPU_ISA_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
         return contextlib.nullcontext()
     cfg = _api("torch._inductor", "config", "skipping inductor's CPU ISA probes")
-    return cfg.patch({"cpp.vec_isa_ok": True})
+    stack = contextlib.ExitStack()
+    stack.enter_context(cfg.patch({"cpp.vec_isa_ok": True}))
+    stack.enter_context(fast_isa_probe_child())
+    return stack
+
+
+#: The child script torch 2.14 runs for an ISA probe (``VecISA._avx_py_load``): ``dlopen`` the test library with
+#: torch's libraries found through ``LD_LIBRARY_PATH`` (no ``import torch``); ``import torch`` only when that fails.
+_ISA_PROBE_CHILD = """
+from ctypes import cdll
+try:
+    cdll.LoadLibrary("__lib_path__")
+except OSError:
+    import torch  # noqa: F401
+    cdll.LoadLibrary("__lib_path__")
+"""
+_ISA_PROBE_LOCK = threading.Lock()
+_isa_probe_patch: dict[str, Any] = {"depth": 0, "saved": None}  # one patch for all threads; the last exit restores
+
+
+@contextlib.contextmanager
+def fast_isa_probe_child() -> Iterator[bool]:
+    """Inside the block, inductor's ISA probe child (``torch._inductor.cpu_vec_isa.VecISA._avx_py_load``, run with
+    the environment of ``cpu_vec_isa.python_subprocess_env``) loads the test library without ``import torch``:
+    torch 2.14's own probe (``_ISA_PROBE_CHILD``, ``torch/lib`` first on the child's ``LD_LIBRARY_PATH``). Yields
+    whether it patched: only on Linux, and only on a torch whose probe child imports torch (2.14 has
+    ``VecISA._build_probe_env`` and needs nothing). Blocks may nest and overlap across threads: the first entry
+    patches, the last exit restores both attributes; this process's environment is never changed. The probe's
+    answer does not change: a library that fails to load without torch is retried with it, and
+    ``tests/core/test_torch_compat.py`` compares the ISA list and pick with and without the patch.
+    """
+    isa = sys.modules.get("torch._inductor.cpu_vec_isa")
+    if isa is None:
+        isa = _api("torch._inductor", "cpu_vec_isa", "making inductor's CPU ISA probes cheap")
+    with _ISA_PROBE_LOCK:
+        if _isa_probe_patch["depth"] == 0:
+            vec, old_env = getattr(isa, "VecISA", None), getattr(isa, "python_subprocess_env", None)
+            if (not sys.platform.startswith("linux") or vec is None or hasattr(vec, "_build_probe_env")
+                    or old_env is None or "import torch" not in str(vec.__dict__.get("_avx_py_load", ""))):
+                patched = False
+            else:
+                lib_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
+
+                def probe_env() -> dict[str, str]:
+                    env = dict(old_env())
+                    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (lib_dir, env.get("LD_LIBRARY_PATH")) if p)
+                    return env
+
+                _isa_probe_patch["saved"] = (vec, vec.__dict__["_avx_py_load"], old_env)
+                vec._avx_py_load, isa.python_subprocess_env = _ISA_PROBE_CHILD, probe_env
+                patched = True
+        else:
+            patched = _isa_probe_patch["saved"] is not None
+        _isa_probe_patch["depth"] += 1
+    try:
+        yield patched
+    finally:
+        with _ISA_PROBE_LOCK:
+            _isa_probe_patch["depth"] -= 1
+            if _isa_probe_patch["depth"] == 0 and _isa_probe_patch["saved"] is not None:
+                vec, old_load, old_env = _isa_probe_patch["saved"]
+                vec._avx_py_load, isa.python_subprocess_env = old_load, old_env
+                _isa_probe_patch["saved"] = None
 
 
 def dynamo_counters() -> dict[str, int]:

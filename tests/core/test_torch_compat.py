@@ -276,8 +276,11 @@ import steadfast.core.torch_compat as tc
 import torch._inductor.config as config
 from torch._inductor import cpu_vec_isa
 t0 = time.perf_counter()
+load_before = cpu_vec_isa.VecISA._avx_py_load
 with tc.trusted_cpu_isa():
     trusted = config.cpp.vec_isa_ok
+    with tc.fast_isa_probe_child() as fast:  # nested: reports the outer block's patch
+        child = cpu_vec_isa.VecISA._avx_py_load
     isas = [str(i) for i in cpu_vec_isa.valid_vec_isa_list()]
     pick = str(cpu_vec_isa.pick_vec_isa())
 seconds = time.perf_counter() - t0
@@ -289,7 +292,11 @@ x = torch.randn(2, 4, 16, 16)
 with tc.trusted_cpu_isa(), torch.no_grad():
     out = torch.compile(net)(x)
     eager = net(x)
-print(json.dumps({"trusted": trusted, "after": config.cpp.vec_isa_ok, "isas": isas, "pick": pick, "seconds": seconds,
+print(json.dumps({"trusted": trusted, "after": config.cpp.vec_isa_ok, "fast": fast,
+                  "child_imports_torch": child.strip().startswith("import torch"),
+                  "restored": cpu_vec_isa.VecISA._avx_py_load is load_before,
+                  "torch_probes_in_process": hasattr(cpu_vec_isa.VecISA, "_build_probe_env"),
+                  "isas": isas, "pick": pick, "seconds": seconds,
                   "out": hashlib.sha256(out.numpy().tobytes()).hexdigest(), "depends_on_input": not torch.equal(
                       out[0], out[1]), "close_to_eager": torch.allclose(out, eager, atol=1e-4)}))
 """
@@ -314,6 +321,9 @@ def test_trusted_cpu_isa_gives_the_probed_isa_list_without_building(tmp_path: Pa
     trusted, probed = _isa_child(tmp_path, probe=False), _isa_child(tmp_path, probe=True)
     assert trusted["trusted"] is True and trusted["after"] is None  # scoped: torch's default (None) after
     assert probed["trusted"] is None  # STEADFAST_PROBE_CPU_ISA=1: inductor probes as by default
+    # torch 2.11's probe child imports torch (2.2 s each); the pack's child does not, and is gone after the block
+    assert not trusted["child_imports_torch"] and trusted["restored"] and probed["restored"]
+    assert probed["fast"] is (not probed["torch_probes_in_process"] and sys.platform == "linux")
     assert trusted["isas"] == probed["isas"] and trusted["pick"] == probed["pick"]
     # the same generated code: a compiled conv/norm net gives the same bytes either way (and is a real computation)
     assert trusted["out"] == probed["out"] and trusted["depends_on_input"] and trusted["close_to_eager"]
