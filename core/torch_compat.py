@@ -34,7 +34,7 @@ __all__ = [
     "clear_inductor_caches", "has_fp32_precision_api", "get_fp32_precision", "set_fp32_precision",
     "inductor_deterministic", "set_inductor_deterministic", "RecompileLogTap", "install_recompile_log_tap",
     "remove_recompile_log_tap", "compile_events", "compile_activity", "PROBE_CPU_ISA_ENV", "trusted_cpu_isa",
-    "fast_isa_probe_child",
+    "fast_isa_probe_child", "COMPILE_STACK_MODULES", "import_compile_stack",
     "tensor_version", "orig_module", "has_compiled_call", "compiled_call", "set_compiled_call",
 ]
 
@@ -190,6 +190,30 @@ def fast_isa_probe_child() -> Iterator[bool]:
                 vec, old_load, old_env = _isa_probe_patch["saved"]
                 vec._avx_py_load, isa.python_subprocess_env = old_load, old_env
                 _isa_probe_patch["saved"] = None
+
+
+#: What ``torch.compile``'s first call imports (Dynamo, AOTAutograd, inductor's lowering and code generation).
+COMPILE_STACK_MODULES = ("torch._dynamo", "torch._inductor.compile_fx")
+
+
+def import_compile_stack() -> float:
+    """Import :data:`COMPILE_STACK_MODULES` now; returns the seconds it took (about 0 when already imported).
+
+    ``torch.compile`` imports them on its first call: 0.74-1.26 s on a 2-core CPU (docs/benchmarks.md section 13),
+    paid by the first prompt that compiles unless something imported them earlier. Raises
+    :class:`TorchAPIMissing` when a module is gone.
+    """
+    import time
+
+    t0 = time.perf_counter()
+    for module in COMPILE_STACK_MODULES:
+        if module not in sys.modules:
+            try:
+                importlib.import_module(module)
+            except ImportError as e:
+                raise TorchAPIMissing(f"preloading the compile stack needs {module}, which torch "
+                                      f"{torch.__version__} does not have ({e})") from e
+    return time.perf_counter() - t0
 
 
 def dynamo_counters() -> dict[str, int]:

@@ -43,6 +43,21 @@ class SteadfastExtension(ComfyExtension):
         return NODES
 
 
+def _preload_compile_stack() -> None:
+    """Warm start (:mod:`core.compile.preload`): import Dynamo and inductor while ComfyUI starts when this server
+    has compiled before; never in portable CPU mode (it refuses inductor)."""
+    import folder_paths
+
+    from ..core.compile import cache_location, preload
+    from ..core.determinism import portable
+
+    if portable.is_portable():
+        return
+    root, _source = cache_location.resolve_root(folder_paths.get_user_directory())
+    preload.preload(root)
+
+
 async def comfy_entrypoint() -> SteadfastExtension:
     register_routes()
+    _preload_compile_stack()
     return SteadfastExtension()

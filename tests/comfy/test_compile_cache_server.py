@@ -44,6 +44,7 @@ def cold_warm(cache_server: ComfyServer) -> dict[str, Any]:
     s = cache_server
     inductor = {"backend": "inductor", "warm": "", "lora": (LORA, 1.0)}
     out: dict[str, Any] = {"cold": go(s, **inductor)}
+    out["cold_warm_start"] = s.get("/steadfast/compile_state")["warm_start"]  # decided when the server started
     out["cold_record"] = _record(s)
     out["strength"] = go(s, **{**inductor, "lora": (LORA, 0.5)})
     t0 = time.perf_counter()
@@ -51,6 +52,7 @@ def cold_warm(cache_server: ComfyServer) -> dict[str, Any]:
     out["restart_seconds"] = time.perf_counter() - t0
     out["warm"] = go(s, **inductor)
     out["warm_record"] = _record(s)
+    out["warm_warm_start"] = s.get("/steadfast/compile_state")["warm_start"]
     return out
 
 
@@ -73,6 +75,11 @@ def test_cold_then_warm_start_hits_the_cache(cache_server: ComfyServer, cold_war
     assert "compile cache: " in text(cold_warm["cold"]["entry"], "opt")
     # the same bits before and after the restart (compiled kernels loaded from the cache)
     assert cold_warm["warm"]["hash"] == cold_warm["cold"]["hash"]
+    # the compile stack is imported at start only by the server that has compiled files to warm-start from
+    assert cold_warm["cold_warm_start"]["compile_stack_preloaded"] is False
+    assert "no compiled files" in cold_warm["cold_warm_start"]["reason"]
+    assert cold_warm["warm_warm_start"]["compile_stack_preloaded"] is True
+    assert cold_warm["warm_warm_start"]["seconds"] > 0
     c, w = cold["first_call_seconds"], warm["first_call_seconds"]
     assert w < c
     print(f"\n[compile cache] inductor regional tiny SD1.5, first call (Warmup, includes compile): cold {c:.2f} s, "
