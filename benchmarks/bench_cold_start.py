@@ -11,16 +11,20 @@ CLIPTextEncode, EmptyLatentImage, KSampler euler, VAEDecode, PreviewImage), the 
 
 Each (config, cache state) runs in a FRESH server process: ``cold`` with empty inductor and Steadfast cache
 folders (the first compile ever on the machine), ``warm`` with the folders the cold server left (a restart).
+After ``steadfast``'s warm server, ``steadfast-artifact``: its compile cache exported as one file (``steadfast
+artifact export``) and a server started on EMPTY cache folders with ``$STEADFAST_COMPILE_ARTIFACT`` naming it
+(another replica of the fleet); its row is "warm".
 The first prompt's wall seconds (queue -> done: model load, compile, sampling, decode) is the number; a second
 prompt with another seed gives the steady-state time. Ratios are printed against ``core`` for the same cache state.
 
 Usage: ``python benchmarks/bench_cold_start.py [--configs eager,core,steadfast,steadfast-probe] [--steps 4]
-[--side 256] [--repeats 1]``
+[--side 256] [--repeats 3]``
 """
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -58,12 +62,20 @@ def workflow(config: str, seed: int, steps: int, side: int) -> dict[str, Any]:
     return wf
 
 
-def one_server(config: str, caches: Path, ckpt: Path, steps: int, side: int) -> tuple[float, float]:
-    """``(first prompt s, second prompt s)`` in a fresh server whose caches live under ``caches``."""
+def one_server(config: str, caches: Path, ckpt: Path, steps: int, side: int,
+               artifact: Path | None = None) -> tuple[float, float]:
+    """``(first prompt s, second prompt s)`` in a fresh server whose caches live under ``caches`` (``artifact``:
+    imported at start, ``$STEADFAST_COMPILE_ARTIFACT``)."""
     env = {"TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"), "STEADFAST_COMPILE_CACHE": str(caches / "steadfast")}
     if config == "steadfast-probe":
         env["STEADFAST_PROBE_CPU_ISA"] = "1"
+    if artifact is not None:
+        env["STEADFAST_COMPILE_ARTIFACT"] = str(artifact)
     with ComfyServer({CKPT: ckpt}, env=env) as server:
+        if artifact is not None:
+            imported = server.get("/steadfast/compile_state").get("artifacts", [])
+            if not any(a.get("imported") for a in imported):
+                raise RuntimeError(f"the artifact was not imported at start: {imported}")
         times = []
         for seed in (1, 2):
             t0 = time.perf_counter()
@@ -77,7 +89,7 @@ def main() -> int:
     ap.add_argument("--configs", default="eager,core,steadfast,steadfast-probe")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--side", type=int, default=256, help="image side in pixels (latent side / 8)")
-    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     t_start = time.perf_counter()
     _common.print_header("Cold and warm first run in ComfyUI: Steadfast regional vs core TorchCompileModel",
@@ -93,21 +105,40 @@ def main() -> int:
                                                                               args.side))
                     print(f"  {config} {state}: first {results[config, state][-1][0]:.1f} s, "
                           f"second {results[config, state][-1][1]:.2f} s", flush=True)
+                if config == "steadfast":  # another replica: empty caches, the artifact of this one
+                    artifact = Path(tmp) / "warm.steadfast.tar.gz"
+                    cli = str(_common.ROOT / "scripts" / "steadfast.py")
+                    subprocess.run([sys.executable, cli, "artifact", "export", "--name", "default", "--cache-root",
+                                    str(Path(tmp) / "steadfast"), "--device", "cpu", "-o", str(artifact)],
+                                   check=True, capture_output=True, timeout=300)
+                    with tempfile.TemporaryDirectory(prefix="bench_cold_replica_") as replica:
+                        key = ("steadfast-artifact", "warm")
+                        results.setdefault(key, []).append(one_server("steadfast", Path(replica), ckpt, args.steps,
+                                                                      args.side, artifact))
+                        print(f"  steadfast-artifact warm: first {results[key][-1][0]:.1f} s, "
+                              f"second {results[key][-1][1]:.2f} s", flush=True)
     rows = []
+    eager = results.get(("eager", "cold"))
+    eager_first = statistics.median(r[0] for r in eager) if eager else None
     for (config, state), runs in results.items():
         first = statistics.median(r[0] for r in runs)
         second = statistics.median(r[1] for r in runs)
         core = results.get(("core", state))
         ratio = first / statistics.median(r[0] for r in core) if core else None
+        if config == "steadfast-artifact":  # against core's warm start: both skip compiling
+            core = results.get(("core", "warm"))
+            ratio = first / statistics.median(r[0] for r in core) if core else None
         cold = results.get((config, "cold"))
         rows.append([config, state, f"{first:.1f}", ", ".join(f"{r[0]:.1f}" for r in runs), f"{second:.2f}",
                      f"{ratio:.2f}" if ratio is not None else "n/a",
-                     f"{first / statistics.median(r[0] for r in cold):.2f}" if state == "warm" and cold else "-"])
+                     f"{first / statistics.median(r[0] for r in cold):.2f}" if state == "warm" and cold else "-",
+                     f"{first / eager_first:.1f}" if eager_first else "n/a"])
     print()
     print(_common.markdown_table(["config", "cache", "first prompt s (median)", "each repeat", "second prompt s",
-                                  "first / core's first", "warm / cold"], rows))
+                                  "first / core's first", "warm / cold", "first / eager's first"], rows))
     print("\nfirst prompt = wall seconds queue -> done in a fresh server (checkpoint load, compile, sampling, "
-          "decode); second prompt = the same workflow with another seed in the same server (no compile).")
+          "decode); second prompt = the same workflow with another seed in the same server (no compile); "
+          "steadfast-artifact is compared with core's warm start.")
     _common.print_footer(t_start)
     return 0
 
