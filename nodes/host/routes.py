@@ -1,9 +1,11 @@
 """HTTP route ``GET /steadfast/compile_state`` (also under ``/api/``): the compile registry as JSON, with
-every path shown relative to ComfyUI's folders (the route needs no login)."""
+every path shown relative to ComfyUI's folders (the route needs no login), and ``artifacts``: the compile artifacts
+imported or refused at start (``$STEADFAST_COMPILE_ARTIFACT``)."""
 from __future__ import annotations
 
 import logging
 
+from ...core.compile.artifact import loaded_artifacts
 from ...core.compile.registry import REGISTRY
 from .public_text import public_value
 
@@ -28,7 +30,8 @@ def register_routes() -> bool:
 
     @instance.routes.get("/steadfast/compile_state")
     async def compile_state(request):
-        return web.json_response(public_value(REGISTRY.as_json()))  # no install path reaches a client
+        state = {**REGISTRY.as_json(), "artifacts": loaded_artifacts()}
+        return web.json_response(public_value(state))  # no install path reaches a client
 
     _registered = True
     return True

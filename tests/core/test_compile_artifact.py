@@ -142,7 +142,8 @@ def _edit_manifest(src: Path, dst: Path, change) -> None:
 
 def test_export_import_round_trip_records_and_keeps(made, tmp_path):
     body = art.inspect_artifact(made)
-    assert body["name"] == "fleet" and set(body["members"]) == set(FILES) and body["fields"]["device"].startswith("cpu")
+    assert body["name"] == "fleet" and set(body["members"]) == set(FILES)
+    assert body["fields"]["device"].startswith("cpu")
     with tarfile.open(made) as tar:
         assert tar.getnames()[0] == art.MANIFEST_MEMBER
     info = art.import_artifact(made, tmp_path / "dst", device="cpu", expected_sha256=art.file_sha256(made))
@@ -160,7 +161,7 @@ def test_unrecorded_and_changed_files_are_not_exported(tmp_path):
     (cache.path / "zz").mkdir()
     (cache.path / "zz" / "planted.so").write_bytes(b"dropped in, never recorded")
     (cache.path / "cd" / "kernel.py").write_bytes(b"CODE")  # recorded, then changed
-    info = art.export_artifact(cache.path, tmp_path / "a.tar")  # a key folder path works too
+    info = art.export_artifact(cache.path, tmp_path / "a.tar", compress=False)  # a key folder path; a plain tar
     assert (info.files, info.unrecorded, info.changed, info.name) == (2, 1, 1, "fleet")
     assert set(art.inspect_artifact(tmp_path / "a.tar")["members"]) == {"fxgraph/ab/entry", "cd/kernel.so"}
 
