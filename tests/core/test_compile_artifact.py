@@ -88,6 +88,8 @@ def test_artifact_from_one_process_warm_starts_another(tmp_path):
     assert warm["outs"] == made["outs"]  # bit-equal to the cold compile
     assert warm["counters"]["fxgraph_cache_hit"] == 1 and warm["counters"]["fxgraph_cache_miss"] == 0
     assert warm["sos"] == made["sos"] and warm["messages"] == []  # no new kernel built, every file trusted
+    again = art.import_artifact(artifact, tmp_path / "two", device="cpu")  # the next start, same root and env
+    assert (again.files, again.written) == (made["exported"]["files"], 0)  # the warm run rewrote none of its files
 
 
 # ---------------------------------------------------------------------------------------------
