@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``steadfast artifact`` parser (subcommands ``export``, ``import``, ``inspect``)."""
     from ..core.compile.presets import PRESET_NAMES
 
-    p = argparse.ArgumentParser(prog="steadfast artifact", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="steadfast artifact", description=__doc__.split("\n\n")[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     e = sub.add_parser("export", help="write a compile cache as one artifact file")

@@ -243,9 +243,9 @@ def _open_manifest(tar: tarfile.TarFile) -> tuple[dict[str, Any], tarfile.TarInf
     return body, first
 
 
-def _tar(path: Path) -> tarfile.TarFile:
+def _tar(path: Path, fileobj: IO[bytes] | None = None) -> tarfile.TarFile:
     try:
-        return tarfile.open(path, mode="r:*")
+        return tarfile.open(path if fileobj is None else None, mode="r:*", fileobj=fileobj)
     except (OSError, tarfile.TarError) as e:
         raise ArtifactRefused(f"{path.name} is not a readable tar ({type(e).__name__})") from None
 
@@ -353,16 +353,23 @@ def _import(p: Path, root: Path, name: str | None, expected_sha256: str | None,
             device: torch.device | str | None, forbidden: tuple[str | os.PathLike[str], ...]) -> ArtifactInfo:
     if not p.is_file():
         raise ArtifactRefused("no such file")
-    digest = file_sha256(p)
-    if expected_sha256 is not None and digest != expected_sha256.strip().lower():
-        raise ArtifactRefused(f"SHA-256 {digest[:16]}... is not the pinned {expected_sha256.strip()[:16]}...; "
-                              "refused (a tampered or other file)")
-    with _tar(p) as tar:
+    with p.open("rb") as fh, contextlib.ExitStack() as stack:  # one open file: the bytes pinned are the bytes read
+        h = hashlib.sha256()
+        while chunk := fh.read(_CHUNK):
+            h.update(chunk)
+        digest = h.hexdigest()
+        if expected_sha256 is not None and digest != expected_sha256.strip().lower():
+            raise ArtifactRefused(f"SHA-256 {digest[:16]}... is not the pinned {expected_sha256.strip()[:16]}...; "
+                                  "refused (a tampered or other file)")
+        fh.seek(0)
+        tar = stack.enter_context(_tar(p, fh))
         body, first = _open_manifest(tar)
         name = body.get("name") if name is None else name
         if not isinstance(name, str) or check_name(name) != name:
             raise ArtifactRefused(f"cache name {str(name)[:80]!r} is not a plain name")
         theirs = body["fields"]
+        if not isinstance(theirs.get("inductor_options", {}), dict):
+            raise ArtifactRefused("its manifest is malformed (inductor_options)")
         if body.get("pack") != __version__:
             raise ArtifactRefused(f"made by Steadfast {body.get('pack')}, this is {__version__}")
         if device is None:
