@@ -1,5 +1,6 @@
-"""The ``steadfast`` command: ``steadfast run WORKFLOW ...`` (headless verifier) and ``steadfast verify ...``
-(diffusers pipelines, :mod:`headless.verify_cli`).
+"""The ``steadfast`` command: ``steadfast run WORKFLOW ...`` (headless verifier), ``steadfast verify ...``
+(diffusers pipelines, :mod:`headless.verify_cli`) and ``steadfast artifact ...`` (compile artifacts,
+:mod:`headless.artifact_cli`).
 
 ``steadfast run WORKFLOW [--server URL ...] [--runs N] [--free-between] [--restart] [--pin OUT.json]
 [--json REPORT] [--ckpt FILE ...]``: WORKFLOW is an API-format JSON or a PNG saved by ComfyUI. Without
@@ -163,16 +164,23 @@ def run_main(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``steadfast run ...`` here; every other subcommand (``verify``, ``tiny-pipeline``) goes to
-    :func:`headless.verify_cli.main`."""
+    """``steadfast run ...`` here, ``steadfast artifact ...`` to :func:`headless.artifact_cli.main`; every other
+    subcommand (``verify``, ``tiny-pipeline``) goes to :func:`headless.verify_cli.main`."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "run":
         return run_main(args[1:])
+    if args and args[0] == "artifact":
+        from .artifact_cli import main as artifact_main
+        return artifact_main(args[1:])
     if not args or args[0] in ("-h", "--help"):
-        print("usage: steadfast {run,verify,tiny-pipeline} ...\n\n  run     run a ComfyUI workflow headless and check "
-              "its hashes (steadfast run --help)\n  verify  self-consistency, parity and speed of optimizations on a "
-              "diffusers pipeline (steadfast verify --help)\n  tiny-pipeline  write a tiny random-weight diffusers "
-              "pipeline folder, e.g. into models/diffusers (steadfast tiny-pipeline --help)")
+        print("usage: steadfast {run,verify,artifact,tiny-pipeline} ...\n\n"
+              "  run     run a ComfyUI workflow headless and check its hashes (steadfast run --help)\n"
+              "  verify  self-consistency, parity and speed of optimizations on a diffusers pipeline "
+              "(steadfast verify --help)\n"
+              "  artifact  export/import/inspect a compile artifact: the warm compile cache as one file for a "
+              "fleet (steadfast artifact --help)\n"
+              "  tiny-pipeline  write a tiny random-weight diffusers pipeline folder, e.g. into models/diffusers "
+              "(steadfast tiny-pipeline --help)")
         return 0 if args else 2
     from .verify_cli import main as core_main
     return core_main(args)

@@ -11,6 +11,7 @@ from .hash_node import SteadfastHash
 from .host.public_text import guard_node
 from .host.routes import register_routes
 from .optimize_node import SteadfastOptimizeModel
+from .patches.compile import load_compile_artifacts
 from .pipeline_nodes import SteadfastLoadDiffusersPipeline, SteadfastPipelineLoRA
 from .pipeline_optimize_node import SteadfastPipelineDeterminismSetup, SteadfastPipelineOptimize
 from .pipeline_sampler_node import SteadfastPipelineSampler, SteadfastPipelineWarmup
@@ -59,5 +60,6 @@ def _preload_compile_stack() -> None:
 
 async def comfy_entrypoint() -> SteadfastExtension:
     register_routes()
+    load_compile_artifacts()  # $STEADFAST_COMPILE_ARTIFACT: the fleet's warm state (a refusal is only logged)
     _preload_compile_stack()
     return SteadfastExtension()

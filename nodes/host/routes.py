@@ -1,11 +1,13 @@
-"""HTTP route ``GET /steadfast/compile_state`` (also under ``/api/``): the compile registry as JSON (plus
-``warm_start``: whether the compile stack was imported at start, :mod:`core.compile.preload`), with every path
-shown relative to ComfyUI's folders (the route needs no login)."""
+"""HTTP route ``GET /steadfast/compile_state`` (also under ``/api/``): the compile registry as JSON, with
+every path shown relative to ComfyUI's folders (the route needs no login), plus ``artifacts`` (the compile artifacts
+imported or refused at start, ``$STEADFAST_COMPILE_ARTIFACT``) and ``warm_start`` (whether the compile stack was
+imported at start, :mod:`core.compile.preload`)."""
 from __future__ import annotations
 
 import logging
 
 from ...core.compile import preload
+from ...core.compile.artifact import loaded_artifacts
 from ...core.compile.registry import REGISTRY
 from .public_text import public_value
 
@@ -30,7 +32,7 @@ def register_routes() -> bool:
 
     @instance.routes.get("/steadfast/compile_state")
     async def compile_state(request):
-        state = {**REGISTRY.as_json(), "warm_start": preload.state()}
+        state = {**REGISTRY.as_json(), "artifacts": loaded_artifacts(), "warm_start": preload.state()}
         return web.json_response(public_value(state))  # no install path reaches a client
 
     _registered = True

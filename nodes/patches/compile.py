@@ -15,6 +15,7 @@ import comfy.model_management
 from comfy.patcher_extension import WrappersMP
 
 from ...core import torch_compat
+from ...core.compile import artifact as compile_artifact
 from ...core.compile import blocks, registry
 from ...core.compile import cache as compile_cache
 from ...core.compile import cache_location as compile_cache_location
@@ -25,8 +26,8 @@ from ...core.compile.swap import swap_in
 from ...core.optimize.plan import OptimizeOptions, StepReport
 from .options import steadfast_options
 
-__all__ = ["KEY_COMPILE", "client_writable_dirs", "open_compile_cache", "add_compile", "compile_model",
-           "compile_state"]
+__all__ = ["KEY_COMPILE", "client_writable_dirs", "open_compile_cache", "load_compile_artifacts", "add_compile",
+           "compile_model", "compile_state"]
 
 log = logging.getLogger("steadfast")
 
@@ -72,9 +73,33 @@ def open_compile_cache(backend: str, name: str = "", inductor_options: dict | No
         return None, (f"compile cache {chosen!r} is not usable (see the server log); "
                       "inductor's default directory applies")
     line = f"compile cache: {chosen!r} ({source})"
+    if (note := compile_artifact.cache_note(chosen)) is not None:
+        line += f"; {note}"
     if cache.messages:
         line += "\n  " + "\n  ".join(cache.messages)
     return cache, line
+
+
+def load_compile_artifacts() -> list[dict]:
+    """Import the compile artifacts named in ``$STEADFAST_COMPILE_ARTIFACT`` (pinned by
+    ``$STEADFAST_COMPILE_ARTIFACT_SHA256``) into the operator's cache root, keyed for ComfyUI's torch device
+    (:func:`core.compile.artifact.load_from_env`); called once when ComfyUI loads the pack. Never raises: a refusal
+    is logged and listed (``GET /steadfast/compile_state``'s ``artifacts``), ComfyUI starts regardless.
+
+    Returns:
+        one dict per artifact: ``status`` "imported" (with counts) or "refused" (with ``reason``); no paths.
+    """
+    if not os.environ.get(compile_artifact.ARTIFACT_ENV, "").strip():
+        return []
+    try:
+        import folder_paths
+        root, source = compile_cache_location.resolve_root(folder_paths.get_user_directory())
+        device = comfy.model_management.get_torch_device()
+        forbidden = client_writable_dirs()
+    except Exception as e:  # never stop ComfyUI from starting
+        log.warning("Steadfast: compile artifacts not loaded (%s: %s)", type(e).__name__, e)
+        return []
+    return compile_artifact.load_from_env(root, device=device, forbidden=forbidden, root_note=source)
 
 
 def add_compile(model, record: CompileRecord, scope: str,
