@@ -34,6 +34,7 @@ __all__ = [
     "inductor_deterministic", "set_inductor_deterministic", "RecompileLogTap", "install_recompile_log_tap",
     "remove_recompile_log_tap", "compile_events", "compile_activity", "PROBE_CPU_ISA_ENV", "trusted_cpu_isa",
     "tensor_version", "orig_module", "has_compiled_call", "compiled_call", "set_compiled_call",
+    "PRECOMPILED_ENV", "aot_compile_support", "aot_compile_enabled", "guard_serialisable",
 ]
 
 #: Names of the settings as messages to users should spell them.
@@ -452,3 +453,72 @@ def remove_recompile_log_tap(tap: RecompileLogTap) -> None:
             internal._init_logs()
     rec_logger.propagate = tap.propagate
     rec_logger.setLevel(tap.level)
+
+
+# ---------------------------------------------------------------------------------------------- AOT compile
+#: Set to 0 by an operator to turn precompiled blocks off (1 turns them on where torch's default is off).
+PRECOMPILED_ENV = "STEADFAST_PRECOMPILED"
+
+
+def aot_compile_support() -> tuple[bool, str]:
+    """Whether this torch can save and load a compiled function (``torch.compile(fn).aot_compile(...)``,
+    ``save_compiled_function``, ``torch.compiler.load_compiled_function``), and whether it does so by default.
+
+    Returns:
+        ``(on, reason)``: ``on`` is True when the APIs exist and ``torch._dynamo.config.enable_aot_compile`` is on by
+        default (torch 2.14); ``reason`` says why not otherwise (torch 2.11 has the APIs behind the flag, and its
+        SD1.5 blocks were measured to save but fail to load: ``empty_strided(): argument 'dtype' must be
+        torch.dtype, not _Missing``, docs/benchmarks.md section 13). ``$STEADFAST_PRECOMPILED`` 0 turns it off, 1
+        turns it on where the APIs exist.
+    """
+    switch = os.environ.get(PRECOMPILED_ENV, "").strip().lower()
+    if switch in ("0", "false", "no", "off"):
+        return False, f"off (${PRECOMPILED_ENV}={switch})"
+    if not hasattr(torch.compiler, "load_compiled_function"):
+        return False, f"torch {torch.version.__version__} has no torch.compiler.load_compiled_function"
+    try:
+        cfg = _api("torch._dynamo", "config", "precompiled blocks (aot_compile)")
+    except TorchAPIMissing as e:
+        return False, str(e)
+    current = getattr(cfg, "enable_aot_compile", None)
+    if current is None:
+        return False, f"torch {torch.version.__version__} has no torch._dynamo.config.enable_aot_compile"
+    if switch in ("1", "true", "yes", "on"):
+        return True, f"on (${PRECOMPILED_ENV}={switch})"
+    if not current:
+        return False, (f"torch {torch.version.__version__}: aot_compile is off by default (enable_aot_compile), and "
+                       "SD1.5 blocks were measured to save but fail to load on torch 2.11; "
+                       f"${PRECOMPILED_ENV}=1 turns it on")
+    return True, "on (torch's default)"
+
+
+def aot_compile_enabled() -> contextlib.AbstractContextManager[Any]:
+    """Context manager: ``torch._dynamo.config.enable_aot_compile = True`` inside (torch's ``config.patch``), so that
+    ``torch.compile(fn)`` made inside offers ``.aot_compile``. Raises :class:`TorchAPIMissing` without the setting."""
+    cfg = _api("torch._dynamo", "config", "precompiled blocks (aot_compile)")
+    if not hasattr(cfg, "enable_aot_compile"):
+        raise TorchAPIMissing(f"precompiled blocks need torch._dynamo.config.enable_aot_compile, which torch "
+                              f"{torch.version.__version__} does not have")
+    return cfg.patch(enable_aot_compile=True)
+
+
+def guard_serialisable(entry: Any) -> bool:
+    """Whether an aot_compile artifact can keep the Dynamo guard ``entry`` (a ``GuardFilterEntry``) and still load.
+
+    False for global guards, the types in ``torch._dynamo.guards.CheckFunctionManager.
+    UNSUPPORTED_SERIALIZATION_GUARD_TYPES``, guards naming ``__closure__``, ``__mro__`` or ``type(`` (the function
+    holding the cell is not saved: load fails with ``'_Missing'``), and TYPE_MATCH/BUILTIN_MATCH guards on a nested
+    class (ComfyUI's ``operations`` layers: not importable by name). Measured on torch 2.11 and 2.14
+    (docs/benchmarks.md section 13). Raises :class:`TorchAPIMissing` when the guard manager class is gone.
+    """
+    manager = _api("torch._dynamo.guards", "CheckFunctionManager", "precompiled blocks (serialisable guards)")
+    unsupported = getattr(manager, "UNSUPPORTED_SERIALIZATION_GUARD_TYPES", ())
+    if getattr(entry, "is_global", False) or getattr(entry, "guard_type", None) in unsupported:
+        return False
+    name = getattr(entry, "name", "")
+    if "__closure__" in name or "__mro__" in name or "type(" in name:
+        return False
+    if getattr(entry, "guard_type", None) in ("TYPE_MATCH", "BUILTIN_MATCH") and getattr(entry, "has_value", False):
+        t = type(entry.value)
+        return t.__qualname__ == t.__name__
+    return True

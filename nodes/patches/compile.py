@@ -107,7 +107,10 @@ def add_compile(model, record: CompileRecord, scope: str,
         def call():
             with registry.REGISTRY.track(record, shape=shape, strict=strict):
                 with swap_in(executor.class_obj, record.compiled):
-                    return executor(*args, **kwargs)
+                    out = executor(*args, **kwargs)
+            if record.precompiled is not None:  # precompiled artifacts for new keys, outside the tracked call
+                record.precompiled.flush()
+            return out
 
         n_messages = len(cache.messages) if cache is not None else 0
         try:
