@@ -210,7 +210,7 @@ def call_key(fingerprint: Mapping[str, Any], static: Mapping[str, Any], args: Se
 
     flags = guarded_flags()
     desc = (tuple(one(i, a) for i, a in enumerate(args)), tuple((k, one(k, v)) for k, v in kwargs.items()),
-            json.dumps(flags, sort_keys=True, default=str), torch_compat.inductor_deterministic())
+            json.dumps(flags, sort_keys=True, default=str), torch_compat.inductor_deterministic(load=True))
     return (id(fingerprint), id(static), desc)
 
 
