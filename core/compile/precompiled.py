@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -188,8 +188,15 @@ def static_fields(options: CompileOptions) -> dict[str, Any]:
     return {"format": KEY_FORMAT, "env": env, "options": options.as_dict()}
 
 
+def flags_text() -> str:
+    """The global torch flags compiled code depends on (:func:`core.compile.recompiles.guarded_flags`, the
+    determinism flags among them) and inductor's ``deterministic`` setting, as canonical JSON (about 60 us)."""
+    return json.dumps([guarded_flags(), torch_compat.inductor_deterministic(load=True)], sort_keys=True, default=str)
+
+
 def call_key(fingerprint: Mapping[str, Any], static: Mapping[str, Any], args: Sequence[Any],
-             kwargs: Mapping[str, Any], code_keys: Sequence[str] = ("optimized_attention_override",)) -> tuple:
+             kwargs: Mapping[str, Any], code_keys: Sequence[str] = ("optimized_attention_override",),
+             flags: str | None = None) -> tuple:
     """The hashable in-memory key of one block call (hash it with :func:`key_digest` for the file name).
 
     Args:
@@ -198,6 +205,7 @@ def call_key(fingerprint: Mapping[str, Any], static: Mapping[str, Any], args: Se
         args, kwargs: the call's arguments (after the contiguous-inputs hook). ``transformer_options`` (a dict
             argument named so, or the last positional dict): its structure, and its code keys by value.
         code_keys: ``transformer_options`` keys described by value (callables by identity).
+        flags: :func:`flags_text`, when the caller has it (computed here otherwise).
     Returns:
         a nested tuple; equal keys mean an equal trace.
     Raises:
@@ -208,9 +216,8 @@ def call_key(fingerprint: Mapping[str, Any], static: Mapping[str, Any], args: Se
             return _transformer_options(v, code_keys)
         return _describe(v, False)
 
-    flags = guarded_flags()
     desc = (tuple(one(i, a) for i, a in enumerate(args)), tuple((k, one(k, v)) for k, v in kwargs.items()),
-            json.dumps(flags, sort_keys=True, default=str), torch_compat.inductor_deterministic(load=True))
+            flags if flags is not None else flags_text())
     return (id(fingerprint), id(static), desc)
 
 
@@ -253,6 +260,8 @@ class PrecompiledState:
     entries: dict[tuple, tuple[str, Any]] = dataclasses.field(default_factory=dict, repr=False)
     load_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
     interned: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+    memo_flags: str | None = dataclasses.field(default=None, repr=False)
+    scoped: int = dataclasses.field(default=0, repr=False)
 
     @classmethod
     def detect(cls) -> PrecompiledState:
@@ -270,6 +279,27 @@ class PrecompiledState:
             if reason is not None and (key or "call") not in self.reasons and len(self.reasons) < 64:
                 self.reasons[key or "call"] = reason
                 log.info("Steadfast precompiled block %s: %s", key or "", reason)
+
+    @contextlib.contextmanager
+    def call_scope(self) -> Iterator[None]:
+        """One model call: the global flags are read once for all its block calls (:func:`flags_text`), not per
+        block; the adapter wraps each ``apply_model`` in it. Not re-entrant across threads (one model call at a
+        time per record, as ComfyUI runs them)."""
+        previous, self.memo_flags = self.memo_flags, None
+        self.scoped += 1
+        try:
+            yield
+        finally:
+            self.scoped -= 1
+            self.memo_flags = previous
+
+    def flags(self) -> str:
+        """:func:`flags_text`, memoised inside :meth:`call_scope`."""
+        if not self.scoped:
+            return flags_text()
+        if self.memo_flags is None:
+            self.memo_flags = flags_text()
+        return self.memo_flags
 
     def intern(self, value: dict[str, Any]) -> dict[str, Any]:
         """The one object equal to ``value`` (JSON-equal) among those interned so far: blocks with equal
@@ -341,7 +371,7 @@ class PrecompiledBlock(nn.Module):
         state, module = self._state, self._orig_mod
         fingerprint, static = self._keys()
         try:
-            key = call_key(fingerprint, static, args, kwargs)
+            key = call_key(fingerprint, static, args, kwargs, flags=state.flags())
         except _NotDescribable as e:
             state.count("fallbacks", None, f"not describable: {e}")
             return self.jit(*args, **kwargs)

@@ -6,6 +6,7 @@ model never compiles again. Key ``steadfast.compile`` (``WrappersMP.APPLY_MODEL`
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
@@ -105,8 +106,9 @@ def add_compile(model, record: CompileRecord, scope: str,
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else None
 
         def call():
+            scope = record.precompiled.call_scope() if record.precompiled is not None else contextlib.nullcontext()
             with registry.REGISTRY.track(record, shape=shape, strict=strict):
-                with swap_in(executor.class_obj, record.compiled):
+                with swap_in(executor.class_obj, record.compiled), scope:
                     out = executor(*args, **kwargs)
             if record.precompiled is not None:  # precompiled artifacts for new keys, outside the tracked call
                 record.precompiled.flush()

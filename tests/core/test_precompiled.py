@@ -38,7 +38,8 @@ def test_callables_are_described_by_code_and_captured_values():
     a, b, c = _closure(2.0), _closure(2.0), _closure(3.0)
     assert a is not b and pc.describe_callable(a) == pc.describe_callable(b)  # same code, same captured value
     assert pc.describe_callable(a) != pc.describe_callable(c)  # same code and name, another captured value
-    assert pc.describe_callable(_closure) != pc.describe_callable(test_callables_are_described_by_code_and_captured_values)
+    other = test_callables_are_described_by_code_and_captured_values
+    assert pc.describe_callable(_closure) != pc.describe_callable(other)
     with pytest.raises(pc._NotDescribable):
         pc.describe_callable(_closure(object()))  # a captured value the key cannot describe
     with pytest.raises(pc._NotDescribable):
@@ -51,8 +52,8 @@ def test_call_key_covers_inputs_callables_and_flags_not_per_step_values():
     fp, static = pc.block_fingerprint(block), pc.static_fields(CompileOptions())
     x = torch.randn(2, 4, 16)
 
-    def key(x=x, **to):
-        return pc.call_key(fp, static, (x,), {"transformer_options": {
+    def key(x=x, flags=None, **to):
+        return pc.call_key(fp, static, (x,), flags=flags, kwargs={"transformer_options": {
             "optimized_attention_override": _closure(1.0), "block_index": 0, "sigmas": torch.tensor([1.0]),
             "uuids": [object()], **to}})
 
@@ -73,12 +74,18 @@ def test_call_key_covers_inputs_callables_and_flags_not_per_step_values():
         torch.use_deterministic_algorithms(previous)
     assert pc.key_digest(fp, static, base) == pc.key_digest(fp, static, key())  # stable text digest
     assert len(pc.key_digest(fp, static, base)) == 32
-    n = 200
+    flags, n = pc.flags_text(), 200
+    assert key(flags=flags) == base
     t0 = time.perf_counter()
     for _ in range(n):
-        key()
+        key(flags=flags)
     us = (time.perf_counter() - t0) / n * 1e6
-    print(f"\n[precompiled] call key: {us:.0f} us per block call (this machine, shared)")
+    t0 = time.perf_counter()
+    for _ in range(n):
+        pc.flags_text()
+    flags_us = (time.perf_counter() - t0) / n * 1e6
+    print(f"\n[precompiled] call key: {us:.0f} us per block call, + {flags_us:.0f} us once per model call for the "
+          "flags (this machine, shared)")
     assert us < 5000
 
 
