@@ -108,8 +108,9 @@ def _describe_tensor(t: torch.Tensor) -> tuple:
 
 def _describe(v: Any, code_key: bool) -> Any:
     """Hashable description of one call value. ``code_key``: inside a ``transformer_options`` key whose guards the
-    jit keeps (patches, attention override): leaves by value; elsewhere ints/floats/strings by type (the jit
-    guard filter drops their guards there, and so does the precompiled one)."""
+    jit keeps (patches, attention override): leaves by value, callables by :func:`describe_callable`; elsewhere
+    ints/floats/strings by type and callables by name (the jit guard filter drops their guards there, and so does
+    the precompiled one)."""
     if isinstance(v, torch.Tensor):
         return _describe_tensor(v)
     if isinstance(v, bool) or v is None:
@@ -122,8 +123,10 @@ def _describe(v: Any, code_key: bool) -> Any:
         return (type(v).__name__, tuple(_describe(x, code_key) for x in v))
     if isinstance(v, torch.dtype | torch.device):
         return str(v)
-    if callable(v):
+    if callable(v) and code_key:
         return ("F", describe_callable(v))
+    if callable(v):  # outside the code keys (ComfyUI's wrappers, callbacks): the jit drops their guards too
+        return ("F", getattr(v, "__module__", None), getattr(v, "__qualname__", type(v).__qualname__))
     if not code_key:
         return ("O", type(v).__module__, type(v).__qualname__)
     raise _NotDescribable(f"{type(v).__qualname__} in transformer_options' code keys")
@@ -214,7 +217,7 @@ def call_key(fingerprint: Mapping[str, Any], static: Mapping[str, Any], args: Se
     def one(name: Any, v: Any) -> Any:
         if isinstance(v, dict) and (name == "transformer_options" or "optimized_attention_override" in v):
             return _transformer_options(v, code_keys)
-        return _describe(v, False)
+        return _describe(v, True)  # an argument of the block: the jit keeps its guards
 
     desc = (tuple(one(i, a) for i, a in enumerate(args)), tuple((k, one(k, v)) for k, v in kwargs.items()),
             flags if flags is not None else flags_text())

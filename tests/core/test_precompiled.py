@@ -63,6 +63,10 @@ def test_call_key_covers_inputs_callables_and_flags_not_per_step_values():
     assert key(extra=1) != base  # structure: a new key (the jit guards on the dict's keys)
     assert key(x=x.bfloat16()) != base and key(x=torch.randn(2, 5, 16)) != base
     assert key(x=x.transpose(0, 1).contiguous().transpose(0, 1)) != base  # strides
+    assert key(wrappers={"f": [_closure(object())]}) == key(wrappers={"f": [_closure(2.0)]})  # not a code key
+    assert pc.call_key(fp, static, (x, 3), {}) != pc.call_key(fp, static, (x, 4), {})  # an int argument: by value
+    with pytest.raises(pc._NotDescribable):
+        pc.call_key(fp, static, (x, object()), {})
     with pytest.raises(pc._NotDescribable, match="patches"):
         key(patches={"attn1_patch": [_closure(1.0)]})
     assert key(patches={}) != base and key(patches={}) == key(patches={})  # empty: described, no route refusal
