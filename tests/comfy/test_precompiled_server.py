@@ -5,8 +5,8 @@ The first server process runs the jit and saves the artifacts; after a restart t
 (torch 2.14: on by default) with the same bytes as the jit-run, and a LoRA strength changed after the load (weights,
 inputs of the artifact, changed in place) gives the jit's bytes for that strength. An artifact not recorded by the
 pack is never loaded: the fallback and its reason are in the compile state and the run record. On torch 2.11 the
-route is off by default (the reason is in the compile state); forced on, its SD1.5 artifacts fail to load, and that
-fallback is recorded with the same bytes.
+route is off by default (the reason: tests/core/test_precompiled.py); forced on here, its SD1.5 artifacts fail to
+load, and that fallback is recorded with the same bytes.
 """
 from __future__ import annotations
 
@@ -75,8 +75,3 @@ def test_precompiled_warm_start_is_bit_equal_and_fallbacks_are_visible(comfyui_p
         assert again["hash"] == cold["hash"] and state["loads"] == state["hits"] == 0
         reasons = again["compile"]["precompiled"]["reasons"]
         assert reasons and all("not written while Steadfast watched" in r for r in reasons.values())
-    if not ON_BY_DEFAULT:
-        with server_with_lora(comfyui_path, tiny_ckpt, tmp_path / "off", LORA) as s:
-            go(s, **run, lora=(LORA, 1.0))
-            off = _record(s)["precompiled"]
-            assert off["enabled"] is False and "enable_aot_compile" in off["reason"] and off["saves"] == 0

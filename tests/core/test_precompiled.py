@@ -107,6 +107,8 @@ def test_switch_and_support(monkeypatch):
     monkeypatch.delenv(torch_compat.PRECOMPILED_ENV)
     on, why = torch_compat.aot_compile_support()
     assert on is bool(torch._dynamo.config.enable_aot_compile) and why  # torch's default decides (2.14: on)
+    if not on:  # torch 2.11: off, the reason in the compile state
+        assert "enable_aot_compile" in why and "fail to load" in why and pc.PrecompiledState.detect().reason == why
     monkeypatch.setenv(torch_compat.PRECOMPILED_ENV, "1")
     assert torch_compat.aot_compile_support()[0] is True
 
