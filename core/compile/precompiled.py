@@ -103,7 +103,8 @@ def _describe_value(v: Any) -> str:
 
 
 def _describe_tensor(t: torch.Tensor) -> tuple:
-    return ("T", tuple(t.shape), tuple(t.stride()), str(t.dtype), str(t.device), t.requires_grad)
+    return ("T", type(t).__qualname__, tuple(t.shape), tuple(t.stride()), str(t.dtype), str(t.device),
+            t.requires_grad, t.is_inference())
 
 
 def _describe(v: Any, code_key: bool) -> Any:
@@ -183,12 +184,13 @@ def block_fingerprint(module: nn.Module) -> dict[str, Any]:
             "files": files}
 
 
-def static_fields(options: CompileOptions) -> dict[str, Any]:
-    """The process-constant part of the key: torch/triton/python/device fields of the cache key, and the compile
-    options (the inductor preset is in ``options.options``)."""
+def static_fields(options: CompileOptions, guard_filter_fn: GuardFilterFn | None = None) -> dict[str, Any]:
+    """The process-constant part of the key: torch/triton/python fields of the cache key, the compile options (the
+    inductor preset is in ``options.options``) and the jit's guard filter (its ``repr``: the filters are frozen
+    dataclasses)."""
     env = compile_cache.cache_key_fields("cpu")
     env.pop("device", None)  # the call's devices are in the call description; the cache folder's key has the ISA
-    return {"format": KEY_FORMAT, "env": env, "options": options.as_dict()}
+    return {"format": KEY_FORMAT, "env": env, "options": options.as_dict(), "guard_filter": repr(guard_filter_fn)}
 
 
 def flags_text() -> str:
@@ -347,6 +349,7 @@ class PrecompiledBlock(nn.Module):
         self.jit = jit
         object.__setattr__(self, "_state", state)
         object.__setattr__(self, "_options", options)
+        object.__setattr__(self, "_jit_filter", guard_filter_fn)
         object.__setattr__(self, "_aot_filter", aot_guard_filter(guard_filter_fn))
         object.__setattr__(self, "_contexts", tuple(contexts))
         object.__setattr__(self, "_prepare", prepare)
@@ -367,7 +370,7 @@ class PrecompiledBlock(nn.Module):
     def _keys(self) -> tuple[dict, dict]:
         if self._fingerprint is None:  # equal blocks share one fingerprint object, hence keys and artifacts
             object.__setattr__(self, "_fingerprint", self._state.intern(block_fingerprint(self._orig_mod)))
-            object.__setattr__(self, "_static", self._state.intern(static_fields(self._options)))
+            object.__setattr__(self, "_static", self._state.intern(static_fields(self._options, self._jit_filter)))
         return self._fingerprint, self._static
 
     def _route(self, cache: compile_cache.CompileCache, args: tuple, kwargs: dict) -> Any:

@@ -77,6 +77,9 @@ def test_call_key_covers_inputs_callables_and_flags_not_per_step_values():
     finally:
         torch.use_deterministic_algorithms(previous)
     assert pc.key_digest(fp, static, base) == pc.key_digest(fp, static, key())  # stable text digest
+    other_filter = pc.static_fields(CompileOptions(), comfy_guard_filter(code_keys=("patches",)))
+    assert pc.key_digest(fp, other_filter, base) != pc.key_digest(fp, static, base)
+    assert pc.key_digest(fp, pc.static_fields(CompileOptions(dynamic=True)), base) != pc.key_digest(fp, static, base)
     assert len(pc.key_digest(fp, static, base)) == 32
     flags, n = pc.flags_text(), 200
     assert key(flags=flags) == base
