@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from .. import torch_compat
+from ..failures import passes_through
 from . import cache as compile_cache
 from .guards import GuardFilterFn
 from .options import CompileOptions
@@ -397,8 +398,16 @@ class PrecompiledBlock(nn.Module):
             else:
                 why = "torch's guard_check failed for a call with the same key"
             if ok:
-                state.count("hits")
-                return fn(module, *args, **kwargs)
+                try:
+                    out = fn(module, *args, **kwargs)
+                except Exception as e:
+                    if passes_through(e):  # an interrupt or out-of-memory reaches ComfyUI unchanged
+                        raise
+                    state.entries[memo_key] = ("jit", None)  # this key runs the jit from now on
+                    why = f"the precompiled call raised {type(e).__name__}: {str(e)[:200]}"
+                else:
+                    state.count("hits")
+                    return out
             state.count("fallbacks", key_digest(fingerprint, static, key)[:12], why)
             return self.jit(*args, **kwargs)
         out = self.jit(*args, **kwargs)

@@ -217,3 +217,43 @@ def test_an_unrecorded_artifact_is_never_loaded(cold, tmp_path):
     w = _child(copy, "cold")
     assert w["out"] == c["out"] and w["state"]["loads"] == w["state"]["hits"] == 0
     assert any("not written while Steadfast watched" in r for r in w["state"]["reasons"].values())
+
+
+def test_a_failing_precompiled_call_falls_back_to_the_jit(tmp_path, monkeypatch):
+    """guard_check passes but the artifact raises: the jit answers (same bytes as the jit alone), the key runs the
+    jit from then on, the reason is recorded; an out-of-memory error passes through unchanged."""
+    from tiny_modules import Block
+
+    class Broken:
+        calls = 0
+
+        def guard_check(self, *a, **k):
+            return True
+
+        def __call__(self, *a, **k):
+            Broken.calls += 1
+            raise RuntimeError("kernel failed")
+
+    block = Block()
+    jit = torch.compile(block, backend="eager")
+    state = pc.PrecompiledState(True, "test")
+    routed = pc.wrap(block, jit, CompileOptions(backend="eager"), comfy_guard_filter(), state)
+    monkeypatch.setattr(pc.PrecompiledBlock, "_load", lambda self, *a: ("aot", Broken()))
+    cache = cc.open_cache(tmp_path, device="cpu")
+    x = torch.randn(2, 3, 16)
+    with torch.no_grad(), cache.activate():
+        got, again = routed(x), routed(x)
+        assert torch.equal(got, jit(x)) and torch.equal(again, got)
+    assert Broken.calls == 1 and state.hits == 0 and state.fallbacks == 2
+    assert any("RuntimeError: kernel failed" in r for r in state.reasons.values())
+
+    class OutOfMemory(Broken):
+        def __call__(self, *a, **k):
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    state2 = pc.PrecompiledState(True, "test")
+    routed2 = pc.wrap(block, jit, CompileOptions(backend="eager"), comfy_guard_filter(), state2)
+    monkeypatch.setattr(pc.PrecompiledBlock, "_load", lambda self, *a: ("aot", OutOfMemory()))
+    with torch.no_grad(), cache.activate(), pytest.raises(RuntimeError, match="out of memory"):
+        routed2(x)
+    assert state2.fallbacks == 0
