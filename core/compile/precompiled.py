@@ -276,6 +276,14 @@ class PrecompiledState:
         return cls(on, why)
 
     def count(self, what: str, key: str | None = None, reason: str | None = None, seconds: float = 0.0) -> None:
+        """Add one to a counter, keep the first ``reason`` per key (at most 64 keys; logged at INFO).
+
+        Args:
+            what: "hits", "loads", "saves" or "fallbacks".
+            key: the key digest's first 12 hex digits, or None for a call without a key ("call").
+            reason: why the jit answered (fallbacks), None otherwise.
+            seconds: wall seconds of a load or save (summed in ``load_seconds`` / ``save_seconds``).
+        """
         with self.lock:
             setattr(self, what, getattr(self, what) + 1)
             if what == "saves":
