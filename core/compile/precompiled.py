@@ -402,7 +402,7 @@ class PrecompiledBlock(nn.Module):
             try:
                 ok = fn.guard_check(module, *args, **kwargs)
             except Exception as e:  # noqa: BLE001 (any failure: the jit answers)
-                ok, why = False, f"guard_check raised {type(e).__name__}: {str(e)[:200]}"
+                ok, why = False, f"guard_check raised {type(e).__name__}: {cache.redact(str(e))[:200]}"
             else:
                 why = "torch's guard_check failed for a call with the same key"
             if ok:
@@ -412,7 +412,7 @@ class PrecompiledBlock(nn.Module):
                     if passes_through(e):  # an interrupt or out-of-memory reaches ComfyUI unchanged
                         raise
                     state.entries[memo_key] = ("jit", None)  # this key runs the jit from now on
-                    why = f"the precompiled call raised {type(e).__name__}: {str(e)[:200]}"
+                    why = f"the precompiled call raised {type(e).__name__}: {cache.redact(str(e))[:200]}"
                 else:
                     state.count("hits")
                     return out
@@ -444,7 +444,8 @@ class PrecompiledBlock(nn.Module):
         try:
             fn = torch.compiler.load_compiled_function(io.BytesIO(data))
         except Exception as e:  # noqa: BLE001 (a load failure is a recorded fallback, never an error)
-            self._state.count("fallbacks", digest[:12], f"load failed: {type(e).__name__}: {str(e)[:200]}")
+            why = f"load failed: {type(e).__name__}: {cache.redact(str(e))[:200]}"
+            self._state.count("fallbacks", digest[:12], why)
             return "jit", None
         self._state.count("loads", seconds=time.perf_counter() - t0)
         return "aot", fn
@@ -467,7 +468,8 @@ class PrecompiledBlock(nn.Module):
                     data = f.read()
             cache.write_recorded(f"{PRECOMPILED_DIR}/{digest}.pt2", data)
         except Exception as e:  # noqa: BLE001 (a save failure is a recorded fallback, never an error)
-            self._state.count("fallbacks", digest[:12], f"save failed: {type(e).__name__}: {str(e)[:200]}")
+            why = f"save failed: {type(e).__name__}: {cache.redact(str(e))[:200]}"
+            self._state.count("fallbacks", digest[:12], why)
             return
         self._state.count("saves", seconds=time.perf_counter() - t0)
 
