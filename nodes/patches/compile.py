@@ -185,6 +185,11 @@ def compile_model(model, options: OptimizeOptions) -> StepReport:
     step = add_compile(model, record, options.scope, cache, strict=options.strict_recompiles,
                        inductor_preset=options.inductor_preset)
     lines.append(cache_line)
+    if cache is not None and record.precompiled is not None:
+        pre = record.precompiled
+        lines.append(f"  precompiled blocks: {'on' if pre.enabled else 'off'}, {pre.reason} (loaded from and saved to "
+                     "this cache; any difference from what a block was precompiled for runs the jit, with the reason "
+                     "in the compile state)")
     if options.attention == "comfy":
         lines.append("WARNING: compiling with ComfyUI's own attention (sub_quad on CPU) graph-breaks and "
                      "recompiles often (measured: 15 graphs, 9 recompiles in 4 steps); pick an SDPA backend")
