@@ -34,7 +34,7 @@ __all__ = [
     "inductor_deterministic", "set_inductor_deterministic", "RecompileLogTap", "install_recompile_log_tap",
     "remove_recompile_log_tap", "compile_events", "compile_activity", "PROBE_CPU_ISA_ENV", "trusted_cpu_isa",
     "tensor_version", "orig_module", "has_compiled_call", "compiled_call", "set_compiled_call",
-    "PRECOMPILED_ENV", "aot_compile_support", "aot_compile_enabled", "guard_serialisable",
+    "PRECOMPILED_ENV", "aot_compile_support", "aot_compile_enabled", "guard_serialisable", "portable_guard_state",
 ]
 
 #: Names of the settings as messages to users should spell them.
@@ -462,14 +462,13 @@ PRECOMPILED_ENV = "STEADFAST_PRECOMPILED"
 
 def aot_compile_support() -> tuple[bool, str]:
     """Whether this torch can save and load a compiled function (``torch.compile(fn).aot_compile(...)``,
-    ``save_compiled_function``, ``torch.compiler.load_compiled_function``), and whether it does so by default.
+    ``save_compiled_function``, ``torch.compiler.load_compiled_function``, the setting
+    ``torch._dynamo.config.enable_aot_compile``).
 
     Returns:
-        ``(on, reason)``: ``on`` is True when the APIs exist and ``torch._dynamo.config.enable_aot_compile`` is on by
-        default (torch 2.14); ``reason`` says why not otherwise (torch 2.11 has the APIs behind the flag, and its
-        SD1.5 blocks were measured to save but fail to load: ``empty_strided(): argument 'dtype' must be
-        torch.dtype, not _Missing``, docs/benchmarks.md section 13). ``$STEADFAST_PRECOMPILED`` 0 turns it off, 1
-        turns it on where the APIs exist.
+        ``(on, reason)``: on when the APIs exist (torch 2.11 and 2.14; 2.11's default for the setting is off,
+        the pack turns it on while saving: :func:`aot_compile_enabled`) unless ``$STEADFAST_PRECOMPILED`` is 0;
+        ``reason`` says which.
     """
     switch = os.environ.get(PRECOMPILED_ENV, "").strip().lower()
     if switch in ("0", "false", "no", "off"):
@@ -485,11 +484,8 @@ def aot_compile_support() -> tuple[bool, str]:
         return False, f"torch {torch.version.__version__} has no torch._dynamo.config.enable_aot_compile"
     if switch in ("1", "true", "yes", "on"):
         return True, f"on (${PRECOMPILED_ENV}={switch})"
-    if not current:
-        return False, (f"torch {torch.version.__version__}: aot_compile is off by default (enable_aot_compile), and "
-                       "SD1.5 blocks were measured to save but fail to load on torch 2.11; "
-                       f"${PRECOMPILED_ENV}=1 turns it on")
-    return True, "on (torch's default)"
+    return True, "on (torch's default)" if current else (
+        f"on (torch {torch.version.__version__}: enable_aot_compile turned on while saving)")
 
 
 def aot_compile_enabled() -> contextlib.AbstractContextManager[Any]:
@@ -522,3 +518,38 @@ def guard_serialisable(entry: Any) -> bool:
         t = type(entry.value)
         return t.__qualname__ == t.__name__
     return True
+
+
+@contextlib.contextmanager
+def portable_guard_state() -> Iterator[None]:
+    """Context manager for saving an ``aot_compile`` artifact: interned immutable values (small ints, floats,
+    strings, bools, None, ``torch.dtype``, ``torch.device``) are pickled as themselves in the guard state.
+
+    torch's ``torch._dynamo.guards.GuardsStatePickler`` replaces, by object id, every value of the traced frame
+    that no kept guard reached (``missing_values``) with ``_Missing``. With a guard filter that drops the per-step
+    entries of ComfyUI's ``transformer_options`` (``original_shape`` = ``[2, 4, 16, 16]``...), the small ints
+    there share their id with every other 2, 4 or 16 of the guard state (tensor sizes among them), and so does a
+    module attribute holding ``torch.float32`` with every float32 tensor's dtype: the artifact then fails to load
+    (``empty_strided(): argument 'dtype' must be torch.dtype, not _Missing``; torch 2.11 with ComfyUI 0.33's SD1.5,
+    and torch 2.11 and 2.14 with ``tests/fixtures/precompiled_child.py``'s block).
+    Inside the block, ``GuardsStatePickler.reducer_override`` pickles those types normally (their value is the
+    same object everywhere); everything else is unchanged. The class attribute is put back in ``finally``;
+    process-wide while active. Raises :class:`TorchAPIMissing` when the pickler class or method is gone.
+    """
+    pickler = _api("torch._dynamo.guards", "GuardsStatePickler", "precompiled blocks (guard state pickling)")
+    original = pickler.__dict__.get("reducer_override")
+    if original is None:
+        raise TorchAPIMissing(f"torch {torch.version.__version__}: torch._dynamo.guards.GuardsStatePickler has no "
+                              "reducer_override (precompiled blocks)")
+    immutable = (int, float, bool, str, type(None), torch.dtype, torch.device)
+
+    def reducer_override(self: Any, obj: Any) -> Any:
+        if type(obj) in immutable and id(obj) in getattr(self, "missing_values", ()):
+            return NotImplemented  # pickle's own reduction: the value itself
+        return original(self, obj)
+
+    pickler.reducer_override = reducer_override
+    try:
+        yield
+    finally:
+        pickler.reducer_override = original

@@ -456,16 +456,16 @@ class PrecompiledBlock(nn.Module):
         module, t0 = self._orig_mod, time.perf_counter()
         try:
             with contextlib.ExitStack() as stack:
-                for context in (*self._contexts, torch_compat.aot_compile_enabled):
+                for context in (*self._contexts, torch_compat.aot_compile_enabled, torch_compat.portable_guard_state):
                     stack.enter_context(context())
                 compiled = torch.compile(type(module).forward, **{
                     **self._options.to_kwargs(self._aot_filter), "fullgraph": True})
                 aot = compiled.aot_compile(((module, *args), kwargs))
-            with tempfile.TemporaryDirectory() as tmp:
-                path = os.path.join(tmp, "a.pt2")
-                aot.save_compiled_function(path)
-                with open(path, "rb") as f:
-                    data = f.read()
+                with tempfile.TemporaryDirectory() as tmp:
+                    path = os.path.join(tmp, "a.pt2")
+                    aot.save_compiled_function(path)
+                    with open(path, "rb") as f:
+                        data = f.read()
             cache.write_recorded(f"{PRECOMPILED_DIR}/{digest}.pt2", data)
         except Exception as e:  # noqa: BLE001 (a save failure is a recorded fallback, never an error)
             why = f"save failed: {type(e).__name__}: {cache.redact(str(e))[:200]}"

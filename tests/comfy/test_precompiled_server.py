@@ -2,11 +2,10 @@
 compile, the persistent compile cache (default name), Warmup.
 
 The first server process runs the jit and saves the artifacts; after a restart the blocks are answered by them
-(torch 2.14: on by default) with the same bytes as the jit-run, and a LoRA strength changed after the load (weights,
+(on by default, both rows) with the same bytes as the jit-run, and a LoRA strength changed after the load (weights,
 inputs of the artifact, changed in place) gives the jit's bytes for that strength. An artifact not recorded by the
-pack is never loaded: the fallback and its reason are in the compile state and the run record. On torch 2.11 the
-route is off by default (the reason: tests/core/test_precompiled.py); forced on here, its SD1.5 artifacts fail to
-load, and that fallback is recorded with the same bytes.
+pack is never loaded: the fallback and its reason are in the compile state and the run record. Torch 2.11 loads
+SD1.5's artifacts only with :func:`core.torch_compat.portable_guard_state` in force while saving.
 """
 from __future__ import annotations
 
@@ -15,15 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-import torch._dynamo
 from recompile_workflows import go, server_with_lora
 from steadfast_workflows import compile_records
 
 pytestmark = pytest.mark.comfyui
 
 LORA = "steadfast_precompiled_lora.safetensors"
-ON_BY_DEFAULT = bool(getattr(torch._dynamo.config, "enable_aot_compile", False))  # torch 2.14: True
 
 
 def _record(server) -> dict[str, Any]:
@@ -37,9 +33,8 @@ def _artifacts(server) -> list[Path]:
 
 def test_precompiled_warm_start_is_bit_equal_and_fallbacks_are_visible(comfyui_path: Path, tiny_ckpt: Path,
                                                                       tmp_path: Path) -> None:
-    env = {} if ON_BY_DEFAULT else {"STEADFAST_PRECOMPILED": "1"}  # torch 2.11: forced on, to see its fallback
     run = {"backend": "inductor", "warm": ""}
-    with server_with_lora(comfyui_path, tiny_ckpt, tmp_path, LORA, env=env) as s:
+    with server_with_lora(comfyui_path, tiny_ckpt, tmp_path, LORA) as s:
         cold = go(s, **run, lora=(LORA, 1.0))
         cold_state = _record(s)["precompiled"]
         jit_half = go(s, **run, lora=(LORA, 0.5))  # this process answers with its jit
@@ -52,15 +47,11 @@ def test_precompiled_warm_start_is_bit_equal_and_fallbacks_are_visible(comfyui_p
         state = _record(s)["precompiled"]
         assert warm["hash"] == cold["hash"] and half["hash"] == jit_half["hash"]  # the jit's bytes, both strengths
         assert warm["compile"]["precompiled"]["enabled"] is True  # in the run record too
-        if ON_BY_DEFAULT:
-            assert warm_rec["graphs"] == 0 and state["loads"] == cold_state["saves"] and state["fallbacks"] == 0
-            assert state["hits"] > warm_rec["precompiled"]["hits"] > 0  # the LoRA run hit the artifacts too
-            print(f"\n[precompiled, tiny SD1.5, ComfyUI] first call (Warmup) after the restart "
-                  f"{warm_rec['first_call_seconds']:.2f} s; the cold process saved {cold_state['save_seconds']:.2f} s "
-                  f"of artifacts, the warm one loaded them in {state['load_seconds']:.2f} s")
-        else:  # torch 2.11: SD1.5 artifacts save but fail to load (docs/benchmarks.md section 13): jit, recorded
-            assert state["loads"] == state["hits"] == 0 and state["fallbacks"] > 0
-            assert all(r.startswith("load failed") for r in state["reasons"].values())
+        assert warm_rec["graphs"] == 0 and state["loads"] == cold_state["saves"] and state["fallbacks"] == 0
+        assert state["hits"] > warm_rec["precompiled"]["hits"] > 0  # the LoRA run hit the artifacts too
+        print(f"\n[precompiled, tiny SD1.5, ComfyUI] first call (Warmup) after the restart "
+              f"{warm_rec['first_call_seconds']:.2f} s; the cold process saved {cold_state['save_seconds']:.2f} s "
+              f"of artifacts, the warm one loaded them in {state['load_seconds']:.2f} s")
 
         # an artifact that the pack did not record (dropped in, or its record edited): never loaded
         art = _artifacts(s)[0]
