@@ -1,8 +1,9 @@
 """core/compile/precompiled.py: the precompiled route of regional blocks. The key (in-process), and in FRESH
 processes (tests/fixtures/precompiled_child.py): an artifact saved by one process answers another with the jit's
-bytes; a replaced attention override, an added patch, weights changed in place, a changed Python constant and a new
-shape are honoured bit-equal to the jit path with the fallback visible in the state; a corrupted or unrecorded
-artifact is never loaded."""
+bytes (the child's block carries an unread dtype attribute and ``transformer_options`` small ints: without
+``core.torch_compat.portable_guard_state`` its artifact fails to load); a replaced attention override, an added
+patch, weights changed in place, a changed Python constant and a new shape are honoured bit-equal to the jit path
+with the fallback visible in the state; a corrupted or unrecorded artifact is never loaded."""
 from __future__ import annotations
 
 import json
@@ -117,7 +118,7 @@ def test_switch_and_support(monkeypatch):
 
 def test_records_carry_the_precompiled_state(monkeypatch):
     from tiny_modules import Tiny, block_paths
-    monkeypatch.setenv(torch_compat.PRECOMPILED_ENV, "1")
+    monkeypatch.delenv(torch_compat.PRECOMPILED_ENV, raising=False)  # the default
     reg, model = CompileRegistry(), Tiny()
     rec, _ = reg.get_or_create(model, CompileOptions(), block_paths(model), guard_filter_fn=comfy_guard_filter())
     assert isinstance(rec.precompiled, pc.PrecompiledState) and rec.precompiled.enabled
