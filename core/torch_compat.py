@@ -36,6 +36,7 @@ __all__ = [
     "remove_recompile_log_tap", "compile_events", "compile_activity", "PROBE_CPU_ISA_ENV", "trusted_cpu_isa",
     "fast_isa_probe_child", "COMPILE_STACK_MODULES", "import_compile_stack",
     "tensor_version", "orig_module", "has_compiled_call", "compiled_call", "set_compiled_call",
+    "PRECOMPILED_ENV", "aot_compile_support", "aot_compile_enabled", "guard_serialisable", "portable_guard_state",
 ]
 
 #: Names of the settings as messages to users should spell them.
@@ -547,3 +548,103 @@ def remove_recompile_log_tap(tap: RecompileLogTap) -> None:
             internal._init_logs()
     rec_logger.propagate = tap.propagate
     rec_logger.setLevel(tap.level)
+
+
+# ---------------------------------------------------------------------------------------------- AOT compile
+#: Set to 0 by an operator to turn precompiled blocks off (1 turns them on where torch's default is off).
+PRECOMPILED_ENV = "STEADFAST_PRECOMPILED"
+
+
+def aot_compile_support() -> tuple[bool, str]:
+    """Whether this torch can save and load a compiled function (``torch.compile(fn).aot_compile(...)``,
+    ``save_compiled_function``, ``torch.compiler.load_compiled_function``, the setting
+    ``torch._dynamo.config.enable_aot_compile``).
+
+    Returns:
+        ``(on, reason)``: on when the APIs exist (torch 2.11 and 2.14; 2.11's default for the setting is off,
+        the pack turns it on while saving: :func:`aot_compile_enabled`) unless ``$STEADFAST_PRECOMPILED`` is 0;
+        ``reason`` says which.
+    """
+    switch = os.environ.get(PRECOMPILED_ENV, "").strip().lower()
+    if switch in ("0", "false", "no", "off"):
+        return False, f"off (${PRECOMPILED_ENV}={switch})"
+    if not hasattr(torch.compiler, "load_compiled_function"):
+        return False, f"torch {torch.version.__version__} has no torch.compiler.load_compiled_function"
+    try:
+        cfg = _api("torch._dynamo", "config", "precompiled blocks (aot_compile)")
+    except TorchAPIMissing as e:
+        return False, str(e)
+    current = getattr(cfg, "enable_aot_compile", None)
+    if current is None:
+        return False, f"torch {torch.version.__version__} has no torch._dynamo.config.enable_aot_compile"
+    if switch in ("1", "true", "yes", "on"):
+        return True, f"on (${PRECOMPILED_ENV}={switch})"
+    return True, "on (torch's default)" if current else (
+        f"on (torch {torch.version.__version__}: enable_aot_compile turned on while saving)")
+
+
+def aot_compile_enabled() -> contextlib.AbstractContextManager[Any]:
+    """Context manager: ``torch._dynamo.config.enable_aot_compile = True`` inside (torch's ``config.patch``), so that
+    ``torch.compile(fn)`` made inside offers ``.aot_compile``. Raises :class:`TorchAPIMissing` without the setting."""
+    cfg = _api("torch._dynamo", "config", "precompiled blocks (aot_compile)")
+    if not hasattr(cfg, "enable_aot_compile"):
+        raise TorchAPIMissing(f"precompiled blocks need torch._dynamo.config.enable_aot_compile, which torch "
+                              f"{torch.version.__version__} does not have")
+    return cfg.patch(enable_aot_compile=True)
+
+
+def guard_serialisable(entry: Any) -> bool:
+    """Whether an aot_compile artifact can keep the Dynamo guard ``entry`` (a ``GuardFilterEntry``) and still load.
+
+    False for global guards, the types in ``torch._dynamo.guards.CheckFunctionManager.
+    UNSUPPORTED_SERIALIZATION_GUARD_TYPES``, guards naming ``__closure__``, ``__mro__`` or ``type(`` (the function
+    holding the cell is not saved: load fails with ``'_Missing'``), and TYPE_MATCH/BUILTIN_MATCH guards on a nested
+    class (ComfyUI's ``operations`` layers: not importable by name). Measured on torch 2.11 and 2.14
+    (docs/benchmarks.md section 13). Raises :class:`TorchAPIMissing` when the guard manager class is gone.
+    """
+    manager = _api("torch._dynamo.guards", "CheckFunctionManager", "precompiled blocks (serialisable guards)")
+    unsupported = getattr(manager, "UNSUPPORTED_SERIALIZATION_GUARD_TYPES", ())
+    if getattr(entry, "is_global", False) or getattr(entry, "guard_type", None) in unsupported:
+        return False
+    name = getattr(entry, "name", "")
+    if "__closure__" in name or "__mro__" in name or "type(" in name:
+        return False
+    if getattr(entry, "guard_type", None) in ("TYPE_MATCH", "BUILTIN_MATCH") and getattr(entry, "has_value", False):
+        t = type(entry.value)
+        return t.__qualname__ == t.__name__
+    return True
+
+
+@contextlib.contextmanager
+def portable_guard_state() -> Iterator[None]:
+    """Context manager for saving an ``aot_compile`` artifact: interned immutable values (small ints, floats,
+    strings, bools, None, ``torch.dtype``, ``torch.device``) are pickled as themselves in the guard state.
+
+    torch's ``torch._dynamo.guards.GuardsStatePickler`` replaces, by object id, every value of the traced frame
+    that no kept guard reached (``missing_values``) with ``_Missing``. With a guard filter that drops the per-step
+    entries of ComfyUI's ``transformer_options`` (``original_shape`` = ``[2, 4, 16, 16]``...), the small ints
+    there share their id with every other 2, 4 or 16 of the guard state (tensor sizes among them), and so does a
+    module attribute holding ``torch.float32`` with every float32 tensor's dtype: the artifact then fails to load
+    (``empty_strided(): argument 'dtype' must be torch.dtype, not _Missing``; torch 2.11 with ComfyUI 0.33's SD1.5,
+    and torch 2.11 and 2.14 with ``tests/fixtures/precompiled_child.py``'s block).
+    Inside the block, ``GuardsStatePickler.reducer_override`` pickles those types normally (their value is the
+    same object everywhere); everything else is unchanged. The class attribute is put back in ``finally``;
+    process-wide while active. Raises :class:`TorchAPIMissing` when the pickler class or method is gone.
+    """
+    pickler = _api("torch._dynamo.guards", "GuardsStatePickler", "precompiled blocks (guard state pickling)")
+    original = pickler.__dict__.get("reducer_override")
+    if original is None:
+        raise TorchAPIMissing(f"torch {torch.version.__version__}: torch._dynamo.guards.GuardsStatePickler has no "
+                              "reducer_override (precompiled blocks)")
+    immutable = (int, float, bool, str, type(None), torch.dtype, torch.device)
+
+    def reducer_override(self: Any, obj: Any) -> Any:
+        if type(obj) in immutable and id(obj) in getattr(self, "missing_values", ()):
+            return NotImplemented  # pickle's own reduction: the value itself
+        return original(self, obj)
+
+    pickler.reducer_override = reducer_override
+    try:
+        yield
+    finally:
+        pickler.reducer_override = original

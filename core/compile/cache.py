@@ -39,6 +39,7 @@ WATCH_SLACK_NS = 50_000_000  # file times use the kernel's coarse clock (a tick 
 CACHE_FORMAT = 1
 _ENV_LOCK = threading.RLock()
 _last_dir: list[str | None] = [None]  # the directory inductor last compiled into under our activation
+_active: list[CompileCache] = []  # the caches active now (innermost last), process-wide like the environment
 T = TypeVar("T")
 
 
@@ -118,9 +119,11 @@ class CompileCache:
                     torch_compat.clear_inductor_caches()
                     _last_dir[0] = target
         since, activity = time.time_ns() - WATCH_SLACK_NS, torch_compat.compile_activity()
+        _active.append(self)
         try:
             yield self.path
         finally:
+            _active.remove(self)
             if not nested:
                 with _ENV_LOCK:
                     for k, v in previous.items():
@@ -149,6 +152,41 @@ class CompileCache:
         self.messages.append(msg := self.redact(msg))
         return msg
 
+    def read_trusted(self, rel: str) -> tuple[bytes | None, str | None]:
+        """The bytes of the recorded file ``rel`` (relative to :attr:`path`), checked against its recorded sha256.
+
+        Args:
+            rel: a relative posix path inside the key directory, e.g. ``"precompiled/ab12.pt2"``.
+        Returns:
+            ``(data, None)`` when the file is recorded in :data:`FILES` and its bytes match; ``(None, None)`` when
+            there is no such file; ``(None, reason)`` when it exists but is not recorded (untrusted: never handed
+            out) or its bytes differ (the cache is then moved aside by :meth:`quarantine`; the reason says so).
+        """
+        f = self.path / rel
+        if not f.is_file() or f.is_symlink():
+            return None, None
+        with _ENV_LOCK:
+            entry = _load_files(self).get(rel)
+        if not (isinstance(entry, list) and entry):
+            return None, f"{rel} was not written while Steadfast watched: not loaded"
+        data = f.read_bytes()
+        if hashlib.sha256(data).hexdigest() != entry[-1]:
+            return None, self.quarantine(f"an artifact changed since it was written ({rel}: checksum differs)")
+        return data, None
+
+    def write_recorded(self, rel: str, data: bytes) -> None:
+        """Write ``data`` to ``rel`` (relative to :attr:`path`; folders made) atomically and record its sha256 in
+        :data:`FILES`, so that :meth:`read_trusted` and every later open check it. Raises ``OSError``."""
+        f = self.path / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        tmp = f.parent / f".{f.name}.{os.getpid()}.tmp"
+        tmp.write_bytes(data)
+        with _ENV_LOCK:
+            os.replace(tmp, f)
+            files = _load_files(self)
+            files[rel] = [*_stat_key(f.stat()), hashlib.sha256(data).hexdigest()]
+            _save_files(self, files)
+
     def redact(self, text: str) -> str:
         """``text`` with this cache's absolute paths replaced by ``<compile cache 'name'>`` (a file in it:
         ``<compile cache 'name'>/ab/x.so``), any other absolute path as :func:`core.paths.redact` shows it.
@@ -165,6 +203,12 @@ class CompileCache:
     def as_dict(self) -> dict[str, Any]:
         """What clients may see: name, root source, messages; never the path or key (where to plant a cache)."""
         return {"name": self.name, "source": self.source, "messages": list(self.messages)}
+
+
+def active_cache() -> CompileCache | None:
+    """The innermost :class:`CompileCache` whose :meth:`CompileCache.activate` block is running (process-wide, as
+    ``TORCHINDUCTOR_CACHE_DIR``), or None."""
+    return _active[-1] if _active else None
 
 
 def _write_manifest(cache: CompileCache) -> None:

@@ -16,6 +16,7 @@ import torch
 
 from .. import torch_compat
 from .options import CompileOptions
+from .precompiled import PrecompiledState
 from .recompiles import ParamIdentity, code_of
 
 
@@ -63,7 +64,9 @@ class CompileStats:
 class CompileRecord:
     """What was compiled for one model, plus its :class:`CompileStats`; equality is identity. ``compiled``: ``{path:
     lazy torch.compile wrapper}`` for :func:`core.compile.swap.swap_in` (empty when ``in_place``: the model compiled
-    itself). ``options``: JSON view of the ``compile_options`` plus ``guard_filter``. ``created``: unix s."""
+    itself). ``options``: JSON view of the ``compile_options`` plus ``guard_filter``. ``created``: unix s.
+    ``precompiled``: the precompiled route of the blocks (:class:`core.compile.precompiled.PrecompiledState`), None
+    when the blocks are not behind it."""
 
     label: str
     blocks: tuple[str, ...]
@@ -75,6 +78,7 @@ class CompileRecord:
     in_place: bool = False
     created: float = field(default_factory=time.time)
     stats: CompileStats = field(default_factory=CompileStats)
+    precompiled: PrecompiledState | None = field(default=None, repr=False)
 
     def block_modules(self) -> dict[str, torch.nn.Module]:
         """``{path: original module}`` of the compiled blocks (what Dynamo traces)."""
@@ -102,7 +106,8 @@ class CompileRecord:
                 "disabled": s.disabled, "strict": s.strict, "run": run.get("run"),
                 "graphs_this_run": run.get("graphs"), "recompiles_this_run": run.get("recompiles"),
                 "recompile_reasons_this_run": list(run.get("reasons", [])),
-                "params_replaced_this_run": run.get("params_replaced"), "warnings": s.warnings[-3:]}
+                "params_replaced_this_run": run.get("params_replaced"), "warnings": s.warnings[-3:],
+                **({} if self.precompiled is None else {"precompiled": self.precompiled.as_dict()})}
 
     def as_dict(self) -> dict[str, Any]:
         """Everything, JSON-serialisable (a copy; shapes as sorted lists, times as unix seconds)."""
@@ -112,6 +117,8 @@ class CompileRecord:
                 out[k] = sorted(out[k])
             except TypeError:  # mixed nesting: a stable textual order instead
                 out[k] = sorted(out[k], key=repr)
+        if self.precompiled is not None:
+            out["precompiled"] = self.precompiled.as_dict()
         out.update(label=self.label, blocks=self.blocks, block_count=len(self.blocks), in_place=self.in_place,
                    options=self.options, created=self.created, cache_entries=self.cache_entries(),
                    recompile_limit=torch_compat.recompile_limit())

@@ -22,6 +22,7 @@ from .. import torch_compat
 from ..failures import is_interrupt, passes_through
 from .guards import GuardFilterFn
 from .options import CompileOptions
+from .precompiled import PrecompiledState
 from .recompiles import (
     FullgraphBreakError,
     ParamIdentity,
@@ -89,11 +90,13 @@ class CompileRegistry:
             if same == (True, options, tuple(blocks), guard_filter_fn, in_place):
                 rec.stats.strict = strict
                 return rec, False
-            compiled = {} if in_place else compile_blocks(model, blocks, options, guard_filter_fn)
+            pre = None if in_place or options.backend != "inductor" else PrecompiledState.detect()
+            compiled = {} if in_place else compile_blocks(model, blocks, options, guard_filter_fn, pre)
             opts = {**options.as_dict(), "guard_filter": None if guard_filter_fn is None else repr(guard_filter_fn)}
             rec = CompileRecord(label=label or type(model).__name__, blocks=tuple(blocks), options=opts,
                                 compiled=compiled, compile_options=options, guard_filter=guard_filter_fn,
-                                model_ref=weakref.ref(model), in_place=in_place, stats=CompileStats(strict=strict))
+                                model_ref=weakref.ref(model), in_place=in_place, stats=CompileStats(strict=strict),
+                                precompiled=pre)
             self._records[k] = rec
             return rec, True
 

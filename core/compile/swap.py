@@ -17,6 +17,8 @@ from torch import nn
 from .. import torch_compat
 from .guards import GuardFilterFn
 from .options import CompileOptions
+from .precompiled import PrecompiledState
+from .precompiled import wrap as precompiled_wrap
 
 
 def _contiguous(value: Any) -> Any:
@@ -44,6 +46,11 @@ def contiguous_inputs_hook(module: nn.Module, args: tuple, kwargs: dict) -> tupl
     return None if unchanged else (new_args, new_kwargs)
 
 
+def _prepare(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    changed = contiguous_inputs_hook(None, args, kwargs)  # type: ignore[arg-type] (the hook ignores the module)
+    return (args, kwargs) if changed is None else changed
+
+
 def _under(fn: Callable[..., Any], contexts: Sequence[Callable[[], Any]]) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         with contextlib.ExitStack() as stack:
@@ -65,10 +72,12 @@ def submodule(root: nn.Module, path: str) -> nn.Module:
 
 
 def compile_blocks(root: nn.Module, paths: Sequence[str], options: CompileOptions,
-                   guard_filter_fn: GuardFilterFn | None = None) -> dict[str, Callable[..., Any]]:
+                   guard_filter_fn: GuardFilterFn | None = None,
+                   precompiled: PrecompiledState | None = None) -> dict[str, Callable[..., Any]]:
     """``{path: torch.compile(root.get_submodule(path), **options.to_kwargs(guard_filter_fn))}``, lazy; ``root`` is
-    not modified; inductor blocks run under :func:`core.torch_compat.trusted_cpu_isa`. ``ValueError``: empty,
-    duplicate or unknown path."""
+    not modified; inductor blocks run under :func:`core.torch_compat.trusted_cpu_isa`. With ``precompiled`` (and
+    the inductor backend), each is behind a :class:`core.compile.precompiled.PrecompiledBlock` sharing that state.
+    ``ValueError``: empty, duplicate or unknown path."""
     out: dict[str, Callable[..., Any]] = {}
     for path in paths:
         if path in out:
@@ -81,6 +90,10 @@ def compile_blocks(root: nn.Module, paths: Sequence[str], options: CompileOption
             contexts.append(torch_compat.trusted_cpu_isa)
         if contexts:
             compiled.forward = _under(compiled.forward, contexts)
+        if precompiled is not None and options.backend == "inductor":
+            prepare = _prepare if options.contiguous_inputs else None
+            compiled = precompiled_wrap(submodule(root, path), compiled, options, guard_filter_fn, precompiled,
+                                        contexts, prepare)
         out[path] = compiled
     return out
 

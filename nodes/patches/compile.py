@@ -6,6 +6,7 @@ model never compiles again. Key ``steadfast.compile`` (``WrappersMP.APPLY_MODEL`
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
@@ -130,9 +131,13 @@ def add_compile(model, record: CompileRecord, scope: str,
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else None
 
         def call():
+            scope = record.precompiled.call_scope() if record.precompiled is not None else contextlib.nullcontext()
             with registry.REGISTRY.track(record, shape=shape, strict=strict):
-                with swap_in(executor.class_obj, record.compiled):
-                    return executor(*args, **kwargs)
+                with swap_in(executor.class_obj, record.compiled), scope:
+                    out = executor(*args, **kwargs)
+            if record.precompiled is not None:  # precompiled artifacts for new keys, outside the tracked call
+                record.precompiled.flush()
+            return out
 
         n_messages = len(cache.messages) if cache is not None else 0
         try:
@@ -205,6 +210,11 @@ def compile_model(model, options: OptimizeOptions) -> StepReport:
     step = add_compile(model, record, options.scope, cache, strict=options.strict_recompiles,
                        inductor_preset=options.inductor_preset)
     lines.append(cache_line)
+    if cache is not None and record.precompiled is not None:
+        pre = record.precompiled
+        lines.append(f"  precompiled blocks: {'on' if pre.enabled else 'off'}, {pre.reason} (loaded from and saved to "
+                     "this cache; any difference from what a block was precompiled for runs the jit, with the reason "
+                     "in the compile state)")
     if options.attention == "comfy":
         lines.append("WARNING: compiling with ComfyUI's own attention (sub_quad on CPU) graph-breaks and "
                      "recompiles often (measured: 15 graphs, 9 recompiles in 4 steps); pick an SDPA backend")

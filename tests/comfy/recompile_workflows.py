@@ -70,10 +70,12 @@ def go(server: ComfyServer, timeout: float = 600.0, **kw: Any) -> dict[str, Any]
 
 
 @contextlib.contextmanager
-def server_with_lora(comfyui: Path, ckpt: Path, folder: Path, lora_name: str) -> Iterator[ComfyServer]:
+def server_with_lora(comfyui: Path, ckpt: Path, folder: Path, lora_name: str,
+                     env: dict[str, str] | None = None) -> Iterator[ComfyServer]:
     """A fresh ComfyUI server (this pack loaded) with the tiny checkpoint as ``TINY_CKPT_NAME`` and a seeded
-    rank-4 LoRA for it (:func:`steadfast_workflows.build_lora`, written to ``folder``) as ``lora_name``."""
+    rank-4 LoRA for it (:func:`steadfast_workflows.build_lora`, written to ``folder``) as ``lora_name``; ``env``:
+    extra environment variables of the server process."""
     lora = folder / lora_name
     build_lora(ckpt, lora)
-    with ComfyServer({TINY_CKPT_NAME: ckpt}, loras={lora_name: lora}, comfyui=comfyui) as srv:
+    with ComfyServer({TINY_CKPT_NAME: ckpt}, loras={lora_name: lora}, comfyui=comfyui, env=env) as srv:
         yield srv

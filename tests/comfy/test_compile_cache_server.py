@@ -3,7 +3,8 @@
 One server, started twice with the same base directory, so the default cache location
 ``<base>/user/steadfast/compile_cache/default/<key>`` (ComfyUI's user directory) is the same: the second
 process has Dynamo's in-memory caches empty but inductor's FX-graph cache on disk. Inductor regional
-compile of the tiny SD1.5 (4 BasicTransformerBlocks, one graph), LoRA loaded, Warmup compiles.
+compile of the tiny SD1.5 (4 BasicTransformerBlocks, one graph), LoRA loaded, Warmup compiles; the precompiled
+route is off here (``STEADFAST_PRECOMPILED=0``): these tests are about the jit path's cache.
 """
 from __future__ import annotations
 
@@ -35,7 +36,10 @@ def _record(server: ComfyServer) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def cache_server(comfyui_path: Path, tiny_ckpt: Path,
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComfyServer]:
-    with server_with_lora(comfyui_path, tiny_ckpt, tmp_path_factory.mktemp("cache_lora"), LORA) as srv:
+    # the jit path's inductor cache (the precompiled route, on by default on torch 2.14, would answer the warm
+    # start without it: tests/comfy/test_precompiled_server.py)
+    with server_with_lora(comfyui_path, tiny_ckpt, tmp_path_factory.mktemp("cache_lora"), LORA,
+                          env={"STEADFAST_PRECOMPILED": "0"}) as srv:
         yield srv
 
 

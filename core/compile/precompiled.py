@@ -1,0 +1,482 @@
+"""Precompiled regional blocks: a per-block layer in front of the jit-compiled block that loads torch's
+``aot_compile`` artifact from the trusted compile cache, keyed by everything the trace bakes in, else runs the jit.
+
+The key (:func:`call_key`) covers the block's structure and code, the call's inputs (shapes, dtypes, strides,
+devices), the structure of ``transformer_options`` and the identity of every callable in it (torch cannot guard a
+function: a replaced attention override must change the key), the global torch flags and the compile settings. A
+precompiled artifact is used only when the key matches AND torch's own ``guard_check`` passes; anything else runs
+the jit path, with the reason recorded once per key (:class:`PrecompiledState`). No ComfyUI imports.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import io
+import json
+import logging
+import os
+import sys
+import tempfile
+import threading
+import time
+import types
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import torch_compat
+from ..failures import passes_through
+from . import cache as compile_cache
+from .guards import GuardFilterFn
+from .options import CompileOptions
+from .recompiles import guarded_flags
+
+__all__ = ["PRECOMPILED_DIR", "PrecompiledState", "PrecompiledBlock", "call_key", "describe_callable",
+           "block_fingerprint"]
+
+log = logging.getLogger("steadfast.precompiled")
+
+#: Folder under the compile cache's key directory holding the artifacts (recorded like every other file).
+PRECOMPILED_DIR = "precompiled"
+KEY_FORMAT = 1
+MAX_PENDING = 64  # queued saves (each holds one call's inputs) until PrecompiledState.flush
+_SIMPLE = (str, int, float, bool, type(None))
+_code_digests: dict[Any, str] = {}
+_file_digests: dict[str, str] = {}
+
+
+class _NotDescribable(Exception):
+    """A value in the call that the key cannot describe: no precompiled route for that call."""
+
+
+def _code_digest(code: types.CodeType) -> str:
+    """sha256 of a code object's bytecode, names and constants (nested code objects recursively); file names and
+    line numbers are left out, so the same code installed elsewhere gives the same digest."""
+    got = _code_digests.get(code)
+    if got is None:
+        h = hashlib.sha256(code.co_code)
+        h.update(repr((code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars)).encode())
+        for const in code.co_consts:
+            h.update(_code_digest(const).encode() if isinstance(const, types.CodeType) else repr(const).encode())
+        got = _code_digests[code] = h.hexdigest()[:16]
+    return got
+
+
+def describe_callable(fn: Any) -> str:
+    """Identity-describing text of a callable: ``module.qualname``, a digest of its code and the values of its
+    closure cells (``functools.partial``: its function, arguments and keywords; a bound method: its function and a
+    describable ``self``).
+
+    Args:
+        fn: a function, ``functools.partial``, bound method or builtin.
+    Returns:
+        the text (equal for the same code with the same captured values, in any process).
+    Raises:
+        _NotDescribable: a captured value or ``self`` that is not a str/int/float/bool/None, a tuple of those, or
+            a describable callable; or a callable of another kind (a callable object).
+    """
+    import functools
+    if isinstance(fn, functools.partial):
+        return (f"partial({describe_callable(fn.func)}, {_describe_value(fn.args)}, "
+                f"{_describe_value(sorted(fn.keywords.items()))})")
+    if isinstance(fn, types.MethodType):
+        return f"method({describe_callable(fn.__func__)}, {_describe_value(fn.__self__)})"
+    if isinstance(fn, types.BuiltinFunctionType):
+        return f"builtin {getattr(fn, '__module__', None)}.{fn.__qualname__}"
+    if not isinstance(fn, types.FunctionType):
+        raise _NotDescribable(f"callable of type {type(fn).__qualname__}")
+    cells = [_describe_value(c.cell_contents) for c in (fn.__closure__ or ())]
+    defaults = _describe_value(fn.__defaults__) if fn.__defaults__ else ""
+    return f"{fn.__module__}.{fn.__qualname__}#{_code_digest(fn.__code__)}({','.join(cells)}){defaults}"
+
+
+def _describe_value(v: Any) -> str:
+    if isinstance(v, _SIMPLE):
+        return repr(v)
+    if type(v) in (tuple, list):
+        return "(" + ",".join(_describe_value(x) for x in v) + ")"
+    if callable(v):
+        return describe_callable(v)
+    raise _NotDescribable(f"captured value of type {type(v).__qualname__}")
+
+
+def _describe_tensor(t: torch.Tensor) -> tuple:
+    return ("T", type(t).__qualname__, tuple(t.shape), tuple(t.stride()), str(t.dtype), str(t.device),
+            t.requires_grad, t.is_inference())
+
+
+def _describe(v: Any, code_key: bool) -> Any:
+    """Hashable description of one call value. ``code_key``: inside a ``transformer_options`` key whose guards the
+    jit keeps (patches, attention override): leaves by value, callables by :func:`describe_callable`; elsewhere
+    ints/floats/strings by type and callables by name (the jit guard filter drops their guards there, and so does
+    the precompiled one)."""
+    if isinstance(v, torch.Tensor):
+        return _describe_tensor(v)
+    if isinstance(v, bool) or v is None:
+        return v
+    if isinstance(v, _SIMPLE):
+        return v if code_key else type(v).__name__
+    if isinstance(v, dict):
+        return ("D", tuple((k if isinstance(k, _SIMPLE) else repr(k), _describe(v[k], code_key)) for k in v))
+    if type(v) in (tuple, list):
+        return (type(v).__name__, tuple(_describe(x, code_key) for x in v))
+    if isinstance(v, torch.dtype | torch.device):
+        return str(v)
+    if callable(v) and code_key:
+        return ("F", describe_callable(v))
+    if callable(v):  # outside the code keys (ComfyUI's wrappers, callbacks): the jit drops their guards too
+        return ("F", getattr(v, "__module__", None), getattr(v, "__qualname__", type(v).__qualname__))
+    if not code_key:
+        return ("O", type(v).__module__, type(v).__qualname__)
+    raise _NotDescribable(f"{type(v).__qualname__} in transformer_options' code keys")
+
+
+def _transformer_options(v: Mapping[str, Any], code_keys: Sequence[str]) -> Any:
+    for k in ("patches", "patches_replace"):
+        if _has_leaf(v.get(k)):
+            raise _NotDescribable(f"transformer_options[{k!r}] is not empty (the jit keeps every guard then: a graph "
+                                  "per value)")
+    return ("TO", tuple((str(k), _describe(v[k], k in code_keys)) for k in v))
+
+
+def _has_leaf(value: Any) -> bool:
+    if isinstance(value, dict | list | tuple):
+        return any(map(_has_leaf, value.values() if isinstance(value, dict) else value))
+    return value is not None
+
+
+def _file_digest(path: str | None) -> str:
+    if not path:
+        return "?"
+    got = _file_digests.get(path)
+    if got is None:
+        try:
+            with open(path, "rb") as f:
+                got = hashlib.sha256(f.read()).hexdigest()[:16]
+        except OSError:
+            got = "?"
+        _file_digests[path] = got
+    return got
+
+
+def block_fingerprint(module: nn.Module) -> dict[str, Any]:
+    """What a block's trace depends on besides its inputs, computed once per block: the class qualname, and for
+    every submodule its name and class, and the sha256 of the source file of every module defining one of those
+    classes (a changed ComfyUI or pack file gives another key).
+
+    Args:
+        module: the original (uncompiled) block.
+    Returns:
+        ``{"class", "modules": [[name, "module.Qualname"], ...], "files": {module name: digest}}``.
+    """
+    classes = {type(m) for m in module.modules()}
+    files = {}
+    for cls in sorted(classes, key=lambda c: (c.__module__, c.__qualname__)):
+        for base in cls.__mro__:
+            if base.__module__.startswith(("torch.", "builtins")) or base is object:
+                continue
+            mod = sys.modules.get(base.__module__)
+            files[base.__module__] = _file_digest(getattr(mod, "__file__", None))
+    return {"class": f"{type(module).__module__}.{type(module).__qualname__}",
+            "modules": [[n, f"{type(m).__module__}.{type(m).__qualname__}"] for n, m in module.named_modules()],
+            "files": files}
+
+
+def static_fields(options: CompileOptions, guard_filter_fn: GuardFilterFn | None = None) -> dict[str, Any]:
+    """The process-constant part of the key: torch/triton/python fields of the cache key, the compile options (the
+    inductor preset is in ``options.options``) and the jit's guard filter (its ``repr``: the filters are frozen
+    dataclasses)."""
+    env = compile_cache.cache_key_fields("cpu")
+    env.pop("device", None)  # the call's devices are in the call description; the cache folder's key has the ISA
+    return {"format": KEY_FORMAT, "env": env, "options": options.as_dict(), "guard_filter": repr(guard_filter_fn)}
+
+
+def flags_text() -> str:
+    """The global torch flags compiled code depends on (:func:`core.compile.recompiles.guarded_flags`, the
+    determinism flags among them) and inductor's ``deterministic`` setting, as canonical JSON (about 60 us)."""
+    return json.dumps([guarded_flags(), torch_compat.inductor_deterministic(load=True)], sort_keys=True, default=str)
+
+
+def call_key(fingerprint: Mapping[str, Any], static: Mapping[str, Any], args: Sequence[Any],
+             kwargs: Mapping[str, Any], code_keys: Sequence[str] = ("optimized_attention_override",),
+             flags: str | None = None) -> tuple:
+    """The hashable in-memory key of one block call (hash it with :func:`key_digest` for the file name).
+
+    Args:
+        fingerprint: :func:`block_fingerprint` of the block.
+        static: :func:`static_fields`.
+        args, kwargs: the call's arguments (after the contiguous-inputs hook). ``transformer_options`` (a dict
+            argument named so, or the last positional dict): its structure, and its code keys by value.
+        code_keys: ``transformer_options`` keys described by value (callables by identity).
+        flags: :func:`flags_text`, when the caller has it (computed here otherwise).
+    Returns:
+        a nested tuple; equal keys mean an equal trace.
+    Raises:
+        _NotDescribable: a value the key cannot describe (patched ``transformer_options``, a callable object...).
+    """
+    def one(name: Any, v: Any) -> Any:
+        if isinstance(v, dict) and (name == "transformer_options" or "optimized_attention_override" in v):
+            return _transformer_options(v, code_keys)
+        return _describe(v, True)  # an argument of the block: the jit keeps its guards
+
+    desc = (tuple(one(i, a) for i, a in enumerate(args)), tuple((k, one(k, v)) for k, v in kwargs.items()),
+            flags if flags is not None else flags_text())
+    return (id(fingerprint), id(static), desc)
+
+
+def key_digest(fingerprint: Mapping[str, Any], static: Mapping[str, Any], key: tuple) -> str:
+    """sha256 (hex, 32 characters) of the canonical JSON of the block fingerprint, static fields and the call
+    description in ``key`` (:func:`call_key`): the artifact's file name."""
+    body = json.dumps({"block": fingerprint, "static": static, "call": key[2]}, sort_keys=True, default=repr)
+    return hashlib.sha256(body.encode()).hexdigest()[:32]
+
+
+def aot_guard_filter(jit_filter: GuardFilterFn | None) -> GuardFilterFn:
+    """The artifact's guard filter: what the jit keeps (``jit_filter``) and torch can serialise
+    (:func:`core.torch_compat.guard_serialisable`): shape, dtype, stride and constant guards stay."""
+    def keep(entries: Sequence[Any]) -> list[bool]:
+        jit = [True] * len(entries) if jit_filter is None else list(jit_filter(entries))
+        return [j and torch_compat.guard_serialisable(e) for j, e in zip(jit, entries)]
+    return keep
+
+
+@dataclasses.dataclass(eq=False)
+class PrecompiledState:
+    """One compile record's precompiled route: on/off with the reason, counts, and per-key fallback reasons.
+
+    ``hits``: calls answered by a loaded artifact; ``loads`` / ``saves``: artifacts read from / written to the
+    cache; ``fallbacks``: calls that ran the jit although the route was on; ``reasons``: ``{key digest (12 hex or
+    "call"): reason}``, the first reason per key. Thread-safe."""
+
+    enabled: bool
+    reason: str
+    hits: int = 0
+    loads: int = 0
+    saves: int = 0
+    fallbacks: int = 0
+    save_seconds: float = 0.0
+    load_seconds: float = 0.0
+    reasons: dict[str, str] = dataclasses.field(default_factory=dict)
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
+    pending: list[Callable[[], None]] = dataclasses.field(default_factory=list, repr=False)
+    #: (cache path, call key) -> ("aot", fn) | ("jit", None): fallback | ("saved", None): this process's jit
+    entries: dict[tuple, tuple[str, Any]] = dataclasses.field(default_factory=dict, repr=False)
+    load_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
+    interned: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+    memo_flags: str | None = dataclasses.field(default=None, repr=False)
+    scoped: int = dataclasses.field(default=0, repr=False)
+
+    @classmethod
+    def detect(cls) -> PrecompiledState:
+        """On when :func:`core.torch_compat.aot_compile_support` says so (``$STEADFAST_PRECOMPILED``)."""
+        on, why = torch_compat.aot_compile_support()
+        return cls(on, why)
+
+    def count(self, what: str, key: str | None = None, reason: str | None = None, seconds: float = 0.0) -> None:
+        """Add one to a counter, keep the first ``reason`` per key (at most 64 keys; logged at INFO).
+
+        Args:
+            what: "hits", "loads", "saves" or "fallbacks".
+            key: the key digest's first 12 hex digits, or None for a call without a key ("call").
+            reason: why the jit answered (fallbacks), None otherwise.
+            seconds: wall seconds of a load or save (summed in ``load_seconds`` / ``save_seconds``).
+        """
+        with self.lock:
+            setattr(self, what, getattr(self, what) + 1)
+            if what == "saves":
+                self.save_seconds += seconds
+            elif what == "loads":
+                self.load_seconds += seconds
+            if reason is not None and (key or "call") not in self.reasons and len(self.reasons) < 64:
+                self.reasons[key or "call"] = reason
+                log.info("Steadfast precompiled block %s: %s", key or "", reason)
+
+    @contextlib.contextmanager
+    def call_scope(self) -> Iterator[None]:
+        """One model call: the global flags are read once for all its block calls (:func:`flags_text`), not per
+        block; the adapter wraps each ``apply_model`` in it. Not re-entrant across threads (one model call at a
+        time per record, as ComfyUI runs them)."""
+        previous, self.memo_flags = self.memo_flags, None
+        self.scoped += 1
+        try:
+            yield
+        finally:
+            self.scoped -= 1
+            self.memo_flags = previous
+
+    def flags(self) -> str:
+        """:func:`flags_text`, memoised inside :meth:`call_scope`."""
+        if not self.scoped:
+            return flags_text()
+        if self.memo_flags is None:
+            self.memo_flags = flags_text()
+        return self.memo_flags
+
+    def intern(self, value: dict[str, Any]) -> dict[str, Any]:
+        """The one object equal to ``value`` (JSON-equal) among those interned so far: blocks with equal
+        fingerprints share it, hence their call keys, artifacts and saves."""
+        with self.lock:
+            return self.interned.setdefault(json.dumps(value, sort_keys=True, default=repr), value)
+
+    def flush(self) -> int:
+        """Run the saves queued by the calls so far (after the tracked call: their traces are not counted as the
+        record's graphs). Returns how many ran. Call with the compile cache active."""
+        with self.lock:
+            todo, self.pending = self.pending, []
+        for save in todo:
+            save()
+        return len(todo)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON view: ``{"enabled", "reason", "hits", "loads", "saves", "fallbacks", "save_seconds",
+        "load_seconds", "reasons"}``."""
+        with self.lock:
+            return {"enabled": self.enabled, "reason": self.reason, "hits": self.hits, "loads": self.loads,
+                    "saves": self.saves, "fallbacks": self.fallbacks, "save_seconds": round(self.save_seconds, 3),
+                    "load_seconds": round(self.load_seconds, 3), "reasons": dict(self.reasons)}
+
+
+class PrecompiledBlock(nn.Module):
+    """A jit-compiled block (``jit``: ``torch.compile(module)`` with its hooks and contexts) behind the precompiled
+    route. Called like the block. ``_orig_mod`` is the original block (as on ``torch.compile``'s wrapper).
+
+    Route per call: without an active compile cache (:func:`core.compile.cache.active_cache`) or with the route
+    off, the jit. Else the key (:func:`call_key`); an artifact in memory or in the cache (``precompiled/<key>.pt2``,
+    read only when recorded and its sha256 matches: :meth:`core.compile.cache.CompileCache.read_trusted`) whose
+    ``guard_check`` passes answers the call; otherwise the jit answers, and a new key queues a save
+    (:meth:`PrecompiledState.flush`). Any failure is recorded and the jit answers."""
+
+    def __init__(self, module: nn.Module, jit: nn.Module, options: CompileOptions,
+                 guard_filter_fn: GuardFilterFn | None, state: PrecompiledState,
+                 contexts: Sequence[Callable[[], Any]] = (),
+                 prepare: Callable[[tuple, dict], tuple[tuple, dict]] | None = None) -> None:
+        super().__init__()
+        self._orig_mod = module
+        self.jit = jit
+        object.__setattr__(self, "_state", state)
+        object.__setattr__(self, "_options", options)
+        object.__setattr__(self, "_jit_filter", guard_filter_fn)
+        object.__setattr__(self, "_aot_filter", aot_guard_filter(guard_filter_fn))
+        object.__setattr__(self, "_contexts", tuple(contexts))
+        object.__setattr__(self, "_prepare", prepare)
+        object.__setattr__(self, "_fingerprint", None)
+        object.__setattr__(self, "_static", None)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        state, cache = self._state, compile_cache.active_cache()
+        if not state.enabled or cache is None:
+            return self.jit(*args, **kwargs)
+        if self._prepare is not None:
+            args, kwargs = self._prepare(args, kwargs)
+        with contextlib.ExitStack() as stack:
+            for context in self._contexts:
+                stack.enter_context(context())
+            return self._route(cache, args, kwargs)
+
+    def _keys(self) -> tuple[dict, dict]:
+        if self._fingerprint is None:  # equal blocks share one fingerprint object, hence keys and artifacts
+            object.__setattr__(self, "_fingerprint", self._state.intern(block_fingerprint(self._orig_mod)))
+            object.__setattr__(self, "_static", self._state.intern(static_fields(self._options, self._jit_filter)))
+        return self._fingerprint, self._static
+
+    def _route(self, cache: compile_cache.CompileCache, args: tuple, kwargs: dict) -> Any:
+        state, module = self._state, self._orig_mod
+        fingerprint, static = self._keys()
+        try:
+            key = call_key(fingerprint, static, args, kwargs, flags=state.flags())
+        except _NotDescribable as e:
+            state.count("fallbacks", None, f"not describable: {e}")
+            return self.jit(*args, **kwargs)
+        memo_key = (str(cache.path), key)
+        kind, fn = state.entries.get(memo_key, (None, None))
+        if kind is None:
+            with state.load_lock:
+                kind, fn = state.entries.get(memo_key, (None, None))
+                if kind is None:
+                    kind, fn = self._load(cache, fingerprint, static, key)
+                    state.entries[memo_key] = (kind, fn)
+        if kind == "aot":
+            try:
+                ok = fn.guard_check(module, *args, **kwargs)
+            except Exception as e:  # noqa: BLE001 (any failure: the jit answers)
+                ok, why = False, f"guard_check raised {type(e).__name__}: {cache.redact(str(e))[:200]}"
+            else:
+                why = "torch's guard_check failed for a call with the same key"
+            if ok:
+                try:
+                    out = fn(module, *args, **kwargs)
+                except Exception as e:
+                    if passes_through(e):  # an interrupt or out-of-memory reaches ComfyUI unchanged
+                        raise
+                    state.entries[memo_key] = ("jit", None)  # this key runs the jit from now on
+                    why = f"the precompiled call raised {type(e).__name__}: {cache.redact(str(e))[:200]}"
+                else:
+                    state.count("hits")
+                    return out
+            state.count("fallbacks", key_digest(fingerprint, static, key)[:12], why)
+            return self.jit(*args, **kwargs)
+        out = self.jit(*args, **kwargs)
+        if kind == "new":  # queue a save (it runs after the tracked call); this process keeps its jit for the key
+            state.entries[memo_key] = ("saved", None)
+            saved_kwargs = {k: (dict(v) if isinstance(v, dict) else v) for k, v in kwargs.items()}
+            with state.lock:
+                if len(state.pending) < MAX_PENDING:
+                    state.pending.append(
+                        lambda: self._save(cache, fingerprint, static, key, tuple(args), saved_kwargs))
+        elif kind == "jit":
+            state.count("fallbacks")
+        return out
+
+    def _load(self, cache: compile_cache.CompileCache, fingerprint: dict, static: dict,
+              key: tuple) -> tuple[str, Any]:
+        digest = key_digest(fingerprint, static, key)
+        rel = f"{PRECOMPILED_DIR}/{digest}.pt2"
+        t0 = time.perf_counter()
+        data, problem = cache.read_trusted(rel)
+        if problem is not None:
+            self._state.count("fallbacks", digest[:12], problem)
+            return "jit", None
+        if data is None:
+            return "new", None
+        try:
+            fn = torch.compiler.load_compiled_function(io.BytesIO(data))
+        except Exception as e:  # noqa: BLE001 (a load failure is a recorded fallback, never an error)
+            why = f"load failed: {type(e).__name__}: {cache.redact(str(e))[:200]}"
+            self._state.count("fallbacks", digest[:12], why)
+            return "jit", None
+        self._state.count("loads", seconds=time.perf_counter() - t0)
+        return "aot", fn
+
+    def _save(self, cache: compile_cache.CompileCache, fingerprint: dict, static: dict, key: tuple,
+              args: tuple, kwargs: dict) -> None:
+        digest = key_digest(fingerprint, static, key)
+        module, t0 = self._orig_mod, time.perf_counter()
+        try:
+            with contextlib.ExitStack() as stack:
+                for context in (*self._contexts, torch_compat.aot_compile_enabled, torch_compat.portable_guard_state):
+                    stack.enter_context(context())
+                compiled = torch.compile(type(module).forward, **{
+                    **self._options.to_kwargs(self._aot_filter), "fullgraph": True})
+                aot = compiled.aot_compile(((module, *args), kwargs))
+                with tempfile.TemporaryDirectory() as tmp:
+                    path = os.path.join(tmp, "a.pt2")
+                    aot.save_compiled_function(path)
+                    with open(path, "rb") as f:
+                        data = f.read()
+            cache.write_recorded(f"{PRECOMPILED_DIR}/{digest}.pt2", data)
+        except Exception as e:  # noqa: BLE001 (a save failure is a recorded fallback, never an error)
+            why = f"save failed: {type(e).__name__}: {cache.redact(str(e))[:200]}"
+            self._state.count("fallbacks", digest[:12], why)
+            return
+        self._state.count("saves", seconds=time.perf_counter() - t0)
+
+
+def wrap(module: nn.Module, jit: nn.Module, options: CompileOptions, guard_filter_fn: GuardFilterFn | None,
+         state: PrecompiledState, contexts: Sequence[Callable[[], Any]] = (),
+         prepare: Callable[[tuple, dict], tuple[tuple, dict]] | None = None) -> PrecompiledBlock:
+    """:class:`PrecompiledBlock` for ``module`` in front of ``jit`` (see there)."""
+    return PrecompiledBlock(module, jit, options, guard_filter_fn, state, contexts, prepare)
+

@@ -1,0 +1,68 @@
+"""Precompiled regional blocks in ComfyUI, in FRESH server processes: the tiny SD1.5 with a LoRA, regional inductor
+compile, the persistent compile cache (default name), Warmup.
+
+The first server process runs the jit and saves the artifacts; after a restart the blocks are answered by them
+(on by default, both rows) with the same bytes as the jit-run, and a LoRA strength changed after the load (weights,
+inputs of the artifact, changed in place) gives the jit's bytes for that strength. An artifact not recorded by the
+pack is never loaded: the fallback and its reason are in the compile state and the run record. Torch 2.11 loads
+SD1.5's artifacts only with :func:`core.torch_compat.portable_guard_state` in force while saving.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from recompile_workflows import go, server_with_lora
+from steadfast_workflows import compile_records
+
+pytestmark = pytest.mark.comfyui
+
+LORA = "steadfast_precompiled_lora.safetensors"
+
+
+def _record(server) -> dict[str, Any]:
+    return max(compile_records(server), key=lambda r: r["created"])
+
+
+def _artifacts(server) -> list[Path]:
+    root = server.base_dir / "user" / "steadfast" / "compile_cache" / "default"
+    return sorted(p for p in root.glob("*/precompiled/*.pt2") if ".bad-" not in p.parts[-3])
+
+
+def test_precompiled_warm_start_is_bit_equal_and_fallbacks_are_visible(comfyui_path: Path, tiny_ckpt: Path,
+                                                                      tmp_path: Path) -> None:
+    run = {"backend": "inductor", "warm": ""}
+    with server_with_lora(comfyui_path, tiny_ckpt, tmp_path, LORA) as s:
+        cold = go(s, **run, lora=(LORA, 1.0))
+        cold_state = _record(s)["precompiled"]
+        jit_half = go(s, **run, lora=(LORA, 0.5))  # this process answers with its jit
+        assert cold_state["enabled"] and cold_state["saves"] >= 1 and cold_state["hits"] == 0
+        assert jit_half["hash"] != cold["hash"] and len(_artifacts(s)) == cold_state["saves"]
+        s.restart()
+        warm = go(s, **run, lora=(LORA, 1.0))
+        warm_rec = _record(s)
+        half = go(s, **run, lora=(LORA, 0.5))
+        state = _record(s)["precompiled"]
+        assert warm["hash"] == cold["hash"] and half["hash"] == jit_half["hash"]  # the jit's bytes, both strengths
+        assert warm["compile"]["precompiled"]["enabled"] is True  # in the run record too
+        assert warm_rec["graphs"] == 0 and state["loads"] == cold_state["saves"] and state["fallbacks"] == 0
+        assert state["hits"] > warm_rec["precompiled"]["hits"] > 0  # the LoRA run hit the artifacts too
+        print(f"\n[precompiled, tiny SD1.5, ComfyUI] first call (Warmup) after the restart "
+              f"{warm_rec['first_call_seconds']:.2f} s; the cold process saved {cold_state['save_seconds']:.2f} s "
+              f"of artifacts, the warm one loaded them in {state['load_seconds']:.2f} s")
+
+        # an artifact that the pack did not record (dropped in, or its record edited): never loaded
+        art = _artifacts(s)[0]
+        files = art.parents[1] / "steadfast_files.json"
+        recorded = json.loads(files.read_text())
+        for rel in [k for k in recorded if k.startswith("precompiled/")]:
+            del recorded[rel]
+        files.write_text(json.dumps(recorded))
+        s.restart()
+        again = go(s, **run, lora=(LORA, 1.0))
+        state = _record(s)["precompiled"]
+        assert again["hash"] == cold["hash"] and state["loads"] == state["hits"] == 0
+        reasons = again["compile"]["precompiled"]["reasons"]
+        assert reasons and all("not written while Steadfast watched" in r for r in reasons.values())
