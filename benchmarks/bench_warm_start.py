@@ -13,6 +13,11 @@ timed:
   Python artifact) in an empty folder (C), then ``precompile.load`` and the first call;
 * ``precompile load``: ``precompile.load`` of that artifact in folder C (a restart: no tracing at all);
 * ``precompile load, empty``: the same in an empty folder (D): what the artifact alone carries.
+* ``pack cold (jit + save)``: the pack's route (``core.compile.swap.compile_blocks`` with a
+  ``core.compile.precompiled.PrecompiledState``, under a managed compile cache E, ComfyUI's guard filter): the jit
+  compiles, then the precompiled artifact is saved (``save s`` column; not in the first call's time);
+* ``pack precompiled warm``: the same in a fresh process on cache E: the artifact answers (a row whose call the jit
+  answered instead fails the benchmark).
 
 Inductor blocks run under the pack's ``core.torch_compat.trusted_cpu_isa`` (as Optimize Model runs them), so no
 row pays inductor's one-time CPU ISA probes. Each output is compared with eager (max |d|) and with ``jit cold``.
@@ -39,7 +44,8 @@ import _common  # noqa: E402
 
 ROWS = [("jit cold", "jit", "A", True), ("jit warm", "jit", "A", False), ("mega-cache", "mega", "B", False),
         ("precompile cold", "pre-cold", "C", False), ("precompile load", "pre-load", "C", False),
-        ("precompile load, empty", "pre-load", "D", False)]
+        ("precompile load, empty", "pre-load", "D", False), ("pack cold (jit + save)", "pack", "E", False),
+        ("pack precompiled warm", "pack", "E", False)]
 
 
 def child(mode: str, work: Path, hidden: int, save_mega: bool) -> dict[str, Any]:
@@ -81,6 +87,21 @@ def child(mode: str, work: Path, hidden: int, save_mega: bool) -> dict[str, Any]
                 torch.compiler.load_cache_artifacts((work / "mega.bin").read_bytes())
             compiled = torch.compile(block)
             out = call(compiled, *fresh())
+        elif mode == "pack":
+            from steadfast.core.compile import cache as compile_cache
+            from steadfast.core.compile.guards import comfy_guard_filter
+            from steadfast.core.compile.options import CompileOptions
+            from steadfast.core.compile.precompiled import PrecompiledState
+            from steadfast.core.compile.swap import compile_blocks
+
+            state = PrecompiledState.detect()
+            if not state.enabled:
+                raise RuntimeError(f"the precompiled route is off here: {state.reason}")
+            cache = compile_cache.open_cache(work / "E-root", "bench", device="cpu")
+            wrapped = compile_blocks(model, ["double_blocks.0"], CompileOptions(), comfy_guard_filter(),
+                                     precompiled=state)["double_blocks.0"]
+            with cache.activate(), state.call_scope():
+                out = call(wrapped, *fresh())
         elif mode == "pre-cold":
             code, cache = torch.compiler.precompile(call, block, *fresh())
             out = torch.compiler.precompile.load(code, cache)(block, *fresh())
@@ -89,6 +110,14 @@ def child(mode: str, work: Path, hidden: int, save_mega: bool) -> dict[str, Any]
             code, cache = pickle.loads(artifact.read_bytes())
             out = torch.compiler.precompile.load(code, cache)(block, *fresh())
         seconds = time.perf_counter() - t0
+        extra: dict[str, Any] = {}
+        if mode == "pack":
+            t1 = time.perf_counter()
+            with cache.activate():
+                state.flush()
+            extra = {"save_seconds": time.perf_counter() - t1, "precompiled": state.as_dict()}
+            if state.hits == 0 and state.saves == 0:
+                raise RuntimeError(f"the precompiled route neither saved nor answered: {state.as_dict()}")
     if save_mega:
         saved = torch.compiler.save_cache_artifacts()
         if saved is None:
@@ -100,7 +129,7 @@ def child(mode: str, work: Path, hidden: int, save_mega: bool) -> dict[str, Any]
         raise RuntimeError("the block's output equals its input: the benchmark would compare nothing")
     name = work / f"out-{mode}-{os.getpid()}.pt"
     torch.save(tuple(out), name)
-    return {"seconds": seconds, "out": str(name),
+    return {"seconds": seconds, "out": str(name), **extra,
             "vs_eager": max(float((o - e).abs().max()) for o, e in zip(out, eager))}
 
 
@@ -135,11 +164,13 @@ def main(argv: list[str] | None = None) -> int:
         r = results[label]
         out = torch.load(r["out"])
         same = all(torch.equal(a, b) for a, b in zip(out, ref))
+        if label == "pack precompiled warm" and r["precompiled"]["hits"] == 0:
+            raise RuntimeError(f"the pack's warm row was not answered by a precompiled block: {r['precompiled']}")
         rows.append([label, _common.fmt_s(r["seconds"], 2), f"{r['seconds'] / cold:.3f}", _common.fmt_d(r["vs_eager"]),
-                     "yes" if same else "no"])
+                     "yes" if same else "no", f"{r['save_seconds']:.2f}" if "save_seconds" in r else "-"])
     print()
-    print(_common.markdown_table(["route", "first call s", "/ jit cold", "max |d| vs eager", "bit-equal to jit cold"],
-                                 rows))
+    print(_common.markdown_table(["route", "first call s", "/ jit cold", "max |d| vs eager", "bit-equal to jit cold",
+                                  "save s"], rows))
     print(f"\nload average at end: {_common.loadavg()}")
     return 0
 

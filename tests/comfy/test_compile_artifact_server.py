@@ -1,5 +1,6 @@
 """A fleet's shared warm state over HTTP: a compile artifact exported from one ComfyUI's cache warm-starts a server
-with an EMPTY cache root (``$STEADFAST_COMPILE_ARTIFACT``), bit-equal, as an inductor cache hit; refused artifacts
+with an EMPTY cache root (``$STEADFAST_COMPILE_ARTIFACT``), bit-equal, answered by the precompiled blocks it carries
+(an inductor cache hit where that route is off); refused artifacts
 (unreadable, foreign) are listed in ``GET /steadfast/compile_state`` and do not stop the server.
 
 One server, started twice: first with cache root A (and a broken artifact), cold compile of the tiny SD1.5 (inductor
@@ -75,7 +76,12 @@ def test_artifact_warm_starts_a_server_with_an_empty_cache(comfyui_path: Path, t
         warm = go(srv, **inductor)
         warm_rec = max(compile_records(srv), key=lambda r: r["created"])
         assert warm["hash"] == cold["hash"]  # the same bits as the server that compiled
-        assert warm_rec["cache_state"].get("fxgraph_cache_hit", 0) >= 1
+        pre = warm_rec.get("precompiled") or {}
+        if pre.get("enabled"):  # the precompiled blocks travelled in the artifact and answered: nothing traced
+            assert pre["loads"] >= 1 and pre["hits"] >= 1 and pre["fallbacks"] == 0, pre
+            assert pre["saves"] == 0 and warm_rec["graphs"] == 0, pre
+        else:  # the jit path: inductor's caches from the artifact hit
+            assert warm_rec["cache_state"].get("fxgraph_cache_hit", 0) >= 1
         assert warm_rec["cache_state"].get("fxgraph_cache_miss", 0) == 0  # nothing compiled from scratch
         assert warm_rec["compile_cache"]["messages"] == []  # every file trusted
         assert f"warm state from compile artifact warm.tar ({n} files)" in text(warm["entry"], "opt")
