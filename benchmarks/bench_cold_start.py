@@ -6,6 +6,8 @@ CLIPTextEncode, EmptyLatentImage, KSampler euler, VAEDecode, PreviewImage), the 
 * ``eager``: nothing (ComfyUI's own attention);
 * ``core``: core ComfyUI's ``TorchCompileModel`` (backend inductor: the whole diffusion model);
 * ``steadfast``: ``SteadfastOptimizeModel`` (compile regional, inductor, SDPA auto; the node's defaults otherwise);
+* ``steadfast-jit``: the same with ``STEADFAST_PRECOMPILED=0`` (warm start through inductor's caches only, Dynamo
+  traces again: the route before precompiled blocks);
 * ``steadfast-probe``: the same with ``STEADFAST_PROBE_CPU_ISA=1`` (inductor probes every CPU vector ISA by
   building and loading a C++ test program, as it does by default; see ``core.torch_compat.trusted_cpu_isa``).
 
@@ -17,7 +19,7 @@ artifact export``) and a server started on EMPTY cache folders with ``$STEADFAST
 The first prompt's wall seconds (queue -> done: model load, compile, sampling, decode) is the number; a second
 prompt with another seed gives the steady-state time. Ratios are printed against ``core`` for the same cache state.
 
-Usage: ``python benchmarks/bench_cold_start.py [--configs eager,core,steadfast,steadfast-probe] [--steps 4]
+Usage: ``python benchmarks/bench_cold_start.py [--configs eager,core,steadfast,steadfast-jit] [--steps 4]
 [--side 256] [--repeats 3]``
 """
 from __future__ import annotations
@@ -69,6 +71,8 @@ def one_server(config: str, caches: Path, ckpt: Path, steps: int, side: int,
     env = {"TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"), "STEADFAST_COMPILE_CACHE": str(caches / "steadfast")}
     if config == "steadfast-probe":
         env["STEADFAST_PROBE_CPU_ISA"] = "1"
+    if config == "steadfast-jit":
+        env["STEADFAST_PRECOMPILED"] = "0"
     if artifact is not None:
         env["STEADFAST_COMPILE_ARTIFACT"] = str(artifact)
     with ComfyServer({CKPT: ckpt}, env=env) as server:
@@ -86,7 +90,7 @@ def one_server(config: str, caches: Path, ckpt: Path, steps: int, side: int,
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--configs", default="eager,core,steadfast,steadfast-probe")
+    ap.add_argument("--configs", default="eager,core,steadfast,steadfast-jit")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--side", type=int, default=256, help="image side in pixels (latent side / 8)")
     ap.add_argument("--repeats", type=int, default=3)
