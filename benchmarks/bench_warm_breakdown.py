@@ -12,7 +12,9 @@ auto, the persistent compile cache). The first sampling call is split with Dynam
 * ``trace``: Dynamo's time per frame minus its backend time (bytecode tracing, guard building), summed;
 * ``backend``: AOTAutograd + inductor per frame (on a warm start: the cache lookups and loading the compiled
   ``.so``/Python modules), summed;
-* ``rest``: the first sampling call minus trace, backend and the same call's steady time (a second sampling call
+* ``precompiled load`` / ``save``: the pack's precompiled blocks (:mod:`core.compile.precompiled`) loaded from the
+  cache (a warm start: nothing traced) or saved after the call that compiled them (a cold start), and their hits;
+* ``rest``: the first sampling call minus all of the above and the same call's steady time (a second sampling call
   with another seed): first calls of the loaded kernels, guard checks, the pack's wrappers.
 
 Usage: ``python benchmarks/bench_warm_breakdown.py [--repeats 3] [--steps 4] [--side 64]``; run it with each
@@ -86,10 +88,15 @@ if config == "steadfast":
         trace += max(entire - back, 0.0)
         backend += back
         hits += (m.inductor_fx_local_cache_hit_count or 0)
+pre = {}
+if config == "steadfast":
+    from steadfast.core.compile.registry import REGISTRY
+    pre = (REGISTRY.records()[-1].summary().get("precompiled") or {}) if REGISTRY.records() else {}
 second, out2 = sample(2)
 print("RESULT " + json.dumps({"load": t_load, "optimize": t_optimize, "import": t_import, "preloaded": preloaded,
                               "first": first, "second": second, "frames": frames, "trace": trace, "backend": backend,
-                              "fx_cache_hits": hits,
+                              "fx_cache_hits": hits, "pre_load": pre.get("load_seconds", 0.0),
+                              "pre_save": pre.get("save_seconds", 0.0), "pre_hits": pre.get("hits", 0),
                               "depends_on_seed": not torch.equal(out1, out2)}))
 """
 
@@ -130,17 +137,19 @@ def main() -> int:
     eager_first = statistics.median(r["first"] for r in runs["eager", "cold"])
     for (config, state), rs in runs.items():
         med = {k: statistics.median(float(r[k]) for r in rs) for k in rs[0] if k != "preloaded"}
-        rest = med["first"] - med["trace"] - med["backend"] - med["second"]
+        rest = med["first"] - med["trace"] - med["backend"] - med["pre_load"] - med["pre_save"] - med["second"]
         rows.append([config, state, f"{med['first']:.2f}", f"{med['first'] / eager_first:.1f}",
                      f"{med['optimize']:.2f}", f"{med['import']:.2f}", f"{int(med['frames'])}", f"{med['trace']:.2f}",
-                     f"{med['backend']:.2f}",
+                     f"{med['backend']:.2f}", f"{med['pre_load']:.2f}", f"{med['pre_save']:.2f}",
+                     f"{int(med['pre_hits'])}",
                      f"{rest:.2f}", f"{med['second']:.2f}", f"{int(med['fx_cache_hits'])}"])
     print()
     print(_common.markdown_table(["config", "cache", "first sampling s", "/ eager first", "Optimize node s",
-                                  "import s", "frames", "trace s", "backend s", "rest s", "steady s",
-                                  "fx cache hits"], rows))
+                                  "import s", "frames", "trace s", "backend s", "precompiled load s", "save s",
+                                  "precompiled hits", "rest s", "steady s", "fx cache hits"], rows))
     print("\nmedians of the repeats; first sampling = the first comfy.sample.sample call after the checkpoint load "
-          "(the compile stack's import is timed before it, alone); rest = first - trace - backend - steady.")
+          "(the compile stack's import is timed before it, alone); rest = first - trace - backend - precompiled "
+          "load - save - steady.")
     _common.print_footer(t_start)
     return 0
 
