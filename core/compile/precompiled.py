@@ -422,10 +422,11 @@ class PrecompiledBlock(nn.Module):
         if kind == "new":  # queue a save (it runs after the tracked call); this process keeps its jit for the key
             state.entries[memo_key] = ("saved", None)
             saved_kwargs = {k: (dict(v) if isinstance(v, dict) else v) for k, v in kwargs.items()}
+            modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())  # the save traces under the call's
             with state.lock:
                 if len(state.pending) < MAX_PENDING:
                     state.pending.append(
-                        lambda: self._save(cache, fingerprint, static, key, tuple(args), saved_kwargs))
+                        lambda: self._save(cache, fingerprint, static, key, tuple(args), saved_kwargs, modes))
         elif kind == "jit":
             state.count("fallbacks")
         return out
@@ -451,11 +452,15 @@ class PrecompiledBlock(nn.Module):
         return "aot", fn
 
     def _save(self, cache: compile_cache.CompileCache, fingerprint: dict, static: dict, key: tuple,
-              args: tuple, kwargs: dict) -> None:
+              args: tuple, kwargs: dict, modes: tuple[bool, bool] = (False, False)) -> None:
+        """Trace and save the artifact of ``key`` under the call's grad and inference modes (``modes``: flush may
+        run outside the ``no_grad`` / ``inference_mode`` block of the call that queued it)."""
         digest = key_digest(fingerprint, static, key)
         module, t0 = self._orig_mod, time.perf_counter()
         try:
             with contextlib.ExitStack() as stack:
+                stack.enter_context(torch.inference_mode(modes[1]))
+                stack.enter_context(torch.set_grad_enabled(modes[0]))
                 for context in (*self._contexts, torch_compat.aot_compile_enabled, torch_compat.portable_guard_state):
                     stack.enter_context(context())
                 compiled = torch.compile(type(module).forward, **{
