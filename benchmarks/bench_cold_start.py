@@ -12,10 +12,11 @@ CLIPTextEncode, EmptyLatentImage, KSampler euler, VAEDecode, PreviewImage), the 
   building and loading a C++ test program, as it does by default; see ``core.torch_compat.trusted_cpu_isa``).
 
 Each (config, cache state) runs in a FRESH server process: ``cold`` with empty inductor and Steadfast cache
-folders (the first compile ever on the machine), ``warm`` with the folders the cold server left (a restart).
+folders (the first compile ever on the machine), ``warm`` with the folders the cold server left (a restart of the
+same install).
 After ``steadfast``'s warm server, ``steadfast-artifact``: its compile cache exported as one file (``steadfast
-artifact export``) and a server started on EMPTY cache folders with ``$STEADFAST_COMPILE_ARTIFACT`` naming it
-(another replica of the fleet); its row is "warm".
+artifact export``) and the same install restarted on EMPTY cache folders with ``$STEADFAST_COMPILE_ARTIFACT``
+naming it (another replica of the same image); its row is "warm".
 The first prompt's wall seconds (queue -> done: model load, compile, sampling, decode) is the number; a second
 prompt with another seed gives the steady-state time. Ratios are printed against ``core`` for the same cache state.
 
@@ -64,10 +65,9 @@ def workflow(config: str, seed: int, steps: int, side: int) -> dict[str, Any]:
     return wf
 
 
-def one_server(config: str, caches: Path, ckpt: Path, steps: int, side: int,
-               artifact: Path | None = None) -> tuple[float, float]:
-    """``(first prompt s, second prompt s)`` in a fresh server whose caches live under ``caches`` (``artifact``:
-    imported at start, ``$STEADFAST_COMPILE_ARTIFACT``)."""
+def server_env(config: str, caches: Path, artifact: Path | None = None) -> dict[str, str]:
+    """The server's environment for ``config`` with its caches under ``caches`` (``artifact``: imported at start,
+    ``$STEADFAST_COMPILE_ARTIFACT``)."""
     env = {"TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"), "STEADFAST_COMPILE_CACHE": str(caches / "steadfast")}
     if config == "steadfast-probe":
         env["STEADFAST_PROBE_CPU_ISA"] = "1"
@@ -75,16 +75,16 @@ def one_server(config: str, caches: Path, ckpt: Path, steps: int, side: int,
         env["STEADFAST_PRECOMPILED"] = "0"
     if artifact is not None:
         env["STEADFAST_COMPILE_ARTIFACT"] = str(artifact)
-    with ComfyServer({CKPT: ckpt}, env=env) as server:
-        if artifact is not None:
-            imported = server.get("/steadfast/compile_state").get("artifacts", [])
-            if not any(a.get("status") == "imported" for a in imported):
-                raise RuntimeError(f"the artifact was not imported at start: {imported}")
-        times = []
-        for seed in (1, 2):
-            t0 = time.perf_counter()
-            server.run(workflow(config, seed, steps, side), timeout=900)
-            times.append(time.perf_counter() - t0)
+    return env
+
+
+def timed_prompts(server: ComfyServer, config: str, steps: int, side: int) -> tuple[float, float]:
+    """``(first prompt s, second prompt s)`` in a server just (re)started."""
+    times = []
+    for seed in (1, 2):
+        t0 = time.perf_counter()
+        server.run(workflow(config, seed, steps, side), timeout=900)
+        times.append(time.perf_counter() - t0)
     return times[0], times[1]
 
 
@@ -104,23 +104,33 @@ def main() -> int:
     for _ in range(args.repeats):
         for config in configs:
             with tempfile.TemporaryDirectory(prefix=f"bench_cold_{config}_") as tmp:
-                for state in ("cold", "warm"):
-                    results.setdefault((config, state), []).append(one_server(config, Path(tmp), ckpt, args.steps,
-                                                                              args.side))
-                    print(f"  {config} {state}: first {results[config, state][-1][0]:.1f} s, "
-                          f"second {results[config, state][-1][1]:.2f} s", flush=True)
-                if config == "steadfast":  # another replica: empty caches, the artifact of this one
-                    artifact = Path(tmp) / "warm.steadfast.tar.gz"
-                    cli = str(_common.ROOT / "scripts" / "steadfast.py")
-                    subprocess.run([sys.executable, cli, "artifact", "export", "--name", "default", "--cache-root",
-                                    str(Path(tmp) / "steadfast"), "--device", "cpu", "-o", str(artifact)],
-                                   check=True, capture_output=True, timeout=300)
-                    with tempfile.TemporaryDirectory(prefix="bench_cold_replica_") as replica:
+                # one install folder for every start of this config: a restart, as an operator's (ComfyUI names a
+                # custom node's modules by its folder, and precompiled blocks refer to them by that name)
+                server = ComfyServer({CKPT: ckpt}, env=server_env(config, Path(tmp)))
+                try:
+                    for state in ("cold", "warm"):
+                        server.restart() if state == "warm" else server.start()
+                        results.setdefault((config, state), []).append(timed_prompts(server, config, args.steps,
+                                                                                     args.side))
+                        print(f"  {config} {state}: first {results[config, state][-1][0]:.1f} s, "
+                              f"second {results[config, state][-1][1]:.2f} s", flush=True)
+                    if config == "steadfast":  # another replica of the image: empty caches, this one's artifact
+                        artifact = Path(tmp) / "warm.steadfast.tar.gz"
+                        cli = str(_common.ROOT / "scripts" / "steadfast.py")
+                        subprocess.run([sys.executable, cli, "artifact", "export", "--name", "default",
+                                        "--cache-root", str(Path(tmp) / "steadfast"), "--device", "cpu", "-o",
+                                        str(artifact)], check=True, capture_output=True, timeout=300)
+                        server.env = server_env(config, Path(tmp) / "replica", artifact)
+                        server.restart()
+                        imported = server.get("/steadfast/compile_state").get("artifacts", [])
+                        if not any(a.get("status") == "imported" for a in imported):
+                            raise RuntimeError(f"the artifact was not imported at start: {imported}")
                         key = ("steadfast-artifact", "warm")
-                        results.setdefault(key, []).append(one_server("steadfast", Path(replica), ckpt, args.steps,
-                                                                      args.side, artifact))
+                        results.setdefault(key, []).append(timed_prompts(server, config, args.steps, args.side))
                         print(f"  steadfast-artifact warm: first {results[key][-1][0]:.1f} s, "
                               f"second {results[key][-1][1]:.2f} s", flush=True)
+                finally:
+                    server.close()
     rows = []
     eager = results.get(("eager", "cold"))
     eager_first = statistics.median(r[0] for r in eager) if eager else None
