@@ -5,7 +5,7 @@ with an EMPTY cache root (``$STEADFAST_COMPILE_ARTIFACT``), bit-equal, answered 
 
 One server, started twice: first with cache root A (and a broken artifact), cold compile of the tiny SD1.5 (inductor
 regional, Warmup), then ``steadfast artifact export`` of A; then restarted with an empty cache root B and the
-artifact (pinned) plus a foreign one.
+artifact (pinned) plus a foreign one; last, a server installed in another folder on the same artifact.
 """
 from __future__ import annotations
 
@@ -88,3 +88,18 @@ def test_artifact_warm_starts_a_server_with_an_empty_cache(comfyui_path: Path, t
         c, w = cold_rec["first_call_seconds"], warm_rec["first_call_seconds"]
         print(f"\n[compile artifact] tiny SD1.5 inductor regional, first call (Warmup): cold {c:.2f} s, "
               f"from the artifact on an empty cache root {w:.2f} s; {n} files, {artifact.stat().st_size} bytes")
+
+    # a replica installed in ANOTHER folder (ComfyUI names the pack's modules by that folder, and the precompiled
+    # blocks refer to them by name): the artifact's kernels still hit inductor's cache, nothing is compiled from
+    # scratch, the blocks are traced again and saved for this install; the same bytes
+    env = {"STEADFAST_COMPILE_CACHE": str(tmp_path / "cache_c"), art.ARTIFACT_ENV: str(artifact),
+           art.ARTIFACT_SHA_ENV: digests[0]}
+    with ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path, env=env) as other:
+        moved = go(other, **inductor)
+        rec = max(compile_records(other), key=lambda r: r["created"])
+        assert moved["hash"] == cold["hash"]
+        assert rec["cache_state"].get("fxgraph_cache_hit", 0) >= 1
+        assert rec["cache_state"].get("fxgraph_cache_miss", 0) == 0
+        pre = rec.get("precompiled") or {}
+        if pre.get("enabled"):
+            assert pre["hits"] == 0 and pre["saves"] >= 1, pre  # keyed by this install: its own artifacts
