@@ -37,6 +37,7 @@ __all__ = [
     "fast_isa_probe_child", "COMPILE_STACK_MODULES", "import_compile_stack",
     "tensor_version", "orig_module", "has_compiled_call", "compiled_call", "set_compiled_call",
     "PRECOMPILED_ENV", "aot_compile_support", "aot_compile_enabled", "guard_serialisable", "portable_guard_state",
+    "built_kernel_loads", "pick_cpu_isa",
 ]
 
 #: Names of the settings as messages to users should spell them.
@@ -191,6 +192,94 @@ def fast_isa_probe_child() -> Iterator[bool]:
                 vec, old_load, old_env = _isa_probe_patch["saved"]
                 vec._avx_py_load, isa.python_subprocess_env = old_load, old_env
                 _isa_probe_patch["saved"] = None
+
+
+#: The header a load under :func:`built_kernel_loads` hands inductor instead of a precompiled one (GCC's ``-include``
+#: finds no ``.gch`` beside it and includes it as text).
+_PLAIN_HEADER = "#include <{header}>\n"
+_HEADER_LOCK = threading.Lock()
+_header_patch: dict[str, Any] = {"depth": 0, "saved": None}
+
+
+def _plain_header_dir() -> str:
+    """``<inductor's default cache folder>/steadfast_plain_headers``: a folder of the pack's, where no ``.gch`` is
+    ever written (inductor's precompiled headers live in its ``precompiled_headers`` sibling)."""
+    utils = _api("torch._inductor.runtime", "cache_dir_utils", "loading built kernels without inductor's header")
+    return os.path.join(utils.default_cache_dir(), "steadfast_plain_headers")
+
+
+def _plain_header(header: str, hashable_cmd_line: str, **compile_command: Any) -> str:
+    """Stand-in for ``torch._inductor.codecache._precompile_header`` (same signature): the path of a header that
+    only ``#include``-s ``header``, written once; nothing is preprocessed or compiled."""
+    import hashlib
+
+    folder = _plain_header_dir()
+    path = os.path.join(folder, hashlib.sha256(header.encode()).hexdigest()[:32] + ".h")
+    text = _PLAIN_HEADER.format(header=header)
+    try:
+        with open(path, encoding="utf-8") as f:
+            if f.read() == text:
+                return path
+    except OSError:
+        pass
+    os.makedirs(folder, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    return path
+
+
+@contextlib.contextmanager
+def built_kernel_loads() -> Iterator[bool]:
+    """Inside the block, loading an inductor C++ kernel library skips preparing inductor's precompiled header.
+
+    Why: on a cache miss in this process's memory, ``CppCodeCache.load_async`` (torch 2.11 and 2.14) first calls
+    ``codecache._precompile_header``, which runs the compiler's preprocessor over inductor's kernel header and hashes
+    its output (and builds the ``.gch`` when missing: seconds on a fresh machine), even when the library is already
+    built and nothing will be compiled: 0.2-0.3 s of a warm first run on a 2-core CPU (docs/benchmarks.md section
+    14). The header is chosen after the library's cache key is computed and is not part of it, so the same library
+    is found. Inside the block the stand-in :func:`_plain_header` returns a header that only ``#include``-s the same
+    file: a library that does have to be compiled is compiled without the precompiled header (slower, the same
+    code; GCC's documented rule for ``-include`` of a header without a usable ``.gch``). For loads of kernels that
+    are expected to be built (the pack's precompiled blocks); not for a jit compile, which would lose the speed-up.
+
+    Yields whether it patched (False on a torch without ``codecache._precompile_header``). Blocks may nest and
+    overlap across threads: the first entry patches, the last exit restores.
+    """
+    codecache = sys.modules.get("torch._inductor.codecache")
+    if codecache is None:
+        codecache = _api("torch._inductor", "codecache", "loading built kernels without inductor's header")
+    with _HEADER_LOCK:
+        if _header_patch["depth"] == 0:
+            original = getattr(codecache, "_precompile_header", None)
+            if original is not None:
+                _header_patch["saved"] = original
+                codecache._precompile_header = _plain_header
+        _header_patch["depth"] += 1
+        patched = _header_patch["saved"] is not None
+    try:
+        yield patched
+    finally:
+        with _HEADER_LOCK:
+            _header_patch["depth"] -= 1
+            if _header_patch["depth"] == 0 and _header_patch["saved"] is not None:
+                codecache._precompile_header = _header_patch["saved"]
+                _header_patch["saved"] = None
+
+
+def pick_cpu_isa() -> str:
+    """Inductor's CPU vector-ISA pick (``torch._inductor.cpu_vec_isa.pick_vec_isa``) made now, under
+    :func:`trusted_cpu_isa`; returns its name (``"avx512"``, ``""`` for none).
+
+    Inductor probes the ISAs once per process, at its first C++ kernel load or compile (0.07 s on torch 2.14, 0.27 s
+    on 2.11 with the cheap probes, on a 2-core CPU: docs/benchmarks.md section 14); :mod:`core.compile.preload`
+    calls this at server start so that a warm first prompt does not wait for it. Raises :class:`TorchAPIMissing`
+    when the function is gone.
+    """
+    pick = _api("torch._inductor.cpu_vec_isa", "pick_vec_isa", "picking inductor's CPU vector ISA at start")
+    with trusted_cpu_isa():
+        return str(pick())
 
 
 #: What ``torch.compile``'s first call imports (Dynamo, AOTAutograd, inductor's lowering and code generation).

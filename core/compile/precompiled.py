@@ -443,7 +443,8 @@ class PrecompiledBlock(nn.Module):
         if data is None:
             return "new", None
         try:
-            fn = torch.compiler.load_compiled_function(io.BytesIO(data))
+            with torch_compat.built_kernel_loads():  # its kernels are built: no header preprocessing
+                fn = torch.compiler.load_compiled_function(io.BytesIO(data))
         except Exception as e:  # noqa: BLE001 (a load failure is a recorded fallback, never an error)
             why = f"load failed: {type(e).__name__}: {cache.redact(str(e))[:200]}"
             self._state.count("fallbacks", digest[:12], why)

@@ -50,14 +50,15 @@ from steadfast.core.compile import preload
 before = "torch._inductor.compile_fx" in sys.modules
 state = preload.preload(Path(sys.argv[2]))
 again = preload.preload(Path(sys.argv[2]))  # once per process
+import gc
 print(json.dumps({"before": before, "after": "torch._inductor.compile_fx" in sys.modules, "state": state,
-                  "again": again}))
+                  "again": again, "frozen_now": gc.get_freeze_count()}))
 """
 
 
-@pytest.mark.parametrize("switch", ["1", "0"])
-def test_preload_imports_the_compile_stack_in_a_fresh_process(tmp_path: Path, switch: str) -> None:
-    env = {**os.environ, preload.PRELOAD_ENV: switch}
+@pytest.mark.parametrize(("switch", "freeze"), [("1", ""), ("1", "0"), ("0", "")])
+def test_preload_imports_the_compile_stack_in_a_fresh_process(tmp_path: Path, switch: str, freeze: str) -> None:
+    env = {**os.environ, preload.PRELOAD_ENV: switch, preload.GC_FREEZE_ENV: freeze}
     out = subprocess.run([sys.executable, "-c", _CHILD, str(ROOT / "scripts"), str(tmp_path)], env=env,
                          capture_output=True, text=True, timeout=300, check=True)
     r = json.loads(out.stdout.strip().splitlines()[-1])
@@ -66,3 +67,16 @@ def test_preload_imports_the_compile_stack_in_a_fresh_process(tmp_path: Path, sw
     assert r["again"] == r["state"]
     if switch == "1":
         assert r["state"]["seconds"] > 0.05  # a real import happened (0.7-1.3 s measured)
+        import torch._inductor.cpu_vec_isa as isa  # the pick inductor makes here, in this process (same machine)
+
+        from steadfast.core import torch_compat
+        with torch_compat.trusted_cpu_isa():
+            assert r["state"]["cpu_isa"] == str(isa.pick_vec_isa())
+        assert r["state"]["cpu_isa_seconds"] >= 0
+    else:
+        assert r["state"]["cpu_isa"] is None and r["state"]["gc_frozen"] is None
+    if switch == "1" and freeze != "0":  # the heap held at start is frozen: torch and the compile stack at least
+        assert r["state"]["gc_frozen"] > 100_000  # (a frozen object freed since leaves the permanent generation)
+        assert r["state"]["gc_frozen"] * 0.99 < r["frozen_now"] <= r["state"]["gc_frozen"]
+    else:
+        assert r["state"]["gc_frozen"] is None and r["frozen_now"] == 0

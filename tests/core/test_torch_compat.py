@@ -361,3 +361,66 @@ def test_compiled_call_of_an_in_place_compile_and_its_replacement(monkeypatch) -
     assert tc.has_compiled_call() is False
     with pytest.raises(tc.TorchAPIMissing, match=r"needs torch\.nn\.Module\._compiled_call_impl, which torch 2\.\d+"):
         tc.set_compiled_call(torch.nn.Linear(2, 2), call)
+
+
+_HEADER_CHILD = r"""
+import hashlib, json, os, sys
+sys.path.insert(0, sys.argv[1])
+from _steadfast_import import import_steadfast
+import_steadfast()
+import steadfast.core.torch_compat as tc
+import torch
+from torch._inductor import codecache
+calls = []
+plain = tc._plain_header
+def counting(header, cmd, **kw):
+    calls.append(header)
+    return plain(header, cmd, **kw)
+tc._plain_header = counting  # built_kernel_loads installs whatever the module holds at entry
+original = codecache._precompile_header
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Conv2d(4, 16, 3, padding=1), torch.nn.GroupNorm(4, 16), torch.nn.SiLU(),
+                          torch.nn.Conv2d(16, 4, 3, padding=1)).eval()
+x = torch.randn(2, 4, 8, 8)
+with tc.trusted_cpu_isa(), torch.no_grad(), (tc.built_kernel_loads() if sys.argv[2] == "plain"
+                                             else tc.contextlib.nullcontext(False)) as patched:
+    inside = codecache._precompile_header is counting
+    with tc.built_kernel_loads() as nested:  # nested blocks: the outer one's patch stays
+        pass
+    still = codecache._precompile_header is counting
+    out = torch.compile(net)(x)
+    eager = net(x)
+headers = sorted(os.listdir(tc._plain_header_dir())) if os.path.isdir(tc._plain_header_dir()) else []
+print(json.dumps({"patched": patched, "inside": inside, "nested": nested, "still": still,
+                  "restored": codecache._precompile_header is original, "calls": len(calls),
+                  "gch": [h for h in headers if not h.endswith(".h")],
+                  "out": hashlib.sha256(out.numpy().tobytes()).hexdigest(),
+                  "depends_on_input": not torch.equal(out[0], out[1]),
+                  "close_to_eager": torch.allclose(out, eager, atol=1e-4)}))
+"""
+
+
+def _header_child(cache: Path, mode: str) -> dict:
+    import json
+    import os
+    import subprocess
+
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+    out = subprocess.run([sys.executable, "-c", _HEADER_CHILD, str(ROOT / "scripts"), mode], env=env,
+                         capture_output=True, text=True, timeout=600, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_built_kernel_loads_skip_the_header_and_give_the_same_bytes(tmp_path: Path) -> None:
+    """Inductor's precompiled header vs the pack's plain one: a compile into an empty cache (the kernel library is
+    built with ``-include`` of the plain header), then a load of the built library in a fresh process, give the
+    bytes of torch's own path, and the stand-in really ran (the patch point exists in this torch)."""
+    torch_path = _header_child(tmp_path / "pch", "pch")
+    built = _header_child(tmp_path / "plain", "plain")      # nothing built yet: compiles without the .gch
+    loaded = _header_child(tmp_path / "plain", "plain")     # a fresh process, the library built: a load
+    assert torch_path["patched"] is False and torch_path["calls"] == 0
+    for r in (built, loaded):
+        assert r["patched"] and r["inside"] and r["nested"] and r["still"] and r["restored"]
+        assert r["calls"] >= 1 and r["gch"] == []  # the stand-in ran; it never writes a precompiled header
+        assert r["out"] == torch_path["out"]
+    assert torch_path["depends_on_input"] and torch_path["close_to_eager"]
