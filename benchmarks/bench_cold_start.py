@@ -8,6 +8,9 @@ CLIPTextEncode, EmptyLatentImage, KSampler euler, VAEDecode, PreviewImage), the 
 * ``steadfast``: ``SteadfastOptimizeModel`` (compile regional, inductor, SDPA auto; the node's defaults otherwise);
 * ``steadfast-jit``: the same with ``STEADFAST_PRECOMPILED=0`` (warm start through inductor's caches only, Dynamo
   traces again: the route before precompiled blocks);
+* ``eager-preload``: ``eager`` with ``$STEADFAST_PRELOAD_COMPILE=1``: the pack's work at start (the compile stack's
+  import, inductor's CPU ISA pick, the heap frozen: :mod:`core.compile.preload`) without compiling anything, the
+  floor a warm Steadfast start is measured against when the start-up work is set aside;
 * ``steadfast-probe``: the same with ``STEADFAST_PROBE_CPU_ISA=1`` (inductor probes every CPU vector ISA by
   building and loading a C++ test program, as it does by default; see ``core.torch_compat.trusted_cpu_isa``).
 
@@ -16,9 +19,11 @@ folders (the first compile ever on the machine), ``warm`` with the folders the c
 same install).
 After ``steadfast``'s warm server, ``steadfast-artifact``: its compile cache exported as one file (``steadfast
 artifact export``) and the same install restarted on EMPTY cache folders with ``$STEADFAST_COMPILE_ARTIFACT``
-naming it (another replica of the same image); its row is "warm".
+naming it (another replica of the same image) and a fresh ``TMPDIR`` (a fresh machine: nothing in inductor's
+default folder, where it keeps its precompiled headers and its ISA test programs); its row is "warm".
 The first prompt's wall seconds (queue -> done: model load, compile, sampling, decode) is the number; a second
-prompt with another seed gives the steady-state time. Ratios are printed against ``core`` for the same cache state.
+prompt with another seed gives the steady-state time; ``start`` is the server's start (or restart) until it
+answers. Ratios are printed against ``core`` for the same cache state.
 
 Usage: ``python benchmarks/bench_cold_start.py [--configs eager,core,steadfast,steadfast-jit] [--steps 4]
 [--side 256] [--repeats 3]``
@@ -49,7 +54,8 @@ def workflow(config: str, seed: int, steps: int, side: int) -> dict[str, Any]:
     wf: dict[str, Any] = {
         **_common.tiny_prompt_base(side, ckpt=CKPT),
         "6": {"class_type": "KSampler", "inputs": {
-            "model": ["5", 0] if config != "eager" else ["1", 0], "seed": seed, "steps": steps, "cfg": 7.0,
+            "model": ["1", 0] if config.startswith("eager") else ["5", 0], "seed": seed, "steps": steps,
+            "cfg": 7.0,
             "sampler_name": "euler", "scheduler": "normal", "positive": ["2", 0], "negative": ["3", 0],
             "latent_image": ["4", 0], "denoise": 1.0}},
         "7": {"class_type": "VAEDecode", "inputs": {"samples": ["6", 0], "vae": ["1", 2]}},
@@ -69,23 +75,27 @@ def server_env(config: str, caches: Path, artifact: Path | None = None) -> dict[
     """The server's environment for ``config`` with its caches under ``caches`` (``artifact``: imported at start,
     ``$STEADFAST_COMPILE_ARTIFACT``)."""
     env = {"TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"), "STEADFAST_COMPILE_CACHE": str(caches / "steadfast")}
+    if config == "eager-preload":
+        env["STEADFAST_PRELOAD_COMPILE"] = "1"
     if config == "steadfast-probe":
         env["STEADFAST_PROBE_CPU_ISA"] = "1"
     if config == "steadfast-jit":
         env["STEADFAST_PRECOMPILED"] = "0"
     if artifact is not None:
         env["STEADFAST_COMPILE_ARTIFACT"] = str(artifact)
+        (caches / "tmp").mkdir(parents=True, exist_ok=True)
+        env["TMPDIR"] = str(caches / "tmp")
     return env
 
 
-def timed_prompts(server: ComfyServer, config: str, steps: int, side: int) -> tuple[float, float]:
-    """``(first prompt s, second prompt s)`` in a server just (re)started."""
+def timed_prompts(server: ComfyServer, config: str, steps: int, side: int, start: float) -> tuple[float, float, float]:
+    """``(first prompt s, second prompt s, start s)`` in a server just (re)started in ``start`` seconds."""
     times = []
     for seed in (1, 2):
         t0 = time.perf_counter()
         server.run(workflow(config, seed, steps, side), timeout=900)
         times.append(time.perf_counter() - t0)
-    return times[0], times[1]
+    return times[0], times[1], start
 
 
 def main() -> int:
@@ -100,7 +110,7 @@ def main() -> int:
                          {"steps": args.steps, "side": args.side, "repeats": args.repeats})
     ckpt = tiny_sd15.cached_tiny_sd15(in_subprocess=True)
     configs = args.configs.split(",")
-    results: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    results: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
     for _ in range(args.repeats):
         for config in configs:
             with tempfile.TemporaryDirectory(prefix=f"bench_cold_{config}_") as tmp:
@@ -109,9 +119,10 @@ def main() -> int:
                 server = ComfyServer({CKPT: ckpt}, env=server_env(config, Path(tmp)))
                 try:
                     for state in ("cold", "warm"):
+                        t0 = time.perf_counter()
                         server.restart() if state == "warm" else server.start()
-                        results.setdefault((config, state), []).append(timed_prompts(server, config, args.steps,
-                                                                                     args.side))
+                        results.setdefault((config, state), []).append(timed_prompts(
+                            server, config, args.steps, args.side, time.perf_counter() - t0))
                         print(f"  {config} {state}: first {results[config, state][-1][0]:.1f} s, "
                               f"second {results[config, state][-1][1]:.2f} s", flush=True)
                     if config == "steadfast":  # another replica of the image: empty caches, this one's artifact
@@ -121,12 +132,15 @@ def main() -> int:
                                         "--cache-root", str(Path(tmp) / "steadfast"), "--device", "cpu", "-o",
                                         str(artifact)], check=True, capture_output=True, timeout=300)
                         server.env = server_env(config, Path(tmp) / "replica", artifact)
+                        t0 = time.perf_counter()
                         server.restart()
+                        started = time.perf_counter() - t0
                         imported = server.get("/steadfast/compile_state").get("artifacts", [])
                         if not any(a.get("status") == "imported" for a in imported):
                             raise RuntimeError(f"the artifact was not imported at start: {imported}")
                         key = ("steadfast-artifact", "warm")
-                        results.setdefault(key, []).append(timed_prompts(server, config, args.steps, args.side))
+                        results.setdefault(key, []).append(timed_prompts(server, config, args.steps, args.side,
+                                                                         started))
                         print(f"  steadfast-artifact warm: first {results[key][-1][0]:.1f} s, "
                               f"second {results[key][-1][1]:.2f} s", flush=True)
                 finally:
@@ -143,16 +157,19 @@ def main() -> int:
             core = results.get(("core", "warm"))
             ratio = first / statistics.median(r[0] for r in core) if core else None
         cold = results.get((config, "cold"))
-        rows.append([config, state, f"{first:.1f}", ", ".join(f"{r[0]:.1f}" for r in runs), f"{second:.2f}",
+        start = statistics.median(r[2] for r in runs)
+        rows.append([config, state, f"{start:.1f}", f"{first:.1f}", ", ".join(f"{r[0]:.1f}" for r in runs),
+                     f"{second:.2f}",
                      f"{ratio:.2f}" if ratio is not None else "n/a",
                      f"{first / statistics.median(r[0] for r in cold):.2f}" if state == "warm" and cold else "-",
                      f"{first / eager_first:.1f}" if eager_first else "n/a"])
     print()
-    print(_common.markdown_table(["config", "cache", "first prompt s (median)", "each repeat", "second prompt s",
+    print(_common.markdown_table(["config", "cache", "start s", "first prompt s (median)", "each repeat",
+                                  "second prompt s",
                                   "first / core's first", "warm / cold", "first / eager's first"], rows))
-    print("\nfirst prompt = wall seconds queue -> done in a fresh server (checkpoint load, compile, sampling, "
-          "decode); second prompt = the same workflow with another seed in the same server (no compile); "
-          "steadfast-artifact is compared with core's warm start.")
+    print("\nstart = the server's start or restart until it answers; first prompt = wall seconds queue -> done in a "
+          "fresh server (checkpoint load, compile, sampling, decode); second prompt = the same workflow with another "
+          "seed in the same server (no compile); steadfast-artifact is compared with core's warm start.")
     _common.print_footer(t_start)
     return 0
 

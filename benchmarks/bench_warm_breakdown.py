@@ -6,6 +6,11 @@ left (a restart). Configs: ``eager`` (nothing), ``steadfast`` (Optimize Model: c
 auto, the persistent compile cache). The first sampling call is split with Dynamo's per-frame compilation metrics
 (``torch._dynamo.utils.get_compilation_metrics``):
 
+* ``at start``: the pack's preload (:mod:`core.compile.preload`), run first, as a server runs it when it loads the
+  pack: on a warm start it imports the compile stack, picks inductor's CPU ISA and freezes the heap; on a cold start
+  (nothing compiled yet) it does nothing;
+* ``gc``: the garbage collector's pauses inside the first sampling call (``gc.callbacks``), with its full
+  collections counted (each walks every tracked object not frozen);
 * ``optimize``: the Optimize Model node's execution (it imports inductor's config: the compile stack's import
   lands here when the process has not imported it yet; ``preloaded`` says what was imported before);
 * ``import``: what was left of importing ``torch._dynamo`` + ``torch._inductor.compile_fx`` (before sampling);
@@ -43,7 +48,22 @@ import _common
 tiny = _common.tiny_sd15_module()
 steadfast = _common.import_pack()
 config, ckpt, steps, side = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-import torch
+import gc, torch
+from pathlib import Path
+t_start, start_state = 0.0, {}
+if config == "steadfast":  # what the server does when it loads the pack (nodes/__init__.py), before any prompt
+    from steadfast.core.compile import preload
+    t0 = time.perf_counter()
+    start_state = preload.preload(Path(os.environ["STEADFAST_COMPILE_CACHE"]))
+    t_start = time.perf_counter() - t0
+gc_pause = {"on": False, "t": None, "s": 0.0, "full": 0}
+def _gc_cb(phase, info):
+    if gc_pause["on"] and phase == "start":
+        gc_pause["t"] = time.perf_counter()
+    elif gc_pause["on"] and gc_pause["t"] is not None:
+        gc_pause["s"] += time.perf_counter() - gc_pause["t"]
+        gc_pause["full"] += info["generation"] == 2
+gc.callbacks.append(_gc_cb)
 import comfy.sd, comfy.sample, comfy.samplers, comfy.utils
 t0 = time.perf_counter()
 model, clip, _vae, _ = comfy.sd.load_checkpoint_guess_config(ckpt, output_vae=True, output_clip=True)
@@ -77,7 +97,9 @@ def sample(seed):
                               seed=seed)
     return time.perf_counter() - t0, out
 
+gc_pause["on"] = True
 first, out1 = sample(1)
+gc_pause["on"] = False
 frames = trace = backend = 0.0
 hits = 0
 if config == "steadfast":
@@ -93,7 +115,9 @@ if config == "steadfast":
     from steadfast.core.compile.registry import REGISTRY
     pre = (REGISTRY.records()[-1].summary().get("precompiled") or {}) if REGISTRY.records() else {}
 second, out2 = sample(2)
-print("RESULT " + json.dumps({"load": t_load, "optimize": t_optimize, "import": t_import, "preloaded": preloaded,
+print("RESULT " + json.dumps({"start": t_start, "start_gc_frozen": start_state.get("gc_frozen") or 0,
+                              "gc": gc_pause["s"], "gc_full": gc_pause["full"],
+                              "load": t_load, "optimize": t_optimize, "import": t_import, "preloaded": preloaded,
                               "first": first, "second": second, "frames": frames, "trace": trace, "backend": backend,
                               "fx_cache_hits": hits, "pre_load": pre.get("load_seconds", 0.0),
                               "pre_save": pre.get("save_seconds", 0.0), "pre_hits": pre.get("hits", 0),
@@ -138,18 +162,22 @@ def main() -> int:
     for (config, state), rs in runs.items():
         med = {k: statistics.median(float(r[k]) for r in rs) for k in rs[0] if k != "preloaded"}
         rest = med["first"] - med["trace"] - med["backend"] - med["pre_load"] - med["pre_save"] - med["second"]
-        rows.append([config, state, f"{med['first']:.2f}", f"{med['first'] / eager_first:.1f}",
-                     f"{med['optimize']:.2f}", f"{med['import']:.2f}", f"{int(med['frames'])}", f"{med['trace']:.2f}",
+        rows.append([config, state, f"{med['start']:.2f}", f"{med['first']:.2f}", f"{med['first'] / eager_first:.1f}",
+                     f"{med['gc']:.2f} ({int(med['gc_full'])})", f"{med['optimize']:.2f}", f"{med['import']:.2f}",
+                     f"{int(med['frames'])}", f"{med['trace']:.2f}",
                      f"{med['backend']:.2f}", f"{med['pre_load']:.2f}", f"{med['pre_save']:.2f}",
                      f"{int(med['pre_hits'])}",
                      f"{rest:.2f}", f"{med['second']:.2f}", f"{int(med['fx_cache_hits'])}"])
     print()
-    print(_common.markdown_table(["config", "cache", "first sampling s", "/ eager first", "Optimize node s",
+    print(_common.markdown_table(["config", "cache", "at start s", "first sampling s", "/ eager first",
+                                  "gc s (full)", "Optimize node s",
                                   "import s", "frames", "trace s", "backend s", "precompiled load s", "save s",
                                   "precompiled hits", "rest s", "steady s", "fx cache hits"], rows))
-    print("\nmedians of the repeats; first sampling = the first comfy.sample.sample call after the checkpoint load "
-          "(the compile stack's import is timed before it, alone); rest = first - trace - backend - precompiled "
-          "load - save - steady.")
+    print("\nmedians of the repeats; at start = the pack's preload (core.compile.preload: the compile stack's "
+          "import, inductor's CPU ISA pick, the heap frozen), done where a server loads the pack; first sampling = "
+          "the first comfy.sample.sample call after the checkpoint load (what is left of the compile stack's import "
+          "is timed before it, alone); gc = the garbage collector's pauses inside the first sampling (full "
+          "collections); rest = first - trace - backend - precompiled load - save - steady.")
     _common.print_footer(t_start)
     return 0
 

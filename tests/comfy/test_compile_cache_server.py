@@ -84,6 +84,10 @@ def test_cold_then_warm_start_hits_the_cache(cache_server: ComfyServer, cold_war
     assert "no compiled files" in cold_warm["cold_warm_start"]["reason"]
     assert cold_warm["warm_warm_start"]["compile_stack_preloaded"] is True
     assert cold_warm["warm_warm_start"]["seconds"] > 0
+    # then inductor's CPU ISA picked and the heap frozen at start, before any prompt (core.compile.preload)
+    assert cold_warm["warm_warm_start"]["cpu_isa"] and "not picked" not in cold_warm["warm_warm_start"]["cpu_isa"]
+    assert cold_warm["warm_warm_start"]["gc_frozen"] > 100_000
+    assert cold_warm["cold_warm_start"]["cpu_isa"] is None and cold_warm["cold_warm_start"]["gc_frozen"] is None
     c, w = cold["first_call_seconds"], warm["first_call_seconds"]
     assert w < c
     print(f"\n[compile cache] inductor regional tiny SD1.5, first call (Warmup, includes compile): cold {c:.2f} s, "
