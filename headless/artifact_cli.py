@@ -68,6 +68,23 @@ def _root(given: Path | None) -> Path:
     return root
 
 
+def _forbidden() -> tuple[str, ...]:
+    """The folders HTTP clients can write in the ComfyUI this CLI finds (``$COMFYUI_PATH`` or ``~/comfy/ComfyUI``,
+    with ComfyUI's default folders: ``input``, ``output``, ``temp``, and every folder under ``user`` but the pack's
+    ``steadfast``), as a server's ``nodes.patches.compile.client_writable_dirs`` lists them; empty without one. A
+    compile-cache root overlapping one is refused (:func:`core.compile.cache_location.check_location`)."""
+    from .comfy_server import find_comfyui
+
+    comfy = find_comfyui()
+    if comfy is None:
+        return ()
+    user = comfy / "user"
+    dirs = [comfy / "input", comfy / "output", comfy / "temp", user / "default"]
+    if user.is_dir():
+        dirs += [d for d in user.iterdir() if d.is_dir() and d.name != "steadfast"]
+    return tuple(str(d) for d in dirs)
+
+
 def _describe(fields: dict[str, Any]) -> str:
     extra = f", inductor {fields['inductor_options']}" if fields.get("inductor_options") else ""
     return f"torch {fields.get('torch')}, {fields.get('python')}, {fields.get('device')}, pack {fields.get('pack')}" \
@@ -115,7 +132,7 @@ def _import(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     info = artifact.import_artifact(args.file, _root(args.cache_root), expected_sha256=args.sha256,
-                                    device=args.device)
+                                    device=args.device, forbidden=_forbidden())
     print(f"imported {args.file.name} into compile cache {info.name!r}: {info.files} files ({info.written} new), "
           f"{info.bytes} bytes in {time.perf_counter() - t0:.2f} s"
           + ("" if args.sha256 else "\nnot pinned: pass --sha256 (or $STEADFAST_COMPILE_ARTIFACT_SHA256) to refuse "

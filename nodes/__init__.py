@@ -11,7 +11,7 @@ from .hash_node import SteadfastHash
 from .host.public_text import guard_node
 from .host.routes import register_routes
 from .optimize_node import SteadfastOptimizeModel
-from .patches.compile import load_compile_artifacts
+from .patches.compile import warm_start_at_server_start
 from .pipeline_nodes import SteadfastLoadDiffusersPipeline, SteadfastPipelineLoRA
 from .pipeline_optimize_node import SteadfastPipelineDeterminismSetup, SteadfastPipelineOptimize
 from .pipeline_sampler_node import SteadfastPipelineSampler, SteadfastPipelineWarmup
@@ -44,22 +44,7 @@ class SteadfastExtension(ComfyExtension):
         return NODES
 
 
-def _preload_compile_stack() -> None:
-    """Warm start (:mod:`core.compile.preload`): import Dynamo and inductor while ComfyUI starts when this server
-    has compiled before; never in portable CPU mode (it refuses inductor)."""
-    import folder_paths
-
-    from ..core.compile import cache_location, preload
-    from ..core.determinism import portable
-
-    if portable.is_portable():
-        return
-    root, _source = cache_location.resolve_root(folder_paths.get_user_directory())
-    preload.preload(root)
-
-
 async def comfy_entrypoint() -> SteadfastExtension:
     register_routes()
-    load_compile_artifacts()  # $STEADFAST_COMPILE_ARTIFACT: the fleet's warm state (a refusal is only logged)
-    _preload_compile_stack()
+    warm_start_at_server_start()  # $STEADFAST_COMPILE_ARTIFACT, the compile stack's import (refusals only logged)
     return SteadfastExtension()

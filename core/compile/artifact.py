@@ -33,7 +33,7 @@ from ..version import __version__
 from . import cache as cc
 from .cache_location import CacheRefused, check_location, check_name
 
-__all__ = ["ARTIFACT_FORMAT", "MANIFEST_MEMBER", "ARTIFACT_ENV", "ARTIFACT_SHA_ENV", "ArtifactInfo",
+__all__ = ["ARTIFACT_FORMAT", "MANIFEST_MEMBER", "ARTIFACT_ENV", "ARTIFACT_SHA_ENV", "MAX_BYTES_ENV", "ArtifactInfo",
            "ArtifactRefused", "export_artifact", "import_artifact", "inspect_artifact", "load_from_env",
            "loaded_artifacts", "cache_note", "file_sha256"]
 
@@ -43,6 +43,8 @@ ARTIFACT_FORMAT = 1
 MANIFEST_MEMBER = "steadfast_artifact.json"
 ARTIFACT_ENV = "STEADFAST_COMPILE_ARTIFACT"
 ARTIFACT_SHA_ENV = "STEADFAST_COMPILE_ARTIFACT_SHA256"
+MAX_BYTES_ENV = "STEADFAST_COMPILE_ARTIFACT_MAX_BYTES"
+DEFAULT_MAX_BYTES = 16 << 30  # a GPU model's kernels are hundreds of MB; a CPU one's, about 1 MB
 MAX_MANIFEST_BYTES = 64 << 20  # a manifest lists files, it is never this big
 _CHUNK = 1 << 20
 _LOADED: list[dict[str, Any]] = []  # what this process imported (or refused) at start, for compile_state
@@ -166,8 +168,7 @@ def export_artifact(cache: cc.CompileCache | str | os.PathLike[str], out_path: s
         key_dir = Path(cache).expanduser().absolute()
         name = key_dir.parent.name
     body = _read_manifest(key_dir)
-    recorded = cc._load_files(cc.CompileCache(root=key_dir.parent, key=key_dir.name, fields=body["fields"],
-                                              name=name))
+    recorded = cc.CompileCache(root=key_dir.parent, key=key_dir.name, fields=body["fields"], name=name).recorded()
     members: dict[str, list[Any]] = {}
     unrecorded = changed = 0
     for f in sorted(key_dir.rglob("*")):
@@ -299,12 +300,31 @@ def _check_member(m: tarfile.TarInfo, listed: Mapping[str, list[Any]], seen: set
     return name
 
 
-def _record(cache: cc.CompileCache, digests: Mapping[str, str]) -> None:
-    """Add ``{relpath: sha256}`` (files now in the cache) to its ``steadfast_files.json`` with a fresh stat."""
-    files = cc._load_files(cache)
-    for rel, digest in digests.items():
-        files[rel] = [*cc._stat_key((cache.path / rel).stat()), digest]
-    cc._save_files(cache, files)
+def max_artifact_bytes() -> int:
+    """The most bytes an imported artifact may list: ``$STEADFAST_COMPILE_ARTIFACT_MAX_BYTES`` (an integer), else
+    16 GiB. Raises ``ValueError`` for a value that is not a positive integer."""
+    raw = os.environ.get(MAX_BYTES_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_BYTES
+    value = int(raw)
+    if value <= 0:
+        raise ValueError(f"${MAX_BYTES_ENV} must be a positive number of bytes, not {raw!r}")
+    return value
+
+
+def _check_size(total: int, root: Path) -> None:
+    """Refuse, before a member is read, an artifact whose manifest lists more bytes than the cap
+    (:func:`max_artifact_bytes`) or than the free space under ``root`` (pinned or not: a full disk stops more than
+    this server)."""
+    try:
+        cap = max_artifact_bytes()
+    except ValueError as e:
+        raise ArtifactRefused(str(e)) from None
+    if total < 0 or total > cap:
+        raise ArtifactRefused(f"it lists {total} bytes, more than the {cap} allowed (${MAX_BYTES_ENV})")
+    free = shutil.disk_usage(root).free
+    if total > free:
+        raise ArtifactRefused(f"it lists {total} bytes and the compile cache's disk has {free} free")
 
 
 def import_artifact(path: str | os.PathLike[str], root: str | os.PathLike[str], name: str | None = None, *,
@@ -316,7 +336,8 @@ def import_artifact(path: str | os.PathLike[str], root: str | os.PathLike[str], 
     Order: ``expected_sha256`` of the whole file (when given); the manifest (first member; no other member read
     before it passes): format, the pack version, the key fields equal to :func:`core.compile.cache.cache_key_fields`
     of ``device`` on this machine with the artifact's ``inductor_options``, the key recomputed; then every member
-    (regular file, plain relative path, listed once, size and SHA-256 equal) stream-hashed into a staging folder
+    (regular file, plain relative path, listed once, size and SHA-256 equal; their total within the cap,
+    :func:`max_artifact_bytes`, and the free space) stream-hashed into a staging folder
     under ``<root>/<name>``; then the target cache is opened (a foreign or corrupted one is moved aside as on any
     open); a file already there with the same bytes is kept, with other bytes the import is refused (the existing
     cache stays as it was); then the files are moved in and recorded. Never unpickles, imports or loads anything.
@@ -385,6 +406,7 @@ def _import(p: Path, root: Path, name: str | None, expected_sha256: str | None,
             raise ArtifactRefused("its key does not match its fields (a hand-edited manifest)")
         listed: dict[str, list[Any]] = body["members"]
         root.mkdir(parents=True, exist_ok=True)
+        _check_size(sum(size for size, _ in listed.values()), root)
         named = check_location(root, name, tuple(Path(f) for f in forbidden))
         named.mkdir(parents=True, exist_ok=True)
         staging = named / f".artifact-staging-{os.getpid()}-{int(time.time() * 1000)}"
@@ -442,12 +464,7 @@ def _move_in(staging: Path, root: Path, name: str, key: str, fields: dict[str, A
         raise ArtifactRefused(f"compile cache {name!r} already holds other bytes at {len(clashes)} of its paths "
                               f"(e.g. {min(clashes)[:120]!r}); nothing imported, the existing cache is used as it is "
                               "(remove that cache folder to start from the artifact)")
-    with cc._ENV_LOCK:
-        for rel in new:
-            target = cache.path / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(staging / rel, target)
-        _record(cache, {rel: listed[rel][1] for rel in listed})
+    cache.adopt({rel: staging / rel for rel in new}, {rel: listed[rel][1] for rel in listed})
     total = sum(size for size, _ in listed.values())
     return ArtifactInfo(file="", sha256="", name=name, key=key, fields=fields, files=len(listed), bytes=total,
                         written=len(new))

@@ -187,6 +187,33 @@ class CompileCache:
             files[rel] = [*_stat_key(f.stat()), hashlib.sha256(data).hexdigest()]
             _save_files(self, files)
 
+    def recorded(self) -> dict[str, list]:
+        """The file record (:data:`FILES`): ``{relative posix path: [size, mtime_ns, ctime_ns, sha256]}`` of the files
+        written while Steadfast watched, or adopted (a copy; empty when there is none or it is unreadable)."""
+        with _ENV_LOCK:
+            return dict(_load_files(self))
+
+    def adopt(self, staged: Mapping[str, Path], digests: Mapping[str, str]) -> None:
+        """Move files the caller has checked into the key directory and record them, under the cache's lock (no
+        compile in this process sees a half-moved folder).
+
+        Args:
+            staged: ``{relative posix path: file}`` moved in with ``os.replace`` (folders made; same filesystem).
+            digests: ``{relative posix path: sha256}`` recorded with a fresh stat: every path of ``staged``, and
+                files already in place with those bytes (the caller checked them).
+        Raises:
+            OSError: a move or the record failed (what was moved stays; unrecorded files are never handed out).
+        """
+        with _ENV_LOCK:
+            for rel, src in staged.items():
+                target = self.path / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(src, target)
+            files = _load_files(self)
+            for rel, digest in digests.items():
+                files[rel] = [*_stat_key((self.path / rel).stat()), digest]
+            _save_files(self, files)
+
     def redact(self, text: str) -> str:
         """``text`` with this cache's absolute paths replaced by ``<compile cache 'name'>`` (a file in it:
         ``<compile cache 'name'>/ab/x.so``), any other absolute path as :func:`core.paths.redact` shows it.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from pathlib import Path
 
 import torch
 
@@ -17,17 +18,19 @@ from comfy.patcher_extension import WrappersMP
 
 from ...core import torch_compat
 from ...core.compile import artifact as compile_artifact
-from ...core.compile import blocks, registry
+from ...core.compile import blocks, preload, registry
 from ...core.compile import cache as compile_cache
 from ...core.compile import cache_location as compile_cache_location
 from ...core.compile import presets as inductor_presets
 from ...core.compile.guards import comfy_guard_filter
 from ...core.compile.record import CompileRecord
 from ...core.compile.swap import swap_in
+from ...core.determinism import portable
 from ...core.optimize.plan import OptimizeOptions, StepReport
 from .options import steadfast_options
 
-__all__ = ["KEY_COMPILE", "client_writable_dirs", "open_compile_cache", "load_compile_artifacts", "add_compile",
+__all__ = ["KEY_COMPILE", "client_writable_dirs", "open_compile_cache", "load_compile_artifacts",
+           "warm_start_at_server_start", "add_compile",
            "compile_model", "compile_state"]
 
 log = logging.getLogger("steadfast")
@@ -63,8 +66,7 @@ def open_compile_cache(backend: str, name: str = "", inductor_options: dict | No
         return None, f"compile cache: not used by backend {backend}"
     if chosen is None:
         return None, "compile cache: off (node input); inductor's default directory applies"
-    import folder_paths
-    root, source = compile_cache_location.resolve_root(folder_paths.get_user_directory())
+    root, source = _cache_root()
     if root is None:
         return None, f"compile cache: off ({source}); inductor's default directory applies"
     device = comfy.model_management.get_torch_device()
@@ -81,26 +83,52 @@ def open_compile_cache(backend: str, name: str = "", inductor_options: dict | No
     return cache, line
 
 
-def load_compile_artifacts() -> list[dict]:
+def load_compile_artifacts(root: Path | None = None, source: str = "") -> list[dict]:
     """Import the compile artifacts named in ``$STEADFAST_COMPILE_ARTIFACT`` (pinned by
     ``$STEADFAST_COMPILE_ARTIFACT_SHA256``) into the operator's cache root, keyed for ComfyUI's torch device
-    (:func:`core.compile.artifact.load_from_env`); called once when ComfyUI loads the pack. Never raises: a refusal
-    is logged and listed (``GET /steadfast/compile_state``'s ``artifacts``), ComfyUI starts regardless.
+    (:func:`core.compile.artifact.load_from_env`). Never raises: a refusal is logged and listed
+    (``GET /steadfast/compile_state``'s ``artifacts``), ComfyUI starts regardless.
 
+    Args:
+        root, source: the cache root and where it came from (:func:`core.compile.cache_location.resolve_root`);
+            resolved here when ``root`` is None.
     Returns:
         one dict per artifact: ``status`` "imported" (with counts) or "refused" (with ``reason``); no paths.
     """
     if not os.environ.get(compile_artifact.ARTIFACT_ENV, "").strip():
         return []
     try:
-        import folder_paths
-        root, source = compile_cache_location.resolve_root(folder_paths.get_user_directory())
+        if root is None:
+            root, source = _cache_root()
         device = comfy.model_management.get_torch_device()
         forbidden = client_writable_dirs()
     except Exception as e:  # never stop ComfyUI from starting
         log.warning("Steadfast: compile artifacts not loaded (%s: %s)", type(e).__name__, e)
         return []
     return compile_artifact.load_from_env(root, device=device, forbidden=forbidden, root_note=source)
+
+
+def _cache_root() -> tuple[Path | None, str]:
+    """The operator's compile-cache root for this ComfyUI (:func:`core.compile.cache_location.resolve_root` of its
+    user folder) and where it came from."""
+    import folder_paths
+
+    return compile_cache_location.resolve_root(folder_paths.get_user_directory())
+
+
+def warm_start_at_server_start() -> None:
+    """What the pack does for a warm start when ComfyUI loads it, once: the fleet's artifacts
+    (:func:`load_compile_artifacts`), then the compile stack's import, inductor's CPU ISA pick and the heap's freeze
+    (:func:`core.compile.preload.preload`) when this server has compiled before, never in portable CPU mode (it
+    refuses inductor). Never raises: ComfyUI starts regardless (what was done: ``GET /steadfast/compile_state``)."""
+    try:
+        root, source = _cache_root()
+    except Exception as e:  # never stop ComfyUI from starting
+        log.warning("Steadfast: no warm start (%s: %s)", type(e).__name__, e)
+        return
+    load_compile_artifacts(root, source)
+    if not portable.is_portable():
+        preload.preload(root)
 
 
 def add_compile(model, record: CompileRecord, scope: str,

@@ -103,7 +103,7 @@ def _recorded_cache(root: Path, name: str = "fleet") -> cc.CompileCache:
     for rel, data in FILES.items():
         (cache.path / rel).parent.mkdir(parents=True, exist_ok=True)
         (cache.path / rel).write_bytes(data)
-    art._record(cache, {rel: cc._sha256(cache.path / rel) for rel in FILES})
+    cache.adopt({}, {rel: art.file_sha256(cache.path / rel) for rel in FILES})
     return cache
 
 
@@ -241,7 +241,7 @@ def test_wrong_pinned_digest_is_refused_before_anything(made, tmp_path):
 def test_clash_with_existing_bytes_refuses_and_keeps_the_cache(made, tmp_path):
     existing = _recorded_cache(tmp_path / "dst")
     (existing.path / "cd" / "kernel.so").write_bytes(b"\x7fELF other kernel")
-    art._record(existing, {"cd/kernel.so": cc._sha256(existing.path / "cd" / "kernel.so")})
+    existing.adopt({}, {"cd/kernel.so": art.file_sha256(existing.path / "cd" / "kernel.so")})
     before = _tree(existing.path)
     with pytest.raises(art.ArtifactRefused, match="already holds other bytes"):
         art.import_artifact(made, tmp_path / "dst", device="cpu")
@@ -261,3 +261,13 @@ def test_load_from_env_lists_imports_and_refusals(made, tmp_path, monkeypatch):
     assert [e["status"] for e in wrong] == ["refused", "refused"] and "2 artifact" in wrong[0]["reason"]
     off = art.load_from_env(None, device="cpu", root_note="disabled", environ={art.ARTIFACT_ENV: str(made)})
     assert off[0]["status"] == "refused" and "compile cache is off (disabled)" in off[0]["reason"]
+
+
+def test_an_artifact_over_the_size_cap_is_refused_before_a_member_is_read(made, tmp_path, monkeypatch):
+    total = sum(size for size, _ in art.inspect_artifact(made)["members"].values())
+    monkeypatch.setenv(art.MAX_BYTES_ENV, str(total - 1))
+    _refused(made, tmp_path / "dst", "lists", str(total), art.MAX_BYTES_ENV)
+    monkeypatch.setenv(art.MAX_BYTES_ENV, "0")
+    _refused(made, tmp_path / "dst", art.MAX_BYTES_ENV, "positive")
+    monkeypatch.setenv(art.MAX_BYTES_ENV, str(total))  # at the cap: imported
+    assert art.import_artifact(made, tmp_path / "dst", device="cpu").files > 0

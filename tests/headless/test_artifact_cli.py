@@ -12,7 +12,7 @@ def _cache(root, name="fleet", preset_options=None):
     cache = cc.open_cache(root, name, device="cpu", inductor_options=preset_options)
     (cache.path / "ab").mkdir()
     (cache.path / "ab" / "k.so").write_bytes(b"\x7fELF kernel")
-    art._record(cache, {"ab/k.so": cc._sha256(cache.path / "ab" / "k.so")})
+    cache.adopt({}, {"ab/k.so": art.file_sha256(cache.path / "ab" / "k.so")})
     return cache
 
 
@@ -48,3 +48,20 @@ def test_export_without_a_folder_for_this_machine_lists_what_there_is(tmp_path, 
     assert main([*args, "--key", made.key]) == 0 and (tmp_path / "a.tar").is_file()
     assert main(["artifact", "export", "--name", "nope", "--cache-root", str(tmp_path), "-o", "x.tar"]) == 2
     assert "no compile cache named 'nope'" in capsys.readouterr().err
+
+
+def test_import_refuses_a_root_clients_can_write_in_the_comfyui_it_finds(tmp_path, capsys, monkeypatch):
+    made = _cache(tmp_path / "src")
+    out = tmp_path / "a.tar"
+    assert main(["artifact", "export", "--name", "fleet", "--cache-root", str(tmp_path / "src"), "--key", made.key,
+                 "-o", str(out)]) == 0
+    comfy = tmp_path / "ComfyUI"
+    (comfy / "user" / "alice").mkdir(parents=True)
+    (comfy / "main.py").write_text("")
+    monkeypatch.setenv("COMFYUI_PATH", str(comfy))
+    capsys.readouterr()
+    for root in (comfy / "input" / "cc", comfy / "user" / "alice" / "cc"):  # /upload and /userdata write there
+        assert main(["artifact", "import", str(out), "--cache-root", str(root)]) == 2
+        assert not root.exists() or not any(root.rglob("*.so")), root
+    assert "refused" in capsys.readouterr().err.lower()
+    assert main(["artifact", "import", str(out), "--cache-root", str(comfy / "user" / "steadfast" / "cc")]) == 0
