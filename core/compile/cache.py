@@ -101,14 +101,15 @@ class CompileCache:
         return self.root / self.key
 
     @contextlib.contextmanager
-    def activate(self) -> Iterator[Path]:
+    def activate(self, *, trust_writes: bool = False) -> Iterator[Path]:
         """Yields :attr:`path`, ``TORCHINDUCTOR_CACHE_DIR`` (``TRITON_CACHE_DIR`` = ``<path>/triton``) inside the
         block, process-wide, restored after; re-entrant; inductor's memoised paths cleared when the folder changes.
 
         Trust on write: when Dynamo or inductor compiled (or loaded from this cache) inside the block
-        (:func:`core.torch_compat.compile_activity` grew), the files written during the block are checksummed into
-        :data:`FILES`; a block that compiled nothing (every steady model call) costs no file-system access. A
-        recorded file found changed by someone else moves the cache aside (:meth:`quarantine`)."""
+        (:func:`core.torch_compat.compile_activity` grew), or ``trust_writes`` is set (inductor work that is not a
+        compile: its CPU ISA test programs, :mod:`core.compile.preload`), the files written during the block are
+        checksummed into :data:`FILES`; a block that compiled nothing (every steady model call) costs no file-system
+        access. A recorded file found changed by someone else moves the cache aside (:meth:`quarantine`)."""
         target = str(self.path.resolve())
         with _ENV_LOCK:
             previous = {k: os.environ.get(k) for k in (INDUCTOR_ENV, TRITON_ENV)}
@@ -128,7 +129,7 @@ class CompileCache:
                 with _ENV_LOCK:
                     for k, v in previous.items():
                         os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-                if torch_compat.compile_activity() != activity:  # rare (a compile): the record under the lock
+                if trust_writes or torch_compat.compile_activity() != activity:  # rare: the record under the lock
                     with _ENV_LOCK, contextlib.suppress(OSError):
                         if (problem := _record_written(self, since)) is not None:
                             self.quarantine(problem)
@@ -388,6 +389,39 @@ def open_cache(root: str | os.PathLike[str], name: str = DEFAULT_NAME, *, device
         probe.unlink()
     except OSError as e:
         log.warning("compile cache under %s/%s unusable (%s): running without the managed cache", base, name, e)
+        return None
+    return cache
+
+
+def existing_cache(root: str | os.PathLike[str], name: str = DEFAULT_NAME, *,
+                   device: torch.device | str | None = None,
+                   forbidden: tuple[str | os.PathLike[str], ...] = ()) -> CompileCache | None:
+    """``<root>/<name>/<key>`` (:func:`cache_key_fields` of ``device``, no inductor preset) when it exists and checks
+    out, read only: its manifest fits and every recorded file that remains has its recorded bytes. Nothing is
+    created, recorded or moved aside: a compile's :func:`open_cache` does that, with its message in the run record.
+
+    Args:
+        root, name: as :func:`open_cache`.
+        device: what the kernels are for (None: CUDA when available, else CPU).
+        forbidden: folders HTTP clients can write.
+    Returns:
+        the cache, or None when there is none or it does not check out.
+    Raises:
+        CacheRefused: as :func:`open_cache` (a path for a name, a root overlapping a ``forbidden`` folder).
+    """
+    if check_name(name) != name:
+        raise CacheRefused(f"compile cache name {name!r} is not a plain name")
+    named = check_location(Path(root).expanduser().absolute(), name, tuple(Path(p) for p in forbidden))
+    f = cache_key_fields(device)
+    cache = CompileCache(root=named, key=cache_key(f), fields=f, source="warm start", name=name)
+    try:
+        if not (cache.path / MANIFEST).is_file() or _manifest_problem(cache) is not None:
+            return None
+        recorded = _load_files(cache)
+        for rel, st, file in _walk(cache):
+            if rel in recorded and _check(cache, rel, recorded[rel], st, file)[1] is not None:
+                return None
+    except OSError:
         return None
     return cache
 

@@ -11,6 +11,7 @@ file; ``$STEADFAST_GC_FREEZE=0`` leaves the heap unfrozen. No ComfyUI imports.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -20,14 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from .. import torch_compat
-from .cache import FILES
+from .cache import FILES, CompileCache, cache_key, cache_key_fields, existing_cache
+from .cache_location import DEFAULT_NAME, CacheRefused
 
 log = logging.getLogger("steadfast.compile_cache")
 
 PRELOAD_ENV = "STEADFAST_PRELOAD_COMPILE"
 GC_FREEZE_ENV = "STEADFAST_GC_FREEZE"
 _state: dict[str, Any] = {"compile_stack_preloaded": False, "seconds": None, "reason": "not decided yet",
-                          "cpu_isa": None, "cpu_isa_seconds": None, "gc_frozen": None}
+                          "cpu_isa": None, "cpu_isa_cache": None, "cpu_isa_seconds": None, "gc_frozen": None}
 _lock = threading.Lock()
 
 
@@ -81,8 +83,39 @@ def freeze_heap() -> int | None:
     return gc.get_freeze_count()
 
 
-def preload(root: Path | None) -> dict[str, Any]:
-    """Import the compile stack now when :func:`decide` says so (once per process); returns :func:`state`.
+def isa_cache(root: Path | None, device: Any = None,
+              forbidden: tuple[str | os.PathLike[str], ...] = ()) -> CompileCache | None:
+    """The managed compile cache inductor's ISA pick at start runs in: the first cache name under ``root``
+    (``default`` first, then by name) whose folder for this machine's key (no inductor preset) checks out
+    (:func:`core.compile.cache.existing_cache`: read only; a bad one is left for the first compile to move aside,
+    with its message in the run record). Inductor keeps its ISA test programs in its cache folder: the ones the
+    first compile built there (or an artifact brought) are found instead of built again (1.7 s on a 2-core CPU).
+
+    Args:
+        root: the operator's cache root, or None.
+        device: what the kernels are for (:func:`core.compile.cache.cache_key_fields`; None: CUDA when available).
+        forbidden: folders HTTP clients can write (a root overlapping one: None).
+    Returns:
+        the cache, or None when there is none that checks out.
+    """
+    if root is None or not root.is_dir():
+        return None
+    key = cache_key(cache_key_fields(device))
+    try:
+        names = sorted((d.name for d in root.iterdir() if (d / key).is_dir()), key=lambda n: (n != DEFAULT_NAME, n))
+        for name in names:
+            if (cache := existing_cache(root, name, device=device, forbidden=forbidden)) is not None:
+                return cache
+    except (OSError, CacheRefused) as e:
+        log.info("Steadfast: inductor's ISA pick at start runs outside the compile cache (%s)", e)
+    return None
+
+
+def preload(root: Path | None, *, device: Any = None, forbidden: tuple[str | os.PathLike[str], ...] = (),
+            isa_in_cache: bool = True) -> dict[str, Any]:
+    """Import the compile stack now when :func:`decide` says so (once per process), then pick inductor's CPU ISA
+    inside :func:`isa_cache` (``device``, ``forbidden``: as there; ``isa_in_cache`` False: in inductor's own folder)
+    and freeze the heap; returns :func:`state`.
     Never raises: a failed import is logged and kept in the state (the first compile then imports it itself)."""
     with _lock:
         if _state["seconds"] is not None:
@@ -99,7 +132,10 @@ def preload(root: Path | None) -> dict[str, Any]:
                 return dict(_state)
             t0 = time.perf_counter()
             try:
-                _state["cpu_isa"] = torch_compat.pick_cpu_isa()
+                cache = isa_cache(root, device, forbidden) if isa_in_cache else None
+                _state["cpu_isa_cache"] = cache.name if cache is not None else None
+                with cache.activate(trust_writes=True) if cache is not None else contextlib.nullcontext():
+                    _state["cpu_isa"] = torch_compat.pick_cpu_isa()
             except Exception as e:  # noqa: BLE001 - inductor then picks at its first kernel, as without the pack
                 _state["cpu_isa"] = f"not picked at start: {type(e).__name__}: {e}"
             _state["cpu_isa_seconds"] = round(time.perf_counter() - t0, 3)
@@ -114,7 +150,8 @@ def preload(root: Path | None) -> dict[str, Any]:
 
 def state() -> dict[str, Any]:
     """``{"compile_stack_preloaded": bool, "seconds": float | None, "reason": str, "cpu_isa": str | None,
-    "cpu_isa_seconds": float | None, "gc_frozen": int | None}`` (a copy; ``seconds``: the import's, ``cpu_isa``:
-    inductor's pick, made after the import, ``gc_frozen``: :func:`freeze_heap`'s count, last)."""
+    "cpu_isa_cache": str | None, "cpu_isa_seconds": float | None, "gc_frozen": int | None}`` (a copy;
+    ``seconds``: the import's, ``cpu_isa``: inductor's pick, made after the import, in the compile cache named
+    ``cpu_isa_cache`` (:func:`isa_cache`), ``gc_frozen``: :func:`freeze_heap`'s count, last)."""
     with _lock:
         return dict(_state)

@@ -127,8 +127,15 @@ def warm_start_at_server_start() -> None:
         log.warning("Steadfast: no warm start (%s: %s)", type(e).__name__, e)
         return
     load_compile_artifacts(root, source)
-    if not portable.is_portable():
-        preload.preload(root)
+    if portable.is_portable():
+        return
+    try:
+        device, forbidden = comfy.model_management.get_torch_device(), client_writable_dirs()
+    except Exception as e:  # noqa: BLE001 - never stop ComfyUI from starting; the pick then runs in no cache
+        log.warning("Steadfast: inductor's ISA pick at start outside the compile cache (%s: %s)", type(e).__name__, e)
+        preload.preload(root, isa_in_cache=False)
+        return
+    preload.preload(root, device=device, forbidden=forbidden)
 
 
 def add_compile(model, record: CompileRecord, scope: str,

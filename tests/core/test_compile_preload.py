@@ -82,3 +82,58 @@ def test_preload_imports_the_compile_stack_in_a_fresh_process(tmp_path: Path, sw
         assert r["state"]["gc_frozen"] * 0.99 < r["frozen_now"] <= r["state"]["gc_frozen"]
     else:
         assert r["state"]["gc_frozen"] is None and r["frozen_now"] == 0
+
+
+_ISA_CACHE_CHILD = r"""
+import json, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from _steadfast_import import import_steadfast
+import_steadfast()
+from steadfast.core.compile import cache as cc, preload
+root = Path(sys.argv[2])
+other = cc.open_cache(root, "aaa-other", device="cpu")  # sorts before "default": default is still tried first
+cache = cc.open_cache(root, "default", device="cpu")
+(cache.path / "ab").mkdir()
+(cache.path / "ab" / "k.so").write_bytes(b"compiled")  # what an earlier compile recorded
+cache.adopt({}, {"ab/k.so": cc._sha256(cache.path / "ab" / "k.so")})
+def tree(c):
+    return {p.relative_to(c.path).as_posix() for p in c.path.rglob("*") if p.is_file()}
+before = tree(cache)
+state = preload.preload(root, device="cpu")
+print(json.dumps({"state": state, "new": sorted(tree(cache) - before), "other": sorted(tree(other) - {cc.MANIFEST}),
+                  "recorded": sorted(cache.recorded())}))
+"""
+
+
+def test_the_isa_pick_at_start_runs_in_this_machines_compile_cache(tmp_path: Path) -> None:
+    """Inductor builds its ISA test programs in its cache folder: at start they go into (and next time come from)
+    the managed cache of this machine's key, recorded as a compile's files are (a later open finds no file it did
+    not write; an artifact carries them)."""
+    env = {**os.environ, preload.PRELOAD_ENV: "1"}
+    out = subprocess.run([sys.executable, "-c", _ISA_CACHE_CHILD, str(ROOT / "scripts"), str(tmp_path)], env=env,
+                         capture_output=True, text=True, timeout=600, check=True)
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["state"]["cpu_isa_cache"] == "default" and "not picked" not in r["state"]["cpu_isa"]
+    if "avx512" in r["state"]["cpu_isa"]:  # inductor builds its AVX512 sub-feature probes (AMX, VNNI ...) there
+        assert any(n.endswith(".so") for n in r["new"]), r  # built inside the activated cache
+        assert {n for n in r["new"] if not n.endswith(".lock")} <= set(r["recorded"]), r  # and recorded
+    assert r["other"] == [] and "ab/k.so" in r["recorded"]
+
+
+def test_isa_cache_takes_a_folder_that_checks_out_and_moves_nothing(tmp_path: Path) -> None:
+    from steadfast.core.compile import cache as cc
+
+    assert preload.isa_cache(None, "cpu") is None and preload.isa_cache(tmp_path / "none", "cpu") is None
+    good = cc.open_cache(tmp_path, "zzz", device="cpu")
+    bad = cc.open_cache(tmp_path, "default", device="cpu")
+    for c in (good, bad):
+        (c.path / "k.so").write_bytes(b"compiled")
+        c.adopt({}, {"k.so": cc._sha256(c.path / "k.so")})
+    (bad.path / "k.so").write_bytes(b"garbage!")  # changed since recorded: not used, left for the first compile
+    chosen = preload.isa_cache(tmp_path, "cpu")
+    assert chosen is not None and chosen.name == "zzz"
+    assert (bad.path / "k.so").read_bytes() == b"garbage!" and not list(tmp_path.glob("default/*.bad-*"))
+    with pytest.raises(cc.CacheRefused):  # a root clients can write is refused as open_cache refuses it
+        cc.existing_cache(tmp_path, "zzz", device="cpu", forbidden=(str(tmp_path),))
+    assert preload.isa_cache(tmp_path, "cpu", forbidden=(str(tmp_path),)) is None
