@@ -145,8 +145,37 @@ except OSError:
     import torch  # noqa: F401
     cdll.LoadLibrary("__lib_path__")
 """
-_ISA_PROBE_LOCK = threading.Lock()
-_isa_probe_patch: dict[str, Any] = {"depth": 0, "saved": None}  # one patch for all threads; the last exit restores
+
+
+class _SharedPatch:
+    """One patch of torch shared by overlapping blocks in any thread: the first entry applies it, the last exit undoes
+    it (blocks may nest and overlap; a patch that did not apply is not undone)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._undo: Callable[[], None] | None = None
+
+    @contextlib.contextmanager
+    def hold(self, apply: Callable[[], Callable[[], None] | None]) -> Iterator[bool]:
+        """Inside the block the patch holds; ``apply`` (called by the first entry) patches and returns the function
+        that undoes it, or None when it did not patch. Yields whether the patch holds."""
+        with self._lock:
+            if self._depth == 0:
+                self._undo = apply()
+            self._depth += 1
+            patched = self._undo is not None
+        try:
+            yield patched
+        finally:
+            with self._lock:
+                self._depth -= 1
+                if self._depth == 0 and self._undo is not None:
+                    self._undo()
+                    self._undo = None
+
+
+_ISA_PROBE_PATCH = _SharedPatch()
 
 
 @contextlib.contextmanager
@@ -163,42 +192,33 @@ def fast_isa_probe_child() -> Iterator[bool]:
     isa = sys.modules.get("torch._inductor.cpu_vec_isa")
     if isa is None:
         isa = _api("torch._inductor", "cpu_vec_isa", "making inductor's CPU ISA probes cheap")
-    with _ISA_PROBE_LOCK:
-        if _isa_probe_patch["depth"] == 0:
-            vec, old_env = getattr(isa, "VecISA", None), getattr(isa, "python_subprocess_env", None)
-            if (not sys.platform.startswith("linux") or vec is None or hasattr(vec, "_build_probe_env")
-                    or old_env is None or "import torch" not in str(vec.__dict__.get("_avx_py_load", ""))):
-                patched = False
-            else:
-                lib_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
 
-                def probe_env() -> dict[str, str]:
-                    env = dict(old_env())
-                    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (lib_dir, env.get("LD_LIBRARY_PATH")) if p)
-                    return env
+    def apply() -> Callable[[], None] | None:
+        vec, old_env = getattr(isa, "VecISA", None), getattr(isa, "python_subprocess_env", None)
+        if (not sys.platform.startswith("linux") or vec is None or hasattr(vec, "_build_probe_env")
+                or old_env is None or "import torch" not in str(vec.__dict__.get("_avx_py_load", ""))):
+            return None
+        lib_dir, old_load = os.path.join(os.path.dirname(torch.__file__), "lib"), vec.__dict__["_avx_py_load"]
 
-                _isa_probe_patch["saved"] = (vec, vec.__dict__["_avx_py_load"], old_env)
-                vec._avx_py_load, isa.python_subprocess_env = _ISA_PROBE_CHILD, probe_env
-                patched = True
-        else:
-            patched = _isa_probe_patch["saved"] is not None
-        _isa_probe_patch["depth"] += 1
-    try:
+        def probe_env() -> dict[str, str]:
+            env = dict(old_env())
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (lib_dir, env.get("LD_LIBRARY_PATH")) if p)
+            return env
+
+        def undo() -> None:
+            vec._avx_py_load, isa.python_subprocess_env = old_load, old_env
+
+        vec._avx_py_load, isa.python_subprocess_env = _ISA_PROBE_CHILD, probe_env
+        return undo
+
+    with _ISA_PROBE_PATCH.hold(apply) as patched:
         yield patched
-    finally:
-        with _ISA_PROBE_LOCK:
-            _isa_probe_patch["depth"] -= 1
-            if _isa_probe_patch["depth"] == 0 and _isa_probe_patch["saved"] is not None:
-                vec, old_load, old_env = _isa_probe_patch["saved"]
-                vec._avx_py_load, isa.python_subprocess_env = old_load, old_env
-                _isa_probe_patch["saved"] = None
 
 
 #: The header a load under :func:`built_kernel_loads` hands inductor instead of a precompiled one (GCC's ``-include``
 #: finds no ``.gch`` beside it and includes it as text).
 _PLAIN_HEADER = "#include <{header}>\n"
-_HEADER_LOCK = threading.Lock()
-_header_patch: dict[str, Any] = {"depth": 0, "saved": None}
+_HEADER_PATCH = _SharedPatch()
 
 
 def _plain_header_dir() -> str:
@@ -250,22 +270,20 @@ def built_kernel_loads() -> Iterator[bool]:
     codecache = sys.modules.get("torch._inductor.codecache")
     if codecache is None:
         codecache = _api("torch._inductor", "codecache", "loading built kernels without inductor's header")
-    with _HEADER_LOCK:
-        if _header_patch["depth"] == 0:
-            original = getattr(codecache, "_precompile_header", None)
-            if original is not None:
-                _header_patch["saved"] = original
-                codecache._precompile_header = _plain_header
-        _header_patch["depth"] += 1
-        patched = _header_patch["saved"] is not None
-    try:
+
+    def apply() -> Callable[[], None] | None:
+        original = getattr(codecache, "_precompile_header", None)
+        if original is None:
+            return None
+        codecache._precompile_header = _plain_header
+
+        def undo() -> None:
+            codecache._precompile_header = original
+
+        return undo
+
+    with _HEADER_PATCH.hold(apply) as patched:
         yield patched
-    finally:
-        with _HEADER_LOCK:
-            _header_patch["depth"] -= 1
-            if _header_patch["depth"] == 0 and _header_patch["saved"] is not None:
-                codecache._precompile_header = _header_patch["saved"]
-                _header_patch["saved"] = None
 
 
 def pick_cpu_isa() -> str:

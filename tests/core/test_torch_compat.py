@@ -426,3 +426,38 @@ def test_built_kernel_loads_skip_the_header_and_give_the_same_bytes(tmp_path: Pa
         assert r["calls"] >= 1 and r["gch"] == []  # the stand-in ran; it never writes a precompiled header
         assert r["out"] == torch_path["out"]
     assert torch_path["depends_on_input"] and torch_path["close_to_eager"]
+
+
+def test_a_shared_patch_applies_once_and_undoes_at_the_last_exit() -> None:
+    import threading
+
+    calls: list[str] = []
+
+    def apply():
+        calls.append("apply")
+        return lambda: calls.append("undo")
+
+    patch = tc._SharedPatch()
+    with patch.hold(apply) as outer:
+        with patch.hold(apply) as inner:  # nested: the outer entry's patch
+            pass
+        entered, leave = threading.Event(), threading.Event()
+
+        def other() -> None:  # another thread overlapping the block
+            with patch.hold(apply):
+                entered.set()
+                leave.wait(10)
+
+        t = threading.Thread(target=other)
+        t.start()
+        assert entered.wait(10)
+    assert calls == ["apply"] and outer and inner  # the other thread still holds it
+    leave.set()
+    t.join(10)
+    assert calls == ["apply", "undo"]
+    with pytest.raises(RuntimeError), patch.hold(apply):  # an error inside still undoes
+        raise RuntimeError("x")
+    assert calls == ["apply", "undo", "apply", "undo"]
+    with patch.hold(lambda: None) as held:  # a patch that did not apply: nothing to undo
+        assert held is False
+    assert calls[-1] == "undo" and len(calls) == 4
