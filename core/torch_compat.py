@@ -291,7 +291,7 @@ def pick_cpu_isa() -> str:
     :func:`trusted_cpu_isa`; returns its name (``"avx512"``, ``""`` for none).
 
     Inductor probes the ISAs once per process, at its first C++ kernel load or compile (0.07 s on torch 2.14, 0.27 s
-    on 2.11 with the cheap probes, on a 2-core CPU: docs/benchmarks.md section 14); :mod:`core.compile.preload`
+    on 2.11 with the cheap probes, on a 2-core CPU: docs/benchmarks.md section 15); :mod:`core.compile.preload`
     calls this at server start so that a warm first prompt does not wait for it. Raises :class:`TorchAPIMissing`
     when the function is gone.
     """

@@ -70,7 +70,7 @@ def freeze_heap() -> int | None:
 
     Why: a full collection walks every tracked object. With the compile stack imported, a server tracks about 650k
     objects and a full collection takes 0.25-0.28 s on a 2-core CPU; loading the precompiled blocks allocates enough
-    to trigger one during a warm first prompt (docs/benchmarks.md section 14: 0.55 s of collections in a 1.3 s
+    to trigger one during a warm first prompt (docs/benchmarks.md section 15: 0.55 s of collections in a 1.3 s
     first prompt, 0.01 s after the freeze). Objects that live as long as the process are what a server holds at
     start; the cost is that a reference cycle among them that becomes garbage later is never collected (reference
     counting still frees everything else). Python's documentation of ``gc.freeze``; the same technique servers
