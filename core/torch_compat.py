@@ -258,7 +258,7 @@ def built_kernel_loads() -> Iterator[bool]:
     ``codecache._precompile_header``, which runs the compiler's preprocessor over inductor's kernel header and hashes
     its output (and builds the ``.gch`` when missing: seconds on a fresh machine), even when the library is already
     built and nothing will be compiled: 0.2-0.3 s of a warm first run on a 2-core CPU (docs/benchmarks.md section
-    14). The header is chosen after the library's cache key is computed and is not part of it, so the same library
+    15). The header is chosen after the library's cache key is computed and is not part of it, so the same library
     is found. Inside the block the stand-in :func:`_plain_header` returns a header that only ``#include``-s the same
     file: a library that does have to be compiled is compiled without the precompiled header (slower, the same
     code; GCC's documented rule for ``-include`` of a header without a usable ``.gch``). For loads of kernels that

@@ -70,19 +70,15 @@ def _root(given: Path | None) -> Path:
 
 def _forbidden() -> tuple[str, ...]:
     """The folders HTTP clients can write in the ComfyUI this CLI finds (``$COMFYUI_PATH`` or ``~/comfy/ComfyUI``,
-    with ComfyUI's default folders: ``input``, ``output``, ``temp``, and every folder under ``user`` but the pack's
-    ``steadfast``), as a server's ``nodes.patches.compile.client_writable_dirs`` lists them; empty without one. A
-    compile-cache root overlapping one is refused (:func:`core.compile.cache_location.check_location`)."""
+    its default layout: :func:`core.compile.cache_location.client_writable`); empty without one. A compile-cache
+    root overlapping one is refused (:func:`core.compile.cache_location.check_location`)."""
+    from ..core.compile import cache_location
     from .comfy_server import find_comfyui
 
     comfy = find_comfyui()
     if comfy is None:
         return ()
-    user = comfy / "user"
-    dirs = [comfy / "input", comfy / "output", comfy / "temp", user / "default"]
-    if user.is_dir():
-        dirs += [d for d in user.iterdir() if d.is_dir() and d.name != "steadfast"]
-    return tuple(str(d) for d in dirs)
+    return cache_location.client_writable(comfy / "input", comfy / "output", comfy / "temp", comfy / "user")
 
 
 def _describe(fields: dict[str, Any]) -> str:

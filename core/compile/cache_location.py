@@ -52,6 +52,24 @@ def resolve_root(user_dir: str | os.PathLike[str] | None = None) -> tuple[Path |
     return Path(user_dir).expanduser() / "steadfast" / "compile_cache", "ComfyUI user directory"
 
 
+def client_writable(input_dir: str | os.PathLike[str], output_dir: str | os.PathLike[str],
+                    temp_dir: str | os.PathLike[str], user_dir: str | os.PathLike[str]) -> tuple[str, ...]:
+    """The folders ComfyUI's HTTP API lets clients write, given its four folders: input (``/upload/*``), output,
+    temp, and the per-user folders under the user folder (``/userdata``: ``default`` and every existing one but the
+    pack's ``steadfast``). A compile-cache root may never overlap them (:func:`check_location`).
+
+    Args:
+        input_dir, output_dir, temp_dir, user_dir: ComfyUI's folders (``folder_paths`` in a server; the default
+            layout of a checkout for the CLI).
+    Returns:
+        the folders as strings (the user folder's children listed when it exists).
+    """
+    dirs = [os.fspath(input_dir), os.fspath(output_dir), os.fspath(temp_dir), os.path.join(user_dir, "default")]
+    if os.path.isdir(user_dir):
+        dirs += [e.path for e in os.scandir(user_dir) if e.is_dir() and e.name != "steadfast"]
+    return tuple(dirs)
+
+
 def check_location(root: Path, name: str, forbidden: tuple[Path, ...]) -> Path:
     """``<root>/<name>``; :class:`CacheRefused` when the root overlaps a ``forbidden`` folder (after symlinks),
     or the name is a link, not a directory, or resolves outside ``root``."""

@@ -39,15 +39,12 @@ KEY_COMPILE = "steadfast.compile"
 
 
 def client_writable_dirs() -> tuple[str, ...]:
-    """Folders that ComfyUI's HTTP API lets clients write: input (``/upload/*``), output, temp, and the
-    per-user folders under the user directory (``/userdata``). A compile cache may never overlap them."""
+    """Folders that ComfyUI's HTTP API lets clients write (:func:`core.compile.cache_location.client_writable` of
+    this ComfyUI's folders). A compile cache may never overlap them."""
     import folder_paths
-    user_dir = folder_paths.get_user_directory()
-    dirs = [folder_paths.get_input_directory(), folder_paths.get_output_directory(),
-            folder_paths.get_temp_directory(), os.path.join(user_dir, "default")]
-    if os.path.isdir(user_dir):
-        dirs += [e.path for e in os.scandir(user_dir) if e.is_dir() and e.name != "steadfast"]
-    return tuple(dirs)
+    return compile_cache_location.client_writable(
+        folder_paths.get_input_directory(), folder_paths.get_output_directory(), folder_paths.get_temp_directory(),
+        folder_paths.get_user_directory())
 
 
 def open_compile_cache(backend: str, name: str = "", inductor_options: dict | None = None,
@@ -83,23 +80,20 @@ def open_compile_cache(backend: str, name: str = "", inductor_options: dict | No
     return cache, line
 
 
-def load_compile_artifacts(root: Path | None = None, source: str = "") -> list[dict]:
+def load_compile_artifacts(root: Path | None, source: str) -> list[dict]:
     """Import the compile artifacts named in ``$STEADFAST_COMPILE_ARTIFACT`` (pinned by
     ``$STEADFAST_COMPILE_ARTIFACT_SHA256``) into the operator's cache root, keyed for ComfyUI's torch device
     (:func:`core.compile.artifact.load_from_env`). Never raises: a refusal is logged and listed
     (``GET /steadfast/compile_state``'s ``artifacts``), ComfyUI starts regardless.
 
     Args:
-        root, source: the cache root and where it came from (:func:`core.compile.cache_location.resolve_root`);
-            resolved here when ``root`` is None.
+        root, source: the cache root and where it came from (:func:`core.compile.cache_location.resolve_root`).
     Returns:
         one dict per artifact: ``status`` "imported" (with counts) or "refused" (with ``reason``); no paths.
     """
     if not os.environ.get(compile_artifact.ARTIFACT_ENV, "").strip():
         return []
     try:
-        if root is None:
-            root, source = _cache_root()
         device = comfy.model_management.get_torch_device()
         forbidden = client_writable_dirs()
     except Exception as e:  # never stop ComfyUI from starting

@@ -105,3 +105,13 @@ def test_open_cache_refuses_a_path_as_name(tmp_path: Path) -> None:
         with pytest.raises(loc.CacheRefused):
             cc.open_cache(tmp_path / "root", name, device="cpu")
     assert not (tmp_path / "x").exists()
+
+
+def test_client_writable_lists_comfyuis_client_folders(tmp_path):
+    user = tmp_path / "user"
+    (user / "alice").mkdir(parents=True)
+    (user / "steadfast").mkdir()
+    dirs = loc.client_writable(tmp_path / "in", tmp_path / "out", tmp_path / "tmp", user)
+    assert set(dirs) == {str(tmp_path / "in"), str(tmp_path / "out"), str(tmp_path / "tmp"), str(user / "default"),
+                         str(user / "alice")}  # the pack's own folder under user is not a client's
+    assert loc.client_writable("i", "o", "t", tmp_path / "nouser")[3] == str(tmp_path / "nouser" / "default")

@@ -365,7 +365,7 @@ def test_compiled_call_of_an_in_place_compile_and_its_replacement(monkeypatch) -
 
 
 _HEADER_CHILD = r"""
-import hashlib, json, os, sys
+import contextlib, hashlib, json, os, sys
 sys.path.insert(0, sys.argv[1])
 from _steadfast_import import import_steadfast
 import_steadfast()
@@ -384,7 +384,7 @@ net = torch.nn.Sequential(torch.nn.Conv2d(4, 16, 3, padding=1), torch.nn.GroupNo
                           torch.nn.Conv2d(16, 4, 3, padding=1)).eval()
 x = torch.randn(2, 4, 8, 8)
 with tc.trusted_cpu_isa(), torch.no_grad(), (tc.built_kernel_loads() if sys.argv[2] == "plain"
-                                             else tc.contextlib.nullcontext(False)) as patched:
+                                             else contextlib.nullcontext(False)) as patched:
     inside = codecache._precompile_header is counting
     with tc.built_kernel_loads() as nested:  # nested blocks: the outer one's patch stays
         pass
