@@ -37,7 +37,8 @@ __all__ = [
     "fast_isa_probe_child", "COMPILE_STACK_MODULES", "import_compile_stack",
     "tensor_version", "orig_module", "has_compiled_call", "compiled_call", "set_compiled_call",
     "PRECOMPILED_ENV", "aot_compile_support", "aot_compile_enabled", "guard_serialisable", "portable_guard_state",
-    "built_kernel_loads", "pick_cpu_isa",
+    "built_kernel_loads", "pick_cpu_isa", "traced_modules", "compile_config_digest", "module_hook_dicts",
+    "MACHINE_CONFIG_KEYS", "duplicate_source",
 ]
 
 #: Names of the settings as messages to users should spell them.
@@ -755,3 +756,103 @@ def portable_guard_state() -> Iterator[None]:
         yield
     finally:
         pickler.reducer_override = original
+
+
+def traced_modules(aot: Any) -> set[str]:
+    """The names of the Python modules whose code Dynamo traced (inlined) into an ``aot_compile`` result.
+
+    Reads the artifact's ``SourceInfo`` (``AOTCompiledFunction.source_info``: a property on torch 2.11, a method on
+    2.14; ``_artifacts.source_info`` on both), whose ``inlined_sources`` Dynamo fills from the code objects it traced
+    (``graph_capture_output.traced_code``). Raises :class:`TorchAPIMissing` when neither is there.
+    """
+    info = getattr(getattr(aot, "_artifacts", None), "source_info", None)
+    if info is None:
+        info = getattr(aot, "source_info", None)
+        info = info() if callable(info) else info
+    sources = getattr(info, "inlined_sources", None)
+    if sources is None:
+        raise TorchAPIMissing(f"precompiled blocks need the traced sources of an aot_compile result "
+                              f"(AOTCompiledFunction.source_info.inlined_sources), which torch "
+                              f"{torch.version.__version__} does not have")
+    return {str(s.module) for s in sources}
+
+
+#: Config entries that set how a compile runs on this machine, not what it produces (left out of
+#: :func:`compile_config_digest`, so an artifact made on a machine with other cores matches).
+MACHINE_CONFIG_KEYS = {"torch._inductor.config": ("compile_threads",),
+                       "torch._dynamo.config": ()}
+_config_digests: dict[tuple, str] = {}
+
+
+def compile_config_digest() -> str:
+    """sha256 (16 hex) of Dynamo's and inductor's config, the entries torch hashes for its own caches
+    (``ConfigModule.get_hash``: everything but the ``compile_ignored`` entries), without
+    :data:`MACHINE_CONFIG_KEYS`, values in a canonical form (sets sorted), so the digest is the same on another
+    machine with the same config.
+
+    Memoised on ``get_hash()`` of both modules (torch caches it until a config entry is written): about 2 us a call
+    when nothing changed. Covers ``TORCHINDUCTOR_*`` environment variables (read into the config at import) and
+    any later write to ``torch._inductor.config`` or ``torch._dynamo.config``, a ``config.patch`` included.
+    Raises :class:`TorchAPIMissing` when a config module or its ``get_hash`` is gone.
+    """
+    import hashlib
+
+    mods = [importlib.import_module(name) for name in MACHINE_CONFIG_KEYS]
+    try:
+        probe = tuple(m.get_hash() for m in mods)
+    except AttributeError as e:
+        raise TorchAPIMissing(f"precompiled blocks need ConfigModule.get_hash, which torch {torch.__version__} "
+                              f"does not have ({e})") from e
+    got = _config_digests.get(probe)
+    if got is None:
+        h = hashlib.sha256()
+        for m, name in zip(mods, MACHINE_CONFIG_KEYS):
+            ignored = [*getattr(m, "_compile_ignored_keys", ()), *MACHINE_CONFIG_KEYS[name]]
+            try:  # torch 2.14 copies values read-only; 2.11 has no such argument
+                entries = m._get_dict(ignored_keys=ignored, readonly_values=True)
+            except TypeError:
+                entries = m._get_dict(ignored_keys=ignored)
+            for k, v in sorted(entries.items()):
+                h.update(f"{name}.{k}={_canonical(v)}\n".encode())
+        got = _config_digests[probe] = h.hexdigest()[:16]
+    return got
+
+
+def _canonical(v: Any) -> str:
+    if isinstance(v, set | frozenset):
+        return "{" + ",".join(sorted(map(_canonical, v))) + "}"
+    if isinstance(v, dict):
+        items = sorted(v.items(), key=lambda i: repr(i[0]))
+        return "{" + ",".join(f"{_canonical(k)}:{_canonical(x)}" for k, x in items) + "}"
+    if isinstance(v, list | tuple):
+        return "[" + ",".join(map(_canonical, v)) + "]"
+    if callable(v):
+        return f"{getattr(v, '__module__', '?')}.{getattr(v, '__qualname__', type(v).__qualname__)}"
+    return repr(v)
+
+
+def module_hook_dicts() -> tuple[dict, ...]:
+    """torch's process-wide module hook dicts (``torch.nn.modules.module._global_forward_hooks`` and its
+    siblings: forward, forward pre, backward, backward pre, ``_global_forward_hooks_with_kwargs``): a hook
+    registered with ``register_module_forward_hook`` runs for every module. Raises :class:`TorchAPIMissing` when
+    none is found."""
+    mod = importlib.import_module("torch.nn.modules.module")
+    names = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+             "_global_backward_pre_hooks", "_global_forward_hooks_with_kwargs")
+    found = tuple(d for d in (getattr(mod, n, None) for n in names) if isinstance(d, dict))
+    if not found:
+        raise TorchAPIMissing(f"precompiled blocks need torch.nn.modules.module._global_forward_hooks, which torch "
+                              f"{torch.__version__} does not have")
+    return found
+
+
+def duplicate_source(entry: Any) -> str | None:
+    """The other source of a Dynamo ``DUPLICATE_INPUT`` guard entry (``G['F']`` is the same object as
+    ``G['torch'].nn.functional``): the name of ``source_b`` in the guard's ``create_fn`` partial, or None when it is
+    not there."""
+    fn = getattr(getattr(entry, "orig_guard", None), "create_fn", None)
+    source = (getattr(fn, "keywords", None) or {}).get("source_b")
+    if source is None:
+        return None
+    name = source.name() if callable(getattr(source, "name", None)) else getattr(source, "name", None)
+    return name if isinstance(name, str) else None

@@ -35,11 +35,16 @@ TRITON_ENV = "TRITON_CACHE_DIR"
 MANIFEST = "steadfast_cache.json"
 # {relative path: [size, mtime_ns, ctime_ns, sha256]} of what inductor wrote while watched
 FILES = "steadfast_files.json"
+LOCK_FILE = ".steadfast.lock"  # the cross-process lock of the record (hidden: never an artifact)
+WRITERS = ".steadfast-writers.json"  # {pid: first activation ns} of the live processes using the folder
+GRACE_NS = 2_000_000_000  # a file another live process may be writing is recorded once unchanged this long
 WATCH_SLACK_NS = 50_000_000  # file times use the kernel's coarse clock (a tick behind time.time_ns); 50 ms covers it
 CACHE_FORMAT = 1
 _ENV_LOCK = threading.RLock()
 _last_dir: list[str | None] = [None]  # the directory inductor last compiled into under our activation
 _active: list[CompileCache] = []  # the caches active now (innermost last), process-wide like the environment
+_lock_depth: dict[str, int] = {}  # cache path -> how deep this process holds its cross-process lock
+_registered: set[str] = set()  # cache paths this process has put in their WRITERS
 T = TypeVar("T")
 
 
@@ -111,6 +116,8 @@ class CompileCache:
         checksummed into :data:`FILES`; a block that compiled nothing (every steady model call) costs no file-system
         access. A recorded file found changed by someone else moves the cache aside (:meth:`quarantine`)."""
         target = str(self.path.resolve())
+        if target not in _registered:
+            _register_writer(self, target)
         with _ENV_LOCK:
             previous = {k: os.environ.get(k) for k in (INDUCTOR_ENV, TRITON_ENV)}
             nested = previous[INDUCTOR_ENV] == target
@@ -130,7 +137,7 @@ class CompileCache:
                     for k, v in previous.items():
                         os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
                 if trust_writes or torch_compat.compile_activity() != activity:  # rare: the record under the lock
-                    with _ENV_LOCK, contextlib.suppress(OSError):
+                    with contextlib.suppress(OSError), self.locked():
                         if (problem := _record_written(self, since)) is not None:
                             self.quarantine(problem)
 
@@ -139,7 +146,7 @@ class CompileCache:
         kept in :attr:`messages`). Never raises: an unmovable directory is reported."""
         target = self.root / f"{self.key}.bad-{int(time.time() * 1000)}"
         try:
-            with _ENV_LOCK:
+            with self.locked():
                 torch_compat.clear_inductor_caches()
                 _last_dir[0] = None
             os.replace(self.path, target)
@@ -152,6 +159,30 @@ class CompileCache:
             log.warning("%s: %s", msg, e)
         self.messages.append(msg := self.redact(msg))
         return msg
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """The record's lock, across threads (``_ENV_LOCK``) and processes (an exclusive ``flock`` of
+        :data:`LOCK_FILE` in the key directory; ``msvcrt.locking`` on Windows): every read-modify-write of
+        :data:`FILES`, a precompiled block's variants and a move aside runs under it, so servers sharing one folder
+        do not lose each other's updates. Re-entrant in this process."""
+        with _ENV_LOCK:
+            key = str(self.path)
+            depth = _lock_depth.get(key, 0)
+            fd = None
+            if depth == 0:
+                self.path.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.path / LOCK_FILE, os.O_CREAT | os.O_RDWR, 0o600)
+                _os_lock(fd, True)
+            _lock_depth[key] = depth + 1
+            try:
+                yield
+            finally:
+                _lock_depth[key] -= 1
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        _os_lock(fd, False)
+                    os.close(fd)
 
     def read_trusted(self, rel: str) -> tuple[bytes | None, str | None]:
         """The bytes of the recorded file ``rel`` (relative to :attr:`path`), checked against its recorded sha256.
@@ -182,7 +213,7 @@ class CompileCache:
         f.parent.mkdir(parents=True, exist_ok=True)
         tmp = f.parent / f".{f.name}.{os.getpid()}.tmp"
         tmp.write_bytes(data)
-        with _ENV_LOCK:
+        with self.locked():
             os.replace(tmp, f)
             files = _load_files(self)
             files[rel] = [*_stat_key(f.stat()), hashlib.sha256(data).hexdigest()]
@@ -205,7 +236,7 @@ class CompileCache:
         Raises:
             OSError: a move or the record failed (what was moved stays; unrecorded files are never handed out).
         """
-        with _ENV_LOCK:
+        with self.locked():
             for rel, src in staged.items():
                 target = self.path / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -237,6 +268,53 @@ def active_cache() -> CompileCache | None:
     """The innermost :class:`CompileCache` whose :meth:`CompileCache.activate` block is running (process-wide, as
     ``TORCHINDUCTOR_CACHE_DIR``), or None."""
     return _active[-1] if _active else None
+
+
+def _os_lock(fd: int, take: bool) -> None:
+    """Take (blocking) or release an exclusive lock on the open file ``fd``."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        import msvcrt
+        os.lseek(fd, 0, os.SEEK_SET)
+        msvcrt.locking(fd, msvcrt.LK_LOCK if take else msvcrt.LK_UNLCK, 1)
+        return
+    fcntl.flock(fd, fcntl.LOCK_EX if take else fcntl.LOCK_UN)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
+def _register_writer(cache: CompileCache, target: str) -> None:
+    """Put this process in the folder's :data:`WRITERS` (once; the dead are dropped), under the lock."""
+    _registered.add(target)
+    with contextlib.suppress(OSError, ValueError), cache.locked():
+        f = cache.path / WRITERS
+        try:
+            writers = {int(k): v for k, v in json.loads(f.read_text(encoding="utf-8")).items()}
+        except (OSError, ValueError, AttributeError):
+            writers = {}
+        writers = {pid: t for pid, t in writers.items() if pid != os.getpid() and _alive(pid)}
+        writers[os.getpid()] = time.time_ns()
+        tmp = cache.path / f".{WRITERS}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(writers), encoding="utf-8")
+        os.replace(tmp, f)
+
+
+def _other_writers(cache: CompileCache) -> bool:
+    """Whether another live process uses the folder (read under the lock)."""
+    try:
+        writers = json.loads((cache.path / WRITERS).read_text(encoding="utf-8"))
+        return any(int(pid) != os.getpid() and _alive(int(pid)) for pid in writers)
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _write_manifest(cache: CompileCache) -> None:
@@ -299,12 +377,16 @@ def _record_written(cache: CompileCache, since_ns: int) -> str | None:
     """After a block that compiled: record the files written from ``since_ns`` on (their ctime, which no one can set
     back) with their checksums; a recorded file changed before that (by someone else) is checked and, with another
     checksum, returned as the problem, never recorded again. Files neither recorded nor written now (dropped in by
-    something else) stay unrecorded: untrusted. Returns None when all is well."""
+    something else) stay unrecorded: untrusted. While another live process uses the folder (:data:`WRITERS`), a
+    file written in the window is recorded only once unchanged for :data:`GRACE_NS` (it may be another process's,
+    half written); the pack's own artifacts are recorded by :meth:`CompileCache.write_recorded`. Call under
+    :meth:`CompileCache.locked`. Returns None when all is well."""
     old = _load_files(cache)
     new: dict[str, list] = {}
+    shared, stable_before = _other_writers(cache), time.time_ns() - GRACE_NS
     for rel, st, f in _walk(cache):
-        if st.st_ctime_ns >= since_ns:  # written while we watched (new, or rewritten by inductor itself)
-            new[rel] = [*_stat_key(st), _sha256(f)]
+        if st.st_ctime_ns >= since_ns and (not shared or st.st_ctime_ns <= stable_before):
+            new[rel] = [*_stat_key(st), _sha256(f)]  # written while we watched (by us, or stable for the grace)
         elif rel in old:
             kept, problem = _check(cache, rel, old[rel], st, f)
             if problem is not None:

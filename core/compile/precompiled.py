@@ -1,11 +1,24 @@
 """Precompiled regional blocks: a per-block layer in front of the jit-compiled block that loads torch's
-``aot_compile`` artifact from the trusted compile cache, keyed by everything the trace bakes in, else runs the jit.
+``aot_compile`` artifact from the trusted compile cache when it is what the jit would trace now, else runs the jit.
 
-The key (:func:`call_key`) covers the block's structure and code, the call's inputs (shapes, dtypes, strides,
-devices), the structure of ``transformer_options`` and the identity of every callable in it (torch cannot guard a
-function: a replaced attention override must change the key), the global torch flags and the compile settings. A
-precompiled artifact is used only when the key matches AND torch's own ``guard_check`` passes; anything else runs
-the jit path, with the reason recorded once per key (:class:`PrecompiledState`). No ComfyUI imports.
+What decides that an artifact answers a call, all of it checked before each use:
+
+* the key (:func:`call_key`, :func:`key_digest`): the block's classes, submodules and the files defining them
+  (:func:`block_fingerprint`); the call's inputs (shapes, dtypes, strides, devices), the structure of
+  ``transformer_options`` and the identity of every callable under its code keys; the global torch flags, Dynamo's
+  and inductor's config (:func:`core.torch_compat.compile_config_digest`); the compile settings, torch, Python, the
+  pack, and the host's versions (:func:`host_versions`: ComfyUI, comfy-kitchen, comfy-aimdo, einops);
+* per key, a record of variants (``precompiled/<key>.json``), one per configuration saved: the sha256 of the source
+  file of every module whose code the trace inlined (read from Dynamo: :func:`core.torch_compat.traced_modules`)
+  and the guards the artifact cannot carry, carried by the pack (:mod:`core.compile.carried_guards`: module
+  globals, closures, callables, ``type(...)``, ``weight_function`` lists); a variant answers only when all of them
+  read the same now. Its artifact is ``precompiled/<variant>.pt2``;
+* torch's own ``guard_check`` of the guards the artifact carries (submodule hooks, instance ``forward``s, shapes);
+* the block itself has no hooks and no instance ``forward`` (the route calls the class's ``forward``), and no
+  process-wide module hooks are set.
+
+Anything else runs the jit path, with the reason recorded once per key (:class:`PrecompiledState`); a call whose
+configuration has no artifact yet queues one. No ComfyUI imports.
 """
 from __future__ import annotations
 
@@ -20,7 +33,6 @@ import sys
 import tempfile
 import threading
 import time
-import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -30,77 +42,29 @@ from torch import nn
 from .. import torch_compat
 from ..failures import passes_through
 from . import cache as compile_cache
+from . import carried_guards
+from .carried_guards import NotDescribable as _NotDescribable
+from .carried_guards import describe_callable
 from .guards import GuardFilterFn
 from .options import CompileOptions
 from .recompiles import guarded_flags
 
 __all__ = ["PRECOMPILED_DIR", "PrecompiledState", "PrecompiledBlock", "call_key", "describe_callable",
-           "block_fingerprint"]
+           "block_fingerprint", "host_versions", "MAX_VARIANTS"]
 
 log = logging.getLogger("steadfast.precompiled")
 
 #: Folder under the compile cache's key directory holding the artifacts (recorded like every other file).
 PRECOMPILED_DIR = "precompiled"
-KEY_FORMAT = 1
+KEY_FORMAT = 2
+MAX_VARIANTS = 8  # configurations kept per key (the oldest goes first)
+#: Distributions whose code a ComfyUI block's trace can inline (their version is in the key).
+HOST_DISTRIBUTIONS = ("comfy-kitchen", "comfy-aimdo", "einops")
+#: The host's version module, read when it is loaded (ComfyUI's ``comfyui_version``; never imported here).
+HOST_VERSION_MODULES = ("comfyui_version",)
 MAX_PENDING = 64  # queued saves (each holds one call's inputs) until PrecompiledState.flush
 _SIMPLE = (str, int, float, bool, type(None))
-_code_digests: dict[Any, str] = {}
 _file_digests: dict[str, str] = {}
-
-
-class _NotDescribable(Exception):
-    """A value in the call that the key cannot describe: no precompiled route for that call."""
-
-
-def _code_digest(code: types.CodeType) -> str:
-    """sha256 of a code object's bytecode, names and constants (nested code objects recursively); file names and
-    line numbers are left out, so the same code installed elsewhere gives the same digest."""
-    got = _code_digests.get(code)
-    if got is None:
-        h = hashlib.sha256(code.co_code)
-        h.update(repr((code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars)).encode())
-        for const in code.co_consts:
-            h.update(_code_digest(const).encode() if isinstance(const, types.CodeType) else repr(const).encode())
-        got = _code_digests[code] = h.hexdigest()[:16]
-    return got
-
-
-def describe_callable(fn: Any) -> str:
-    """Identity-describing text of a callable: ``module.qualname``, a digest of its code and the values of its
-    closure cells (``functools.partial``: its function, arguments and keywords; a bound method: its function and a
-    describable ``self``).
-
-    Args:
-        fn: a function, ``functools.partial``, bound method or builtin.
-    Returns:
-        the text (equal for the same code with the same captured values, in any process).
-    Raises:
-        _NotDescribable: a captured value or ``self`` that is not a str/int/float/bool/None, a tuple of those, or
-            a describable callable; or a callable of another kind (a callable object).
-    """
-    import functools
-    if isinstance(fn, functools.partial):
-        return (f"partial({describe_callable(fn.func)}, {_describe_value(fn.args)}, "
-                f"{_describe_value(sorted(fn.keywords.items()))})")
-    if isinstance(fn, types.MethodType):
-        return f"method({describe_callable(fn.__func__)}, {_describe_value(fn.__self__)})"
-    if isinstance(fn, types.BuiltinFunctionType):
-        return f"builtin {getattr(fn, '__module__', None)}.{fn.__qualname__}"
-    if not isinstance(fn, types.FunctionType):
-        raise _NotDescribable(f"callable of type {type(fn).__qualname__}")
-    cells = [_describe_value(c.cell_contents) for c in (fn.__closure__ or ())]
-    defaults = _describe_value(fn.__defaults__) if fn.__defaults__ else ""
-    return f"{fn.__module__}.{fn.__qualname__}#{_code_digest(fn.__code__)}({','.join(cells)}){defaults}"
-
-
-def _describe_value(v: Any) -> str:
-    if isinstance(v, _SIMPLE):
-        return repr(v)
-    if type(v) in (tuple, list):
-        return "(" + ",".join(_describe_value(x) for x in v) + ")"
-    if callable(v):
-        return describe_callable(v)
-    raise _NotDescribable(f"captured value of type {type(v).__qualname__}")
 
 
 def _describe_tensor(t: torch.Tensor) -> tuple:
@@ -185,19 +149,77 @@ def block_fingerprint(module: nn.Module) -> dict[str, Any]:
             "files": files}
 
 
+def host_versions() -> dict[str, str | None]:
+    """The versions of the host's code a block's trace can inline: :data:`HOST_DISTRIBUTIONS` (None when not
+    installed) and ``__version__`` of each loaded :data:`HOST_VERSION_MODULES` (ComfyUI's). Part of the key."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {}
+    for dist in HOST_DISTRIBUTIONS:
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = None
+    for name in HOST_VERSION_MODULES:
+        mod = sys.modules.get(name)
+        out[name] = None if mod is None else str(getattr(mod, "__version__", None))
+    return out
+
+
 def static_fields(options: CompileOptions, guard_filter_fn: GuardFilterFn | None = None) -> dict[str, Any]:
     """The process-constant part of the key: torch/triton/python fields of the cache key, the compile options (the
-    inductor preset is in ``options.options``) and the jit's guard filter (its ``repr``: the filters are frozen
-    dataclasses)."""
+    inductor preset is in ``options.options``), the jit's guard filter (its ``repr``: the filters are frozen
+    dataclasses) and :func:`host_versions`."""
     env = compile_cache.cache_key_fields("cpu")
     env.pop("device", None)  # the call's devices are in the call description; the cache folder's key has the ISA
-    return {"format": KEY_FORMAT, "env": env, "options": options.as_dict(), "guard_filter": repr(guard_filter_fn)}
+    return {"format": KEY_FORMAT, "env": env, "options": options.as_dict(), "guard_filter": repr(guard_filter_fn),
+            "host": host_versions()}
 
 
 def flags_text() -> str:
     """The global torch flags compiled code depends on (:func:`core.compile.recompiles.guarded_flags`, the
-    determinism flags among them) and inductor's ``deterministic`` setting, as canonical JSON (about 60 us)."""
-    return json.dumps([guarded_flags(), torch_compat.inductor_deterministic(load=True)], sort_keys=True, default=str)
+    determinism flags among them), inductor's ``deterministic`` setting and the digest of Dynamo's and inductor's
+    config (:func:`core.torch_compat.compile_config_digest`), as canonical JSON (about 60 us)."""
+    return json.dumps([guarded_flags(), torch_compat.inductor_deterministic(load=True),
+                       torch_compat.compile_config_digest()], sort_keys=True, default=str)
+
+
+def module_digest(name: str) -> str:
+    """sha256 (16 hex) of the source file of the loaded module ``name``, once per process; ``"?"`` when it is not
+    loaded or has no readable file."""
+    mod = sys.modules.get(name)
+    return _file_digest(getattr(mod, "__file__", None)) if mod is not None else "?"
+
+
+def hooks_reason(module: nn.Module) -> str | None:
+    """Why the route may not call ``type(module).forward`` for ``module``: a hook on it, an instance ``forward``,
+    or a process-wide module hook (the jit runs them; the artifact would skip them). None when there is none."""
+    if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks:
+        return "the block has a hook (the jit runs it)"
+    if "forward" in module.__dict__:
+        return "the block has an instance forward (an object patch or another node pack; the jit runs it)"
+    if any(_global_hooks()):
+        return "a process-wide module hook is set (register_module_forward_hook...; the jit runs it)"
+    return None
+
+
+def submodule_reason(module: nn.Module) -> str | None:
+    """The first submodule of ``module`` with a hook or an instance ``forward`` (named), or None."""
+    for name, m in module.named_modules():
+        if name and (m._forward_hooks or m._forward_pre_hooks):
+            return f"submodule {name!r} has a hook"
+        if name and "forward" in m.__dict__:
+            return f"submodule {name!r} has an instance forward"
+    return None
+
+
+_global_hook_dicts: list[tuple[dict, ...]] = []
+
+
+def _global_hooks() -> tuple[dict, ...]:
+    if not _global_hook_dicts:
+        _global_hook_dicts.append(torch_compat.module_hook_dicts())
+    return _global_hook_dicts[0]
 
 
 def call_key(fingerprint: Mapping[str, Any], static: Mapping[str, Any], args: Sequence[Any],
@@ -234,12 +256,24 @@ def key_digest(fingerprint: Mapping[str, Any], static: Mapping[str, Any], key: t
     return hashlib.sha256(body.encode()).hexdigest()[:32]
 
 
-def aot_guard_filter(jit_filter: GuardFilterFn | None) -> GuardFilterFn:
+def aot_guard_filter(jit_filter: GuardFilterFn | None, dropped: list[Any] | None = None) -> GuardFilterFn:
     """The artifact's guard filter: what the jit keeps (``jit_filter``) and torch can serialise
-    (:func:`core.torch_compat.guard_serialisable`): shape, dtype, stride and constant guards stay."""
+    (:func:`core.torch_compat.guard_serialisable`): shape, dtype, stride and constant guards stay.
+
+    Args:
+        jit_filter: the jit's guard filter (None keeps every guard).
+        dropped: when given, the entries the jit keeps and the artifact cannot are appended to it (the pack carries
+            them: :mod:`core.compile.carried_guards`).
+    """
     def keep(entries: Sequence[Any]) -> list[bool]:
         jit = [True] * len(entries) if jit_filter is None else list(jit_filter(entries))
-        return [j and torch_compat.guard_serialisable(e) for j, e in zip(jit, entries)]
+        out = []
+        for j, e in zip(jit, entries):
+            ok = j and torch_compat.guard_serialisable(e)
+            if j and not ok and dropped is not None:
+                dropped.append(e)
+            out.append(ok)
+        return out
     return keep
 
 
@@ -262,8 +296,11 @@ class PrecompiledState:
     reasons: dict[str, str] = dataclasses.field(default_factory=dict)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
     pending: list[Callable[[], None]] = dataclasses.field(default_factory=list, repr=False)
-    #: (cache path, call key) -> ("aot", fn) | ("jit", None): fallback | ("saved", None): this process's jit
+    #: (cache path, call key) -> ("aot", (fn, Matched)) | ("jit", None): fallback | ("saved", None): this
+    #: process's jit (a save queued) | ("new", None): no artifact for this configuration yet
     entries: dict[tuple, tuple[str, Any]] = dataclasses.field(default_factory=dict, repr=False)
+    #: (cache path, variant) -> the loaded artifact (one load per variant and process)
+    loaded: dict[tuple, Any] = dataclasses.field(default_factory=dict, repr=False)
     load_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
     interned: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
     memo_flags: str | None = dataclasses.field(default=None, repr=False)
@@ -369,6 +406,9 @@ class PrecompiledBlock(nn.Module):
         state, cache = self._state, compile_cache.active_cache()
         if not state.enabled or cache is None:
             return self.jit(*args, **kwargs)
+        if (why := hooks_reason(self._orig_mod)) is not None:
+            state.count("fallbacks", "hooks", why)
+            return self.jit(*args, **kwargs)
         if self._prepare is not None:
             args, kwargs = self._prepare(args, kwargs)
         with contextlib.ExitStack() as stack:
@@ -380,6 +420,7 @@ class PrecompiledBlock(nn.Module):
         if self._fingerprint is None:  # equal blocks share one fingerprint object, hence keys and artifacts
             object.__setattr__(self, "_fingerprint", self._state.intern(block_fingerprint(self._orig_mod)))
             object.__setattr__(self, "_static", self._state.intern(static_fields(self._options, self._jit_filter)))
+            object.__setattr__(self, "_binder", carried_guards.Binder(type(self._orig_mod).forward))
         return self._fingerprint, self._static
 
     def _route(self, cache: compile_cache.CompileCache, args: tuple, kwargs: dict) -> Any:
@@ -391,20 +432,23 @@ class PrecompiledBlock(nn.Module):
             state.count("fallbacks", None, f"not describable: {e}")
             return self.jit(*args, **kwargs)
         memo_key = (str(cache.path), key)
-        kind, fn = state.entries.get(memo_key, (None, None))
-        if kind is None:
+        env = self._binder(module, args, kwargs)
+        kind, got = state.entries.get(memo_key, (None, None))
+        if kind is None or (kind == "aot" and not got[1].still(env)):  # first call, or a carried guard moved
             with state.load_lock:
-                kind, fn = state.entries.get(memo_key, (None, None))
-                if kind is None:
-                    kind, fn = self._load(cache, fingerprint, static, key)
-                    state.entries[memo_key] = (kind, fn)
+                kind, got = state.entries.get(memo_key, (None, None))
+                if kind is None or (kind == "aot" and not got[1].still(env)):
+                    kind, got = self._resolve(cache, fingerprint, static, key, env)
+                    state.entries[memo_key] = (kind, got)
         if kind == "aot":
+            fn = got[0]
             try:
                 ok = fn.guard_check(module, *args, **kwargs)
             except Exception as e:  # noqa: BLE001 (any failure: the jit answers)
                 ok, why = False, f"guard_check raised {type(e).__name__}: {cache.redact(str(e))[:200]}"
             else:
-                why = "torch's guard_check failed for a call with the same key"
+                why = "torch's guard_check failed: " + (submodule_reason(module) or "an input or a module attribute "
+                                                        "differs from what the artifact was traced for")
             if ok:
                 try:
                     out = fn(module, *args, **kwargs)
@@ -431,33 +475,61 @@ class PrecompiledBlock(nn.Module):
             state.count("fallbacks")
         return out
 
-    def _load(self, cache: compile_cache.CompileCache, fingerprint: dict, static: dict,
-              key: tuple) -> tuple[str, Any]:
-        digest = key_digest(fingerprint, static, key)
-        rel = f"{PRECOMPILED_DIR}/{digest}.pt2"
+    def _resolve(self, cache: compile_cache.CompileCache, fingerprint: dict, static: dict, key: tuple,
+                 env: Mapping[str, Any]) -> tuple[str, Any]:
+        """The entry for a call: ``("aot", (fn, Matched))`` for the first variant of the key whose traced sources
+        and carried guards read the same now, ``("new", None)`` when there is none (the reason recorded when the
+        key has variants), ``("jit", None)`` for an untrusted record, a refused configuration or a failed load."""
+        state, digest = self._state, key_digest(fingerprint, static, key)
+        variants, problem = read_variants(cache, digest)
+        if problem is not None:
+            state.count("fallbacks", digest[:12], problem)
+            return "jit", None
+        reasons = []
+        for variant in variants:
+            matched, why = match_variant(variant, env)
+            if matched is None:
+                reasons.append(why)
+                continue
+            if "refused" in variant:
+                state.count("fallbacks", digest[:12], f"not precompiled: {variant['refused']}")
+                return "jit", None
+            fn = self._load(cache, variant["artifact"])
+            return ("aot", (fn, matched)) if fn is not None else ("jit", None)
+        if reasons:
+            state.count("fallbacks", digest[:12], f"precompiled for another configuration ({reasons[0]}): the jit "
+                        "answers and this configuration is saved too")
+        return "new", None
+
+    def _load(self, cache: compile_cache.CompileCache, artifact: str) -> Any:
+        state = self._state
+        memo = (str(cache.path), artifact)
+        if memo in state.loaded:
+            return state.loaded[memo]
+        rel = f"{PRECOMPILED_DIR}/{artifact}.pt2"
         t0 = time.perf_counter()
         data, problem = cache.read_trusted(rel)
-        if problem is not None:
-            self._state.count("fallbacks", digest[:12], problem)
-            return "jit", None
         if data is None:
-            return "new", None
+            state.count("fallbacks", artifact[:12], problem or f"{rel} is missing")
+            return None
         try:
             with torch_compat.built_kernel_loads():  # its kernels are built: no header preprocessing
                 fn = torch.compiler.load_compiled_function(io.BytesIO(data))
         except Exception as e:  # noqa: BLE001 (a load failure is a recorded fallback, never an error)
-            why = f"load failed: {type(e).__name__}: {cache.redact(str(e))[:200]}"
-            self._state.count("fallbacks", digest[:12], why)
-            return "jit", None
-        self._state.count("loads", seconds=time.perf_counter() - t0)
-        return "aot", fn
+            state.count("fallbacks", artifact[:12], f"load failed: {type(e).__name__}: {cache.redact(str(e))[:200]}")
+            return None
+        state.count("loads", seconds=time.perf_counter() - t0)
+        state.loaded[memo] = fn
+        return fn
 
     def _save(self, cache: compile_cache.CompileCache, fingerprint: dict, static: dict, key: tuple,
               args: tuple, kwargs: dict, modes: tuple[bool, bool] = (False, False)) -> None:
         """Trace and save the artifact of ``key`` under the call's grad and inference modes (``modes``: flush may
-        run outside the ``no_grad`` / ``inference_mode`` block of the call that queued it)."""
+        run outside the ``no_grad`` / ``inference_mode`` block of the call that queued it), with its variant: the
+        traced modules' source digests and the carried guards. A guard the pack cannot carry saves a refusal
+        instead (the jit answers that configuration, with the reason)."""
         digest = key_digest(fingerprint, static, key)
-        module, t0 = self._orig_mod, time.perf_counter()
+        module, t0, dropped = self._orig_mod, time.perf_counter(), []
         try:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(torch.inference_mode(modes[1]))
@@ -465,19 +537,76 @@ class PrecompiledBlock(nn.Module):
                 for context in (*self._contexts, torch_compat.aot_compile_enabled, torch_compat.portable_guard_state):
                     stack.enter_context(context())
                 compiled = torch.compile(type(module).forward, **{
-                    **self._options.to_kwargs(self._aot_filter), "fullgraph": True})
+                    **self._options.to_kwargs(aot_guard_filter(self._jit_filter, dropped)), "fullgraph": True})
                 aot = compiled.aot_compile(((module, *args), kwargs))
+                sources = {m: module_digest(m) for m in sorted(torch_compat.traced_modules(aot))}
+                guards, problems = carried_guards.carry(dropped, self._binder(module, args, kwargs))
+                if problems:  # recorded with the guards it could carry: that configuration runs the jit
+                    add_variant(cache, digest, {"sources": sources, "guards": [g.as_list() for g in guards],
+                                                "refused": problems[0]})
+                    self._state.count("fallbacks", digest[:12], f"not precompiled: {problems[0]}")
+                    return
+                variant = {"sources": sources, "guards": [g.as_list() for g in guards]}
+                variant["artifact"] = variant_digest(digest, variant)
                 with tempfile.TemporaryDirectory() as tmp:
                     path = os.path.join(tmp, "a.pt2")
                     aot.save_compiled_function(path)
                     with open(path, "rb") as f:
                         data = f.read()
-            cache.write_recorded(f"{PRECOMPILED_DIR}/{digest}.pt2", data)
+            cache.write_recorded(f"{PRECOMPILED_DIR}/{variant['artifact']}.pt2", data)
+            add_variant(cache, digest, variant)
         except Exception as e:  # noqa: BLE001 (a save failure is a recorded fallback, never an error)
             why = f"save failed: {type(e).__name__}: {cache.redact(str(e))[:200]}"
             self._state.count("fallbacks", digest[:12], why)
             return
         self._state.count("saves", seconds=time.perf_counter() - t0)
+
+
+def variant_digest(digest: str, variant: Mapping[str, Any]) -> str:
+    """The artifact name (32 hex) of a variant of key ``digest``: sha256 of the key and the variant's sources and
+    carried guards."""
+    body = json.dumps({"key": digest, "sources": variant["sources"], "guards": variant["guards"]}, sort_keys=True)
+    return hashlib.sha256(body.encode()).hexdigest()[:32]
+
+
+def read_variants(cache: compile_cache.CompileCache, digest: str) -> tuple[list[dict], str | None]:
+    """The variants recorded for key ``digest`` (``precompiled/<digest>.json``, read only when recorded with its
+    sha256), newest first: ``([], None)`` without a record, ``([], reason)`` for an untrusted or unreadable one."""
+    data, problem = cache.read_trusted(f"{PRECOMPILED_DIR}/{digest}.json")
+    if problem is not None or data is None:
+        return [], problem
+    try:
+        body = json.loads(data)
+        variants = [v for v in body["variants"] if isinstance(v.get("sources"), dict)
+                    and isinstance(v.get("guards"), list) and ("artifact" in v or "refused" in v)]
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        return [], f"unreadable variant record ({type(e).__name__})"
+    return variants, None
+
+
+def add_variant(cache: compile_cache.CompileCache, digest: str, variant: dict) -> None:
+    """Put ``variant`` first in key ``digest``'s record (replacing one with the same sources and guards; at most
+    :data:`MAX_VARIANTS`), under the cache's cross-process lock. Raises ``OSError``."""
+    rel = f"{PRECOMPILED_DIR}/{digest}.json"
+    with cache.locked():
+        variants, _ = read_variants(cache, digest)
+        same = [v for v in variants if v["sources"] == variant["sources"] and v["guards"] == variant["guards"]]
+        kept = [variant, *(v for v in variants if all(v is not s for s in same))][:MAX_VARIANTS]
+        cache.write_recorded(rel, json.dumps({"format": KEY_FORMAT, "variants": kept}, sort_keys=True).encode())
+
+
+def match_variant(variant: Mapping[str, Any], env: Mapping[str, Any]) -> tuple[carried_guards.Matched | None,
+                                                                                  str | None]:
+    """Whether a variant is what the jit would trace now: every traced module's source has the recorded digest
+    and every carried guard reads the recorded value. Returns ``(Matched, None)`` or ``(None, reason)``."""
+    for name, want in variant["sources"].items():
+        if (now := module_digest(name)) != want:
+            return None, f"the source of {name} changed ({want} -> {now})"
+    try:
+        guards = [carried_guards.CarriedGuard.from_list(g) for g in variant["guards"]]
+    except TypeError:
+        return None, "unreadable carried guards"
+    return carried_guards.match(guards, env)
 
 
 def wrap(module: nn.Module, jit: nn.Module, options: CompileOptions, guard_filter_fn: GuardFilterFn | None,

@@ -20,6 +20,7 @@ import torch
 from steadfast.core import torch_compat
 from steadfast.core.compile import cache as cc
 from steadfast.core.compile import cache_location as loc
+from steadfast.core.compile import carried_guards
 from steadfast.core.compile import precompiled as pc
 from steadfast.core.compile.guards import comfy_guard_filter
 from steadfast.core.compile.options import CompileOptions
@@ -242,7 +243,8 @@ def test_a_failing_precompiled_call_falls_back_to_the_jit(tmp_path, monkeypatch)
     jit = torch.compile(block, backend="eager")
     state = pc.PrecompiledState(True, "test")
     routed = pc.wrap(block, jit, CompileOptions(backend="eager"), comfy_guard_filter(), state)
-    monkeypatch.setattr(pc.PrecompiledBlock, "_load", lambda self, *a: ("aot", Broken()))
+    always = carried_guards.Matched((), (), ())  # no carried guards: they hold
+    monkeypatch.setattr(pc.PrecompiledBlock, "_resolve", lambda self, *a: ("aot", (Broken(), always)))
     cache = cc.open_cache(tmp_path, device="cpu")
     x = torch.randn(2, 3, 16)
     with torch.no_grad(), cache.activate():
@@ -257,7 +259,7 @@ def test_a_failing_precompiled_call_falls_back_to_the_jit(tmp_path, monkeypatch)
 
     state2 = pc.PrecompiledState(True, "test")
     routed2 = pc.wrap(block, jit, CompileOptions(backend="eager"), comfy_guard_filter(), state2)
-    monkeypatch.setattr(pc.PrecompiledBlock, "_load", lambda self, *a: ("aot", OutOfMemory()))
+    monkeypatch.setattr(pc.PrecompiledBlock, "_resolve", lambda self, *a: ("aot", (OutOfMemory(), always)))
     with torch.no_grad(), cache.activate(), pytest.raises(RuntimeError, match="out of memory"):
         routed2(x)
     assert state2.fallbacks == 0

@@ -1,0 +1,380 @@
+"""The Dynamo guards a precompiled block's artifact cannot carry, carried by the pack beside it.
+
+torch serialises an ``aot_compile`` artifact's guards only for some guard types and sources
+(``torch._dynamo.guards.CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES``, global sources, closures:
+:func:`core.torch_compat.guard_serialisable`), so :func:`core.compile.precompiled.aot_guard_filter` drops those. A
+dropped guard is a fact the jit checks on every call and the artifact does not: a module global the block reads
+(ComfyUI's ``optimized_attention``, chosen by command-line flags), a function attribute and its closure cells, the
+``weight_function`` lists of ComfyUI's ``comfy.ops`` layers, a ``type(...)`` check. Each one the jit keeps becomes a
+:class:`CarriedGuard`: the guard's source expression, what it compares (:data:`GUARD_KINDS`) and a portable text of
+the value at trace time. They are saved beside the artifact (:mod:`core.compile.precompiled`) and checked before each
+use: an artifact is used only when every carried guard describes the same value now, so a precompiled call is the
+call the jit would have traced. A guard whose value cannot be described across processes (:class:`NotDescribable`)
+gives no artifact, with the reason.
+
+Guard kinds and what the pack does with each:
+
+* ``ID_MATCH``, ``FUNCTION_MATCH``, ``BUILTIN_MATCH``, ``MODULE_MATCH``, ``CLASS_MATCH``: identity. Described as
+  module and qualified name (functions: also a digest of their code and the values of their closure cells,
+  :func:`describe_callable`); checked per call by identity with the object matched in this process.
+* ``CLOSURE_MATCH``: the function's code (Dynamo compares ``__code__``). Described by name and code digest.
+* ``TYPE_MATCH``: the value's class, by module and qualified name.
+* ``CONSTANT_MATCH``, ``EQUALS_MATCH``: the value (str, int, float, bool, None, dtype, device, tuples of those).
+* ``SEQUENCE_LENGTH``, ``LIST_LENGTH``, ``DICT_LENGTH``, ``EMPTY_NN_MODULE_HOOKS_DICT``, ``LENGTH_CHECK``: ``len``.
+* ``DICT_KEYS``, ``DICT_KEYS_MATCH``: the keys, in order.
+* ``DUPLICATE_INPUT``: two sources are one object (``G['F']`` and ``G['torch'].nn.functional``). Carried as
+  ``"<source> is <other source>"``.
+* anything else (``DICT_VERSION``, ``NN_MODULE``, ``WEAKREF_ALIVE``, ``HASATTR``...): not describable: no artifact.
+
+Guard sources are Dynamo's source names (``G['F'].linear``, ``self._modules['s'].weight_function[0]``,
+``self.fn.__closure__[0].cell_contents``, ``type(x)``), read here by a small interpreter of names, attributes,
+constant subscripts and ``type(...)`` (no ``eval``). ``G['__import_<module>']`` is that module (Dynamo's alias for
+the globals of inlined functions from other modules). No ComfyUI imports.
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+import dataclasses
+import enum
+import functools
+import hashlib
+import inspect
+import sys
+import types
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from .. import torch_compat
+
+__all__ = ["GUARD_KINDS", "NotDescribable", "CarriedGuard", "carry", "Binder", "Matched", "match",
+           "describe_callable", "code_digest"]
+
+#: Dynamo guard type -> what the carried guard compares.
+GUARD_KINDS: dict[str, str] = {
+    "ID_MATCH": "is", "FUNCTION_MATCH": "is", "BUILTIN_MATCH": "is", "MODULE_MATCH": "is", "CLASS_MATCH": "is",
+    "CLOSURE_MATCH": "code", "TYPE_MATCH": "type", "CONSTANT_MATCH": "eq", "EQUALS_MATCH": "eq",
+    "SEQUENCE_LENGTH": "len", "LIST_LENGTH": "len", "DICT_LENGTH": "len", "EMPTY_NN_MODULE_HOOKS_DICT": "len",
+    "LENGTH_CHECK": "len", "DICT_KEYS": "keys", "DICT_KEYS_MATCH": "keys", "DUPLICATE_INPUT": "same",
+}
+_SIMPLE = (str, int, float, bool, type(None))
+_IMPORT_ALIAS = "__import_"
+_BUILTINS_ALIAS = "__builtins_dict___"
+_code_digests: dict[types.CodeType, str] = {}
+
+
+class NotDescribable(Exception):
+    """A value, guard or source the pack cannot describe the same way in another process: no artifact for it."""
+
+
+def code_digest(code: types.CodeType) -> str:
+    """sha256 (16 hex) of a code object's bytecode, names and constants (nested code objects recursively); file
+    names and line numbers are left out, so the same code installed elsewhere gives the same digest."""
+    got = _code_digests.get(code)
+    if got is None:
+        h = hashlib.sha256(code.co_code)
+        h.update(repr((code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars)).encode())
+        for const in code.co_consts:
+            h.update(code_digest(const).encode() if isinstance(const, types.CodeType) else repr(const).encode())
+        got = _code_digests[code] = h.hexdigest()[:16]
+    return got
+
+
+def describe_callable(fn: Any) -> str:
+    """Identity-describing text of a callable: ``module.qualname``, a digest of its code and the values of its
+    closure cells (``functools.partial``: its function, arguments and keywords; a bound method: its function and a
+    describable ``self``).
+
+    Args:
+        fn: a function, ``functools.partial``, bound method or builtin.
+    Returns:
+        the text (equal for the same code with the same captured values, in any process).
+    Raises:
+        NotDescribable: a captured value or ``self`` that is not a str/int/float/bool/None, a tuple of those, or
+            a describable callable; or a callable of another kind (a callable object).
+    """
+    if isinstance(fn, functools.partial):
+        return (f"partial({describe_callable(fn.func)}, {describe_value(fn.args)}, "
+                f"{describe_value(sorted(fn.keywords.items()))})")
+    if isinstance(fn, types.MethodType):
+        return f"method({describe_callable(fn.__func__)}, {describe_value(fn.__self__)})"
+    if isinstance(fn, types.BuiltinFunctionType | types.BuiltinMethodType):
+        return f"builtin {getattr(fn, '__module__', None)}.{fn.__qualname__}"
+    if not isinstance(fn, types.FunctionType):
+        raise NotDescribable(f"callable of type {type(fn).__qualname__}")
+    cells = [describe_value(c.cell_contents) for c in (fn.__closure__ or ())]
+    defaults = describe_value(fn.__defaults__) if fn.__defaults__ else ""
+    return f"{fn.__module__}.{fn.__qualname__}#{code_digest(fn.__code__)}({','.join(cells)}){defaults}"
+
+
+def describe_value(v: Any) -> str:
+    """Portable text of a value compared by identity or equality: simple constants, tuples/lists of them, dtypes,
+    devices, enum members, modules, classes and callables. Raises :class:`NotDescribable` for anything else."""
+    if isinstance(v, _SIMPLE):
+        return f"{type(v).__name__}:{v!r}"
+    if type(v) in (tuple, list):
+        return type(v).__name__ + "(" + ",".join(describe_value(x) for x in v) + ")"
+    if isinstance(v, torch.dtype | torch.device):
+        return f"{type(v).__name__}:{v}"
+    if isinstance(v, enum.Enum):
+        return f"enum {_class_name(type(v))}.{v.name}"
+    if isinstance(v, types.ModuleType):
+        return f"module {v.__name__}"
+    if isinstance(v, type):
+        return f"class {_class_name(v)}"
+    if v is Ellipsis or v is NotImplemented:
+        return repr(v)
+    if callable(v):
+        return describe_callable(v)
+    raise NotDescribable(f"a value of type {type(v).__qualname__}")
+
+
+def _class_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _describe(kind: str, value: Any) -> str:
+    if kind == "is":
+        return describe_value(value)
+    if kind == "code":
+        fn = value
+        if not isinstance(fn, types.FunctionType):
+            raise NotDescribable(f"CLOSURE_MATCH on a {type(fn).__qualname__}")
+        return f"{fn.__module__}.{fn.__qualname__}#{code_digest(fn.__code__)}"
+    if kind == "type":
+        return f"class {_class_name(type(value))}"
+    if kind == "eq":
+        if not isinstance(value, _SIMPLE + (tuple, list, torch.dtype, torch.device)):
+            raise NotDescribable(f"an equality guard on a {type(value).__qualname__}")
+        return describe_value(value)
+    if kind == "len":
+        return str(len(value))
+    if kind == "keys":
+        return describe_value(list(value.keys()))
+    if kind == "same":
+        return repr(value is True)
+    raise NotDescribable(f"guard kind {kind!r}")
+
+
+# ------------------------------------------------------------------------------------------ guard sources
+class _Globals:
+    """``G`` of a guard source: the traced function's globals, with Dynamo's aliases resolved."""
+
+    __slots__ = ("g",)
+
+    def __init__(self, g: Mapping[str, Any]) -> None:
+        self.g = g
+
+    def __getitem__(self, name: str) -> Any:
+        if name.startswith(_IMPORT_ALIAS):
+            return sys.modules[name[len(_IMPORT_ALIAS):].replace("_dot_", ".")]
+        if name.startswith(_BUILTINS_ALIAS):
+            return builtins.__dict__
+        return self.g[name]
+
+
+@functools.lru_cache(maxsize=4096)
+def _reader(source: str) -> Callable[[Mapping[str, Any]], Any]:
+    """A function reading the guard source ``source`` from an environment (the frame's arguments by name, and
+    ``G``). Raises :class:`NotDescribable` for a source outside names, attributes, constant subscripts and
+    ``type(...)``."""
+    try:
+        node = ast.parse(source, mode="eval").body
+    except SyntaxError as e:
+        raise NotDescribable(f"guard source {source!r} is not an expression") from e
+
+    def build(n: ast.AST) -> Callable[[Mapping[str, Any]], Any]:
+        if isinstance(n, ast.Name):
+            name = n.id
+            return lambda env: env[name]
+        if isinstance(n, ast.Attribute):
+            inner, attr = build(n.value), n.attr
+            return lambda env: getattr(inner(env), attr)
+        if isinstance(n, ast.Subscript):
+            inner = build(n.value)
+            try:
+                index = ast.literal_eval(n.slice)
+            except ValueError as e:
+                raise NotDescribable(f"guard source {source!r}: a subscript that is not a constant") from e
+            return lambda env: inner(env)[index]
+        if (isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], ast.Is)
+                and len(n.comparators) == 1):
+            left, right = build(n.left), build(n.comparators[0])
+            return lambda env: left(env) is right(env)
+        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "type" and len(n.args) == 1
+                and not n.keywords):
+            inner = build(n.args[0])
+            return lambda env: type(inner(env))
+        raise NotDescribable(f"guard source {source!r}: {type(n).__name__} is not read by the pack")
+
+    return build(node)
+
+
+class Binder:
+    """The environment of a block call for guard sources: ``type(module).forward``'s parameters by name (defaults
+    filled) and ``G`` (its globals)."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        sig = inspect.signature(fn)
+        params = list(sig.parameters.values())
+        self.positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        self.names = {p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+        self.varargs = next((p.name for p in params if p.kind == p.VAR_POSITIONAL), None)
+        self.varkw = next((p.name for p in params if p.kind == p.VAR_KEYWORD), None)
+        self.defaults = {p.name: p.default for p in params if p.default is not p.empty}
+        self.globals = _Globals(getattr(fn, "__globals__", {}))
+
+    def __call__(self, module: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        env = dict(self.defaults)
+        values = (module, *args)
+        env.update(zip(self.positional, values))
+        extra = {}
+        for k, v in kwargs.items():
+            if k in self.names:
+                env[k] = v
+            else:
+                extra[k] = v
+        if self.varargs is not None:
+            env[self.varargs] = tuple(values[len(self.positional):])
+        if self.varkw is not None:
+            env[self.varkw] = extra
+        env["G"] = self.globals
+        env["L"] = env
+        return env
+
+
+# ------------------------------------------------------------------------------------------ carried guards
+@dataclasses.dataclass(frozen=True)
+class CarriedGuard:
+    """One dropped guard the pack carries: ``source`` (Dynamo's source name), ``kind`` (:data:`GUARD_KINDS`),
+    ``guard_type`` (Dynamo's) and ``value`` (the portable text of what it compared, at trace time)."""
+
+    source: str
+    kind: str
+    guard_type: str
+    value: str
+
+    def as_list(self) -> list[str]:
+        return [self.source, self.kind, self.guard_type, self.value]
+
+    @classmethod
+    def from_list(cls, item: Sequence[str]) -> CarriedGuard:
+        return cls(*map(str, item))
+
+
+def carry(entries: Sequence[Any], env: Mapping[str, Any]) -> tuple[list[CarriedGuard], list[str]]:
+    """The carried guards for the guard entries an artifact dropped.
+
+    Args:
+        entries: Dynamo ``GuardFilterEntry`` objects the jit keeps and the artifact cannot (``.name``,
+            ``.guard_type``, ``.value``, ``.has_value``).
+        env: the traced call's environment (:class:`Binder`), to check that each source reads back the value the
+            guard saw.
+    Returns:
+        ``(guards, problems)``: one :class:`CarriedGuard` per entry the pack can carry (sorted, no repeats), and one
+        text per entry it cannot (a guard type it does not carry, a source it cannot read or that reads another
+        object than Dynamo guarded, a value it cannot describe). The artifact may be used only when ``problems`` is
+        empty.
+    """
+    out, problems = set(), []
+    for e in entries:
+        gtype, name = str(getattr(e, "guard_type", "")), str(getattr(e, "name", ""))
+        try:
+            out.add(_carry_one(e, gtype, name, env))
+        except NotDescribable as ex:
+            problems.append(str(ex))
+    return sorted(out, key=lambda g: (g.source, g.kind)), problems
+
+
+def _carry_one(e: Any, gtype: str, name: str, env: Mapping[str, Any]) -> CarriedGuard:
+    kind = GUARD_KINDS.get(gtype)
+    if kind == "same":
+        other = torch_compat.duplicate_source(e)
+        if other is None:
+            raise NotDescribable(f"guard {gtype} on {name}: its other source is not known")
+        try:
+            same = _reader(name)(env) is _reader(other)(env)
+        except NotDescribable:
+            raise
+        except Exception as ex:
+            raise NotDescribable(f"guard {gtype} on {name}: a source does not read back ({type(ex).__name__})") from ex
+        if not same:
+            raise NotDescribable(f"guard {gtype} on {name}: the sources read two objects")
+        return CarriedGuard(f"{name} is {other}", kind, gtype, "True")
+    if kind is None:
+        raise NotDescribable(f"guard {gtype} on {name or '(no source)'} cannot be carried")
+    try:
+        value = _reader(name)(env)
+    except NotDescribable:
+        raise
+    except Exception as ex:
+        raise NotDescribable(f"guard {gtype} on {name}: the source does not read back "
+                             f"({type(ex).__name__}: {ex})") from ex
+    if getattr(e, "has_value", False) and value is not e.value and not (kind == "eq" and value == e.value):
+        raise NotDescribable(f"guard {gtype} on {name}: the source reads another object than Dynamo guarded")
+    try:
+        return CarriedGuard(name, kind, gtype, _describe(kind, value))
+    except NotDescribable as ex:
+        raise NotDescribable(f"guard {gtype} on {name}: {ex}") from ex
+
+
+@dataclasses.dataclass
+class Matched:
+    """Carried guards found to hold in this process, with the objects they matched: :meth:`still` re-checks them by
+    identity (``is``, ``code``, ``type``) or equality (``eq``, ``len``, ``keys``) in about a microsecond each."""
+
+    guards: tuple[CarriedGuard, ...]
+    readers: tuple[Callable[[Mapping[str, Any]], Any], ...]
+    seen: tuple[Any, ...]
+
+    def still(self, env: Mapping[str, Any]) -> bool:
+        """Whether every guard still reads what it matched (False when a source fails to read)."""
+        try:
+            for g, read, seen in zip(self.guards, self.readers, self.seen):
+                now = _now(g.kind, read(env))
+                if (now != seen) if g.kind in ("eq", "len", "keys", "same") else (now is not seen):
+                    return False
+        except Exception:  # noqa: BLE001 (a source that no longer reads: the guard does not hold)
+            return False
+        return True
+
+
+def _now(kind: str, value: Any) -> Any:
+    """What :meth:`Matched.still` compares for a guard of ``kind`` (identity for is/code/type)."""
+    if kind == "code":
+        return value.__code__
+    if kind == "type":
+        return type(value)
+    if kind == "len":
+        return len(value)
+    if kind == "keys":
+        return tuple(value.keys())
+    if kind == "eq":
+        return (type(value), value)
+    return value
+
+
+def match(guards: Sequence[CarriedGuard], env: Mapping[str, Any]) -> tuple[Matched | None, str | None]:
+    """Whether the carried ``guards`` hold in ``env`` (describe each value now and compare with the saved text).
+
+    Args:
+        guards: from the artifact's record.
+        env: the call's environment (:class:`Binder`).
+    Returns:
+        ``(Matched, None)`` when all hold; ``(None, reason)`` naming the first that does not.
+    """
+    readers, seen = [], []
+    for g in guards:
+        try:
+            read = _reader(g.source)
+            value = read(env)
+            now = _describe(g.kind, value)
+        except Exception as e:  # noqa: BLE001 (NotDescribable, or a source that no longer reads)
+            return None, f"{g.guard_type} on {g.source}: {type(e).__name__}: {e}"
+        if now != g.value:
+            return None, f"{g.guard_type} on {g.source} is {now}, precompiled for {g.value}"
+        readers.append(read)
+        seen.append(_now(g.kind, value))
+    return Matched(tuple(guards), tuple(readers), tuple(seen)), None
