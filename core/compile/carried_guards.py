@@ -28,8 +28,9 @@ Guard kinds and what the pack does with each:
 
 Guard sources are Dynamo's source names (``G['F'].linear``, ``self._modules['s'].weight_function[0]``,
 ``self.fn.__closure__[0].cell_contents``, ``type(x)``), read here by a small interpreter of names, attributes,
-constant subscripts and ``type(...)`` (no ``eval``). ``G['__import_<module>']`` is that module (Dynamo's alias for
-the globals of inlined functions from other modules). No ComfyUI imports.
+constant subscripts, ``type(...)``, ``dict(...)`` (read as the mapping itself) and ``is`` (no ``eval``).
+``G['__import_<module>']`` is that module (Dynamo's alias for the globals of inlined functions from other
+modules). No ComfyUI imports.
 """
 from __future__ import annotations
 
@@ -203,9 +204,11 @@ def _reader(source: str) -> Callable[[Mapping[str, Any]], Any]:
                 and len(n.comparators) == 1):
             left, right = build(n.left), build(n.comparators[0])
             return lambda env: left(env) is right(env)
-        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "type" and len(n.args) == 1
-                and not n.keywords):
+        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("type", "dict")
+                and len(n.args) == 1 and not n.keywords):
             inner = build(n.args[0])
+            if n.func.id == "dict":  # dict(type(x).__dict__)[...]: read the mapping as it is, no copy
+                return inner
             return lambda env: type(inner(env))
         raise NotDescribable(f"guard source {source!r}: {type(n).__name__} is not read by the pack")
 
