@@ -38,7 +38,7 @@ __all__ = [
     "tensor_version", "orig_module", "has_compiled_call", "compiled_call", "set_compiled_call",
     "PRECOMPILED_ENV", "aot_compile_support", "aot_compile_enabled", "guard_serialisable", "portable_guard_state",
     "built_kernel_loads", "pick_cpu_isa", "traced_modules", "compile_config_digest", "module_hook_dicts",
-    "MACHINE_CONFIG_KEYS", "duplicate_source",
+    "MACHINE_CONFIG_KEYS", "duplicate_source", "guard_arguments",
 ]
 
 #: Names of the settings as messages to users should spell them.
@@ -850,9 +850,16 @@ def duplicate_source(entry: Any) -> str | None:
     """The other source of a Dynamo ``DUPLICATE_INPUT`` guard entry (``G['F']`` is the same object as
     ``G['torch'].nn.functional``): the name of ``source_b`` in the guard's ``create_fn`` partial, or None when it is
     not there."""
-    fn = getattr(getattr(entry, "orig_guard", None), "create_fn", None)
-    source = (getattr(fn, "keywords", None) or {}).get("source_b")
+    source = guard_arguments(entry).get("source_b")
     if source is None:
         return None
     name = source.name() if callable(getattr(source, "name", None)) else getattr(source, "name", None)
     return name if isinstance(name, str) else None
+
+
+def guard_arguments(entry: Any) -> dict[str, Any]:
+    """The keyword arguments a Dynamo guard entry was made with (``orig_guard.create_fn``, a ``functools.partial``
+    of a ``GuardBuilder`` method: ``DICT_CONTAINS`` has ``key`` and ``invert``, ``DUPLICATE_INPUT`` ``source_b``);
+    empty when there are none."""
+    fn = getattr(getattr(entry, "orig_guard", None), "create_fn", None)
+    return dict(getattr(fn, "keywords", None) or {})

@@ -24,11 +24,14 @@ Guard kinds and what the pack does with each:
 * ``DICT_KEYS``, ``DICT_KEYS_MATCH``: the keys, in order.
 * ``DUPLICATE_INPUT``: two sources are one object (``G['F']`` and ``G['torch'].nn.functional``). Carried as
   ``"<source> is <other source>"``.
+* ``DICT_CONTAINS``: whether a key is in a dict (a class ``__dict__`` without an attribute an instance may shadow).
+  Carried as ``"<key> in <source>"``.
 * anything else (``DICT_VERSION``, ``NN_MODULE``, ``WEAKREF_ALIVE``, ``HASATTR``...): not describable: no artifact.
 
 Guard sources are Dynamo's source names (``G['F'].linear``, ``self._modules['s'].weight_function[0]``,
 ``self.fn.__closure__[0].cell_contents``, ``type(x)``), read here by a small interpreter of names, attributes,
-constant subscripts, ``type(...)``, ``dict(...)`` (read as the mapping itself) and ``is`` (no ``eval``).
+constant subscripts, ``type(...)``, ``dict(...)`` (read as the mapping itself), ``is`` and ``'key' in``
+(no ``eval``).
 ``G['__import_<module>']`` is that module (Dynamo's alias for the globals of inlined functions from other
 modules). No ComfyUI imports.
 """
@@ -59,6 +62,7 @@ GUARD_KINDS: dict[str, str] = {
     "CLOSURE_MATCH": "code", "TYPE_MATCH": "type", "CONSTANT_MATCH": "eq", "EQUALS_MATCH": "eq",
     "SEQUENCE_LENGTH": "len", "LIST_LENGTH": "len", "DICT_LENGTH": "len", "EMPTY_NN_MODULE_HOOKS_DICT": "len",
     "LENGTH_CHECK": "len", "DICT_KEYS": "keys", "DICT_KEYS_MATCH": "keys", "DUPLICATE_INPUT": "same",
+    "DICT_CONTAINS": "contains",
 }
 _SIMPLE = (str, int, float, bool, type(None))
 _IMPORT_ALIAS = "__import_"
@@ -154,7 +158,7 @@ def _describe(kind: str, value: Any) -> str:
         return str(len(value))
     if kind == "keys":
         return describe_value(list(value.keys()))
-    if kind == "same":
+    if kind in ("same", "contains"):
         return repr(value is True)
     raise NotDescribable(f"guard kind {kind!r}")
 
@@ -204,6 +208,10 @@ def _reader(source: str) -> Callable[[Mapping[str, Any]], Any]:
                 and len(n.comparators) == 1):
             left, right = build(n.left), build(n.comparators[0])
             return lambda env: left(env) is right(env)
+        if (isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], ast.In)
+                and isinstance(n.left, ast.Constant) and len(n.comparators) == 1):
+            key, container = n.left.value, build(n.comparators[0])
+            return lambda env: key in container(env)
         if (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("type", "dict")
                 and len(n.args) == 1 and not n.keywords):
             inner = build(n.args[0])
@@ -306,6 +314,19 @@ def _carry_one(e: Any, gtype: str, name: str, env: Mapping[str, Any]) -> Carried
         if not same:
             raise NotDescribable(f"guard {gtype} on {name}: the sources read two objects")
         return CarriedGuard(f"{name} is {other}", kind, gtype, "True")
+    if kind == "contains":
+        args = torch_compat.guard_arguments(e)
+        if not isinstance(args.get("key"), str):
+            raise NotDescribable(f"guard {gtype} on {name}: its key is not known")
+        source = f"{args['key']!r} in {name}"
+        try:
+            present = _reader(source)(env)
+        except NotDescribable:
+            raise
+        except Exception as ex:
+            raise NotDescribable(f"guard {gtype} on {name}: the source does not read back "
+                                 f"({type(ex).__name__})") from ex
+        return CarriedGuard(source, kind, gtype, repr(bool(present)))
     if kind is None:
         raise NotDescribable(f"guard {gtype} on {name or '(no source)'} cannot be carried")
     try:
@@ -337,7 +358,7 @@ class Matched:
         try:
             for g, read, seen in zip(self.guards, self.readers, self.seen):
                 now = _now(g.kind, read(env))
-                if (now != seen) if g.kind in ("eq", "len", "keys", "same") else (now is not seen):
+                if (now != seen) if g.kind in ("eq", "len", "keys", "same", "contains") else (now is not seen):
                     return False
         except Exception:  # noqa: BLE001 (a source that no longer reads: the guard does not hold)
             return False

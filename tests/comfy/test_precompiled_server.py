@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from recompile_workflows import go, server_with_lora
+from comfy_server import ComfyServer
+from recompile_workflows import TINY_CKPT_NAME, go, server_with_lora
 from steadfast_workflows import compile_records
 
 pytestmark = pytest.mark.comfyui
@@ -66,3 +67,35 @@ def test_precompiled_warm_start_is_bit_equal_and_fallbacks_are_visible(comfyui_p
         assert again["hash"] == cold["hash"] and state["loads"] == state["hits"] == 0
         reasons = again["compile"]["precompiled"]["reasons"]
         assert reasons and all("not written while Steadfast watched" in r for r in reasons.values())
+
+
+def test_servers_sharing_one_cache_folder_answer_with_their_own_configurations_bytes(
+        comfyui_path: Path, tiny_ckpt: Path, tmp_path: Path) -> None:
+    """Three servers share one compile cache folder ($STEADFAST_COMPILE_CACHE) and differ only by an attention flag.
+    A (``--use-pytorch-cross-attention``) compiles and saves; B (no flag) is warm-started from the same folder and
+    must give the hash of the jit of its own configuration (the third server, ``STEADFAST_PRECOMPILED=0``), with the
+    reason A's artifacts did not answer; B restarted then answers from its own saved configuration. On 019f4a9 B
+    gave A's hash (issue 34)."""
+    env = {"STEADFAST_COMPILE_CACHE": str(tmp_path / "shared")}
+    run = {"backend": "inductor"}
+    ckpt = {TINY_CKPT_NAME: tiny_ckpt}
+    with ComfyServer(ckpt, comfyui=comfyui_path, env=env, extra_args=["--use-pytorch-cross-attention"]) as a:
+        a_hash = go(a, **run)["hash"]
+        assert _record(a)["precompiled"]["saves"] >= 1, json.dumps(_record(a))
+    with ComfyServer(ckpt, comfyui=comfyui_path, env={**env, "STEADFAST_PRECOMPILED": "0"}) as jit:
+        jit_hash = go(jit, **run)["hash"]
+    assert jit_hash != a_hash  # the flag changes the bytes: the case is not vacuous
+    with ComfyServer(ckpt, comfyui=comfyui_path, env=env) as b:
+        b_run = go(b, **run)
+        b_state = _record(b)["precompiled"]
+        assert b_run["hash"] == jit_hash, b_state  # never A's bytes
+        reasons = b_run["compile"]["precompiled"]["reasons"]  # A's artifacts did not answer, or said why not
+        assert b_state["hits"] == 0 or any("another configuration" in r for r in reasons.values()), reasons
+        assert b_state["saves"] >= 1  # B's configuration is saved beside A's
+        b.restart()
+        again = go(b, **run)
+        state = _record(b)["precompiled"]
+        assert again["hash"] == jit_hash and state["loads"] >= 1 and state["hits"] > 0, state
+        print(f"\n[shared cache, attention flag] A {a_hash[:12]}, jit of B {jit_hash[:12]}, "
+              f"B warm {b_run['hash'][:12]}, "
+              f"B restarted {again['hash'][:12]} ({state['hits']} hits)")
