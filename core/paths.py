@@ -201,3 +201,28 @@ def find_absolute_paths(texts: Iterable[str]) -> list[str]:
     """
     found = [m.group(0) for t in texts for m in ABSOLUTE_PATH.finditer(t)]
     return [p for p in found if not p.startswith("/") or os.path.exists("/" + p.split("/")[1])]
+
+
+def world_writable(path: str | os.PathLike[str]) -> str | None:
+    """Why anyone on the machine could replace ``path`` (a file or folder): ``"is world-writable"``, or, for a
+    world-writable folder with the sticky bit (``/tmp``), None for the folder itself. None when it is not, does not
+    exist, or on Windows (no such mode bits).
+
+    Args:
+        path: a file or folder.
+    Returns:
+        the text to put after the path's description in a warning, or None.
+    """
+    import stat
+
+    if os.name == "nt":
+        return None
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if not mode & stat.S_IWOTH:
+        return None
+    if stat.S_ISDIR(mode) and mode & stat.S_ISVTX:
+        return None  # a shared folder with the sticky bit: others cannot replace what is in it
+    return "is world-writable: anyone on this machine can replace what the pack will load (chmod o-w)"

@@ -42,6 +42,10 @@ log = logging.getLogger("steadfast.compile_cache")
 ARTIFACT_FORMAT = 1
 MANIFEST_MEMBER = "steadfast_artifact.json"
 ARTIFACT_ENV = "STEADFAST_COMPILE_ARTIFACT"
+#: Set to 1 by an operator to import artifacts with no pinned digest (refused otherwise).
+UNPINNED_ENV = "STEADFAST_COMPILE_ARTIFACT_UNPINNED"
+#: What reading an artifact's headers up to its manifest may take (PAX/GNU long-name headers included).
+MAX_HEADER_BYTES = 1 << 20
 ARTIFACT_SHA_ENV = "STEADFAST_COMPILE_ARTIFACT_SHA256"
 MAX_BYTES_ENV = "STEADFAST_COMPILE_ARTIFACT_MAX_BYTES"
 DEFAULT_MAX_BYTES = 16 << 30  # a GPU model's kernels are hundreds of MB; a CPU one's, about 1 MB
@@ -244,9 +248,22 @@ def _open_manifest(tar: tarfile.TarFile) -> tuple[dict[str, Any], tarfile.TarInf
     return body, first
 
 
+class _BudgetedInfo(tarfile.TarInfo):
+    """A tar header whose extended headers (PAX, GNU long names) are refused past :data:`MAX_HEADER_BYTES`, before
+    tarfile reads them into memory (it reads an extended header whole)."""
+
+    _EXTENDED = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
+                 tarfile.GNUTYPE_LONGLINK)
+
+    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type in self._EXTENDED and self.size > MAX_HEADER_BYTES:
+            raise ArtifactRefused(f"an extended tar header of {self.size} bytes (at most {MAX_HEADER_BYTES})")
+        return super()._proc_member(tarfile_)
+
+
 def _tar(path: Path, fileobj: IO[bytes] | None = None) -> tarfile.TarFile:
     try:
-        return tarfile.open(path if fileobj is None else None, mode="r:*", fileobj=fileobj)
+        return tarfile.open(path if fileobj is None else None, mode="r:*", fileobj=fileobj, tarinfo=_BudgetedInfo)
     except (OSError, tarfile.TarError) as e:
         raise ArtifactRefused(f"{path.name} is not a readable tar ({type(e).__name__})") from None
 
@@ -474,8 +491,10 @@ def load_from_env(root: str | os.PathLike[str] | None, *, device: torch.device |
                   forbidden: tuple[str | os.PathLike[str], ...] = (), root_note: str = "",
                   environ: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """Import the artifacts named in ``$STEADFAST_COMPILE_ARTIFACT`` (paths separated by ``os.pathsep``), each
-    checked against its digest in ``$STEADFAST_COMPILE_ARTIFACT_SHA256`` (comma-separated, one per file, in order;
-    absent: not pinned). One log line per artifact. Never raises: a refusal is logged and listed.
+    checked against its digest in ``$STEADFAST_COMPILE_ARTIFACT_SHA256`` (comma-separated, one per file, in order).
+    An artifact without a digest is refused unless ``$STEADFAST_COMPILE_ARTIFACT_UNPINNED`` is 1 (then imported with
+    a warning); an empty entry in the list is refused. A world-writable artifact, folder or cache root is warned
+    about. One log line per artifact. Never raises: a refusal is logged and listed.
 
     Args:
         root: the operator's compile-cache root; None: the cache is off (every artifact is refused, ``root_note``
@@ -491,15 +510,29 @@ def load_from_env(root: str | os.PathLike[str] | None, *, device: torch.device |
     env = os.environ if environ is None else environ
     raw = [x.strip() for x in env.get(ARTIFACT_ENV, "").split(os.pathsep) if x.strip()]
     pins = [x.strip() for x in env.get(ARTIFACT_SHA_ENV, "").split(",")] if env.get(ARTIFACT_SHA_ENV) else []
+    unpinned_ok = env.get(UNPINNED_ENV, "").strip().lower() in ("1", "true", "yes", "on")
     out: list[dict[str, Any]] = []
     for i, item in enumerate(raw):
         label = Path(item).name
         try:
             if pins and len(pins) != len(raw):
                 raise ArtifactRefused(f"${ARTIFACT_SHA_ENV} has {len(pins)} digest(s) for {len(raw)} artifact(s)")
+            if pins and not pins[i]:
+                raise ArtifactRefused(f"its entry in ${ARTIFACT_SHA_ENV} is empty (give its sha256: `steadfast "
+                                      "artifact inspect` prints it)")
+            if not pins and not unpinned_ok:
+                raise ArtifactRefused(f"it is not pinned: set ${ARTIFACT_SHA_ENV} to its sha256 (`steadfast artifact "
+                                      f"inspect` prints it), or ${UNPINNED_ENV}=1 to import it unchecked")
             if root is None:
                 raise ArtifactRefused(f"the compile cache is off ({root_note or 'no root'})")
-            info = import_artifact(item, root, expected_sha256=(pins[i] or None) if pins else None, device=device,
+            if not pins:
+                log.warning("Steadfast compile artifact %s: imported WITHOUT a pinned digest ($%s=1)", label,
+                            UNPINNED_ENV)
+            for what, path in (("the artifact", Path(item)), ("the artifact's folder", Path(item).parent),
+                               ("the compile cache root", Path(root))):
+                if (note := paths.world_writable(path)) is not None:
+                    log.warning("Steadfast compile artifact %s: %s %s", label, what, note)
+            info = import_artifact(item, root, expected_sha256=pins[i] if pins else None, device=device,
                                    forbidden=forbidden)
             entry = {"status": "imported", **info.as_dict()}
             log.info("Steadfast compile artifact %s: imported %d files (%d new) into compile cache %r",

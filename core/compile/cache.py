@@ -466,6 +466,10 @@ def open_cache(root: str | os.PathLike[str], name: str = DEFAULT_NAME, *, device
             cache.quarantine(problem)
         elif not (cache.path / MANIFEST).exists():
             _write_manifest(cache)
+        for what, folder in (("root", base), ("folder", named)):
+            if (note := paths.world_writable(folder)) is not None:
+                cache.messages.append(f"compile cache {name!r}: its {what} {note}")
+                log.warning("%s (%s)", cache.messages[-1], folder)
         probe = cache.path / f".write-probe-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()

@@ -98,6 +98,19 @@ def compile_blocks(root: nn.Module, paths: Sequence[str], options: CompileOption
     return out
 
 
+def compiled_for(root: nn.Module, compiled: Mapping[str, Callable[..., Any]]) -> bool:
+    """Whether ``compiled`` (:func:`compile_blocks`) was made from ``root``'s own blocks: each path of ``root`` holds
+    the module its compiled block wraps. False for another model, e.g. a multi-GPU clone (ComfyUI 0.33's
+    ``multigpu_clones``: a deep copy of the model on another device), whose blocks must not be swapped for these."""
+    for path, fn in compiled.items():
+        try:
+            if torch_compat.orig_module(fn) is not submodule(root, path):
+                return False
+        except ValueError:
+            return False
+    return True
+
+
 @contextlib.contextmanager
 def swap_in(root: nn.Module, compiled: Mapping[str, Callable[..., Any]]) -> Iterator[nn.Module]:
     """Inside the ``with``, ``root``'s submodules at the paths are the compiled callables (``setattr`` on each

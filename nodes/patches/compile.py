@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import weakref
 from pathlib import Path
 
 import torch
@@ -24,7 +25,7 @@ from ...core.compile import cache_location as compile_cache_location
 from ...core.compile import presets as inductor_presets
 from ...core.compile.guards import comfy_guard_filter
 from ...core.compile.record import CompileRecord
-from ...core.compile.swap import swap_in
+from ...core.compile.swap import compiled_for, swap_in
 from ...core.determinism import portable
 from ...core.optimize.plan import OptimizeOptions, StepReport
 from .options import steadfast_options
@@ -153,9 +154,20 @@ def add_compile(model, record: CompileRecord, scope: str,
         a "compile" :class:`StepReport`, applied, on the record's block paths (``details``: scope, record label).
     """
 
+    own_blocks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its blocks are the compiled ones
+
     def apply_model_wrapper(executor, *args, **kwargs):
         if record.stats.disabled:
             return executor(*args, **kwargs)
+        root = executor.class_obj
+        verdict = own_blocks.get(root)
+        if verdict is None:
+            verdict = own_blocks[root] = compiled_for(root, record.compiled)
+            if not verdict:
+                log.warning("Steadfast: %s was compiled for another copy of this model (a multi-GPU clone): this "
+                            "copy runs its own blocks, uncompiled", record.label)
+        if not verdict:
+            return executor(*args, **kwargs)  # never another copy's blocks (device, weights) in this one
         x = args[0] if args else kwargs.get("x")
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else None
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from steadfast.core import paths
 from steadfast.core.compile import artifact as art
 from steadfast.core.compile import cache as cc
 from steadfast.core.compile import cache_location as loc
@@ -250,7 +251,7 @@ def test_clash_with_existing_bytes_refuses_and_keeps_the_cache(made, tmp_path):
 
 def test_load_from_env_lists_imports_and_refusals(made, tmp_path, monkeypatch):
     env = {art.ARTIFACT_ENV: os.pathsep.join([str(made), str(tmp_path / "missing.tar")]),
-           art.ARTIFACT_SHA_ENV: f"{art.file_sha256(made)},"}
+           art.ARTIFACT_SHA_ENV: f"{art.file_sha256(made)},{'0' * 64}"}
     monkeypatch.setattr(art, "_LOADED", [])
     out = art.load_from_env(tmp_path / "dst", device="cpu", environ=env)
     assert [e["status"] for e in out] == ["imported", "refused"] and out[0]["files"] == len(FILES)
@@ -259,8 +260,53 @@ def test_load_from_env_lists_imports_and_refusals(made, tmp_path, monkeypatch):
         f"warm.tar ({len(FILES)} files)" and art.cache_note("default") is None
     wrong = art.load_from_env(tmp_path / "dst", device="cpu", environ={**env, art.ARTIFACT_SHA_ENV: "0" * 64})
     assert [e["status"] for e in wrong] == ["refused", "refused"] and "2 artifact" in wrong[0]["reason"]
-    off = art.load_from_env(None, device="cpu", root_note="disabled", environ={art.ARTIFACT_ENV: str(made)})
+    off = art.load_from_env(None, device="cpu", root_note="disabled",
+                            environ={art.ARTIFACT_ENV: str(made), art.ARTIFACT_SHA_ENV: art.file_sha256(made)})
     assert off[0]["status"] == "refused" and "compile cache is off (disabled)" in off[0]["reason"]
+
+
+def test_an_unpinned_artifact_is_refused_unless_the_operator_opts_in(made, tmp_path, monkeypatch):
+    monkeypatch.setattr(art, "_LOADED", [])
+    dst = tmp_path / "dst"
+    unpinned = art.load_from_env(dst, device="cpu", environ={art.ARTIFACT_ENV: str(made)})
+    assert unpinned[0]["status"] == "refused" and art.UNPINNED_ENV in unpinned[0]["reason"] and not dst.exists()
+    two = os.pathsep.join([str(made), str(made)])
+    empty = art.load_from_env(dst, device="cpu", environ={art.ARTIFACT_ENV: two,
+                                                         art.ARTIFACT_SHA_ENV: f",{art.file_sha256(made)}"})
+    assert empty[0]["status"] == "refused" and "is empty" in empty[0]["reason"]  # an empty entry is an error
+    opted = art.load_from_env(dst, device="cpu", environ={art.ARTIFACT_ENV: str(made), art.UNPINNED_ENV: "1"})
+    assert opted[0]["status"] == "imported" and opted[0]["files"] == len(FILES)
+
+
+def test_a_world_writable_artifact_or_cache_root_is_warned_about(made, tmp_path, caplog):
+    import logging
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # no sticky bit: anyone may replace what is in it
+    copy = shared / "warm.tar"
+    copy.write_bytes(made.read_bytes())
+    with caplog.at_level(logging.WARNING, logger="steadfast.compile_cache"):
+        out = art.load_from_env(shared / "root", device="cpu",
+                                environ={art.ARTIFACT_ENV: str(copy), art.ARTIFACT_SHA_ENV: art.file_sha256(copy)})
+    assert out[0]["status"] == "imported"
+    assert any("artifact's folder is world-writable" in r.getMessage() for r in caplog.records), caplog.text
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)  # /tmp-like: not warned about
+    assert paths.world_writable(sticky) is None and paths.world_writable(shared) is not None
+
+
+def test_inspect_refuses_an_extended_header_over_its_budget(tmp_path):
+    big = tmp_path / "big.tar"
+    with tarfile.open(big, "w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo(art.MANIFEST_MEMBER)
+        info.pax_headers = {"comment": "x" * (art.MAX_HEADER_BYTES + 10)}
+        data = b"{}"
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(art.ArtifactRefused, match="extended tar header"):
+        art.inspect_artifact(big)
 
 
 def test_an_artifact_over_the_size_cap_is_refused_before_a_member_is_read(made, tmp_path, monkeypatch):

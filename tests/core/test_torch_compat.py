@@ -379,6 +379,9 @@ def counting(header, cmd, **kw):
     return plain(header, cmd, **kw)
 tc._plain_header = counting  # built_kernel_loads installs whatever the module holds at entry
 original = codecache._precompile_header
+# where torch's own path writes its .gch (a folder of this test's, so that a new one can be seen)
+codecache._HEADER_DIR = os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], "probe_headers")
+codecache._HEADER_LOCK_DIR = os.path.join(codecache._HEADER_DIR, "locks")
 torch.manual_seed(0)
 net = torch.nn.Sequential(torch.nn.Conv2d(4, 16, 3, padding=1), torch.nn.GroupNorm(4, 16), torch.nn.SiLU(),
                           torch.nn.Conv2d(16, 4, 3, padding=1)).eval()
@@ -392,9 +395,11 @@ with tc.trusted_cpu_isa(), torch.no_grad(), (tc.built_kernel_loads() if sys.argv
     out = torch.compile(net)(x)
     eager = net(x)
 headers = sorted(os.listdir(tc._plain_header_dir())) if os.path.isdir(tc._plain_header_dir()) else []
+from pathlib import Path
+gch = sorted(str(p) for p in Path(codecache._HEADER_DIR).rglob("*.gch"))
 print(json.dumps({"patched": patched, "inside": inside, "nested": nested, "still": still,
                   "restored": codecache._precompile_header is original, "calls": len(calls),
-                  "gch": [h for h in headers if not h.endswith(".h")],
+                  "stray": [h for h in headers if not h.endswith(".h")], "gch": gch,
                   "out": hashlib.sha256(out.numpy().tobytes()).hexdigest(),
                   "depends_on_input": not torch.equal(out[0], out[1]),
                   "close_to_eager": torch.allclose(out, eager, atol=1e-4)}))
@@ -421,9 +426,10 @@ def test_built_kernel_loads_skip_the_header_and_give_the_same_bytes(tmp_path: Pa
     built = _header_child(tmp_path / "plain", "plain")      # nothing built yet: compiles without the .gch
     loaded = _header_child(tmp_path / "plain", "plain")     # a fresh process, the library built: a load
     assert torch_path["patched"] is False and torch_path["calls"] == 0
+    assert torch_path["gch"], "torch's own path built no .gch in the cache: the check below would prove nothing"
     for r in (built, loaded):
         assert r["patched"] and r["inside"] and r["nested"] and r["still"] and r["restored"]
-        assert r["calls"] >= 1 and r["gch"] == []  # the stand-in ran; it never writes a precompiled header
+        assert r["calls"] >= 1 and r["gch"] == [] and r["stray"] == []  # the stand-in never builds a .gch
         assert r["out"] == torch_path["out"]
     assert torch_path["depends_on_input"] and torch_path["close_to_eager"]
 
