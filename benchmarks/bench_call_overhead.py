@@ -8,7 +8,10 @@ what follows; the checkpoint, the text encodes and Optimize Model stay cached):
 * ``steadfast``: CheckpointLoaderSimple -> SteadfastOptimizeModel (compile regional, inductor, the managed compile
   cache ``default`` under ``$STEADFAST_COMPILE_CACHE``) -> SteadfastSeededSampler (euler) -> VAEDecode -> PreviewImage.
 
-Both are warmed first (the compile happens there). Phase ``0 extra files`` times them as they are; then 3,000
+Both are warmed first (the compile happens there); the server is then restarted on the same compile cache and
+warmed again, so that the precompiled blocks answer the steady prompts (as on a warm-started server), with their
+per-call checks (hooks, carried guards: ``precompiled.check_seconds`` of ``/steadfast/compile_state``, printed per
+prompt and as a share of the Steadfast prompt). Phase ``0 extra files`` times them as they are; then 3,000
 extra files (1 KiB each, in 2-character sub-folders as inductor lays them out) are dropped into the compile
 cache's key folder, as a GPU inductor/Triton cache holds thousands of files, and phase ``3000 extra files`` times
 them again. The number is the median wall time queue -> done of the steady prompts, and the ratio
@@ -111,6 +114,13 @@ def micro(files: int, against: str | None) -> None:
     print(_common.markdown_table(["compile_cache.py", f"ms per model call, {files} files (median)", "(min)"], rows))
 
 
+def precompiled_state(server: ComfyServer) -> dict[str, Any]:
+    """The precompiled route's counters of the newest compile record (``GET /steadfast/compile_state``)."""
+    records = server.get("/steadfast/compile_state")["records"]
+    return max(records, key=lambda r: r["created"]).get("precompiled") or {"check_seconds": 0.0, "hits": 0,
+                                                                           "fallbacks": 0}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=8)
@@ -142,10 +152,16 @@ def main() -> int:
                 for _ in range(2):
                     seed += 1
                     server.run(workflow(config, seed, args.steps, args.side), timeout=900)
+            server.restart()  # a warm start: the precompiled blocks answer from now on
+            for config in configs:
+                for _ in range(2):
+                    seed += 1
+                    server.run(workflow(config, seed, args.steps, args.side), timeout=900)
             for phase in ("0 extra files", f"{args.files} extra files"):
                 if phase != "0 extra files":
                     key_dir = add_files(cache_root, args.files)
                     print(f"  {sum(1 for _ in key_dir.rglob('*'))} entries in the key folder now", flush=True)
+                before = precompiled_state(server)
                 for _ in range(args.repeats):
                     for config in configs:  # interleaved: the machine's load falls on both
                         seed += 1
@@ -155,6 +171,12 @@ def main() -> int:
                 med = {c: statistics.median(times[phase, c]) for c in configs}
                 print(f"  {phase}: eager {med['eager']:.3f} s, steadfast {med['steadfast']:.3f} s, "
                       f"ratio {med['steadfast'] / med['eager']:.3f}", flush=True)
+                after = precompiled_state(server)
+                checks = (after["check_seconds"] - before["check_seconds"]) / args.repeats
+                hits = (after["hits"] - before["hits"]) / args.repeats
+                print(f"  {phase}: precompiled route per Steadfast prompt: {hits:.0f} hits, {checks * 1e3:.3f} ms of "
+                      f"per-call checks = {checks / med['steadfast'] * 100:.3f}% of the prompt "
+                      f"(target <= 1%, issue 34); fallbacks {after['fallbacks'] - before['fallbacks']}", flush=True)
     rows = []
     for phase in dict.fromkeys(p for p, _ in times):
         e, s = (statistics.median(times[phase, c]) for c in configs)

@@ -297,6 +297,7 @@ class PrecompiledState:
     fallbacks: int = 0
     save_seconds: float = 0.0
     load_seconds: float = 0.0
+    check_seconds: float = 0.0
     reasons: dict[str, str] = dataclasses.field(default_factory=dict)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
     pending: list[Callable[[], None]] = dataclasses.field(default_factory=list, repr=False)
@@ -373,11 +374,13 @@ class PrecompiledState:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON view: ``{"enabled", "reason", "hits", "loads", "saves", "fallbacks", "save_seconds",
-        "load_seconds", "reasons"}``."""
+        "load_seconds", "check_seconds", "reasons"}`` (``check_seconds``: wall seconds of the per-call checks of
+        hooks and carried guards, summed over every call)."""
         with self.lock:
             return {"enabled": self.enabled, "reason": self.reason, "hits": self.hits, "loads": self.loads,
                     "saves": self.saves, "fallbacks": self.fallbacks, "save_seconds": round(self.save_seconds, 3),
-                    "load_seconds": round(self.load_seconds, 3), "reasons": dict(self.reasons)}
+                    "load_seconds": round(self.load_seconds, 3),
+                    "check_seconds": round(self.check_seconds, 6), "reasons": dict(self.reasons)}
 
 
 class PrecompiledBlock(nn.Module):
@@ -436,9 +439,17 @@ class PrecompiledBlock(nn.Module):
             state.count("fallbacks", None, f"not describable: {e}")
             return self.jit(*args, **kwargs)
         memo_key = (str(cache.path), key)
-        env = self._binder(module, args, kwargs)
         kind, got = state.entries.get(memo_key, (None, None))
-        if kind is None or (kind == "aot" and not got[1].still(env)):  # first call, or a carried guard moved
+        env = None
+        if kind == "aot" and got[1].guards:
+            t0 = time.perf_counter()
+            env = self._binder(module, args, kwargs)
+            moved = not got[1].still(env)
+            state.check_seconds += time.perf_counter() - t0
+            if moved:
+                kind = None  # a carried guard moved: resolve again
+        if kind is None:
+            env = env if env is not None else self._binder(module, args, kwargs)
             with state.load_lock:
                 kind, got = state.entries.get(memo_key, (None, None))
                 if kind is None or (kind == "aot" and not got[1].still(env)):

@@ -239,3 +239,19 @@ def test_inductor_regional_shared_graph_and_run_to_run(capsys):
     with capsys.disabled():
         print(f"\n[inductor regional] first call {first_s:.2f} s, compiled vs eager: "
               f"bit-equal={torch.equal(first, eager)}, max|d|={max_abs:.3g}")
+
+
+def test_compiled_blocks_are_only_for_the_model_they_were_made_from() -> None:
+    """A multi-GPU clone (ComfyUI 0.33's ``multigpu_clones``: a deep copy on another device) must not get the
+    original's compiled blocks swapped in: ``compiled_for`` tells them apart (the adapter then runs the copy's own
+    blocks)."""
+    import copy
+
+    from steadfast.core.compile.options import CompileOptions
+    from steadfast.core.compile.swap import compile_blocks, compiled_for
+
+    model = Tiny()
+    compiled = compile_blocks(model, block_paths(model), CompileOptions(backend="eager"))
+    assert compiled_for(model, compiled)
+    assert not compiled_for(copy.deepcopy(model), compiled)
+    assert not compiled_for(Tiny(n=2), compiled)  # another model without those paths
