@@ -44,7 +44,8 @@ def test_artifact_warm_starts_a_server_with_an_empty_cache(comfyui_path: Path, t
                                                            tmp_path: Path) -> None:
     broken = tmp_path / "broken.tar"
     broken.write_bytes(b"not a tar at all")
-    env = {"STEADFAST_COMPILE_CACHE": str(tmp_path / "cache_a"), art.ARTIFACT_ENV: str(broken)}
+    env = {"STEADFAST_COMPILE_CACHE": str(tmp_path / "cache_a"), art.ARTIFACT_ENV: str(broken),
+           art.UNPINNED_ENV: "1"}  # opted in: the file itself is then checked, and refused
     inductor = {"backend": "inductor", "warm": ""}
     with ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path, env=env) as srv:
         (refused,) = srv.get("/steadfast/compile_state")["artifacts"]  # the server started regardless
