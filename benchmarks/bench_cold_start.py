@@ -88,14 +88,25 @@ def server_env(config: str, caches: Path, artifact: Path | None = None) -> dict[
     return env
 
 
-def timed_prompts(server: ComfyServer, config: str, steps: int, side: int, start: float) -> tuple[float, float, float]:
-    """``(first prompt s, second prompt s, start s)`` in a server just (re)started in ``start`` seconds."""
-    times = []
+def executed_seconds(entry: dict[str, Any]) -> float:
+    """Seconds between the server's own ``execution_start`` and ``execution_success`` timestamps of a history
+    entry (what the server spent on the prompt, without the client's polling and the queue)."""
+    stamps = {name: data.get("timestamp") for name, data in (entry.get("status") or {}).get("messages", [])
+              if isinstance(data, dict)}
+    return (stamps["execution_success"] - stamps["execution_start"]) / 1000.0
+
+
+def timed_prompts(server: ComfyServer, config: str, steps: int, side: int,
+                  start: float) -> tuple[float, float, float, float]:
+    """``(first prompt s, second prompt s, start s, first prompt s by the server's timestamps)`` in a server just
+    (re)started in ``start`` seconds."""
+    times, executed = [], []
     for seed in (1, 2):
         t0 = time.perf_counter()
-        server.run(workflow(config, seed, steps, side), timeout=900)
+        entry = server.wait(server.queue(workflow(config, seed, steps, side)), timeout=900)
         times.append(time.perf_counter() - t0)
-    return times[0], times[1], start
+        executed.append(executed_seconds(entry))
+    return times[0], times[1], start, executed[0]
 
 
 def main() -> int:
@@ -148,6 +159,9 @@ def main() -> int:
     rows = []
     eager = results.get(("eager", "cold"))
     eager_first = statistics.median(r[0] for r in eager) if eager else None
+    eager_exec = statistics.median(r[3] for r in eager) if eager else None
+    core_warm = results.get(("core", "warm"))
+    core_exec = statistics.median(r[3] for r in core_warm) if core_warm else None
     for (config, state), runs in results.items():
         first = statistics.median(r[0] for r in runs)
         second = statistics.median(r[1] for r in runs)
@@ -162,14 +176,20 @@ def main() -> int:
                      f"{second:.2f}",
                      f"{ratio:.2f}" if ratio is not None else "n/a",
                      f"{first / statistics.median(r[0] for r in cold):.2f}" if state == "warm" and cold else "-",
-                     f"{first / eager_first:.1f}" if eager_first else "n/a"])
+                     f"{first / eager_first:.1f}" if eager_first else "n/a",
+                     f"{(ex := statistics.median(r[3] for r in runs)):.2f}",
+                     f"{ex / eager_exec:.2f}" if eager_exec else "n/a",
+                     f"{ex / core_exec:.2f}" if core_exec else "n/a"])
     print()
     print(_common.markdown_table(["config", "cache", "start s", "first prompt s (median)", "each repeat",
                                   "second prompt s",
-                                  "first / core's first", "warm / cold", "first / eager's first"], rows))
+                                  "first / core's first", "warm / cold", "first / eager's first",
+                                  "first, server's timestamps s", "/ eager's first (timestamps)",
+                                  "/ core's warm first (timestamps)"], rows))
     print("\nstart = the server's start or restart until it answers; first prompt = wall seconds queue -> done in a "
           "fresh server (checkpoint load, compile, sampling, decode); second prompt = the same workflow with another "
-          "seed in the same server (no compile); steadfast-artifact is compared with core's warm start.")
+          "seed in the same server (no compile); steadfast-artifact is compared with core's warm start; "
+          "timestamps = the server's own execution_start -> execution_success of the first prompt.")
     _common.print_footer(t_start)
     return 0
 
