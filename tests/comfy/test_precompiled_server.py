@@ -73,11 +73,11 @@ def test_servers_sharing_one_cache_folder_answer_with_their_own_configurations_b
         comfyui_path: Path, tiny_ckpt: Path, tmp_path: Path) -> None:
     """Three servers share one compile cache folder ($STEADFAST_COMPILE_CACHE) and differ only by an attention flag.
     A (``--use-pytorch-cross-attention``) compiles and saves; B (no flag) is warm-started from the same folder and
-    must give the hash of the jit of its own configuration (the third server, ``STEADFAST_PRECOMPILED=0``), with the
-    reason A's artifacts did not answer; B restarted then answers from its own saved configuration. On 019f4a9 B
-    gave A's hash (issue 34)."""
+    must give the hash of the jit of its own configuration (the third server, ``STEADFAST_PRECOMPILED=0``), never
+    A's, also after a restart. (Issue 34 saw B give A's hash on another machine; this test passes on 019f4a9 too,
+    where B's key already differed: the in-process differential test is the one that failed there.)"""
     env = {"STEADFAST_COMPILE_CACHE": str(tmp_path / "shared")}
-    run = {"backend": "inductor"}
+    run = {"backend": "inductor", "attention": "comfy"}  # ComfyUI's own attention: the global the flag picks
     ckpt = {TINY_CKPT_NAME: tiny_ckpt}
     with ComfyServer(ckpt, comfyui=comfyui_path, env=env, extra_args=["--use-pytorch-cross-attention"]) as a:
         a_hash = go(a, **run)["hash"]
@@ -89,13 +89,14 @@ def test_servers_sharing_one_cache_folder_answer_with_their_own_configurations_b
         b_run = go(b, **run)
         b_state = _record(b)["precompiled"]
         assert b_run["hash"] == jit_hash, b_state  # never A's bytes
-        reasons = b_run["compile"]["precompiled"]["reasons"]  # A's artifacts did not answer, or said why not
-        assert b_state["hits"] == 0 or any("another configuration" in r for r in reasons.values()), reasons
-        assert b_state["saves"] >= 1  # B's configuration is saved beside A's
+        assert b_state["hits"] == 0, b_state  # A's artifacts did not answer B's configuration
+        # ComfyUI's split attention (no flag, CPU) asks for the free memory inside the block, which a full graph
+        # cannot trace: B's configuration has no precompiled route, and says why
+        reasons = b_run["compile"]["precompiled"]["reasons"]
+        assert b_state["saves"] == 0 and any("save failed" in r for r in reasons.values()), json.dumps(b_state)
         b.restart()
         again = go(b, **run)
         state = _record(b)["precompiled"]
-        assert again["hash"] == jit_hash and state["loads"] >= 1 and state["hits"] > 0, state
+        assert again["hash"] == jit_hash and state["hits"] == 0, state
         print(f"\n[shared cache, attention flag] A {a_hash[:12]}, jit of B {jit_hash[:12]}, "
-              f"B warm {b_run['hash'][:12]}, "
-              f"B restarted {again['hash'][:12]} ({state['hits']} hits)")
+              f"B warm {b_run['hash'][:12]}, B restarted {again['hash'][:12]}; B's reasons: {reasons}")
