@@ -1,0 +1,160 @@
+"""Every sampler keeps every promise: the Seeded Sampler over every name of ``KSampler.SAMPLERS`` (issue 37).
+
+Through the real ComfyUI server with the tiny SD1.5 checkpoint (64², 3 steps, karras, cfg 1), one prompt per
+sampler, for every sampler name the running ComfyUI lists (``GET /object_info/KSampler``, read at run time, so a
+sampler a new ComfyUI adds is covered without editing this file):
+
+* ``comfy`` mode equals stock KSampler at batch 2 (README: "bit-identical to KSampler");
+* under Determinism Setup (``batch_invariant`` on), ``incremental`` item i of a batch of 2 equals the batch-1
+  run at seed + i (README, Determinism Setup's tooltip), and the two items differ (the output depends on the
+  seed);
+* a repeat (a second, identical Seeded Sampler node in the same prompt, batch 1) gives the same bytes;
+* a float16 LATENT (batch 1) in ``comfy`` mode equals stock KSampler on it (ComfyUI samples in float32: the
+  per-step noise too).
+
+A sampler the pack cannot make keep a promise must refuse, with a message naming it (the prompt then fails and
+every check of that sampler lists the refusal); any other difference fails the test. Before issue 37 (commit
+019f4a9), ``dpmpp_2m_sde_heun`` failed the first check, ``dpm_adaptive`` the second, and every sampler with
+per-step CPU noise the fourth.
+
+Cost (both rows run it in CI): one server for the session, one prompt per sampler, cfg 1 (ComfyUI then skips
+the negative: one model call per item and step; the CFG++ samplers still run theirs), 9 model calls per sampler
+step; ``dpm_adaptive`` picks its own steps (about 70 here). The seconds are printed (``[sampler matrix]``) and
+written with the results to ``test-artifacts/sampler_matrix.json``. ``STEADFAST_MATRIX_SAMPLERS=a,b`` runs only
+those names, for a quick look while debugging (the coverage test then fails: CI always runs all).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from comfy_server import ComfyServer, PromptFailed
+from steadfast_workflows import add, hash_of, run
+
+pytestmark = pytest.mark.comfyui
+
+SEED, STEPS, SCHEDULER, CFG = 5, 3, "karras", 1.0
+CHECKS = ("comfy == KSampler (batch 2)", "incremental item i == seed + i (Determinism Setup)",
+          "repeat identical", "fp16 LATENT comfy == KSampler")
+ONLY = [n for n in os.environ.get("STEADFAST_MATRIX_SAMPLERS", "").split(",") if n]
+
+
+def sampler_names(server: ComfyServer) -> list[str]:
+    """``KSampler``'s ``sampler_name`` options as the running server lists them (V1 list or V3 ``COMBO``)."""
+    spec = server.get("/object_info/KSampler")["KSampler"]["input"]["required"]["sampler_name"]
+    options = spec[0] if isinstance(spec[0], list) else spec[1]["options"]
+    return [str(name) for name in options]
+
+
+def _prompt(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The prompt of one sampler and the ids of its Hash nodes."""
+    wf: dict[str, Any] = {
+        "ckpt": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "steadfast_tiny_sd15.safetensors"}},
+        "pos": {"class_type": "CLIPTextEncode", "inputs": {"text": "a lighthouse on a cliff at dawn",
+                                                           "clip": ["ckpt", 1]}},
+        "neg": {"class_type": "CLIPTextEncode", "inputs": {"text": "blurry", "clip": ["ckpt", 1]}},
+        "b2": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 2}},
+        "b1": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
+        "det": {"class_type": "SteadfastDeterminismSetup",
+                "inputs": {"model": ["ckpt", 0], "strict": True, "allow_tf32": False, "num_threads": 0,
+                           "batch_invariant": True}},
+    }
+    half = add(wf, "TestLatentDtype", samples=["b1", 0], dtype="float16")
+    common = dict(steps=STEPS, cfg=CFG, sampler_name=name, scheduler=SCHEDULER, positive=["pos", 0],
+                  negative=["neg", 0], denoise=1.0)
+
+    def seeded(model: str, latent: str, mode: str, seed: int = SEED) -> str:
+        return add(wf, "SteadfastSeededSampler", model=[model, 0], seed=seed, latent_image=[latent, 0],
+                   batch_seed_mode=mode, **common)
+
+    def stock(latent: str) -> str:
+        return add(wf, "KSampler", model=["ckpt", 0], seed=SEED, latent_image=[latent, 0], **common)
+
+    def h(node: str, item: int | None = None) -> str:
+        if item is not None:
+            node = add(wf, "LatentFromBatch", samples=[node, 0], batch_index=item, length=1)
+        return add(wf, "SteadfastHash", latent=[node, 0])
+
+    inc = seeded("det", "b2", "incremental")
+    ids = {"comfy": h(seeded("ckpt", "b2", "comfy")), "ksampler": h(stock("b2")),
+           "item0": h(inc, 0), "item1": h(inc, 1),
+           "single0": h(seeded("det", "b1", "incremental")), "single0_again": h(seeded("det", "b1", "incremental")),
+           "single1": h(seeded("det", "b1", "incremental", SEED + 1)),
+           "comfy_fp16": h(seeded("ckpt", half, "comfy")), "ksampler_fp16": h(stock(half))}
+    return wf, ids
+
+
+def _run_one(server: ComfyServer, name: str) -> dict[str, Any]:
+    wf, ids = _prompt(name)
+    t0 = time.perf_counter()
+    try:
+        entry = run(server, wf, timeout=900)
+    except PromptFailed as e:
+        return {"refused": f"{e.node_type}: {e.exception_type}: {e.exception_message}",
+                "seconds": time.perf_counter() - t0}
+    out: dict[str, Any] = {k: hash_of(entry, v) for k, v in ids.items()}
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def verdicts(name: str, r: dict[str, Any]) -> dict[str, str | None]:
+    """``{check: None (held) or what went wrong}`` for one sampler's results."""
+    if "refused" in r:  # a refusal must say which sampler and why: anything else is a crash, not a refusal
+        said = r["refused"] if name in r["refused"] else f"failed without naming {name}: {r['refused']}"
+        return dict.fromkeys(CHECKS, f"refused: {said}")
+    return {
+        CHECKS[0]: None if r["comfy"] == r["ksampler"] else "comfy mode differs from KSampler",
+        CHECKS[1]: None if (r["item0"], r["item1"]) == (r["single0"], r["single1"]) and r["item0"] != r["item1"]
+        else ("the two items are equal: the output ignores the seed" if r["item0"] == r["item1"] else
+              f"items {[i for i in (0, 1) if r[f'item{i}'] != r[f'single{i}']]} differ from the batch-1 runs"),
+        CHECKS[2]: None if r["single0"] == r["single0_again"] else "a repeat gave other bytes",
+        CHECKS[3]: None if r["comfy_fp16"] == r["ksampler_fp16"] else "fp16 comfy mode differs from KSampler",
+    }
+
+
+@pytest.fixture(scope="module")
+def matrix(comfy_server: ComfyServer) -> dict[str, Any]:
+    names = [n for n in sampler_names(comfy_server) if not ONLY or n in ONLY]
+    t0 = time.perf_counter()
+    results = {name: _run_one(comfy_server, name) for name in names}
+    seconds = time.perf_counter() - t0
+    slowest = sorted(results, key=lambda n: -results[n]["seconds"])[:3]
+    print(f"\n[sampler matrix] {len(names)} samplers in {seconds:.1f} s (slowest: "
+          + ", ".join(f"{n} {results[n]['seconds']:.1f} s" for n in slowest) + ")")
+    report = {"seconds": seconds, "results": results,
+              "verdicts": {n: verdicts(n, r) for n, r in results.items()}}
+    artifacts = Path(os.environ.get("STEADFAST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts"))
+    artifacts.mkdir(parents=True, exist_ok=True)  # as the artifacts_dir fixture (function-scoped: not usable here)
+    (artifacts / "sampler_matrix.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
+    return report
+
+
+def _failures(matrix: dict[str, Any], check: str) -> dict[str, str]:
+    return {n: v[check] for n, v in matrix["verdicts"].items() if v[check] is not None}
+
+
+def test_matrix_covers_every_sampler(matrix, comfy_server: ComfyServer) -> None:
+    names = sampler_names(comfy_server)
+    assert len(names) > 30 and set(matrix["results"]) == set(names)
+    assert {"dpmpp_2m_sde_heun", "dpm_adaptive", "euler", "euler_ancestral", "dpmpp_sde"} <= set(names)
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_every_sampler_keeps_the_promise(matrix, check: str) -> None:
+    """No sampler differs silently: each one holds the check or refused with a message naming it."""
+    wrong = {n: why for n, why in _failures(matrix, check).items()
+             if not (why.startswith("refused: ") and "failed without naming" not in why)}
+    assert not wrong, wrong
+
+
+def test_samplers_are_really_sampled(matrix) -> None:
+    """The checks compare real outputs: the samplers give many different latents (a few are the same function on
+    this CPU, e.g. a ``_gpu`` twin), and the fp16 LATENT (batch 1) is not the float32 one (item 0)."""
+    sampled = {n: r for n, r in matrix["results"].items() if "refused" not in r}
+    assert len(sampled) > 30
+    assert len({r["comfy"] for r in sampled.values()}) > len(sampled) // 2
+    assert all(r["comfy_fp16"] != r["item0"] for r in sampled.values())
