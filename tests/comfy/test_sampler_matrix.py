@@ -1,6 +1,6 @@
 """Every sampler keeps every promise: the Seeded Sampler over every name of ``KSampler.SAMPLERS`` (issue 37).
 
-Through the real ComfyUI server with the tiny SD1.5 checkpoint (64², 3 steps, karras, cfg 1), one prompt per
+Through the real ComfyUI server with the tiny SD1.5 checkpoint (64x64 px, 3 steps, karras, cfg 1), one prompt per
 sampler, for every sampler name the running ComfyUI lists (``GET /object_info/KSampler``, read at run time, so a
 sampler a new ComfyUI adds is covered without editing this file):
 
