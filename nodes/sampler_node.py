@@ -154,7 +154,8 @@ class SteadfastSeededSampler(io.ComfyNode):
             """One ``sample_custom`` call with the pack's per-step noise for ``part_latent`` at ``part_seed``."""
             ns, described = host_noise.per_step_noise(part_sampler, part_latent, ks.sigmas, part_seed, part_mode,
                                                       model.load_device)
-            if ns is not None:
+            if ns is not None:  # built from ComfyUI's x (the dtype ComfyUI samples in), as ComfyUI's own
+                host_noise.bind_to_x(part_sampler, ns)
                 part_sampler.extra_options = {**part_sampler.extra_options, "noise_sampler": ns}
             try:
                 return comfy.sample.sample_custom(model, part_x0, cfg, part_sampler, ks.sigmas, positive, negative,
@@ -162,8 +163,8 @@ class SteadfastSeededSampler(io.ComfyNode):
                                                   disable_pbar=not comfy.utils.PROGRESS_BAR_ENABLED,
                                                   seed=part_seed), described
             finally:
-                if isinstance(ns, noise.CPUNoiseSampler):
-                    ns.close()  # its prefetch thread (a draw made for a step that never came is dropped)
+                if ns is not None:
+                    ns.close()  # a CPU noise sampler's prefetch thread (a draw for a step that never came is dropped)
 
         portable.pin_thread()  # inductor's config is per thread in torch 2.14 (core/determinism/portable.py)
         # base weights + patches, before sampling: never inside the step loop (the base is hashed once per model)

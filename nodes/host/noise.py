@@ -170,7 +170,7 @@ def noise_kind(sampler) -> str:
         (another node pack's) is ``"default"`` when it takes a ``noise_sampler`` argument, else ``"none"``.
     """
     fn = getattr(sampler, "sampler_function", None)
-    return NONE if fn is None else _kind_of(fn)
+    return NONE if fn is None else _kind_of(inspect.unwrap(fn))
 
 
 def _ships_with_comfy(fn) -> bool:
@@ -192,6 +192,7 @@ def couples_items(sampler) -> str | None:
     fn = getattr(sampler, "sampler_function", None)
     if fn is None:
         return None
+    fn = inspect.unwrap(fn)
     name = getattr(fn, "__name__", "")
     if name in COUPLED_ITEMS:
         return COUPLED_ITEMS[name]
@@ -212,15 +213,54 @@ def _kind_of(fn) -> str:
     return DEFAULT if takes else NONE
 
 
-#: The dtype ComfyUI samples in whatever the LATENT's dtype: 0.33.0's ``outer_sample`` casts noise and latent to
-#: float32, 0.8.0's ``noise_scaling`` promotes them with the float32 sigmas; ``default_noise_sampler`` and the
-#: Brownian tree then draw in ``x.dtype``. The pack's per-step noise is drawn in it too.
-SAMPLING_DTYPE = torch.float32
+class PerStepNoise:
+    """The pack's per-step noise sampler, built from ComfyUI's ``x`` when sampling starts, as ComfyUI builds its own.
+
+    ComfyUI's ``default_noise_sampler(x)`` and Brownian tree draw in ``x.dtype``, and ``x`` is what ComfyUI samples
+    in: float32 on ComfyUI 0.33.0 (``outer_sample`` casts noise and latent), the LATENT's dtype on 0.8.0. So the
+    noise sampler is built by :meth:`bind` from ``x`` itself (:func:`bind_to_x` makes the sampler function call it);
+    called before any :meth:`bind` (a caller that hands ``x`` to nobody), it is built from ``like``.
+
+    Args:
+        build: ``build(x) -> noise sampler`` (``noise_sampler(sigma, sigma_next) -> noise``).
+        like: the tensor to build from when :meth:`bind` was never called (the LATENT's samples).
+    """
+
+    def __init__(self, build: Callable, like: torch.Tensor) -> None:
+        self._build, self._like, self.inner = build, like, None
+
+    def bind(self, x: torch.Tensor):
+        """Build the noise sampler from ``x`` (its shape and dtype) unless built already; returns it."""
+        if self.inner is None:
+            self.inner = self._build(x)
+        return self.inner
+
+    def __call__(self, sigma=None, sigma_next=None) -> torch.Tensor:
+        return self.bind(self._like)(sigma, sigma_next)
+
+    def close(self) -> None:
+        """Stop what the built noise sampler runs (a prefetch thread), if anything."""
+        close = getattr(self.inner, "close", None)
+        if close is not None:
+            close()
 
 
-def _sampling_like(latent: torch.Tensor) -> torch.Tensor:
-    """A CPU tensor of ``latent``'s shape in :data:`SAMPLING_DTYPE`: what ComfyUI's ``x`` looks like while sampling."""
-    return torch.empty(tuple(latent.shape), dtype=SAMPLING_DTYPE)
+def bind_to_x(sampler, noise_sampler: PerStepNoise) -> None:
+    """Make ``sampler``'s function build ``noise_sampler`` from the ``x`` ComfyUI hands it (its second argument).
+
+    Args:
+        sampler: the ``comfy.samplers.KSAMPLER`` this run samples with (its own object: ``sampler_object``);
+            ``sampler_function`` is replaced by a wrapper with the same name, module and signature.
+        noise_sampler: the :class:`PerStepNoise` handed to it as ``noise_sampler``.
+    """
+    fn = sampler.sampler_function
+
+    @functools.wraps(fn)
+    def sampling(model, x, *args, **kwargs):
+        noise_sampler.bind(x)
+        return fn(model, x, *args, **kwargs)
+
+    sampler.sampler_function = sampling
 
 
 def check_run_seed(sampler, seed: int, batch: int, mode: str, device: torch.device | str,
@@ -271,8 +311,8 @@ def per_item_brownian(latent: torch.Tensor, sigmas: torch.Tensor, seed: int):
     """One CPU Brownian tree per item, seeded ``seed + i`` (item i then equals a batch-1 run at seed + i).
 
     Args:
-        latent: the LATENT's samples, ``[B, ...]`` (the noise's shape; drawn in :data:`SAMPLING_DTYPE`, as
-            ComfyUI's own tree draws in ``x.dtype``).
+        latent: ComfyUI's ``x`` (or the LATENT's samples), ``[B, ...]``: the noise's shape and dtype, as
+            ComfyUI's own tree takes them from ``x``.
         sigmas: the schedule; its smallest positive and its largest value bound the tree.
         seed: the node's seed.
     Returns:
@@ -284,7 +324,7 @@ def per_item_brownian(latent: torch.Tensor, sigmas: torch.Tensor, seed: int):
         item_seeds,  # here: tests load this module on its own (tests/core/test_noise.py)
     )
     positive = sigmas[sigmas > 0]
-    return BrownianTreeNoiseSampler(_sampling_like(latent), positive.min(), sigmas.max(),
+    return BrownianTreeNoiseSampler(latent, positive.min(), sigmas.max(),
                                     seed=item_seeds(seed, latent.shape[0]), cpu=True)
 
 
@@ -294,13 +334,15 @@ def per_step_noise(sampler, latent: torch.Tensor, sigmas: torch.Tensor, seed: in
 
     Args:
         sampler: ``comfy.samplers.KSAMPLER`` from ``sampler_object``.
-        latent: the LATENT's samples (ComfyUI keeps them on the CPU): the noise's shape. The noise is drawn in
-            :data:`SAMPLING_DTYPE` whatever the LATENT's dtype, as ComfyUI's own per-step noise is.
+        latent: the LATENT's samples (ComfyUI keeps them on the CPU). The noise sampler is built from ComfyUI's
+            ``x`` when :func:`bind_to_x` binds it (the dtype ComfyUI samples in: float32 on 0.33.0, whatever the
+            LATENT's; the LATENT's own on 0.8.0), from ``latent`` when nothing binds it.
         sigmas: the schedule (its min/max bound a Brownian tree).
         seed: the node's seed. mode: ``"incremental"`` or ``"comfy"``.
         device: where the model samples (``model.load_device``: ComfyUI moves ``x`` and ``sigmas`` there).
     Returns:
-        ``(noise_sampler or None, description)``. Each noise sampler returns its noise on the device of the
+        ``(noise_sampler or None, description)``: a :class:`PerStepNoise` or ``None``. Each returns its noise on the
+        device of the
         ``sigma`` it is called with (ComfyUI calls ``noise_sampler(sigmas[i], sigmas[i + 1])``):
         :class:`~...core.determinism.noise.CPUNoiseSampler` follows ``sigma``, ComfyUI's ``BatchedBrownianTree``
         moves its CPU draw to ``t0.device``.
@@ -312,14 +354,13 @@ def per_step_noise(sampler, latent: torch.Tensor, sigmas: torch.Tensor, seed: in
     """
     from ...core.determinism import noise  # here: tests/core/test_noise.py loads this file alone, no package
     kind = noise_kind(sampler)
-    like = _sampling_like(latent)
     if kind == DEFAULT:
         if mode == "incremental":
             # seed + 1: ComfyUI's CPU default stream, so a batch-1 CPU run equals KSampler's
-            return noise.CPUNoiseSampler(like, seed + 1, per_item=True), "cpu"
-        if torch.device(device).type == "cpu":
-            return noise.CPUNoiseSampler(like, seed + 1), "cpu"  # = KSampler's CPU generator (seed + 1)
+            return PerStepNoise(lambda x: noise.CPUNoiseSampler(x, seed + 1, per_item=True), latent), "cpu"
+        if torch.device(device).type == "cpu":  # = KSampler's CPU generator (seed + 1)
+            return PerStepNoise(lambda x: noise.CPUNoiseSampler(x, seed + 1), latent), "cpu"
         return None, f"comfy default_noise_sampler on {device} (seed {seed})"
     if kind == BROWNIAN and mode == "incremental":
-        return per_item_brownian(latent, sigmas, seed), "cpu brownian tree per item"
+        return PerStepNoise(lambda x: per_item_brownian(x, sigmas, seed), latent), "cpu brownian tree per item"
     return None, "sampler default"
