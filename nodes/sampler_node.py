@@ -41,6 +41,10 @@ def _dtype_of(model) -> str:
     return weights if cast is None or str(cast) == weights else f"{weights} (compute {cast})"
 
 
+class HalfLatentError(RuntimeError):
+    """A sampler that fails on a half-precision LATENT where ComfyUI samples in the LATENT's dtype (0.8.0)."""
+
+
 def _item_masks(mask: torch.Tensor | None, batch: int) -> list[torch.Tensor | None]:
     """Item ``i``'s ``noise_mask`` as ComfyUI would give it to item ``i`` of the batch (``prepare_mask``: reshaped
     to ``[-1, 1, h, w]`` and repeated to the batch size)."""
@@ -162,6 +166,14 @@ class SteadfastSeededSampler(io.ComfyNode):
                                                   part_latent, noise_mask=mask, callback=callback,
                                                   disable_pbar=not comfy.utils.PROGRESS_BAR_ENABLED,
                                                   seed=part_seed), described
+            except RuntimeError as e:
+                if part_latent.dtype in (torch.float16, torch.bfloat16) and "dtype" in str(e):
+                    raise HalfLatentError(
+                        f"{sampler_name} cannot sample this {part_latent.dtype} LATENT on this ComfyUI: {e}. This "
+                        "ComfyUI samples a half-precision LATENT in its own dtype and the sampler mixes it with "
+                        "float32; stock KSampler meets the same error. Use a float32 LATENT (no half-precision "
+                        "cast before the sampler) or another sampler.") from e
+                raise
             finally:
                 if ns is not None:
                     ns.close()  # a CPU noise sampler's prefetch thread (a draw for a step that never came is dropped)

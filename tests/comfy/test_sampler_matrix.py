@@ -64,9 +64,8 @@ def samples_half_in_float32(server: ComfyServer) -> bool:
     return tuple(int(p) for p in version.split(".")[:2] if p.isdigit()) >= (0, 33)
 
 
-def _prompt(name: str, half: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The prompt of one sampler and the ids of its Hash nodes (``half``: with the float16 LATENT pair)."""
-    wf: dict[str, Any] = {
+def _base() -> dict[str, Any]:
+    return {
         "ckpt": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "steadfast_tiny_sd15.safetensors"}},
         "pos": {"class_type": "CLIPTextEncode", "inputs": {"text": "a lighthouse on a cliff at dawn",
                                                            "clip": ["ckpt", 1]}},
@@ -77,57 +76,84 @@ def _prompt(name: str, half: bool = True) -> tuple[dict[str, Any], dict[str, Any
                 "inputs": {"model": ["ckpt", 0], "strict": True, "allow_tf32": False, "num_threads": 0,
                            "batch_invariant": True}},
     }
+
+
+def _prompts(name: str, half: bool = True) -> list[tuple[dict[str, Any], dict[str, str]]]:
+    """The prompts of one sampler with the ids of their Hash nodes: the float32 checks, then (``half``) the
+    float16 LATENT in ``comfy`` mode and through stock KSampler, each in a prompt of its own (a refusal of one
+    hides nothing of the others)."""
     common = dict(steps=STEPS, cfg=CFG, sampler_name=name, scheduler=SCHEDULER, positive=["pos", 0],
                   negative=["neg", 0], denoise=1.0)
 
-    def seeded(model: str, latent: str, mode: str, seed: int = SEED) -> str:
+    def seeded(wf: dict, model: str, latent: str, mode: str, seed: int = SEED) -> str:
         return add(wf, "SteadfastSeededSampler", model=[model, 0], seed=seed, latent_image=[latent, 0],
                    batch_seed_mode=mode, **common)
 
-    def stock(latent: str) -> str:
+    def stock(wf: dict, latent: str) -> str:
         return add(wf, "KSampler", model=["ckpt", 0], seed=SEED, latent_image=[latent, 0], **common)
 
-    def h(node: str, item: int | None = None) -> str:
+    def h(wf: dict, node: str, item: int | None = None) -> str:
         if item is not None:
             node = add(wf, "LatentFromBatch", samples=[node, 0], batch_index=item, length=1)
         return add(wf, "SteadfastHash", latent=[node, 0])
 
-    inc = seeded("det", "b2", "incremental")
-    ids = {"comfy": h(seeded("ckpt", "b2", "comfy")), "ksampler": h(stock("b2")),
-           "item0": h(inc, 0), "item1": h(inc, 1),
-           "single0": h(seeded("det", "b1", "incremental")), "single0_again": h(seeded("det", "b1", "incremental")),
-           "single1": h(seeded("det", "b1", "incremental", SEED + 1))}
+    wf = _base()
+    inc = seeded(wf, "det", "b2", "incremental")
+    ids = {"comfy": h(wf, seeded(wf, "ckpt", "b2", "comfy")), "ksampler": h(wf, stock(wf, "b2")),
+           "item0": h(wf, inc, 0), "item1": h(wf, inc, 1),
+           "single0": h(wf, seeded(wf, "det", "b1", "incremental")),
+           "single0_again": h(wf, seeded(wf, "det", "b1", "incremental")),
+           "single1": h(wf, seeded(wf, "det", "b1", "incremental", SEED + 1))}
+    out = [(wf, ids)]
     if half:
-        fp16 = add(wf, "TestLatentDtype", samples=["b1", 0], dtype="float16")
-        ids.update(comfy_fp16=h(seeded("ckpt", fp16, "comfy")), ksampler_fp16=h(stock(fp16)))
-    return wf, ids
+        for key, make in (("comfy_fp16", lambda wf, lat: seeded(wf, "ckpt", lat, "comfy")),
+                          ("ksampler_fp16", stock)):
+            wf = _base()
+            fp16 = add(wf, "TestLatentDtype", samples=["b1", 0], dtype="float16")
+            out.append((wf, {key: h(wf, make(wf, fp16))}))
+    return out
 
 
 def _run_one(server: ComfyServer, name: str, half: bool) -> dict[str, Any]:
-    wf, ids = _prompt(name, half)
+    out: dict[str, Any] = {}
     t0 = time.perf_counter()
-    try:
-        entry = run(server, wf, timeout=900)
-    except PromptFailed as e:
-        return {"refused": f"{e.node_type}: {e.exception_type}: {e.exception_message}",
-                "seconds": time.perf_counter() - t0}
-    out: dict[str, Any] = {k: hash_of(entry, v) for k, v in ids.items()}
+    for wf, ids in _prompts(name, half):
+        try:
+            entry = run(server, wf, timeout=900)
+        except PromptFailed as e:
+            out.update(dict.fromkeys(ids, f"refused: {e.node_type}: {e.exception_type}: {e.exception_message}"))
+            continue
+        out.update({k: hash_of(entry, v) for k, v in ids.items()})
     out["seconds"] = time.perf_counter() - t0
     return out
 
 
 def verdicts(name: str, r: dict[str, Any]) -> dict[str, str | None]:
-    """``{check: None (held) or what went wrong}`` for one sampler's results."""
-    if "refused" in r:  # a refusal must say which sampler and why: anything else is a crash, not a refusal
-        said = r["refused"] if name in r["refused"] else f"failed without naming {name}: {r['refused']}"
-        return dict.fromkeys(CHECKS, f"refused: {said}")
+    """``{check: None (held) or what went wrong}`` for one sampler's results. A refusal must name the sampler
+    (anything else is a crash, not a refusal); a refused fp16 ``comfy`` run also says whether KSampler failed."""
+    def refused(*keys: str) -> str | None:
+        for k in keys:
+            if str(r.get(k, "")).startswith("refused: "):
+                said = r[k] if name in r[k] else f"refused: failed without naming {name}: {r[k][9:]}"
+                if k == "comfy_fp16":  # only what ComfyUI itself cannot sample may be refused
+                    stock = str(r.get("ksampler_fp16"))
+                    if not stock.startswith("refused: "):
+                        return f"comfy mode refused a LATENT stock KSampler samples: {r[k][9:]}"
+                    said += f" [stock KSampler: {stock}]"
+                return said
+        return None
+
+    main = refused("comfy", "ksampler", "item0", "single0", "single1")
     return {
-        CHECKS[0]: None if r["comfy"] == r["ksampler"] else "comfy mode differs from KSampler",
-        CHECKS[1]: None if (r["item0"], r["item1"]) == (r["single0"], r["single1"]) and r["item0"] != r["item1"]
-        else ("the two items are equal: the output ignores the seed" if r["item0"] == r["item1"] else
-              f"items {[i for i in (0, 1) if r[f'item{i}'] != r[f'single{i}']]} differ from the batch-1 runs"),
-        CHECKS[2]: None if r["single0"] == r["single0_again"] else "a repeat gave other bytes",
-        CHECKS[3]: None if r.get("comfy_fp16") == r.get("ksampler_fp16") else "fp16 comfy mode differs from KSampler",
+        CHECKS[0]: main or (None if r["comfy"] == r["ksampler"] else "comfy mode differs from KSampler"),
+        CHECKS[1]: main or (None if (r["item0"], r["item1"]) == (r["single0"], r["single1"])
+                            and r["item0"] != r["item1"]
+                            else ("the two items are equal: the output ignores the seed" if r["item0"] == r["item1"]
+                                  else f"items {[i for i in (0, 1) if r[f'item{i}'] != r[f'single{i}']]} differ "
+                                       "from the batch-1 runs")),
+        CHECKS[2]: main or (None if r["single0"] == r["single0_again"] else "a repeat gave other bytes"),
+        CHECKS[3]: refused("comfy_fp16") or (None if r.get("comfy_fp16") == r.get("ksampler_fp16")
+                                             else "fp16 comfy mode differs from KSampler"),
     }
 
 
@@ -141,8 +167,8 @@ def matrix(comfy_server: ComfyServer) -> dict[str, Any]:
     slowest = sorted(results, key=lambda n: -results[n]["seconds"])[:3]
     print(f"\n[sampler matrix] {len(names)} samplers in {seconds:.1f} s (slowest: "
           + ", ".join(f"{n} {results[n]['seconds']:.1f} s" for n in slowest) + ")")
-    report = {"seconds": seconds, "results": results, "fp16_not_run": [n for n in names if "comfy_fp16" not in
-                                                                        results[n] and "refused" not in results[n]],
+    report = {"seconds": seconds, "results": results,
+              "fp16_not_run": [n for n in names if "comfy_fp16" not in results[n]],
               "verdicts": {n: verdicts(n, r) for n, r in results.items()}}
     artifacts = Path(os.environ.get("STEADFAST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts"))
     artifacts.mkdir(parents=True, exist_ok=True)  # as the artifacts_dir fixture (function-scoped: not usable here)
@@ -171,16 +197,16 @@ def test_every_sampler_keeps_the_promise(matrix, check: str) -> None:
 def test_samplers_are_really_sampled(matrix) -> None:
     """The checks compare real outputs: the samplers give many different latents (a few are the same function on
     this CPU, e.g. a ``_gpu`` twin), and the fp16 LATENT (batch 1) is not the float32 one (item 0)."""
-    sampled = {n: r for n, r in matrix["results"].items() if "refused" not in r}
+    sampled = {n: r for n, r in matrix["results"].items() if not str(r["comfy"]).startswith("refused")}
     assert len(sampled) > 30
     assert len({r["comfy"] for r in sampled.values()}) > len(sampled) // 2
-    assert all(r["comfy_fp16"] != r["item0"] for r in sampled.values() if "comfy_fp16" in r)
+    assert all(r["comfy_fp16"] != r["item0"] for r in sampled.values()
+               if not str(r.get("comfy_fp16", "refused")).startswith("refused"))
     assert set(matrix["fp16_not_run"]) <= HALF_TOO_SLOW
 
 
 def _one(name: str, seed: int, batch: int, mode: str, stock: bool = False) -> tuple[dict[str, Any], str]:
-    wf, _ = _prompt(name, half=False)
-    wf = {k: wf[k] for k in ("ckpt", "pos", "neg", "b1")}
+    wf = {k: v for k, v in _base().items() if k in ("ckpt", "pos", "neg", "b1")}
     wf["b1"]["inputs"]["batch_size"] = batch
     common = dict(model=["ckpt", 0], seed=seed, steps=STEPS, cfg=CFG, sampler_name=name, scheduler=SCHEDULER,
                   positive=["pos", 0], negative=["neg", 0], latent_image=["b1", 0], denoise=1.0)
