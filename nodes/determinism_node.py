@@ -45,9 +45,10 @@ class SteadfastDeterminismSetup(io.ComfyNode):
                 io.Boolean.Input("batch_invariant", default=True, optional=True,
                                  tooltip="On: every batch item and every conditioning is evaluated alone (batch 1) "
                                          "and attention never chunks by free memory, so the bits depend only on the "
-                                         "workflow: item i of a batch equals a batch-1 run at seed + i, on a busy or "
-                                         "a quiet machine. Costs speed on large batches. Off: ComfyUI's own "
-                                         "batching."),
+                                         "workflow: item i of a Seeded Sampler batch (incremental) equals a batch-1 "
+                                         "run at seed + i, on a busy or a quiet machine, for every sampler (one "
+                                         "whose step control spans the batch, dpm_adaptive, is sampled item by "
+                                         "item). Costs speed on large batches. Off: ComfyUI's own batching."),
             ],
             outputs=[
                 io.Model.Output(display_name="MODEL", tooltip="A clone of the model carrying the policy."),

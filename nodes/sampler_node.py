@@ -41,6 +41,36 @@ def _dtype_of(model) -> str:
     return weights if cast is None or str(cast) == weights else f"{weights} (compute {cast})"
 
 
+class HalfLatentError(RuntimeError):
+    """A sampler that fails on a half-precision LATENT where ComfyUI samples in the LATENT's dtype (0.8.0)."""
+
+
+def _item_masks(mask: torch.Tensor | None, batch: int) -> list[torch.Tensor | None]:
+    """Item ``i``'s ``noise_mask`` as ComfyUI would give it to item ``i`` of the batch (``prepare_mask``: reshaped
+    to ``[-1, 1, h, w]`` and repeated to the batch size)."""
+    if mask is None:
+        return [None] * batch
+    rows = comfy.utils.repeat_to_batch_size(mask.reshape((-1, 1, mask.shape[-2], mask.shape[-1])), batch)
+    return [rows[i:i + 1] for i in range(batch)]
+
+
+def _check_item_conds(positive, negative, batch: int, sampler_name: str) -> None:
+    """Refuse item-by-item sampling when a conditioning tensor carries several rows (they spread over the batch).
+
+    Raises:
+        ValueError: naming the sampler and the fix.
+    """
+    for name, cond in (("positive", positive), ("negative", negative)):
+        for entry in cond or []:
+            tensor = entry[0] if isinstance(entry, (list, tuple)) and entry else None
+            if isinstance(tensor, torch.Tensor) and tensor.ndim >= 1 and tensor.shape[0] > 1:
+                raise ValueError(
+                    f"{sampler_name} is sampled item by item under batch_invariant (its step control couples "
+                    f"the items), but the {name} conditioning has {tensor.shape[0]} rows, which ComfyUI spreads "
+                    f"over the batch of {batch}: use one-row conditioning, another sampler, or batch_invariant off "
+                    "on Determinism Setup.")
+
+
 class SteadfastSeededSampler(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -72,7 +102,9 @@ class SteadfastSeededSampler(io.ComfyNode):
                                        "(initial and per-step noise). That alone makes the NOISE equal, not the "
                                        "result: the model may compute a batch differently from a single item. For "
                                        "item i's latent to equal the single run, add Determinism Setup with "
-                                       "batch_invariant on; for the image too, decode with VAE Decode (Steadfast). "
+                                       "batch_invariant on (then for every sampler: one whose step control spans the "
+                                       "batch, dpm_adaptive, is sampled item by item); for the image too, decode "
+                                       "with VAE Decode (Steadfast). "
                                        "comfy: KSampler's own noise streams, bit-identical to KSampler on x86-64 "
                                        "CPUs with AVX2/AVX512 whatever device samples (on a GPU the per-step noise "
                                        "is ComfyUI's own GPU noise sampler: equal to KSampler there, not portable to "
@@ -95,19 +127,22 @@ class SteadfastSeededSampler(io.ComfyNode):
         latent = latent_image["samples"]
         latent = comfy.sample.fix_empty_latent_channels(model, latent)
         batch_index = latent_image.get("batch_index")
+        opts = steadfast_options(model)
+        sampler = comfy.samplers.sampler_object(sampler_name)
+        split = None  # why each item is sampled alone (batch_invariant + a sampler whose control couples items)
+        if batch_seed_mode == "incremental" and isinstance(opts.get("batch_invariant"), dict) and latent.shape[0] > 1:
+            split = host_noise.couples_items(sampler)
+            if split is not None:
+                _check_item_conds(positive, negative, latent.shape[0], sampler_name)
+        host_noise.check_run_seed(sampler, seed, latent.shape[0], batch_seed_mode, model.load_device,
+                                  batch_index=batch_index, item_by_item=split is not None)
         draw, comfy_identical = None, None
         if batch_seed_mode == "comfy":  # the pack's own draw against the running ComfyUI's, once per dtype
             draw, comfy_identical = host_noise.comfy_draw(latent.dtype, noise.draw)
         x0 = noise.seeded_noise(tuple(latent.shape), seed, mode=batch_seed_mode, dtype=latent.dtype,
                                 batch_index=batch_index, draw_dtype=draw)
-
-        sampler = comfy.samplers.sampler_object(sampler_name)
         ks = comfy.samplers.KSampler(model, steps=steps, device=model.load_device, sampler=sampler_name,
                                      scheduler=scheduler, denoise=denoise, model_options=model.model_options)
-        ns, per_step = host_noise.per_step_noise(sampler, latent, ks.sigmas, seed, batch_seed_mode,
-                                                 model.load_device)
-        if ns is not None:
-            sampler.extra_options = {**sampler.extra_options, "noise_sampler": ns}
         preview = latent_preview.prepare_callback(model, steps)
         during: dict = {}
 
@@ -119,6 +154,30 @@ class SteadfastSeededSampler(io.ComfyNode):
                 during["cpu_settings"] = portable.cpu_settings()
             return preview(step, x0_pred, x, total_steps)
 
+        def sample(part_sampler, part_x0, part_latent, part_seed, part_mode, mask):
+            """One ``sample_custom`` call with the pack's per-step noise for ``part_latent`` at ``part_seed``."""
+            ns, described = host_noise.per_step_noise(part_sampler, part_latent, ks.sigmas, part_seed, part_mode,
+                                                      model.load_device)
+            if ns is not None:  # built from ComfyUI's x (the dtype ComfyUI samples in), as ComfyUI's own
+                host_noise.bind_to_x(part_sampler, ns)
+                part_sampler.extra_options = {**part_sampler.extra_options, "noise_sampler": ns}
+            try:
+                return comfy.sample.sample_custom(model, part_x0, cfg, part_sampler, ks.sigmas, positive, negative,
+                                                  part_latent, noise_mask=mask, callback=callback,
+                                                  disable_pbar=not comfy.utils.PROGRESS_BAR_ENABLED,
+                                                  seed=part_seed), described
+            except RuntimeError as e:
+                if part_latent.dtype in (torch.float16, torch.bfloat16) and "dtype" in str(e):
+                    raise HalfLatentError(
+                        f"{sampler_name} cannot sample this {part_latent.dtype} LATENT on this ComfyUI: {e}. This "
+                        "ComfyUI samples a half-precision LATENT in its own dtype and the sampler mixes it with "
+                        "float32; stock KSampler meets the same error. Use a float32 LATENT (no half-precision "
+                        "cast before the sampler) or another sampler.") from e
+                raise
+            finally:
+                if ns is not None:
+                    ns.close()  # a CPU noise sampler's prefetch thread (a draw for a step that never came is dropped)
+
         portable.pin_thread()  # inductor's config is per thread in torch 2.14 (core/determinism/portable.py)
         # base weights + patches, before sampling: never inside the step loop (the base is hashed once per model)
         model_id = identity.model_identity_of(model)
@@ -127,19 +186,23 @@ class SteadfastSeededSampler(io.ComfyNode):
         t0 = time.perf_counter()
         # CPU Brownian trees (torchsde) draw with torch.randn on CPU generators: routed to portable noise only
         # where torch's own bytes differ (core/determinism/randn_route.routed_dtypes; nothing is replaced on x86 AVX2)
-        try:
-            with randn_route.portable_generator_randn():
-                samples = comfy.sample.sample_custom(model, x0, cfg, sampler, ks.sigmas, positive, negative, latent,
-                                                     noise_mask=latent_image.get("noise_mask"), callback=callback,
-                                                     disable_pbar=not comfy.utils.PROGRESS_BAR_ENABLED, seed=seed)
-        finally:
-            if isinstance(ns, noise.CPUNoiseSampler):
-                ns.close()  # its prefetch thread (a draw made for a step that never came is dropped)
+        with randn_route.portable_generator_randn():
+            if split is None:
+                samples, per_step = sample(sampler, x0, latent, seed, batch_seed_mode,
+                                           latent_image.get("noise_mask"))
+            else:  # each item alone, as the batch-1 run at its own seed (same x0 rows: incremental noise)
+                masks = _item_masks(latent_image.get("noise_mask"), latent.shape[0])
+                parts = []
+                for i, item_seed in enumerate(noise.item_seeds(seed, latent.shape[0], "incremental", batch_index)):
+                    part, per_step = sample(comfy.samplers.sampler_object(sampler_name), x0[i:i + 1],
+                                            latent[i:i + 1], item_seed, batch_seed_mode, masks[i])
+                    parts.append(part)
+                samples = torch.cat(parts)
+                per_step = f"{per_step}, each item alone at its own seed"
         seconds = time.perf_counter() - t0
         out = dict(latent_image)
         out["samples"] = samples
 
-        opts = steadfast_options(model)
         fell_back = sdpa.fallbacks_since(sdpa_before)  # pinned-backend calls torch refused, run on its own choice
         qkv_after = qkv_counters(model)
         qkv_state: dict | int = 0
@@ -169,6 +232,8 @@ class SteadfastSeededSampler(io.ComfyNode):
                                            cls.hidden.unique_id if cls.hidden else None),
             seconds=seconds,
             details={"per_step_noise": per_step, "cpu_randn": randn_route.route_record(),
+                     **({} if split is None else {"item_by_item": f"each item sampled alone (batch_invariant): "
+                                                                  f"{sampler_name}: {split}"}),
                      **({} if comfy_identical is None else {"comfy_initial_noise": (
                          "bit-identical to KSampler's prepare_noise here" if comfy_identical else
                          "NOT bit-identical to KSampler's here: this torch's own CPU randn is not the portable "

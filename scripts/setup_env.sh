@@ -9,8 +9,8 @@
 # ComfyUI 0.33 imports torchaudio at start; the newest torchaudio on PyPI is 2.11.0, hence its torch row.
 #   1. ComfyUI at COMFYUI_PATH, in this order: an existing checkout there (used as it is); `git clone` of the
 #      pinned tag where the network allows it (STEADFAST_NO_CLONE=1 skips the try); the source snapshot in
-#      ../shared/comfyui/ (STEADFAST_SNAPSHOTS) unpacked there. Otherwise reported: the ComfyUI tests then skip
-#      loudly.
+#      ../shared/comfyui/ (STEADFAST_SNAPSHOTS) unpacked there. Otherwise one line says what is missing and how
+#      to get it, and the script exits with status 3 (before any venv is made).
 #   2. a Python venv with torch pinned (torchaudio where that ComfyUI needs it), ComfyUI's requirements,
 #      requests, the pack's own dependencies and the test tools (pytest, ruff).
 #   3. for the browser tests: playwright (pip) and Debian's chromium (apt-get, as root); a loud warning
@@ -39,7 +39,7 @@ if [ ! -f "$COMFY/main.py" ]; then
   if command -v git >/dev/null && [ "${STEADFAST_NO_CLONE:-0}" != 1 ]; then
     log "ComfyUI not found at $COMFY; trying git clone of tag v$VER (set COMFYUI_PATH to use an existing one)"
     GIT_TERMINAL_PROMPT=0 timeout 120 git clone -q --depth 1 --branch "v$VER" \
-      https://github.com/comfyanonymous/ComfyUI "$COMFY" >&2 2>/dev/null || { log "clone failed"; rm -rf "$COMFY"; }
+      https://github.com/comfyanonymous/ComfyUI "$COMFY" >&2 2>/dev/null || { cloned="failed"; rm -rf "$COMFY"; }
   fi
 fi
 if [ ! -f "$COMFY/main.py" ] && [ -f "$SNAPSHOTS/ComfyUI-$VER.tar.gz" ]; then
@@ -47,7 +47,14 @@ if [ ! -f "$COMFY/main.py" ] && [ -f "$SNAPSHOTS/ComfyUI-$VER.tar.gz" ]; then
   mkdir -p "$COMFY"
   tar -xzf "$SNAPSHOTS/ComfyUI-$VER.tar.gz" -C "$COMFY" --strip-components=1
 fi
-[ -f "$COMFY/main.py" ] || log "WARNING: no ComfyUI at $COMFY (no clone, no snapshot): ComfyUI tests will SKIP"
+if [ ! -f "$COMFY/main.py" ]; then
+  case "${cloned:-skipped}" in
+    failed) how="git clone of v$VER failed (no network?)" ;;
+    *) how="git clone not tried (STEADFAST_NO_CLONE=1 or no git)" ;;
+  esac
+  log "ERROR: ComfyUI $VER is missing: no checkout at $COMFY, $how, no snapshot $SNAPSHOTS/ComfyUI-$VER.tar.gz. Get it by one of: COMFYUI_PATH=<a ComfyUI $VER checkout>, network access to github.com for the clone, or ComfyUI-$VER.tar.gz in $SNAPSHOTS (or STEADFAST_SNAPSHOTS=<folder holding it>)"
+  exit 3
+fi
 
 # 2. The venv.
 if [ ! -x "$VENV/bin/python" ]; then

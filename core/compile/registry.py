@@ -1,12 +1,16 @@
 """Compile state per model: what was compiled, how long it took, graphs, recompiles and why.
 
 One :class:`~core.compile.record.CompileRecord` per model object, held weakly; only this module writes
-``record.stats``. Recompile reasons and limit fallbacks come from Dynamo's log messages (a log tap), graphs, graph
+``record.stats``. When a model is released (ComfyUI frees it: ``POST /free``, a new checkpoint), a JSON view of its
+record stays, marked ``"released"`` (the last :data:`RELEASED_KEPT`), with its compile seconds, recompiles and
+reasons, and whether the next run will be warm (:meth:`CompileRegistry.as_json`).
+Recompile reasons and limit fallbacks come from Dynamo's log messages (a log tap), graphs, graph
 breaks and cache hits from Dynamo's counters, to the innermost ``with REGISTRY.track(record)`` of the thread.
 Caveat: the counters are process-global (a compile in another thread meanwhile counts too). No ComfyUI imports.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import threading
@@ -36,6 +40,9 @@ from .record import CompileRecord, CompileStats, normalise_shape
 from .swap import compile_blocks
 
 log = logging.getLogger("steadfast.registry")
+
+#: How many records of released models :meth:`CompileRegistry.as_json` keeps (the most recent ones).
+RELEASED_KEPT = 32
 
 
 class RecompileError(RuntimeError):
@@ -74,6 +81,8 @@ class CompileRegistry:
         self._local = _PerThread()
         self._tap: torch_compat.RecompileLogTap | None = None
         self._flag_states: list[dict[str, Any]] = []  # flag fingerprints compiled code exists for
+        self._released: collections.deque[dict[str, Any]] = collections.deque(maxlen=RELEASED_KEPT)
+        self._finalizers: dict[int, weakref.finalize] = {}  # id(record) -> called when its key is collected
 
     def get_or_create(self, model: torch.nn.Module, options: CompileOptions, blocks: Sequence[str], *,
                       key: Any = None, label: str | None = None, guard_filter_fn: GuardFilterFn | None = None,
@@ -85,7 +94,7 @@ class CompileRegistry:
         paths."""
         k = model if key is None else key
         with self._lock:
-            rec = self._records.get(k)
+            rec = previous = self._records.get(k)
             same = rec and (rec.model_ref() is model, rec.compile_options, rec.blocks, rec.guard_filter, rec.in_place)
             if same == (True, options, tuple(blocks), guard_filter_fn, in_place):
                 rec.stats.strict = strict
@@ -97,12 +106,31 @@ class CompileRegistry:
                                 compiled=compiled, compile_options=options, guard_filter=guard_filter_fn,
                                 model_ref=weakref.ref(model), in_place=in_place, stats=CompileStats(strict=strict),
                                 precompiled=pre)
+            if previous is not None and (old := self._finalizers.pop(id(previous), None)) is not None:
+                old.detach()  # replaced while its model lives: not a release
             self._records[k] = rec
+            self._finalizers[id(rec)] = weakref.finalize(k, self._release, rec)
             return rec, True
 
     def get(self, key: Any) -> CompileRecord | None:
         with self._lock:
             return self._records.get(key)
+
+    def _release(self, record: CompileRecord) -> None:
+        """The key of ``record`` was collected: keep its JSON view, marked ``released`` (weakref finalizer)."""
+        try:
+            view = released_view(record)
+        except Exception as e:  # noqa: BLE001 - a finalizer must not raise; keep what is known
+            view = {"label": record.label, "created": record.created, "status": "released", "released": time.time(),
+                    "error": f"the record could not be read at release: {type(e).__name__}: {e}"[:500]}
+        with self._lock:
+            self._finalizers.pop(id(record), None)
+            self._released.append(view)
+
+    def released(self) -> list[dict[str, Any]]:
+        """JSON views of the records of released models (the last :data:`RELEASED_KEPT`), oldest release first."""
+        with self._lock:
+            return list(self._released)
 
     def records(self) -> list[CompileRecord]:
         """Live records, oldest first."""
@@ -291,11 +319,70 @@ class CompileRegistry:
                 torch_compat.remove_recompile_log_tap(tap)
 
     def as_json(self) -> dict[str, Any]:
-        """JSON-serialisable state: torch version, recompile limit, log tap state, records."""
+        """JSON-serialisable state: torch version, recompile limit, log tap state, records.
+
+        Returns:
+            ``records``: every live record (:meth:`CompileRecord.as_dict`, ``status`` "cold" or "warm") and the
+            records of released models (:func:`released_view`, ``status`` "released", the last
+            :data:`RELEASED_KEPT`), oldest first (by ``created``); ``released_kept``: that bound.
+        """
         with self._lock:
             note = self._tap.note if self._tap else "not installed (installed by the first tracked call)"
+            records = sorted([*(r.as_dict() for r in self.records()), *self._released], key=lambda r: r["created"])
             return {"torch": torch.version.__version__, "recompile_limit": torch_compat.recompile_limit(),
-                    "recompile_logging": note, "records": [r.as_dict() for r in self.records()]}
+                    "recompile_logging": note, "released_kept": RELEASED_KEPT, "records": records}
+
+
+def next_run(record: CompileRecord) -> tuple[bool, bool, str]:
+    """Whether a model compiled again like ``record``'s (same blocks and options) starts warm, and why.
+
+    Args:
+        record: the record of a model being released.
+    Returns:
+        ``(warm_in_this_process, warm_from_compile_cache, text)``: Dynamo's compiled code of the blocks stays in
+        this process (cache entries on the blocks' ``forward``), so a reloaded model compiles nothing while its
+        guards hold; after a restart only inductor's kernels come back, from the persistent compile cache.
+    """
+    s, backend = record.stats, record.options.get("backend")
+    if s.disabled:
+        return False, False, ("cold: the compile failed and the model ran eager; a reloaded model with the same "
+                              "options compiles again from the start")
+    if not s.graphs and s.status != "warm":
+        return False, False, "cold: nothing was compiled before the model was released"
+    entries = sum(record.cache_entries().values())
+    here = entries > 0 or record.in_place
+    text = (f"in this process: warm, Dynamo's compiled code of the blocks stays ({entries} cache entr"
+            f"{'y' if entries == 1 else 'ies'}): a reloaded model with the same options compiles nothing unless a "
+            "guard differs (then the recompile and its reason are recorded)" if here else
+            "in this process: cold (no compiled code of the blocks is left)")
+    if backend != "inductor":
+        return here, False, text + f"; after a restart: cold (backend {backend!r} keeps no compiled code on disk)"
+    if s.compile_cache is not None:
+        return here, True, text + (f"; after a restart: warm from the compile cache {s.compile_cache.get('name')!r} "
+                                   "(Dynamo traces again, inductor's kernels are read from the cache, no C++ "
+                                   "compile)")
+    return here, False, text + ("; after a restart: no Steadfast compile cache was used (compile_cache off), so "
+                                "only inductor's own temporary directory may still hold the kernels")
+
+
+def released_view(record: CompileRecord) -> dict[str, Any]:
+    """The JSON view kept for ``record`` once its model is released.
+
+    Args:
+        record: the record whose key (the model) is being collected.
+    Returns:
+        :meth:`CompileRecord.as_dict` with ``status`` ``"released"`` (``status_at_release``: "cold"/"warm"),
+        ``released`` (unix s), ``compile_seconds`` (the first call's wall seconds, compile included),
+        ``recompile_count``, ``recompile_reasons``, ``warm_in_this_process``, ``warm_from_compile_cache`` and
+        ``next_run`` (:func:`next_run`).
+    """
+    view = record.as_dict()
+    here, cached, text = next_run(record)
+    view.update(status="released", status_at_release=record.stats.status, released=time.time(),
+                compile_seconds=record.stats.first_call_seconds, recompile_count=len(record.stats.recompiles),
+                recompile_reasons=[r.get("reason") for r in record.stats.recompiles],
+                warm_in_this_process=here, warm_from_compile_cache=cached, next_run=text)
+    return view
 
 
 REGISTRY = CompileRegistry()

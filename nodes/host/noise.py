@@ -132,7 +132,7 @@ PER_STEP_NOISE: dict[str, str] = {
     # BrownianTreeNoiseSampler(x, sigma_min, sigma_max, seed=..., cpu=True) (_gpu twins: cpu=False)
     "sample_dpmpp_sde": BROWNIAN, "sample_dpmpp_sde_gpu": BROWNIAN,
     "sample_dpmpp_2m_sde": BROWNIAN, "sample_dpmpp_2m_sde_gpu": BROWNIAN,
-    "sample_dpmpp_2m_sde_heun": BROWNIAN,  # through sample_dpmpp_2m_sde (see PACK_HANDS_DEFAULT)
+    "sample_dpmpp_2m_sde_heun": BROWNIAN,  # builds its tree inside sample_dpmpp_2m_sde
     "sample_dpmpp_2m_sde_heun_gpu": BROWNIAN,
     "sample_dpmpp_3m_sde": BROWNIAN, "sample_dpmpp_3m_sde_gpu": BROWNIAN,
     # no per-step noise
@@ -143,10 +143,15 @@ PER_STEP_NOISE: dict[str, str] = {
     "sample_deis": NONE, "sample_gradient_estimation": NONE, "sample_gradient_estimation_cfg_pp": NONE,
     "sample_unipc": NONE, "sample_unipc_bh2": NONE,  # uni_pc, uni_pc_bh2 (comfy/extra_samplers/uni_pc.py)
 }
-#: Rows of :data:`PER_STEP_NOISE` the Seeded Sampler treats as ``"default"`` all the same (hands them its per-item
-#: CPU noise sampler): ``sample_dpmpp_2m_sde_heun`` builds its Brownian tree inside ``sample_dpmpp_2m_sde``, which
-#: the source-text dispatch before issue 27 did not see; kept so its bits stay as they were.
-PACK_HANDS_DEFAULT = frozenset({"sample_dpmpp_2m_sde_heun"})
+#: Samplers whose step control couples the items of a batch, by the sampler function's ``__name__``, with why:
+#: item i's result depends on the other items, so no per-item evaluation of the model can make item i equal the
+#: batch-1 run. Under Determinism Setup's ``batch_invariant`` the Seeded Sampler (``incremental``) samples each
+#: item of such a sampler alone (:func:`couples_items`). ``tests/comfy/test_sampler_matrix.py`` checks every other
+#: sampler of ``KSampler.SAMPLERS`` keeps its items apart.
+COUPLED_ITEMS: dict[str, str] = {
+    "dpm_adaptive_function": "its step-size control measures the error over the whole batch (one norm over every "
+                             "item), so each item's steps depend on the other items",
+}
 
 
 def noise_kind(sampler) -> str:
@@ -161,21 +166,46 @@ def noise_kind(sampler) -> str:
         sampler: ``comfy.samplers.KSAMPLER`` (from ``sampler_object``); anything without a
             ``sampler_function`` is ``"none"``.
     Returns:
-        The :data:`PER_STEP_NOISE` row of ``sampler.sampler_function.__name__`` (``"default"`` for
-        :data:`PACK_HANDS_DEFAULT`). A function ComfyUI does not ship (another node pack's) is ``"default"`` when
-        it takes a ``noise_sampler`` argument, else ``"none"``.
+        The :data:`PER_STEP_NOISE` row of ``sampler.sampler_function.__name__``. A function ComfyUI does not ship
+        (another node pack's) is ``"default"`` when it takes a ``noise_sampler`` argument, else ``"none"``.
     """
     fn = getattr(sampler, "sampler_function", None)
-    return NONE if fn is None else _kind_of(fn)
+    return NONE if fn is None else _kind_of(inspect.unwrap(fn))
+
+
+def _ships_with_comfy(fn) -> bool:
+    """Whether ``fn`` is one of ComfyUI's own sampler functions that :data:`PER_STEP_NOISE` describes."""
+    return getattr(fn, "__name__", "") in PER_STEP_NOISE and str(getattr(fn, "__module__", "")).startswith("comfy.")
+
+
+def couples_items(sampler) -> str | None:
+    """Why the items of a batch cannot be sampled together and each equal its batch-1 run, or ``None``.
+
+    Args:
+        sampler: ``comfy.samplers.KSAMPLER`` (from ``sampler_object``); anything without a ``sampler_function``
+            couples nothing.
+    Returns:
+        The :data:`COUPLED_ITEMS` reason for ComfyUI's coupled samplers (``dpm_adaptive``); for a function
+        ComfyUI does not ship (another node pack's, or one newer than :data:`PER_STEP_NOISE`) a reason too: the
+        pack cannot vouch that it keeps items apart. ``None`` for ComfyUI's other samplers.
+    """
+    fn = getattr(sampler, "sampler_function", None)
+    if fn is None:
+        return None
+    fn = inspect.unwrap(fn)
+    name = getattr(fn, "__name__", "")
+    if name in COUPLED_ITEMS:
+        return COUPLED_ITEMS[name]
+    if not _ships_with_comfy(fn):
+        return (f"{name or 'this sampler'} is not one of the ComfyUI samplers Steadfast knows, so nothing says its "
+                "step control keeps the items of a batch apart")
+    return None
 
 
 @functools.cache
 def _kind_of(fn) -> str:
-    name = getattr(fn, "__name__", "")
-    if name in PACK_HANDS_DEFAULT:
-        return DEFAULT
-    if name in PER_STEP_NOISE and str(getattr(fn, "__module__", "")).startswith("comfy."):
-        return PER_STEP_NOISE[name]
+    if _ships_with_comfy(fn):
+        return PER_STEP_NOISE[fn.__name__]
     try:
         takes = "noise_sampler" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -183,11 +213,106 @@ def _kind_of(fn) -> str:
     return DEFAULT if takes else NONE
 
 
+class PerStepNoise:
+    """The pack's per-step noise sampler, built from ComfyUI's ``x`` when sampling starts, as ComfyUI builds its own.
+
+    ComfyUI's ``default_noise_sampler(x)`` and Brownian tree draw in ``x.dtype``, and ``x`` is what ComfyUI samples
+    in: float32 on ComfyUI 0.33.0 (``outer_sample`` casts noise and latent), the LATENT's dtype on 0.8.0. So the
+    noise sampler is built by :meth:`bind` from ``x`` itself (:func:`bind_to_x` makes the sampler function call it);
+    called before any :meth:`bind` (a caller that hands ``x`` to nobody), it is built from ``like``.
+
+    Args:
+        build: ``build(x) -> noise sampler`` (``noise_sampler(sigma, sigma_next) -> noise``).
+        like: the tensor to build from when :meth:`bind` was never called (the LATENT's samples).
+    """
+
+    def __init__(self, build: Callable, like: torch.Tensor) -> None:
+        self._build, self._like, self.inner = build, like, None
+
+    def bind(self, x: torch.Tensor):
+        """Build the noise sampler from ``x`` (its shape and dtype) unless built already; returns it."""
+        if self.inner is None:
+            self.inner = self._build(x)
+        return self.inner
+
+    def __call__(self, sigma=None, sigma_next=None) -> torch.Tensor:
+        return self.bind(self._like)(sigma, sigma_next)
+
+    def close(self) -> None:
+        """Stop what the built noise sampler runs (a prefetch thread), if anything."""
+        close = getattr(self.inner, "close", None)
+        if close is not None:
+            close()
+
+
+def bind_to_x(sampler, noise_sampler: PerStepNoise) -> None:
+    """Make ``sampler``'s function build ``noise_sampler`` from the ``x`` ComfyUI hands it (its second argument).
+
+    Args:
+        sampler: the ``comfy.samplers.KSAMPLER`` this run samples with (its own object: ``sampler_object``);
+            ``sampler_function`` is replaced by a wrapper with the same name, module and signature.
+        noise_sampler: the :class:`PerStepNoise` handed to it as ``noise_sampler``.
+    """
+    fn = sampler.sampler_function
+
+    @functools.wraps(fn)
+    def sampling(model, x, *args, **kwargs):
+        noise_sampler.bind(x)
+        return fn(model, x, *args, **kwargs)
+
+    sampler.sampler_function = sampling
+
+
+def check_run_seed(sampler, seed: int, batch: int, mode: str, device: torch.device | str,
+                   batch_index=None, item_by_item: bool = False) -> int:
+    """The one seed-range check of a Seeded Sampler run: every seed it derives (initial and per-step noise).
+
+    Item ``k``'s initial noise uses ``seed + k`` (``incremental``, ``k`` from ``batch_index``); per-step noise uses
+    ``seed + 1`` (+ the item) where ComfyUI's CPU ``default_noise_sampler`` does, ``seed`` + the item for a
+    per-item Brownian tree. A seed near ``2**64 - 1`` used to pass the initial-noise check and fail later on
+    ``seed + 1`` with a message about another number.
+
+    Args:
+        sampler: ``comfy.samplers.KSAMPLER`` (from ``sampler_object``).
+        seed: the node's seed. batch: the LATENT's batch size. mode: ``"incremental"`` or ``"comfy"``.
+        device: where the model samples (``comfy`` mode: ComfyUI's own noise off the CPU, seeded ``seed``).
+        batch_index: the LATENT's ``batch_index`` (or ``None``).
+        item_by_item: each item sampled alone at its own seed (:func:`couples_items`).
+    Returns:
+        ``seed`` as an ``int``.
+    Raises:
+        TypeError: ``seed`` is not an integer.
+        ValueError: ``seed`` is negative, or a derived seed exceeds ``2**64 - 1``: the message names what
+            derives it and the largest seed this run accepts.
+    """
+    from ...core.determinism import noise  # here: tests/core/test_noise.py loads this file alone, no package
+    seed = noise.check_seed(seed)
+    offsets = [int(k) for k in batch_index] if batch_index is not None else list(range(batch))
+    last = max(offsets) if mode == "incremental" else 0
+    uses = [(last, f"the initial noise of item {offsets.index(last)} (seed + {last})" if last else
+             "the initial noise")]
+    kind = noise_kind(sampler)
+    name = getattr(getattr(sampler, "sampler_function", None), "__name__", "this sampler")
+    if mode == "incremental" and kind != NONE:
+        top = max(offsets) if item_by_item else batch - 1
+        plus = 1 if kind == DEFAULT else 0
+        uses.append((top + plus, f"the per-step noise of {name} (seed{' + 1' if plus else ''} + the item, "
+                                 f"up to seed + {top + plus})"))
+    elif mode == "comfy" and kind == DEFAULT and torch.device(device).type == "cpu":
+        uses.append((1, f"the per-step noise of {name} (ComfyUI seeds its CPU noise generator with seed + 1)"))
+    offset, what = max(uses, key=lambda u: u[0])
+    if seed + offset > noise.MAX_SEED:
+        raise ValueError(f"seed {seed} is too large for this run: {what} would exceed 2**64 - 1. Use a seed of "
+                         f"at most {noise.MAX_SEED - offset} (2**64 - 1 - {offset}).")
+    return seed
+
+
 def per_item_brownian(latent: torch.Tensor, sigmas: torch.Tensor, seed: int):
     """One CPU Brownian tree per item, seeded ``seed + i`` (item i then equals a batch-1 run at seed + i).
 
     Args:
-        latent: the LATENT's samples, ``[B, ...]`` (shape and dtype of the noise).
+        latent: ComfyUI's ``x`` (or the LATENT's samples), ``[B, ...]``: the noise's shape and dtype, as
+            ComfyUI's own tree takes them from ``x``.
         sigmas: the schedule; its smallest positive and its largest value bound the tree.
         seed: the node's seed.
     Returns:
@@ -209,29 +334,33 @@ def per_step_noise(sampler, latent: torch.Tensor, sigmas: torch.Tensor, seed: in
 
     Args:
         sampler: ``comfy.samplers.KSAMPLER`` from ``sampler_object``.
-        latent: the LATENT's samples (ComfyUI keeps them on the CPU); shape and dtype of the noise.
+        latent: the LATENT's samples (ComfyUI keeps them on the CPU). The noise sampler is built from ComfyUI's
+            ``x`` when :func:`bind_to_x` binds it (the dtype ComfyUI samples in: float32 on 0.33.0, whatever the
+            LATENT's; the LATENT's own on 0.8.0), from ``latent`` when nothing binds it.
         sigmas: the schedule (its min/max bound a Brownian tree).
         seed: the node's seed. mode: ``"incremental"`` or ``"comfy"``.
         device: where the model samples (``model.load_device``: ComfyUI moves ``x`` and ``sigmas`` there).
     Returns:
-        ``(noise_sampler or None, description)``. Each noise sampler returns its noise on the device of the
+        ``(noise_sampler or None, description)``: a :class:`PerStepNoise` or ``None``. Each returns its noise on the
+        device of the
         ``sigma`` it is called with (ComfyUI calls ``noise_sampler(sigmas[i], sigmas[i + 1])``):
         :class:`~...core.determinism.noise.CPUNoiseSampler` follows ``sigma``, ComfyUI's ``BatchedBrownianTree``
         moves its CPU draw to ``t0.device``.
 
     ``comfy`` mode keeps ComfyUI's own noise sampler wherever KSampler's per-step noise is not the CPU's:
     ``default_noise_sampler`` draws from a generator on ``x``'s device seeded ``seed`` (``seed + 1`` only on
-    the CPU: ``comfy/k_diffusion/sampling.py``, 0.8.0 and 0.33.0), which only that device can reproduce.
+    the CPU: ``comfy/k_diffusion/sampling.py``, 0.8.0 and 0.33.0), which only that device can reproduce, and
+    every Brownian tree (ComfyUI's own tree, seeded once for the batch).
     """
     from ...core.determinism import noise  # here: tests/core/test_noise.py loads this file alone, no package
     kind = noise_kind(sampler)
     if kind == DEFAULT:
         if mode == "incremental":
             # seed + 1: ComfyUI's CPU default stream, so a batch-1 CPU run equals KSampler's
-            return noise.CPUNoiseSampler(latent, seed + 1, per_item=True), "cpu"
-        if torch.device(device).type == "cpu":
-            return noise.CPUNoiseSampler(latent, seed + 1), "cpu"  # = KSampler's CPU generator (seed + 1)
+            return PerStepNoise(lambda x: noise.CPUNoiseSampler(x, seed + 1, per_item=True), latent), "cpu"
+        if torch.device(device).type == "cpu":  # = KSampler's CPU generator (seed + 1)
+            return PerStepNoise(lambda x: noise.CPUNoiseSampler(x, seed + 1), latent), "cpu"
         return None, f"comfy default_noise_sampler on {device} (seed {seed})"
     if kind == BROWNIAN and mode == "incremental":
-        return per_item_brownian(latent, sigmas, seed), "cpu brownian tree per item"
+        return PerStepNoise(lambda x: per_item_brownian(x, sigmas, seed), latent), "cpu brownian tree per item"
     return None, "sampler default"

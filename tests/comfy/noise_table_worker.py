@@ -106,9 +106,10 @@ def main() -> int:
         if "own" in outputs and "own again" in outputs:
             row["seed_dependent"] = not torch.equal(outputs["own"], outputs["own again"])
         row["pack_kind"] = host_noise.noise_kind(comfy.samplers.sampler_object(name))
+        row["couples_items"] = host_noise.couples_items(comfy.samplers.sampler_object(name))
         out[name] = row
     print("RESULT " + json.dumps({"samplers": out, "table": host_noise.PER_STEP_NOISE,
-                      "pack_hands_default": sorted(host_noise.PACK_HANDS_DEFAULT)}))
+                                  "coupled": host_noise.COUPLED_ITEMS}))
     return 0
 
 

@@ -59,13 +59,23 @@ def test_table_rows_match_what_comfyuis_samplers_do(measured):
 
 @pytest.mark.comfyui
 def test_pack_treats_each_sampler_as_its_row(measured):
-    """The Seeded Sampler's treatment (``noise_kind``) is the row, except ``PACK_HANDS_DEFAULT`` (a Brownian row
-    the pack has always handed its per-item CPU noise, kept for the same bits); it never hands a noise sampler to
-    a function that does not take one."""
+    """The Seeded Sampler's treatment (``noise_kind``) is the row, for every sampler (no exception: before issue 37
+    ``dpmpp_2m_sde_heun`` was handed the pack's per-item CPU noise instead of ComfyUI's Brownian tree); it never
+    hands a noise sampler to a function that does not take one."""
     samplers, table = measured["samplers"], measured["table"]
-    exceptions = set(measured["pack_hands_default"])
-    assert {f: table[f] for f in exceptions} == {f: "brownian" for f in exceptions}
     wrong = {name: (row["pack_kind"], table[row["function"]]) for name, row in samplers.items()
-             if row["pack_kind"] != ("default" if row["function"] in exceptions else table[row["function"]])}
+             if row["pack_kind"] != table[row["function"]]}
     assert not wrong, wrong
+    assert samplers["dpmpp_2m_sde_heun"]["pack_kind"] == "brownian"
     assert all(row["takes_noise_sampler"] for row in samplers.values() if row["pack_kind"] != "none")
+
+
+@pytest.mark.comfyui
+def test_only_the_coupled_samplers_are_said_to_couple_items(measured):
+    """``couples_items`` names exactly the ``COUPLED_ITEMS`` rows among ComfyUI's samplers (dpm_adaptive), each
+    with its reason; every other ComfyUI sampler is known (``None``). ``tests/comfy/test_sampler_matrix.py`` shows
+    on the real server that the others keep their items apart."""
+    samplers, coupled = measured["samplers"], measured["coupled"]
+    said = {name: row["couples_items"] for name, row in samplers.items() if row["couples_items"] is not None}
+    assert said == {name: coupled[row["function"]] for name, row in samplers.items() if row["function"] in coupled}
+    assert "dpm_adaptive" in said and "whole batch" in said["dpm_adaptive"]

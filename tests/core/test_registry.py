@@ -41,16 +41,87 @@ def register(reg: CompileRegistry, m: Tiny, options: CompileOptions = STATIC, **
     return reg.get_or_create(m, options, block_paths(m), **kw)
 
 
-def test_process_registry_lists_records_and_forgets_them_with_the_model():
+def test_process_registry_lists_records_and_marks_them_released_with_the_model():
     m = Tiny(n=2)
     rec, created = REGISTRY.get_or_create(m, STATIC, block_paths(m), label="process-wide probe")
     try:
         assert created and REGISTRY.get(m) is rec
-        assert [r["label"] for r in REGISTRY.as_json()["records"]].count("process-wide probe") == 1
+        listed = [r for r in REGISTRY.as_json()["records"] if r["label"] == "process-wide probe"]
+        assert [r["status"] for r in listed] == ["cold"]
     finally:
         del m, rec
         gc.collect()
-    assert "process-wide probe" not in [r["label"] for r in REGISTRY.as_json()["records"]]
+    listed = [r for r in REGISTRY.as_json()["records"] if r["label"] == "process-wide probe"]
+    assert [r["status"] for r in listed] == ["released"]  # the model is gone, its record is not forgotten
+
+
+def test_released_record_keeps_compile_seconds_recompiles_reasons_and_says_next_run(reg):
+    """Issue 37: a freed model's record stays in ``as_json``, marked released, with what it compiled."""
+    m = Tiny(n=3)
+    rec, _ = register(reg, m, label="released probe")
+    call(reg, m, rec, torch.randn(1, 4, 8))
+    call(reg, m, rec, torch.randn(1, 6, 8))  # a recompile with its reason
+    seconds, reason = rec.stats.first_call_seconds, rec.stats.recompiles[0]["reason"]
+    created = rec.created
+    assert len(reg) == 1 and reg.released() == []
+    del m, rec
+    gc.collect()
+    assert len(reg) == 0  # no live record: the model is gone
+    (view,) = reg.as_json()["records"]
+    assert view == reg.released()[0]
+    assert view["label"] == "released probe" and view["created"] == created and view["released"] >= created
+    assert view["status"] == "released" and view["status_at_release"] == "warm"
+    assert view["compile_seconds"] == seconds > 0 and view["first_call_seconds"] == seconds
+    assert view["recompile_count"] == 1 and view["recompile_reasons"] == [reason] and "size mismatch" in reason
+    assert view["graphs"] == 2 and view["calls"] == 2 and view["block_count"] == 3
+    # eager: Dynamo's code for Block.forward stays in this process; nothing on disk for a restart
+    assert view["warm_in_this_process"] is True and view["warm_from_compile_cache"] is False
+    assert view["next_run"].startswith("in this process: warm") and "backend 'eager'" in view["next_run"]
+    json.dumps(view)
+
+
+def test_released_records_are_bounded_to_the_last_32(reg):
+    from steadfast.core.compile.registry import RELEASED_KEPT
+    assert RELEASED_KEPT == 32
+    for i in range(RELEASED_KEPT + 5):
+        m = Tiny(n=1)
+        register(reg, m, label=f"model {i}")
+        del m
+        gc.collect()
+    labels = [r["label"] for r in reg.as_json()["records"]]
+    assert labels == [f"model {i}" for i in range(5, RELEASED_KEPT + 5)]
+    assert reg.as_json()["released_kept"] == RELEASED_KEPT
+
+
+def test_replaced_record_is_not_reported_as_released(reg):
+    """New options replace a live model's record: only the record in use when the model goes is kept."""
+    m = Tiny(n=2)
+    register(reg, m, label="first")
+    register(reg, m, CompileOptions(backend="eager", dynamic=True), label="second")
+    gc.collect()
+    assert reg.released() == []
+    del m
+    gc.collect()
+    assert [r["label"] for r in reg.released()] == ["second"]
+
+
+def test_next_run_says_when_the_compile_cache_makes_a_restart_warm():
+    """Inductor with Steadfast's compile cache: warm after a restart too; without it, or cold records, not."""
+    from steadfast.core.compile.registry import next_run
+
+    def record(backend: str, **stats) -> CompileRecord:
+        return CompileRecord(label="x", blocks=("b",), options={"backend": backend}, compiled={},
+                             stats=CompileStats(**stats))
+
+    warm = dict(status="warm", graphs=1)
+    here, cached, text = next_run(record("inductor", compile_cache={"name": "default"}, **warm))
+    assert cached is True and "after a restart: warm from the compile cache 'default'" in text
+    assert here is False and text.startswith("in this process: cold")  # no compiled blocks left in this record
+    assert next_run(record("inductor", **warm))[1] is False  # compile_cache off
+    assert next_run(record("eager", compile_cache={"name": "default"}, **warm))[1] is False
+    assert next_run(record("inductor", compile_cache={"name": "d"}))[:2] == (False, False)  # never compiled
+    dead = next_run(record("inductor", compile_cache={"name": "d"}, disabled=True, **warm))
+    assert dead[:2] == (False, False) and "ran eager" in dead[2]
 
 
 def test_record_identity_is_frozen(reg):
@@ -222,7 +293,8 @@ def test_weak_keying(reg):
     assert len(reg) == 1
     del key
     gc.collect()
-    assert len(reg) == 0 and reg.as_json()["records"] == []
+    assert len(reg) == 0  # no live record; both stay listed as released (issue 37)
+    assert [r["status"] for r in reg.as_json()["records"]] == ["released", "released"]
 
 
 def test_nested_tracking_attributes_to_innermost(reg):

@@ -5,6 +5,7 @@ ComfyUI decides from ``comfy.model_management.get_free_memory()`` how many conds
 VAE decodes at once (``comfy/sd.py``). A busy GPU shared with other processes reports little free memory;
 these nodes reproduce that on demand, for the duration of one sampling call or one decode, and restore
 the function afterwards. They exist to prove the hazard is real and that Steadfast's sampling is immune.
+``TestLatentDtype`` casts a LATENT (the sampler matrix's half-precision rows).
 """
 from __future__ import annotations
 
@@ -77,5 +78,23 @@ class TestSqueezedVAEDecode:
             return (cls.execute(samples=samples, vae=vae).result[0],)
 
 
+class TestLatentDtype:
+    """LATENT -> LATENT with its samples cast to ``dtype`` (a half-precision LATENT, as some nodes make)."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"samples": ("LATENT",),
+                             "dtype": (["float16", "bfloat16", "float32"], {"tooltip": "The samples' dtype."})}}
+
+    RETURN_TYPES = ("LATENT",)
+    FUNCTION = "cast"
+    CATEGORY = "testing"
+
+    def cast(self, samples, dtype: str):
+        import torch
+        return ({**samples, "samples": samples["samples"].to(getattr(torch, dtype))},)
+
+
 NODE_CLASS_MAPPINGS = {"TestSqueezeFreeMemoryModel": TestSqueezeFreeMemoryModel,
-                       "TestSqueezedVAEDecode": TestSqueezedVAEDecode}
+                       "TestSqueezedVAEDecode": TestSqueezedVAEDecode,
+                       "TestLatentDtype": TestLatentDtype}
