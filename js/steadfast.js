@@ -75,11 +75,12 @@ const inVueNode = (el) => !!el?.closest?.("[data-node-id]");
 //   offsetWidth is NOT used there: the frontend asks for the minimum height (getMinHeight) while the freshly
 //   mounted <textarea> is still a few px wide (its parent 0 px, frontends 1.53-1.58), and a text measured at
 //   that width wraps one character per line (a 100-character report measured 1,261 px tall).
-// - Nodes 2.0: the box's own width, once it is at least half the node's: before that it is not laid out yet.
+// - Nodes 2.0: the box's own width, once it is laid out (at least MIN_LAID_OUT_PX: a just-mounted box is its padding
+//   and border, a few px; a laid-out one can be far narrower than the node, beside its label, frontend 1.35.9).
+const MIN_LAID_OUT_PX = 40;
 function boxWidth(el, node, w) {
-  const canvasWidth = Math.max(60, (w?.width ?? node.size[0]) - 2 * (w?.margin ?? 10));
-  if (!inVueNode(el)) return canvasWidth;
-  return el.offsetWidth >= canvasWidth / 2 ? el.offsetWidth : null;
+  if (!inVueNode(el)) return Math.max(60, (w?.width ?? node.size[0]) - 2 * (w?.margin ?? 10));
+  return el.offsetWidth >= MIN_LAID_OUT_PX ? el.offsetWidth : null;
 }
 
 // Height the report box needs for its text at ``width`` px, measured in the DOM: a hidden twin of the box (same
