@@ -63,11 +63,31 @@ function verdictState(v, fallback) {
 const MAX_BOX_PX = 2400; // a longer report scrolls inside its box
 const GAP_PX = 20; // room left between a grown node and the nodes it pushes down
 
-// Height the report box needs for its text, measured in the DOM: a hidden twin of the box (same class, font,
-// padding, border and width) holds the text and reports its scrollHeight. Frontends lay out the box from
-// getMinHeight, so the text is never cut, whatever font the theme uses and however lines wrap.
+// A Nodes 2.0 (Vue renderer) node's element, where the page has one (an element with data-node-id); else null.
+const vueNodeElement = (node) => (typeof document === "undefined" ? null
+  : document.querySelector(`.lg-node[data-node-id="${String(node.id).replace(/["\\]/g, "")}"]`));
+const inVueNode = (el) => !!el?.closest?.("[data-node-id]");
+
+// The width the report box has once the frontend has laid it out, or null while it has not (Nodes 2.0 only).
+// - Classic canvas: the node's width (the widget's own width where it has one) less the widget's margin on each
+//   side: the frontend's DOM-widget layer gives the box that width, in canvas units (DomWidgets.vue /
+//   domWidget.ts: `(widget.width ?? node.width) - margin * 2`, from 1.35 to 1.58 at least). The element's own
+//   offsetWidth is NOT used there: the frontend asks for the minimum height (getMinHeight) while the freshly
+//   mounted <textarea> is still a few px wide (its parent 0 px, frontends 1.53-1.58), and a text measured at
+//   that width wraps one character per line (a 100-character report measured 1,261 px tall).
+// - Nodes 2.0: the box's own width, once it is laid out (at least MIN_LAID_OUT_PX: a just-mounted box is its padding
+//   and border, a few px; a laid-out one can be far narrower than the node, beside its label, frontend 1.35.9).
+const MIN_LAID_OUT_PX = 40;
+function boxWidth(el, node, w) {
+  if (!inVueNode(el)) return Math.max(60, (w?.width ?? node.size[0]) - 2 * (w?.margin ?? 10));
+  return el.offsetWidth >= MIN_LAID_OUT_PX ? el.offsetWidth : null;
+}
+
+// Height the report box needs for its text at ``width`` px, measured in the DOM: a hidden twin of the box (same
+// class, font, padding, border and width) holds the text and reports its scrollHeight, so the text is never cut,
+// whatever font the theme uses and however lines wrap.
 let measurer = null;
-function textHeight(el, node) {
+function textHeight(el, width) {
   if (!measurer) {
     measurer = document.createElement("textarea");
     measurer.setAttribute("aria-hidden", "true");
@@ -82,30 +102,60 @@ function textHeight(el, node) {
                    "overflowWrap", "tabSize", "paddingTop", "paddingBottom", "paddingLeft", "paddingRight",
                    "borderTopWidth", "borderBottomWidth", "borderLeftWidth", "borderRightWidth", "borderStyle",
                    "boxSizing"]) measurer.style[p] = cs[p] || el.style[p];
-  // the box's own width once the frontend laid it out; before that, the node's width less the widget margins
-  measurer.style.width = `${el.offsetWidth > 0 ? el.offsetWidth : Math.max(60, node.size[0] - 20)}px`;
+  measurer.style.width = `${width}px`;
   measurer.value = el.value || " ";
   const border = measurer.offsetHeight - measurer.clientHeight; // 0 px tall: only the borders remain
   return Math.min(MAX_BOX_PX, Math.ceil(measurer.scrollHeight + border) + 2);
 }
 
+// A node's box in canvas units, title bar included: {x, y, w, h}. On the canvas: pos and size, the title bar above
+// pos. In Nodes 2.0 also the node element's rectangle on the page, converted to canvas units (a badge row and an
+// error footer make it 52-82 px taller than size + title there, frontend 1.58.1), and the box is the union of the
+// two: the element is what the user sees, and the size is what the classic canvas draws when switched back (saved
+// with the workflow). While zoomed out far the renderer draws simplified, shorter elements: the size still counts.
+function nodeBox(n) {
+  const th = window.LiteGraph?.NODE_TITLE_HEIGHT ?? 30;
+  const box = { x: n.pos[0], y: n.pos[1] - th, w: n.size[0], h: n.size[1] + th };
+  const el = vueNodeElement(n);
+  const c = app.canvas;
+  const ds = c?.ds;
+  if (el && el.offsetHeight > 0 && ds?.scale > 0 && ds.offset && c.canvas?.getBoundingClientRect) {
+    // page -> canvas units as the canvas draws them: (page position - canvas corner) / scale - offset
+    const r = el.getBoundingClientRect();
+    const cr = c.canvas.getBoundingClientRect();
+    const x = (r.left - cr.left) / ds.scale - ds.offset[0];
+    const y = (r.top - cr.top) / ds.scale - ds.offset[1];
+    const right = Math.max(box.x + box.w, x + r.width / ds.scale);
+    const bottom = Math.max(box.y + box.h, y + r.height / ds.scale);
+    box.x = Math.min(box.x, x);
+    box.y = Math.min(box.y, y);
+    box.w = right - box.x;
+    box.h = bottom - box.y;
+  }
+  return box;
+}
+
 // Nodes the grown ``node`` now overlaps, and below them in turn, move down to make room (the layout keeps its
-// columns; a node above or beside the grown one never moves).
+// columns; a node above or beside the grown one never moves). Boxes are read once, before anything moves (a Nodes
+// 2.0 element takes its new place only in a later frame), and a moved node's box moves with it.
 function makeRoom(node) {
   const graph = node.graph;
   if (!graph) return;
-  const th = window.LiteGraph?.NODE_TITLE_HEIGHT ?? 30;
   const nodes = graph.nodes ?? graph._nodes ?? [];
+  const boxes = new Map(nodes.map((n) => [n, nodeBox(n)]));
   const queue = [node];
   const moved = new Set([node]);
   while (queue.length) {
-    const a = queue.shift();
-    const bottom = a.pos[1] + a.size[1];
+    const a = boxes.get(queue.shift());
+    const bottom = a.y + a.h;
     for (const b of nodes) {
-      if (moved.has(b) || b.pos[1] < a.pos[1]) continue;
-      const across = b.pos[0] < a.pos[0] + a.size[0] && a.pos[0] < b.pos[0] + b.size[0];
-      if (across && b.pos[1] - th < bottom + GAP_PX / 2) {
-        b.pos = [b.pos[0], bottom + th + GAP_PX];
+      const bb = boxes.get(b);
+      if (moved.has(b) || bb.y < a.y) continue;
+      const across = bb.x < a.x + a.w && a.x < bb.x + bb.w;
+      if (across && bb.y < bottom + GAP_PX / 2) {
+        const dy = bottom + GAP_PX - bb.y;
+        b.pos = [b.pos[0], b.pos[1] + dy];
+        bb.y += dy;
         moved.add(b);
         queue.push(b);
       }
@@ -130,7 +180,8 @@ function addInfoWidget(node) {
       getValue: () => el.value,
       setValue: (v) => { el.value = v ?? ""; },
       serialize: false,
-      getMinHeight: () => textHeight(el, node) + 2 * (w?.margin ?? 10),
+      getMinHeight: () => textHeight(el, boxWidth(el, node, w) ?? Math.max(60, node.size[0] - 20))
+        + 2 * (w?.margin ?? 10),
     });
     w.serialize = false; // never saved into widgets_values: saved workflows stay loadable
     return w;
@@ -146,13 +197,15 @@ function addInfoWidget(node) {
 // them changes: a box that grows makes no new measurement (a box's own scrollHeight is at least its height, so
 // fitting to it grew the box a little on every resize, without end), and a shorter text gives a shorter box.
 // The canvas renderer is left to getMinHeight and the node size set in showText.
-function fitVueBox(el, node) {
+function fitVueBox(el, node, w) {
   const fit = () => {
-    if (!el.isConnected || !el.closest("[data-node-id]")) return;
-    const key = `${el.offsetWidth}\n${el.value}`;
+    if (!el.isConnected || !inVueNode(el)) return;
+    const width = boxWidth(el, node, w);
+    if (width === null) return; // not laid out yet: the observer calls again when the box gets its width
+    const key = `${width}\n${el.value}`;
     if (el.steadfastFitted === key) return; // same text, same width: the height it has is right
     el.steadfastFitted = key;
-    const h = `${textHeight(el, node)}px`;
+    const h = `${textHeight(el, width)}px`;
     Object.assign(el.style, { height: h, minHeight: h, maxHeight: h });
     // the node takes its new height once the frontend has laid it out: then the nodes below make room
     requestAnimationFrame(() => setTimeout(() => { makeRoom(node); node.setDirtyCanvas?.(true, true); }, 50));
@@ -164,25 +217,25 @@ function fitVueBox(el, node) {
   requestAnimationFrame(fit);
 }
 
-// The report box grows with its text (up to MAX_BOX_PX, then it scrolls), so no line is cut off; the nodes
-// below make room, so the grown node covers none of them.
+// The report box is as tall as its text (up to MAX_BOX_PX, then it scrolls), so no line is cut off: on the canvas
+// the node takes the height its widgets need (node.computeSize, which asks getMinHeight), so a node grows with a
+// longer report and shrinks back with a shorter one; the nodes below make room, so the node covers none of them.
+// In Nodes 2.0 the node's element is sized by its content (fitVueBox): there the size only ever grows here.
+function fitNode(node) {
+  const [minW, minH] = node.computeSize();
+  const vue = !!window.LiteGraph?.vueNodesMode || !!vueNodeElement(node);
+  const size = [Math.max(node.size[0], minW), vue ? Math.max(node.size[1], minH) : minH];
+  if (Math.abs(size[0] - node.size[0]) > 1 || Math.abs(size[1] - node.size[1]) > 1) node.setSize(size);
+  makeRoom(node);
+  node.setDirtyCanvas(true, true);
+}
 function showText(node, text) {
   const w = node.widgets?.find((x) => x.name === INFO) ?? addInfoWidget(node);
   w.value = text;
-  if (w.element) fitVueBox(w.element, node);
-  const [minW, minH] = node.computeSize();
-  node.setSize([Math.max(node.size[0], minW), Math.max(node.size[1], minH)]);
-  makeRoom(node);
-  node.setDirtyCanvas(true, true);
-  // once the frontend has laid the box out at its real width, measure again (wrapping depends on it)
-  requestAnimationFrame(() => {
-    const [, h] = node.computeSize();
-    if (h > node.size[1] + 1) {
-      node.setSize([node.size[0], h]);
-      makeRoom(node);
-      node.setDirtyCanvas(true, true);
-    }
-  });
+  if (w.element) fitVueBox(w.element, node, w);
+  fitNode(node);
+  // once the frontend has laid the box out (a new box is mounted in a later frame), fit again
+  requestAnimationFrame(() => fitNode(node));
 }
 
 // Width of the badges the frontend draws above a node's title bar (LGraphBadge.getWidth where the frontend has
@@ -273,7 +326,7 @@ function pin(node) {
 // the report text, the frame and the label.
 function showOutput(node, message) {
   const text = message?.text?.join("\n");
-  if (text) showText(node, text);
+  if (text) showText(node, optimizeText(node, text));
   if (text) markWarm(node);
   const h = message?.steadfast_hash?.[0];
   if (h) {
@@ -290,16 +343,26 @@ function showOutput(node, message) {
   }
 }
 
-// Optimize's report is written when Optimize runs, before Warmup compiles: once a Warmup downstream of it has
-// run, its "compile record (cold)" line says that Warmup made the model warm.
+// Optimize's report is written when Optimize runs, before Warmup compiles: "compile record (cold); compiles lazily
+// on the first run or in Warmup". Once a Warmup downstream of it has run, that line says warm, in one word, and
+// by whom: "compile record (warm: compiled by Warmup in the last run)". A record Optimize found warm already says
+// so the same way ("(warm: compiled already)"), never "warm; compiles lazily".
+const LAZY = /\((\w+)\); compiles lazily on the first run or in (?:Pipeline )?Warmup\b.*$/;
 const WARMUPS = { SteadfastWarmup: "SteadfastOptimizeModel", SteadfastPipelineWarmup: "SteadfastPipelineOptimize" };
+// The link into input ``slot`` of ``n``: node.getInputLink(slot) where the frontend has it (1.53 and later mark
+// input.link deprecated, a view of the link store), else the link id in input.link looked up in the graph.
+function inputLink(n, slot, input) {
+  if (!n.graph) return null;
+  if (typeof n.getInputLink === "function") return n.getInputLink(slot) ?? null;
+  return input.link != null ? (n.graph.links?.get?.(input.link) ?? n.graph.links?.[input.link] ?? null) : null;
+}
 function upstream(node) {
   const seen = new Set();
   const todo = [node];
   while (todo.length) {
     const n = todo.pop();
-    for (const input of n.inputs ?? []) {
-      const link = input.link != null ? (n.graph?.links?.get?.(input.link) ?? n.graph?.links?.[input.link]) : null;
+    for (const [slot, input] of (n.inputs ?? []).entries()) {
+      const link = inputLink(n, slot, input);
       const src = link ? n.graph.getNodeById(link.origin_id) : null;
       if (src && !seen.has(src)) { seen.add(src); todo.push(src); }
     }
@@ -313,10 +376,18 @@ function markWarm(warmup) {
     if ((n.constructor?.comfyClass ?? n.type) !== optimizeType) continue;
     const w = n.widgets?.find((x) => x.name === INFO);
     if (!w?.value) continue;
-    const text = String(w.value).split("\n").map((line) => (/compiles lazily/.test(line) && /\bcold\b/.test(line)
-      ? `${line.replace(/\bcold\b/, "warm")} (warmed by ${warmup.title ?? "Warmup"} in the last run)` : line)).join("\n");
+    const text = String(w.value).split("\n").map((line) => line.replace(LAZY,
+      `(warm: compiled by ${warmup.title ?? "Warmup"} in the last run)`)).join("\n");
     if (text !== w.value) showText(n, text);
   }
+}
+// Optimize's own report on a record that is warm already (a reused one): "(warm: compiled already)".
+function optimizeText(node, text) {
+  if (!Object.values(WARMUPS).includes(node.constructor?.comfyClass ?? node.type)) return text;
+  return text.split("\n").map((line) => {
+    const m = LAZY.exec(line);
+    return m && m[1] === "warm" ? line.replace(LAZY, "(warm: compiled already)") : line;
+  }).join("\n");
 }
 
 const ourNodes = () => (app.graph?.nodes ?? []).filter((n) => NODES.has(n.constructor?.comfyClass ?? n.type));
@@ -363,10 +434,35 @@ function watchRefusals(api) {
   api.steadfastWatched = true;
 }
 
+// The three checkpoint templates name steadfast_tiny_sd15.safetensors, the tiny model the headless check builds for
+// itself: a user's models folder does not have it, and frontends since 1.49 flag a combo whose value is not among
+// its options as a missing model (a red error before anything ran). When a loaded graph has a widget set to that
+// name and the name is not among the widget's options, the widget takes the first checkpoint whose path says
+// SD1.5 (sd15, sd1.5, sd-1-5, v1-5...; the templates' note: any SD1.5 checkpoint will do). Without one the value
+// stays, and the note on the canvas says what to pick. Runs in afterConfigureGraph, which the frontend awaits
+// before its missing-model check.
+const TINY_CKPT = "steadfast_tiny_sd15.safetensors";
+const SD15_NAME = /(^|[^a-z0-9])(sd[-_ .]?1[-_.]?5|v1[-_.]5)(?![0-9])/i;
+function pickCheckpoint() {
+  for (const node of app.graph?.nodes ?? []) {
+    for (const w of node.widgets ?? []) {
+      if (w.value !== TINY_CKPT) continue;
+      let values = w.options?.values;
+      if (typeof values === "function") values = values(w, node);
+      if (!Array.isArray(values) || values.includes(TINY_CKPT)) continue;
+      const pick = values.find((v) => SD15_NAME.test(String(v)));
+      if (pick === undefined) continue;
+      w.value = pick;
+      w.callback?.(pick);
+    }
+  }
+}
+
 app.registerExtension({
   name: "comfyui-steadfast.nodes",
   setup() { watchRefusals(app.api); },
   afterConfigureGraph() {
+    pickCheckpoint();
     drawVueVerdicts(); // a loaded graph's nodes have no state yet: no frames left from the graph before
     // a tab switch gives back the tab's outputs right after the graph is configured
     requestAnimationFrame(restoreReports);

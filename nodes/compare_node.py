@@ -80,7 +80,8 @@ def difference_report(measured: str, graded: verdict.Verdict, why: str, pixels: 
 
     Returns:
         The text: the verdict with the PSNR that decides it, the run records' explanation, then the full-tensor
-        figures and the differing run-record fields, indented.
+        figures, indented, and one line with how many run-record fields differ and their names (not their values:
+        those are in the two run records).
     """
     level = {"same_picture": "SAME PICTURE within tolerance (bytes differ)", "different_picture": "DIFFERENT PICTURE",
              "unknown": "BYTES DIFFER (no reference to grade by)"}.get(graded.level, graded.level)
@@ -91,13 +92,12 @@ def difference_report(measured: str, graded: verdict.Verdict, why: str, pixels: 
         head = f"{level}" + (f": {graded.why}" if graded.why else "")
     lines = [head, why, "measured on the full output (not what decides):"]
     lines += [f"  {line}" for line in measured.splitlines()] + [f"  {pixels}"]
-    if graded.env_diffs:
-        shown = graded.env_diffs[:ENV_LINES]
-        lines.append(f"run records differ in {len(graded.env_diffs)} field(s)"
-                     + (f" (the first {len(shown)}; all of them in the two run records):" if len(shown) < len(
-                         graded.env_diffs) else ":"))
-        lines += [f"  {d}" for d in shown]
+    if graded.env_diffs:  # folded to a count and the fields' names: the values are in the two run records
+        names = [d.split(": ", 1)[0] for d in graded.env_diffs]
+        shown = ", ".join(names[:ENV_FIELDS]) + (f" and {len(names) - ENV_FIELDS} more" if len(names) > ENV_FIELDS
+                                                 else "")
+        lines.append(f"run records differ in {len(names)} field(s) ({shown}): see the two run records")
     return "\n".join(lines)
 
 
-ENV_LINES = 6  # raw run-record differences listed under the fold; the explanation above names what decides
+ENV_FIELDS = 6  # run-record fields named in the folded line; the explanation above names what decides

@@ -45,8 +45,13 @@ TEMPLATE_NOTES = {
     "pipeline_generate": (
         "BEFORE YOU RUN: Load Diffusers Pipeline needs a diffusers pipeline folder (model_index.json and its "
         "subfolders) in ComfyUI/models/diffusers; pipeline_name lists what is there.\n"
-        "Without a terminal: download a diffusers-format repository (e.g. stable-diffusion-v1-5) from Hugging Face "
-        "in your browser, put its folder in models/diffusers, press R in ComfyUI to refresh the lists and pick it.\n"
+        "To try the template now, one command in the ComfyUI folder writes a tiny random-weight pipeline (its "
+        "pictures are noise):\n"
+        "  python custom_nodes/ComfyUI-Steadfast/scripts/steadfast.py tiny-pipeline "
+        "models/diffusers/steadfast-tiny-sd\n"
+        "then press R in ComfyUI to refresh the lists and pick steadfast-tiny-sd. A real model: download a "
+        "diffusers-format repository folder (e.g. stable-diffusion-v1-5, all its subfolders: huggingface-cli "
+        "download) into models/diffusers.\n"
         "These defaults (256x256, 4 steps, no compile) are for a first try: on a 2-core CPU they finish in under a "
         "minute with a small pipeline. For real use raise width/height (Warmup and Sampler alike) to 512, steps to "
         "20-30, and set Pipeline Optimize compile=regional (inductor), best on a GPU."),

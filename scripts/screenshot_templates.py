@@ -6,7 +6,8 @@ Each template is loaded into the page and run with the Run button's call (``app.
 embedded tiny SD1.5 checkpoint (the Diffusers template on the tiny SD pipeline, ``steadfast tiny-pipeline``, chosen
 in its pipeline_name widget); the page is captured once the reports are shown, and each run's wall time printed.
 Small palette PNGs (1200 px wide), named ``<api name>-comfyui-<version>.png`` (canvas) and
-``<api name>-comfyui-<version>-nodes2.png``::
+``<api name>-comfyui-<version>-nodes2.png`` (``-comfyui-<version>-frontend-<frontend>`` with a frontend other than
+the one that ComfyUI pins: put first on ``PYTHONPATH`` as ``scripts/test_newer_frontend.sh`` does)::
 
     COMFYUI_PATH=~/comfy/ComfyUI-0.8.0 ~/comfy/venv-0.8.0/bin/python scripts/screenshot_templates.py \
         [--thumbnails] [API_NAME ...]
@@ -39,6 +40,18 @@ TINY_PIPELINE = "steadfast-tiny-sd"
 def _version(comfyui: Path) -> str:
     text = (comfyui / "comfyui_version.py").read_text(encoding="utf-8")
     return text.split('"')[1] if '"' in text else "unknown"
+
+
+def _frontend_label(comfyui: Path) -> str:
+    """``-frontend-<version>`` when the frontend the server will serve (``comfyui-frontend-package``, as this
+    process imports it: ``scripts/test_newer_frontend.sh``'s ``PYTHONPATH`` way) is not the one ComfyUI pins in its
+    requirements.txt; "" when it is."""
+    import importlib.metadata as md
+
+    served = md.version("comfyui-frontend-package")
+    pins = [line.split("==", 1)[1].strip() for line in (comfyui / "requirements.txt").read_text().splitlines()
+            if line.startswith("comfyui-frontend-package==")]
+    return "" if served in pins else f"-frontend-{served}"
 
 
 def _run_from_page(page, server: ComfyServer, timeout: float = 900) -> dict:
@@ -101,7 +114,7 @@ def main() -> int:
     if comfyui is None:
         print("set COMFYUI_PATH", file=sys.stderr)
         return 2
-    version = _version(comfyui)
+    version = _version(comfyui) + _frontend_label(comfyui)
     OUT.mkdir(parents=True, exist_ok=True)
     ckpt = tiny_sd15.cached_tiny_sd15(tiny_sd15.default_cache_dir(), in_subprocess=True)
     with tempfile.TemporaryDirectory() as tmp, \

@@ -4,6 +4,7 @@
 # ComfyUI 0.37-0.38 pin; ComfyUI 0.33.0 accepts any frontend at least as new as its pin). It is installed with
 # `pip install --target` into a folder of its own (STEADFAST_FRONTEND_DIR, default ~/comfy/frontend-<version>) that
 # goes first on PYTHONPATH, so the server imports it; the 0.33.0 venv is left unchanged. Extra args go to pytest.
+# CI (.ci/run) runs it as rows 3 (1.53.10) and 4 (the newest, FRONTEND_NEWEST there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FE="${STEADFAST_FRONTEND:-1.53.10}"

@@ -33,6 +33,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import sys
 import time
 import warnings
@@ -221,6 +222,26 @@ def overlapping_nodes(page: Any) -> list[list[int]]:
     return page.evaluate(OVERLAPS_JS)
 
 
+# Nodes 2.0 draws each node as an element (.lg-node[data-node-id]) that can be taller than the graph's size + title
+# (a badge row, an error footer): pairs of node ids whose elements' rectangles on the page overlap (by > 1 px).
+VUE_OVERLAPS_JS = """() => {
+  const r = [...document.querySelectorAll('.lg-node[data-node-id]')].map(e => [e.dataset.nodeId,
+    e.getBoundingClientRect()]);
+  const out = [];
+  for (const [a, ra] of r) for (const [b, rb] of r)
+    if (a < b && ra.left < rb.right - 1 && rb.left < ra.right - 1 && ra.top < rb.bottom - 1 && rb.top < ra.bottom - 1)
+      out.push([a, b, Math.round(Math.min(ra.bottom, rb.bottom) - Math.max(ra.top, rb.top))]);
+  return out;
+}"""
+
+# Our nodes that hold a report and are taller than their content needs (node.computeSize(), which asks the report
+# box's getMinHeight): [id, height, needed]. A report box measured at a width it does not have wraps wrongly.
+TOO_TALL_JS = """() => window.app.graph.nodes
+  .filter(n => n.widgets?.some(w => w.name === 'steadfast_info' && w.value))
+  .map(n => [n.id, Math.round(n.size[1]), Math.round(n.computeSize()[1])])
+  .filter(([, h, need]) => h > need + 2)"""
+
+
 # The saved widget values per node. A node without saved widgets serializes ``widgets_values`` as absent or ``[]``
 # depending on whether it holds a widget at all: frontend 1.49.6 writes ``[]`` once the display-only (never saved)
 # steadfast_info widget exists, 1.35.9 leaves it absent; both mean "nothing saved", so both read as ``[]`` here.
@@ -311,6 +332,38 @@ def test_template_loads_and_converts_back_to_api_twin(page: Any, object_info: di
     assert notes[0][1] <= min(page.evaluate("() => window.app.graph.nodes.map(n => n.pos[0])")), notes
 
 
+REFRESH_JS = """async () => { if (typeof window.app.refreshComboInNodes === 'function')
+  await window.app.refreshComboInNodes(); else await window.app.extensionManager.command.execute(
+  'Comfy.RefreshNodeDefinitions') }"""
+
+
+def test_checkpoint_template_takes_an_sd15_checkpoint_the_user_has(page: Any, comfy_server: ComfyServer) -> None:
+    """A user's models folder has no steadfast_tiny_sd15.safetensors (only the headless check builds it) but an SD1.5
+    checkpoint: a checkpoint template opens with Load Checkpoint set to that one, and no missing-model error shows
+    (frontends since 1.49 flag a combo value that is not among its options). Played by renaming the server's tiny
+    checkpoint to ComfyUI's own SD1.5 template's file name, then refreshing the lists as R does."""
+    ckpts = comfy_server.base_dir / "models" / "checkpoints"
+    tiny = ckpts / TINY_CKPT_NAME
+    target = tiny.resolve()
+    mine = ckpts / "v1-5-pruned-emaonly-fp16.safetensors"
+    tiny.unlink()
+    mine.symlink_to(target)
+    try:
+        page.evaluate(REFRESH_JS)
+        load_template(page, api_to_ui.ui_template_name("determinism_check"))
+        page.wait_for_timeout(2000)  # the frontend's missing-model check runs after the graph is configured
+        picked = page.evaluate("() => window.app.graph.nodes.filter(n => n.type === 'CheckpointLoaderSimple')"
+                               ".map(n => n.widgets.find(w => w.name === 'ckpt_name').value)")
+        assert picked == [mine.name], picked
+        for text in (TINY_CKPT_NAME, "Missing Models", "is missing"):
+            shown = page.get_by_text(text)
+            assert not any(shown.nth(i).is_visible() for i in range(shown.count())), f"the page shows {text!r}"
+    finally:
+        mine.unlink()
+        tiny.symlink_to(target)
+        page.evaluate(REFRESH_JS)
+
+
 def test_converter_handles_linked_widgets_and_controls(page: Any, object_info: dict[str, Any]) -> None:
     """api_to_ui.convert beyond our templates: widgets fed by links (with and without a control widget), V1 and
     V3 combos, a non-default float. Loaded with app.loadGraphData, as a pasted/opened workflow is."""
@@ -379,6 +432,9 @@ def test_run_from_browser_shows_hash_and_compare(page: Any, comfy_server: ComfyS
     assert outputs[hash_id]["steadfast_hash"][0]["match"] == "unchecked" and shown[0]["state"] is None
     assert all(s["cut"] is not None and s["cut"] <= 2 for s in shown), shown  # report boxes fit their text
     assert not overlapping_nodes(page), "nodes grown by the run (info boxes, previews) overlap"
+    # and no taller than their text: before, frontends 1.53-1.58 measured the report box while it was a few px
+    # wide, just mounted, and the nodes stayed 1,500-2,500 px tall
+    assert not page.evaluate(TOO_TALL_JS), "nodes taller than their report needs [id, height, needed]"
 
     # The info widget is display-only: neither the saved workflow nor the prompt change.
     assert page.evaluate(SAVED_WIDGETS_JS) == saved_before
@@ -617,6 +673,57 @@ def test_report_box_fits_a_long_report_and_overlaps_nothing(page: Any, template:
     assert not overlapping_nodes(page), f"{template}: a node grown by its report overlaps another"
 
 
+# Whether a Nodes 2.0 element follows node.pos: the last node is moved 100 px down and back; true when its element
+# moved with it.
+MOVES_ELEMENT_JS = """async () => {
+  const n = window.app.graph.nodes.at(-1);
+  const el = document.querySelector(`.lg-node[data-node-id="${n.id}"]`);
+  const top = () => el.getBoundingClientRect().top;
+  const before = top();
+  n.pos = [n.pos[0], n.pos[1] + 100]; window.app.canvas.setDirty(true, true);
+  await new Promise(r => setTimeout(r, 500));
+  const moved = Math.abs(top() - before) > 10;
+  n.pos = [n.pos[0], n.pos[1] - 100]; window.app.canvas.setDirty(true, true);
+  await new Promise(r => setTimeout(r, 500));
+  return moved;
+}"""
+
+
+def test_vue_report_makes_room_by_the_node_element(page: Any) -> None:
+    """Nodes 2.0: a long report on a node grows its element, and the nodes below move by the element's rectangle
+    on the page (taller than the graph's size + title there: a badge row, an error footer), so no node's element
+    covers another's. Before, room was made by ``node.size`` and Hash's element covered the top 32-35 px of the
+    Save node below it (frontend 1.58.1)."""
+    if not _set_vue_nodes(page, True):
+        pytest.skip("this frontend has no Comfy.VueNodes.Enabled setting (no Nodes 2.0 renderer)")
+    fit_view = "() => window.app.extensionManager.command.execute('Comfy.Canvas.FitView')"
+    try:
+        for template, node_type in [("determinism_check", "SteadfastHash"),
+                                    ("optimized_vs_baseline", "SteadfastCompare")]:
+            load_template(page, api_to_ui.ui_template_name(template))
+            page.evaluate(fit_view)
+            page.wait_for_timeout(1000)
+            assert not page.evaluate(VUE_OVERLAPS_JS), f"{template}: node elements overlap before any report"
+            # an extension moves a node by setting node.pos: 1.35.9's Nodes 2.0 leaves the element where it was
+            if not page.evaluate(MOVES_ELEMENT_JS):
+                pytest.skip("this frontend's Nodes 2.0 does not move a node's element when node.pos is set (1.35.9): "
+                            "no room can be made from an extension")
+            ids = page.evaluate("(t) => window.app.graph.nodes.filter(n => n.type === t).map(n => n.id)", node_type)
+            for nid in ids:
+                page.evaluate("([id, text]) => window.app.graph.getNodeById(id).onExecuted({text: [text]})",
+                              [nid, LONG_REPORT])
+            page.wait_for_timeout(1500)  # the elements take their new heights, then the nodes below move
+            # at 100 %: zoomed out far (a fitted view of the grown graph) the renderer draws simplified elements
+            page.evaluate("() => { const c = window.app.canvas; c.ds.scale = 1; c.setDirty(true, true) }")
+            page.wait_for_timeout(1000)
+            n_elements = page.evaluate("() => document.querySelectorAll('.lg-node[data-node-id]').length")
+            assert n_elements == page.evaluate("() => window.app.graph.nodes.length"), n_elements
+            assert not page.evaluate(VUE_OVERLAPS_JS), f"{template}: node elements overlap [a, b, px]"
+        assert not page.steadfast_errors, page.steadfast_errors
+    finally:
+        _set_vue_nodes(page, False)
+
+
 def _set_vue_nodes(page: Any, on: bool) -> bool:
     """Switch the "Nodes 2.0" renderer on or off; False when this frontend has no such setting."""
     return page.evaluate("async (on) => { const s = window.app.extensionManager.setting;"
@@ -690,7 +797,10 @@ def test_nodes_stay_still_idle_and_after_a_run(page: Any, comfy_server: ComfySer
         box = page.evaluate(BOX_JS, hash_id)
         assert box["cut"] <= 2 and box["client"] > 0, box  # the report fits its box
         assert not overlapping_nodes(page), "nodes grown by the run overlap"
+        if renderer == "canvas":
+            assert not page.evaluate(TOO_TALL_JS), "nodes taller than their report needs [id, height, needed]"
         if renderer == "vue":
+            assert not page.evaluate(VUE_OVERLAPS_JS), "node elements overlap after the run [a, b, px]"
             frame = page.evaluate("(id) => { const el = document.querySelector(`.lg-node[data-node-id=\"${id}\"]`);"
                                   " return [getComputedStyle(el).outlineColor,"
                                   " getComputedStyle(el, '::before').content] }", cmp_id)
@@ -699,14 +809,18 @@ def test_nodes_stay_still_idle_and_after_a_run(page: Any, comfy_server: ComfySer
                 assert frame == ["rgb(46, 125, 50)", '"IDENTICAL BYTES"'], frame
             else:
                 assert frame[0] in ("rgb(198, 40, 40)", "rgb(21, 101, 192)") and "PICTURE" in frame[1], frame
-            # a shorter text gives a shorter box (the box follows its text both ways)
-            tall = page.evaluate(BOX_JS, hash_id)["client"]
-            page.evaluate("(id) => window.app.graph.getNodeById(+id).onExecuted({text: ['short']})", hash_id)
-            page.wait_for_timeout(1000)
-            short = page.evaluate(BOX_JS, hash_id)
-            assert short["client"] < tall and short["cut"] <= 2, (tall, short)
-            page.wait_for_timeout(10_000)
-            assert page.evaluate(BOX_JS, hash_id) == short, "the box moved while idle after shrinking"
+        # a shorter text gives a shorter box, and on the canvas a shorter node (the box follows its text both ways)
+        node_h = "(id) => Math.round(window.app.graph.getNodeById(+id).size[1])"
+        tall, tall_node = page.evaluate(BOX_JS, hash_id)["client"], page.evaluate(node_h, hash_id)
+        page.evaluate("(id) => window.app.graph.getNodeById(+id).onExecuted({text: ['short']})", hash_id)
+        page.wait_for_timeout(1000)
+        short = page.evaluate(BOX_JS, hash_id)
+        assert short["client"] < tall and short["cut"] <= 2, (tall, short)
+        if renderer == "canvas":
+            assert page.evaluate(node_h, hash_id) < tall_node, "the node kept its height for a shorter report"
+            assert not page.evaluate(TOO_TALL_JS), "nodes taller than their report needs [id, height, needed]"
+        page.wait_for_timeout(10_000)
+        assert page.evaluate(BOX_JS, hash_id) == short, "the box moved while idle after shrinking"
         assert not page.steadfast_errors, page.steadfast_errors
     finally:
         if renderer == "vue":
@@ -761,11 +875,15 @@ def test_reports_come_back_after_a_tab_switch(page: Any, comfy_server: ComfyServ
                            " 'steadfast_info')?.value === text", arg=[hash_id, want], timeout=30_000)
     before = {i: _info(page, i) for i in (hash_id, cmp_id)}
     assert before[cmp_id]["state"] is not None
-    store = "window.app.extensionManager.workflow"
-    ours = page.evaluate(f"() => {store}.openWorkflows.indexOf({store}.activeWorkflow)")
+    ours = page.evaluate("() => window.app.extensionManager.workflow.activeWorkflow.filename")
     page.evaluate("() => window.app.extensionManager.command.execute('Comfy.NewBlankWorkflow')")
     page.wait_for_function("() => window.app.graph.nodes.every(n => !String(n.type).startsWith('Steadfast'))")
-    page.locator(".workflow-tabs button.p-togglebutton").nth(ours).click()  # the user's click on our tab
+    # the user's click on our tab: the tab the frontend draws (.workflow-tab, a button's content up to 1.49, a
+    # div of its own from 1.53) with our workflow's name on its label
+    tab = page.locator(".workflow-tabs .workflow-tab").filter(
+        has=page.locator(".workflow-label", has_text=re.compile(rf"^\s*{re.escape(ours)}\s*$")))
+    assert tab.count() == 1, f"no single tab labelled {ours!r}: {page.locator('.workflow-tabs').inner_text()}"
+    tab.click()
     page.wait_for_function("(id) => !!window.app.graph.getNodeById(+id)", arg=cmp_id)
     page.wait_for_timeout(1000)
     after = {i: _info(page, i) for i in (hash_id, cmp_id)}
@@ -805,7 +923,7 @@ def test_optimize_report_says_warm_after_warmup(page: Any) -> None:
     """Optimize Model's report is written before Warmup compiles ("compile record (cold)"); once the Warmup
     downstream of it has shown its report, Optimize's line says warm. Fed as ComfyUI's 'executed' messages are."""
     load_template(page, api_to_ui.ui_template_name("warmup_then_generate"))
-    text = page.evaluate("""() => {
+    text, link_reads = page.evaluate("""() => {
         const g = window.app.graph;
         const opt = g.nodes.find(n => n.type === 'SteadfastOptimizeModel');
         const warm = g.nodes.find(n => n.type === 'SteadfastWarmup');
@@ -813,8 +931,22 @@ def test_optimize_report_says_warm_after_warmup(page: Any) -> None:
         opt.onExecuted({text: ['compile: regional\\n  new compile record (cold); compiles lazily'
                                + ' on the first run or in Warmup']});
         const before = info(opt);
-        warm.onExecuted({text: ['warmup step at latent [1, 4, 8, 8]: compiled']});
-        return [before, info(opt)];
+        // frontends 1.53+ make input.link a deprecated getter on the slot's prototype: count its reads
+        const proto = Object.getPrototypeOf(warm.inputs[0]);
+        const desc = Object.getOwnPropertyDescriptor(proto, 'link');
+        let reads = 0;
+        if (desc?.get && typeof warm.getInputLink === 'function')
+            Object.defineProperty(proto, 'link', {...desc, get() { reads++; return desc.get.call(this) }});
+        try {
+            warm.onExecuted({text: ['warmup step at latent [1, 4, 8, 8]: compiled']});
+        } finally {
+            if (desc) Object.defineProperty(proto, 'link', desc);
+        }
+        return [[before, info(opt)], reads];
     }""")
     assert "(cold)" in text[0] and "(cold)" not in text[1], text
-    assert "compile record (warm); compiles lazily" in text[1] and "(warmed by" in text[1], text
+    # one word for the state, and no "compiles lazily" once it compiled
+    assert "compile record (warm: compiled by Warmup in the last run)" in text[1], text
+    assert "lazily" not in text[1], text
+    # the links were followed through node.getInputLink, not the deprecated input.link (where the frontend has both)
+    assert link_reads == 0, link_reads

@@ -286,3 +286,7 @@ def test_compare_tells_a_difference_by_design_from_a_failure(comfy_server: Comfy
     assert all(line.startswith("  ") for line in lines[folded + 1:]
                if not line.startswith("run records differ")), lines
     assert sum("PSNR" in line for line in lines[:folded]) == 1, lines  # one PSNR above the fold: the deciding one
+    # the run records' differences are folded into one line (a count and the fields' names), no raw values
+    differ = [line for line in lines if line.startswith("run records differ in ")]
+    assert len(differ) == 1 and "fingerprint.attention" in differ[0] and "see the two run records" in differ[0], lines
+    assert not any(" -> " in line for line in lines), lines
