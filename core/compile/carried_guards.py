@@ -299,43 +299,36 @@ def carry(entries: Sequence[Any], env: Mapping[str, Any]) -> tuple[list[CarriedG
     return sorted(out, key=lambda g: (g.source, g.kind)), problems
 
 
-def _carry_one(e: Any, gtype: str, name: str, env: Mapping[str, Any]) -> CarriedGuard:
-    kind = GUARD_KINDS.get(gtype)
-    if kind == "same":
-        other = torch_compat.duplicate_source(e)
-        if other is None:
-            raise NotDescribable(f"guard {gtype} on {name}: its other source is not known")
-        try:
-            same = _reader(name)(env) is _reader(other)(env)
-        except NotDescribable:
-            raise
-        except Exception as ex:
-            raise NotDescribable(f"guard {gtype} on {name}: a source does not read back ({type(ex).__name__})") from ex
-        if not same:
-            raise NotDescribable(f"guard {gtype} on {name}: the sources read two objects")
-        return CarriedGuard(f"{name} is {other}", kind, gtype, "True")
-    if kind == "contains":
-        args = torch_compat.guard_arguments(e)
-        if not isinstance(args.get("key"), str):
-            raise NotDescribable(f"guard {gtype} on {name}: its key is not known")
-        source = f"{args['key']!r} in {name}"
-        try:
-            present = _reader(source)(env)
-        except NotDescribable:
-            raise
-        except Exception as ex:
-            raise NotDescribable(f"guard {gtype} on {name}: the source does not read back "
-                                 f"({type(ex).__name__})") from ex
-        return CarriedGuard(source, kind, gtype, repr(bool(present)))
-    if kind is None:
-        raise NotDescribable(f"guard {gtype} on {name or '(no source)'} cannot be carried")
+def _read_back(source: str, gtype: str, name: str, env: Mapping[str, Any]) -> Any:
+    """The value of a guard source in the traced call's environment; :class:`NotDescribable` naming the guard when
+    the source cannot be read."""
     try:
-        value = _reader(name)(env)
+        return _reader(source)(env)
     except NotDescribable:
         raise
     except Exception as ex:
         raise NotDescribable(f"guard {gtype} on {name}: the source does not read back "
                              f"({type(ex).__name__}: {ex})") from ex
+
+
+def _carry_one(e: Any, gtype: str, name: str, env: Mapping[str, Any]) -> CarriedGuard:
+    kind = GUARD_KINDS.get(gtype)
+    if kind is None:
+        raise NotDescribable(f"guard {gtype} on {name or '(no source)'} cannot be carried")
+    if kind == "same":
+        other = torch_compat.duplicate_source(e)
+        if other is None:
+            raise NotDescribable(f"guard {gtype} on {name}: its other source is not known")
+        if _read_back(name, gtype, name, env) is not _read_back(other, gtype, name, env):
+            raise NotDescribable(f"guard {gtype} on {name}: the sources read two objects")
+        return CarriedGuard(f"{name} is {other}", kind, gtype, "True")
+    if kind == "contains":
+        key = torch_compat.guard_arguments(e).get("key")
+        if not isinstance(key, str):
+            raise NotDescribable(f"guard {gtype} on {name}: its key is not known")
+        source = f"{key!r} in {name}"
+        return CarriedGuard(source, kind, gtype, repr(bool(_read_back(source, gtype, name, env))))
+    value = _read_back(name, gtype, name, env)
     if getattr(e, "has_value", False) and value is not e.value and not (kind == "eq" and value == e.value):
         raise NotDescribable(f"guard {gtype} on {name}: the source reads another object than Dynamo guarded")
     try:

@@ -1,0 +1,90 @@
+"""The guards a precompiled artifact cannot carry, carried by the pack (core/compile/carried_guards.py): described
+the same way in any process, read back without eval, and re-checked by identity or value."""
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from steadfast.core.compile import carried_guards as cg
+
+SCALE = 1.0
+
+
+def attention(q):
+    return q
+
+
+def other_attention(q):
+    return q * 2
+
+
+def make(factor):
+    def f(x):
+        return x * factor
+    return f
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+        self.act = make(0.5)
+
+    def forward(self, x, transformer_options={}):  # noqa: B006
+        return self.act(self.lin(x)) * SCALE
+
+
+def entry(name, guard_type, value):
+    return types.SimpleNamespace(name=name, guard_type=guard_type, value=value, has_value=True)
+
+
+def test_guards_are_carried_matched_and_rechecked_by_identity_and_value(monkeypatch) -> None:
+    block = Block()
+    binder = cg.Binder(Block.forward)
+    env = binder(block, (torch.ones(2),), {})
+    entries = [entry("G['attention']", "CLOSURE_MATCH", attention),
+               entry("G['SCALE']", "CONSTANT_MATCH", SCALE),
+               entry("self.act", "CLOSURE_MATCH", block.act),
+               entry("self.act.__closure__[0].cell_contents", "CONSTANT_MATCH", 0.5),
+               entry("type(self._modules['lin'])", "ID_MATCH", torch.nn.Linear),
+               entry(f"G['__import_{__name__.replace('.', '_dot_')}'].attention", "FUNCTION_MATCH", attention)]
+    guards, problems = cg.carry(entries, env)
+    assert problems == [] and len(guards) == len(entries)
+    assert {g.value for g in guards} >= {"float:1.0", "float:0.5", "class torch.nn.modules.linear.Linear"}
+    matched, why = cg.match(guards, env)
+    assert matched is not None and why is None and matched.still(env)
+
+    block.act = make(0.75)  # the same code, another captured value
+    assert not matched.still(binder(block, (torch.ones(2),), {}))
+    again, why = cg.match(guards, binder(block, (torch.ones(2),), {}))
+    assert again is None and "cell_contents" in why and "float:0.75" in why and "float:0.5" in why
+    block.act = make(0.5)
+    monkeypatch.setitem(globals(), "attention", other_attention)  # a module global rebound (a CLI flag's pick)
+    env2 = binder(block, (torch.ones(2),), {})
+    assert not matched.still(env2)
+    assert "other_attention" in cg.match(guards, env2)[1]
+
+
+def test_what_cannot_be_described_is_named_not_guessed() -> None:
+    block = Block()
+    env = cg.Binder(Block.forward)(block, (torch.ones(2),), {})
+    block.act = make(torch.ones(1))  # a captured tensor: no portable description
+    env = cg.Binder(Block.forward)(block, (torch.ones(2),), {})
+    _, problems = cg.carry([entry("self.act", "FUNCTION_MATCH", block.act),
+                            entry("self.lin", "DICT_VERSION", block.lin),
+                            entry("___odict_getitem(self._modules, 'lin')", "ID_MATCH", block.lin)], env)
+    assert len(problems) == 3
+    assert "self.act" in problems[0] and "Tensor" in problems[0]
+    assert "DICT_VERSION" in problems[1] and "cannot be carried" in problems[1]
+    assert "not read by the pack" in problems[2]
+    with pytest.raises(cg.NotDescribable):
+        cg.describe_value(object())
+
+
+def test_descriptions_do_not_depend_on_the_process() -> None:
+    assert cg.describe_callable(make(2.0)) == cg.describe_callable(make(2.0))
+    assert cg.describe_callable(make(2.0)) != cg.describe_callable(make(3.0))
+    assert cg.describe_value(torch.float16) == "dtype:torch.float16"
+    assert cg.describe_value(torch) == "module torch" and "0x" not in cg.describe_callable(attention)
