@@ -1,7 +1,7 @@
 """The Dynamo guards a precompiled block's artifact cannot carry, carried by the pack beside it.
 
 torch serialises an ``aot_compile`` artifact's guards only for some guard types and sources
-(``torch._dynamo.guards.CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES``, global sources, closures:
+(Dynamo's ``CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES``, global sources, closures:
 :func:`core.torch_compat.guard_serialisable`), so :func:`core.compile.precompiled.aot_guard_filter` drops those. A
 dropped guard is a fact the jit checks on every call and the artifact does not: a module global the block reads
 (ComfyUI's ``optimized_attention``, chosen by command-line flags), a function attribute and its closure cells, the
