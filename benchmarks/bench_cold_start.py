@@ -82,7 +82,10 @@ def server_env(config: str, caches: Path, artifact: Path | None = None) -> dict[
     if config == "steadfast-jit":
         env["STEADFAST_PRECOMPILED"] = "0"
     if artifact is not None:
-        env["STEADFAST_COMPILE_ARTIFACT"] = str(artifact)
+        import hashlib
+
+        env["STEADFAST_COMPILE_ARTIFACT"] = str(artifact)  # pinned, as an operator's (unpinned ones are refused)
+        env["STEADFAST_COMPILE_ARTIFACT_SHA256"] = hashlib.sha256(artifact.read_bytes()).hexdigest()
         (caches / "tmp").mkdir(parents=True, exist_ok=True)
         env["TMPDIR"] = str(caches / "tmp")
     return env
