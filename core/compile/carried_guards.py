@@ -24,8 +24,8 @@ Guard kinds and what the pack does with each:
 * ``DICT_KEYS``, ``DICT_KEYS_MATCH``: the keys, in order.
 * ``DUPLICATE_INPUT``: two sources are one object (``G['F']`` and ``G['torch'].nn.functional``). Carried as
   ``"<source> is <other source>"``.
-* ``DICT_CONTAINS``: whether a key is in a dict (a class ``__dict__`` without an attribute an instance may shadow).
-  Carried as ``"<key> in <source>"``.
+* ``DICT_CONTAINS`` (torch 2.14: ``DICT_NOT_CONTAINS``): whether a key is in a dict (a class ``__dict__``
+  without an attribute an instance may shadow). Carried as ``"<key> in <source>"``.
 * anything else (``DICT_VERSION``, ``NN_MODULE``, ``WEAKREF_ALIVE``, ``HASATTR``...): not describable: no artifact.
 
 Guard sources are Dynamo's source names (``G['F'].linear``, ``self._modules['s'].weight_function[0]``,
@@ -62,7 +62,7 @@ GUARD_KINDS: dict[str, str] = {
     "CLOSURE_MATCH": "code", "TYPE_MATCH": "type", "CONSTANT_MATCH": "eq", "EQUALS_MATCH": "eq",
     "SEQUENCE_LENGTH": "len", "LIST_LENGTH": "len", "DICT_LENGTH": "len", "EMPTY_NN_MODULE_HOOKS_DICT": "len",
     "LENGTH_CHECK": "len", "DICT_KEYS": "keys", "DICT_KEYS_MATCH": "keys", "DUPLICATE_INPUT": "same",
-    "DICT_CONTAINS": "contains",
+    "DICT_CONTAINS": "contains", "DICT_NOT_CONTAINS": "contains",  # torch 2.11 / 2.14 names
 }
 _SIMPLE = (str, int, float, bool, type(None))
 _IMPORT_ALIAS = "__import_"

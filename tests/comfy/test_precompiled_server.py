@@ -39,7 +39,7 @@ def test_precompiled_warm_start_is_bit_equal_and_fallbacks_are_visible(comfyui_p
         cold = go(s, **run, lora=(LORA, 1.0))
         cold_state = _record(s)["precompiled"]
         jit_half = go(s, **run, lora=(LORA, 0.5))  # this process answers with its jit
-        assert cold_state["enabled"] and cold_state["saves"] >= 1 and cold_state["hits"] == 0
+        assert cold_state["enabled"] and cold_state["saves"] >= 1 and cold_state["hits"] == 0, json.dumps(cold_state)
         assert jit_half["hash"] != cold["hash"] and len(_artifacts(s)) == cold_state["saves"]
         s.restart()
         warm = go(s, **run, lora=(LORA, 1.0))
