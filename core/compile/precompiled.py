@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -217,13 +218,9 @@ def _hook_text(block: nn.Module, m: nn.Module) -> str:
     return f"submodule {name!r} has {what}: the jit runs it"
 
 
-_global_hook_dicts: list[tuple[dict, ...]] = []
-
-
+@functools.cache
 def _global_hooks() -> tuple[dict, ...]:
-    if not _global_hook_dicts:
-        _global_hook_dicts.append(torch_compat.module_hook_dicts())
-    return _global_hook_dicts[0]
+    return torch_compat.module_hook_dicts()
 
 
 def call_key(fingerprint: Mapping[str, Any], static: Mapping[str, Any], args: Sequence[Any],
@@ -403,7 +400,6 @@ class PrecompiledBlock(nn.Module):
         object.__setattr__(self, "_state", state)
         object.__setattr__(self, "_options", options)
         object.__setattr__(self, "_jit_filter", guard_filter_fn)
-        object.__setattr__(self, "_aot_filter", aot_guard_filter(guard_filter_fn))
         object.__setattr__(self, "_contexts", tuple(contexts))
         object.__setattr__(self, "_prepare", prepare)
         object.__setattr__(self, "_fingerprint", None)
