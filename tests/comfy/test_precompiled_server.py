@@ -98,8 +98,10 @@ def test_servers_sharing_one_cache_folder_answer_with_their_own_configurations_b
 
     ComfyUI's free memory is pinned (:data:`PINNED_FREE_MB`): without that, these hashes compare processes whose
     cond batching and attention chunking follow the machine's free memory at that moment (measured here with the
-    same node at 1, 10-25 and 60+ MiB: three different hashes), so CI on 2026-11-27 saw the jit server and B
-    disagree on row 1, and an earlier run saw the jit server's own hash change on row 2. The pinned function is
+    same node at 1, 10-25 and 60+ MiB: three different hashes). Unpinned, CI on 2026-11-27 saw the jit server and
+    B disagree on row 1, and an earlier run saw the jit server's own hash change on row 2; neither was reproduced
+    here (7 unpinned servers gave one hash), and free memory is the one input found that moves these bits. The
+    pinned function is
     traceable, so B's blocks trace in one graph and B saves its own artifacts; they, never A's, answer B's
     restart."""
     env = {"STEADFAST_COMPILE_CACHE": str(tmp_path / "shared")}
