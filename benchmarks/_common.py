@@ -131,6 +131,15 @@ def cpu_pressure() -> str:
     return f"some avg10={fields.get('avg10')} avg60={fields.get('avg60')} avg300={fields.get('avg300')}"
 
 
+def executed_seconds(entry: dict[str, Any]) -> float:
+    """Seconds between the server's own ``execution_start`` and ``execution_success`` timestamps of a ``/history``
+    entry: what the server spent on the prompt, without the client's polling and the queue. Raises KeyError when
+    the entry has no such messages (a failed prompt)."""
+    stamps = {name: data.get("timestamp") for name, data in (entry.get("status") or {}).get("messages", [])
+              if isinstance(data, dict)}
+    return (stamps["execution_success"] - stamps["execution_start"]) / 1000.0
+
+
 def print_header(title: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Print ``title`` and :func:`machine_info` (plus ``extra``) as a markdown bullet list; return the dict."""
     info = machine_info()

@@ -91,14 +91,6 @@ def server_env(config: str, caches: Path, artifact: Path | None = None) -> dict[
     return env
 
 
-def executed_seconds(entry: dict[str, Any]) -> float:
-    """Seconds between the server's own ``execution_start`` and ``execution_success`` timestamps of a history
-    entry (what the server spent on the prompt, without the client's polling and the queue)."""
-    stamps = {name: data.get("timestamp") for name, data in (entry.get("status") or {}).get("messages", [])
-              if isinstance(data, dict)}
-    return (stamps["execution_success"] - stamps["execution_start"]) / 1000.0
-
-
 def timed_prompts(server: ComfyServer, config: str, steps: int, side: int,
                   start: float) -> tuple[float, float, float, float]:
     """``(first prompt s, second prompt s, start s, first prompt s by the server's timestamps)`` in a server just
@@ -108,7 +100,7 @@ def timed_prompts(server: ComfyServer, config: str, steps: int, side: int,
         t0 = time.perf_counter()
         entry = server.wait(server.queue(workflow(config, seed, steps, side)), timeout=900)
         times.append(time.perf_counter() - t0)
-        executed.append(executed_seconds(entry))
+        executed.append(_common.executed_seconds(entry))
     return times[0], times[1], start, executed[0]
 
 

@@ -64,6 +64,10 @@ HOST_DISTRIBUTIONS = ("comfy-kitchen", "comfy-aimdo", "einops")
 #: The host's version module, read when it is loaded (ComfyUI's ``comfyui_version``; never imported here).
 HOST_VERSION_MODULES = ("comfyui_version",)
 MAX_PENDING = 64  # queued saves (each holds one call's inputs) until PrecompiledState.flush
+#: the phases of a block call through the route whose wall seconds :class:`PrecompiledState` sums (issue 35: where a
+#: steady step's per-call cost goes): the hook walk (:func:`hooks_reason`), the call key (:func:`call_key`), the
+#: carried guards' re-check, torch's ``guard_check`` of the artifact, and the artifact's own call (its kernels)
+SPLIT_PHASES = ("hooks", "key", "carried", "guard_check", "artifact")
 _SIMPLE = (str, int, float, bool, type(None))
 _file_digests: dict[str, str] = {}
 
@@ -295,6 +299,9 @@ class PrecompiledState:
     save_seconds: float = 0.0
     load_seconds: float = 0.0
     check_seconds: float = 0.0
+    #: wall seconds per phase of the route's block calls, summed (:data:`SPLIT_PHASES`)
+    split_seconds: dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(SPLIT_PHASES, 0.0))
+    calls: int = 0
     reasons: dict[str, str] = dataclasses.field(default_factory=dict)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
     pending: list[Callable[[], None]] = dataclasses.field(default_factory=list, repr=False)
@@ -371,13 +378,16 @@ class PrecompiledState:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON view: ``{"enabled", "reason", "hits", "loads", "saves", "fallbacks", "save_seconds",
-        "load_seconds", "check_seconds", "reasons"}`` (``check_seconds``: wall seconds of the per-call checks of
-        hooks and carried guards, summed over every call)."""
+        "load_seconds", "check_seconds", "calls", "split_seconds", "reasons"}`` (``check_seconds``: wall seconds of
+        the per-call checks of the carried guards, summed over every call; ``calls``: block calls through the route;
+        ``split_seconds``: their wall seconds per phase, :data:`SPLIT_PHASES`)."""
         with self.lock:
             return {"enabled": self.enabled, "reason": self.reason, "hits": self.hits, "loads": self.loads,
                     "saves": self.saves, "fallbacks": self.fallbacks, "save_seconds": round(self.save_seconds, 3),
                     "load_seconds": round(self.load_seconds, 3),
-                    "check_seconds": round(self.check_seconds, 6), "reasons": dict(self.reasons)}
+                    "check_seconds": round(self.check_seconds, 6), "calls": self.calls,
+                    "split_seconds": {k: round(v, 6) for k, v in self.split_seconds.items()},
+                    "reasons": dict(self.reasons)}
 
 
 class PrecompiledBlock(nn.Module):
@@ -409,7 +419,11 @@ class PrecompiledBlock(nn.Module):
         state, cache = self._state, compile_cache.active_cache()
         if not state.enabled or cache is None:
             return self.jit(*args, **kwargs)
-        if (why := hooks_reason(self._orig_mod)) is not None:
+        t0 = time.perf_counter()
+        why = hooks_reason(self._orig_mod)
+        state.calls += 1
+        state.split_seconds["hooks"] += time.perf_counter() - t0
+        if why is not None:
             state.count("fallbacks", "hooks", why)
             return self.jit(*args, **kwargs)
         if self._prepare is not None:
@@ -429,11 +443,14 @@ class PrecompiledBlock(nn.Module):
     def _route(self, cache: compile_cache.CompileCache, args: tuple, kwargs: dict) -> Any:
         state, module = self._state, self._orig_mod
         fingerprint, static = self._keys()
+        split, t0 = state.split_seconds, time.perf_counter()
         try:
             key = call_key(fingerprint, static, args, kwargs, flags=state.flags())
         except _NotDescribable as e:
             state.count("fallbacks", None, f"not describable: {e}")
             return self.jit(*args, **kwargs)
+        finally:
+            split["key"] += time.perf_counter() - t0
         memo_key = (str(cache.path), key)
         kind, got = state.entries.get(memo_key, (None, None))
         env = None
@@ -441,7 +458,9 @@ class PrecompiledBlock(nn.Module):
             t0 = time.perf_counter()
             env = self._binder(module, args, kwargs)
             moved = not got[1].still(env)
-            state.check_seconds += time.perf_counter() - t0
+            elapsed = time.perf_counter() - t0
+            state.check_seconds += elapsed
+            split["carried"] += elapsed
             if moved:
                 kind = None  # a carried guard moved: resolve again
         if kind is None:
@@ -452,7 +471,7 @@ class PrecompiledBlock(nn.Module):
                     kind, got = self._resolve(cache, fingerprint, static, key, env)
                     state.entries[memo_key] = (kind, got)
         if kind == "aot":
-            fn = got[0]
+            fn, t0 = got[0], time.perf_counter()
             try:
                 ok = fn.guard_check(module, *args, **kwargs)
             except Exception as e:  # noqa: BLE001 (any failure: the jit answers)
@@ -460,9 +479,12 @@ class PrecompiledBlock(nn.Module):
             else:
                 why = ("torch's guard_check failed: an input or a module attribute differs from what the artifact "
                        "was traced for")
+            split["guard_check"] += time.perf_counter() - t0
             if ok:
+                t0 = time.perf_counter()
                 try:
                     out = fn(module, *args, **kwargs)
+                    split["artifact"] += time.perf_counter() - t0
                 except Exception as e:
                     if passes_through(e):  # an interrupt or out-of-memory reaches ComfyUI unchanged
                         raise
