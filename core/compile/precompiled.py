@@ -72,26 +72,39 @@ _SIMPLE = (str, int, float, bool, type(None))
 _file_digests: dict[str, str] = {}
 
 
+_dtype_text: dict[torch.dtype, str] = {}
+_device_text: dict[torch.device, str] = {}
+
+
 def _describe_tensor(t: torch.Tensor) -> tuple:
-    return ("T", type(t).__qualname__, tuple(t.shape), tuple(t.stride()), str(t.dtype), str(t.device),
-            t.requires_grad, t.is_inference())
+    dtype, device = t.dtype, t.device  # their text memoised per object (str() of a device costs microseconds)
+    dt = _dtype_text.get(dtype) or _dtype_text.setdefault(dtype, str(dtype))
+    dev = _device_text.get(device) or _device_text.setdefault(device, str(device))
+    return ("T", type(t).__qualname__, tuple(t.shape), t.stride(), dt, dev, t.requires_grad, t.is_inference())
 
 
 def _describe(v: Any, code_key: bool) -> Any:
     """Hashable description of one call value. ``code_key``: inside a ``transformer_options`` key whose guards the
     jit keeps (patches, attention override): leaves by value, callables by :func:`describe_callable`; elsewhere
     ints/floats/strings by type and callables by name (the jit guard filter drops their guards there, and so does
-    the precompiled one)."""
+    the precompiled one). Dispatches on the exact type first (a block call describes a dozen values, per call)."""
+    kind = type(v)
+    if kind is torch.Tensor or kind is torch.nn.Parameter:
+        return _describe_tensor(v)
+    if kind is bool or v is None:
+        return v
+    if kind is dict:
+        return ("D", tuple((k if isinstance(k, _SIMPLE) else repr(k), _describe(x, code_key)) for k, x in v.items()))
+    if kind is list or kind is tuple:
+        return (kind.__name__, tuple(_describe(x, code_key) for x in v))
+    if kind is str or kind is int or kind is float:
+        return v if code_key else kind.__name__
     if isinstance(v, torch.Tensor):
         return _describe_tensor(v)
-    if isinstance(v, bool) or v is None:
-        return v
     if isinstance(v, _SIMPLE):
         return v if code_key else type(v).__name__
     if isinstance(v, dict):
         return ("D", tuple((k if isinstance(k, _SIMPLE) else repr(k), _describe(v[k], code_key)) for k in v))
-    if type(v) in (tuple, list):
-        return (type(v).__name__, tuple(_describe(x, code_key) for x in v))
     if isinstance(v, torch.dtype | torch.device):
         return str(v)
     if callable(v) and code_key:

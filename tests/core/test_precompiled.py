@@ -101,6 +101,35 @@ def test_call_key_covers_inputs_callables_and_flags_not_per_step_values():
     assert us < 5000
 
 
+def test_values_are_described_by_their_kind_subclasses_included():
+    """The exact-type fast path of ``_describe`` (issue 35: a block call describes a dozen values per call) keeps
+    the rule for subclasses and odd values: an IntEnum or a str Enum is an int or a str (by value in a code key, by
+    its type's name elsewhere), ``torch.Size`` and other tuple subclasses are objects, a Parameter is a tensor, a
+    dict subclass is a dict, and a tensor carries its strides."""
+    import collections
+    import enum
+
+    class Level(enum.IntEnum):
+        LOW = 1
+
+    class Mode(str, enum.Enum):
+        FAST = "fast"
+
+    assert pc._describe(Level.LOW, True) == Level.LOW and pc._describe(Level.LOW, False) == "Level"
+    assert pc._describe(Mode.FAST, True) == Mode.FAST and pc._describe(Mode.FAST, False) == "Mode"
+    assert pc._describe(3, False) == "int" and pc._describe(3, True) == 3 and pc._describe(True, False) is True
+    assert pc._describe(torch.Size([1, 2]), False) == ("O", "torch", "Size")
+    assert pc._describe(collections.OrderedDict(a=1), False) == ("D", (("a", "int"),))
+    assert pc._describe({"a": [1, (2.0, "s")]}, True) == ("D", (("a", ("list", (1, ("tuple", (2.0, "s"))))),))
+    assert pc._describe(torch.nn.Parameter(torch.zeros(2)), False)[:2] == ("T", "Parameter")
+    t = torch.zeros(2, 3).t()
+    assert pc._describe(t, False) == ("T", "Tensor", (3, 2), (1, 3), "torch.float32", "cpu", False, False)
+    assert pc._describe(torch.float16, True) == "torch.float16" and pc._describe(torch.device("cpu"), True) == "cpu"
+    assert pc._describe(object(), False) == ("O", "builtins", "object")
+    with pytest.raises(pc._NotDescribable):
+        pc._describe(object(), True)
+
+
 def test_fingerprint_names_structure_and_source_files():
     from tiny_modules import Block
     fp = pc.block_fingerprint(Block())
