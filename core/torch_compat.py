@@ -38,7 +38,7 @@ __all__ = [
     "tensor_version", "orig_module", "has_compiled_call", "compiled_call", "set_compiled_call",
     "PRECOMPILED_ENV", "aot_compile_support", "aot_compile_enabled", "guard_serialisable", "portable_guard_state",
     "built_kernel_loads", "pick_cpu_isa", "traced_modules", "compile_config_digest", "module_hook_dicts",
-    "MACHINE_CONFIG_KEYS", "duplicate_source", "guard_arguments",
+    "MACHINE_CONFIG_KEYS", "duplicate_source", "guard_arguments", "operator_name",
 ]
 
 #: Names of the settings as messages to users should spell them.
@@ -844,6 +844,34 @@ def module_hook_dicts() -> tuple[dict, ...]:
         raise TorchAPIMissing(f"precompiled blocks need torch.nn.modules.module._global_forward_hooks, which torch "
                               f"{torch.__version__} does not have")
     return found
+
+
+def operator_name(fn: Any) -> str | None:
+    """The qualified name of a torch operator object, or None when ``fn`` is not one.
+
+    A trace that calls ``torch.ops.<namespace>.<op>`` (ComfyUI 0.33's Flux calls
+    ``torch.ops.comfy_kitchen.apply_rope``) guards the packet by identity; the precompiled blocks carry that guard
+    by this name (:func:`core.compile.carried_guards.describe_callable`).
+
+    Args:
+        fn: any value.
+    Returns:
+        ``"op aten::add"`` for an ``OpOverloadPacket``, ``"op aten::add.Tensor"`` for an ``OpOverload``, None
+        otherwise (``torch._ops`` missing included: then no operator can be described).
+    """
+    ops = sys.modules.get("torch._ops")
+    if ops is None:
+        return None
+    packet, overload = getattr(ops, "OpOverloadPacket", None), getattr(ops, "OpOverload", None)
+    if packet is not None and isinstance(fn, packet):
+        name = getattr(fn, "_qualified_op_name", None)
+        return f"op {name}" if isinstance(name, str) else None
+    if overload is not None and isinstance(fn, overload):
+        try:
+            return f"op {fn.name()}"
+        except Exception:  # noqa: BLE001 (an overload without a readable name: not describable)
+            return None
+    return None
 
 
 def duplicate_source(entry: Any) -> str | None:

@@ -93,7 +93,8 @@ def describe_callable(fn: Any) -> str:
     describable ``self``).
 
     Args:
-        fn: a function, ``functools.partial``, bound method or builtin.
+        fn: a function, ``functools.partial``, bound method, builtin or torch operator (``torch.ops.ns.op``, by
+            its qualified name: :func:`core.torch_compat.operator_name`).
     Returns:
         the text (equal for the same code with the same captured values, in any process).
     Raises:
@@ -107,6 +108,8 @@ def describe_callable(fn: Any) -> str:
         return f"method({describe_callable(fn.__func__)}, {describe_value(fn.__self__)})"
     if isinstance(fn, types.BuiltinFunctionType | types.BuiltinMethodType):
         return f"builtin {getattr(fn, '__module__', None)}.{fn.__qualname__}"
+    if (op := torch_compat.operator_name(fn)) is not None:  # torch.ops.<ns>.<op>: its kernels come with the
+        return op  # library that registers them, whose version is in the key (precompiled.HOST_DISTRIBUTIONS)
     if not isinstance(fn, types.FunctionType):
         raise NotDescribable(f"callable of type {type(fn).__qualname__}")
     cells = [describe_value(c.cell_contents) for c in (fn.__closure__ or ())]

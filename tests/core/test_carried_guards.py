@@ -88,3 +88,20 @@ def test_descriptions_do_not_depend_on_the_process() -> None:
     assert cg.describe_callable(make(2.0)) != cg.describe_callable(make(3.0))
     assert cg.describe_value(torch.float16) == "dtype:torch.float16"
     assert cg.describe_value(torch) == "module torch" and "0x" not in cg.describe_callable(attention)
+
+
+def test_torch_operators_are_carried_by_their_qualified_name() -> None:
+    """A trace that calls ``torch.ops.<namespace>.<op>`` gets a BUILTIN_MATCH guard on the packet (ComfyUI 0.33's
+    Flux: ``torch.ops.comfy_kitchen.apply_rope``). Before, ``describe_callable`` refused it ("callable of type
+    OpOverloadPacket") and every Flux block ran the jit; now it is carried by the operator's qualified name and
+    re-checked by identity."""
+    assert cg.describe_callable(torch.ops.aten.sin) == "op aten::sin"
+    assert cg.describe_callable(torch.ops.aten.add.Tensor) == "op aten::add.Tensor"
+    assert cg.describe_value(torch.ops.aten.sin) != cg.describe_value(torch.ops.aten.cos)
+    block = Block()
+    binder = cg.Binder(Block.forward)
+    env = binder(block, (torch.ones(2),), {})
+    guards, problems = cg.carry([entry("G['torch'].ops.aten.sin", "BUILTIN_MATCH", torch.ops.aten.sin)], env)
+    assert problems == [] and guards[0].value == "op aten::sin"
+    matched, why = cg.match(guards, env)
+    assert matched is not None and matched.still(env), why
