@@ -42,11 +42,13 @@ SDXL: dict[str, Any] = {
 }
 """SDXL 1.0 base, as ComfyUI's ``model_detection`` derives it from the checkpoint (``dtype`` is added at build)."""
 
-SMOKE: dict[str, Any] = {**SDXL, "model_channels": 32, "transformer_depth": [0, 0, 1, 1, 1, 1],
-                         "transformer_depth_middle": 1, "transformer_depth_output": [0, 0, 0, 1, 1, 1, 1, 1, 1],
-                         "context_dim": 64, "num_head_channels": 16}
-"""A tiny SDXL-shaped UNet (same classes and code paths: 32 channels, one transformer layer per attention level,
-context 64; the ADM input keeps SDXL's 2816 = pooled 1280 + 6 size embeddings) for ``--smoke`` on the CPU."""
+SMOKE: dict[str, Any] = {**SDXL, "model_channels": 32, "channel_mult": [1, 2], "num_res_blocks": [1, 1],
+                         "transformer_depth": [0, 1], "transformer_depth_middle": 1,
+                         "transformer_depth_output": [0, 0, 1, 1], "context_dim": 64, "num_head_channels": 16}
+"""A tiny SDXL-shaped UNet for ``--smoke`` on the CPU: the same classes and code paths (ResBlocks, a level without
+attention, linear-in SpatialTransformers with cross-attention, the middle block, ADM) at 32 / 64 channels, two
+levels, one resnet per level, one transformer layer where SDXL has some; the ADM input keeps SDXL's 2816 (pooled
+1280 + 6 size embeddings). Kept small because tracing time in CI grows with the number of blocks."""
 
 POOLED_DIM = 1280  # CLIP-G pooled output: SDXL's ADM input is this plus 6 x 256 size embeddings
 CFG = 7.0
