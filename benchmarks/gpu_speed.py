@@ -470,10 +470,10 @@ def _cold(model: str, rows: list[str], ns: argparse.Namespace, device: Any, rate
         keep: list = []
         r = bgf.run_config(row, m, lambda mm: bench.sample(mm, steps), ns.images, device, keep=keep)
         r["peak_memory_gib"] = _peak_gib(device)
-        _finish_row(row, r, bench, meta, keep[0], ref, eager, rate, before)
-        if row == "eager":
+        if row == "eager":  # the reference of every later row (and of the warm process: saved)
             ref, eager = keep[0], r
             torch.save(ref, work / f"ref_{model}.pt")
+        _finish_row(row, r, bench, meta, keep[0], ref, eager, rate, before)
         _record_row(out, model, row, r)
         del m, configs, keep
 
