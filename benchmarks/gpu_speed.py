@@ -429,17 +429,17 @@ def _cold(model: str, rows: list[str], ns: argparse.Namespace, device: Any, rate
     build_s = time.perf_counter() - t0
     sens = bench.sensitivity()
     flops_call = _flops_per_call(bench)  # the first eager call: warms up the model's kernels too
-    _sync(device)
-    t1 = time.perf_counter()
-    bench.sample(bench.base, 2)
-    _sync(device)
-    step_s = (time.perf_counter() - t1) / 2
-    steps, note = ns.steps, ""
-    if steps is None:
-        steps = SMOKE_STEPS if ns.smoke else DEFAULT_STEPS
+    steps, note, step_s = ns.steps or (SMOKE_STEPS if ns.smoke else None), "", None
+    if steps is None:  # time an eager step: do 28 steps fit?
+        _sync(device)
+        t1 = time.perf_counter()
+        bench.sample(bench.base, 2)
+        _sync(device)
+        step_s = (time.perf_counter() - t1) / 2
+        steps = DEFAULT_STEPS
         est = len(rows) * (1 + ns.images) * steps * step_s
         left = deadline - time.time()
-        if not ns.smoke and est > FIT_SHARE * left:
+        if est > FIT_SHARE * left:
             note = (f"{FALLBACK_STEPS} steps, not {DEFAULT_STEPS}: {len(rows)} rows x {1 + ns.images} calls at "
                     f"{DEFAULT_STEPS} steps estimated {est:.0f} s (eager {step_s:.3f} s/step), over "
                     f"{FIT_SHARE:.0%} of the {left:.0f} s this process had")
@@ -458,7 +458,7 @@ def _cold(model: str, rows: list[str], ns: argparse.Namespace, device: Any, rate
             _mark(out, model, row, SMOKE_SKIPS[(model, row)])
             continue
         left = deadline - time.time()
-        need = (1 + ns.images) * steps * step_s
+        need = (1 + ns.images) * steps * (step_s if step_s is not None else _eager_step_s(eager, steps))
         if left < need:
             _mark(out, model, row, f"skipped: out of time ({left:.0f} s left, its calls alone need ~{need:.0f} s)")
             continue
@@ -476,6 +476,11 @@ def _cold(model: str, rows: list[str], ns: argparse.Namespace, device: Any, rate
         _finish_row(row, r, bench, meta, keep[0], ref, eager, rate, before)
         _record_row(out, model, row, r)
         del m, configs, keep
+
+
+def _eager_step_s(eager: dict[str, Any] | None, steps: int) -> float:
+    """Seconds per eager step from the eager row (0 before it ran: nothing known, nothing skipped)."""
+    return 0.0 if eager is None else eager["s_per_call"] / steps
 
 
 def _record(model: Any, row: str) -> Any:
