@@ -53,7 +53,7 @@ process does not use goes to the later ones); ``--budget`` (default 540 s) bound
 its limit is killed; the rows it finished are kept, the others are recorded as killed or skipped. Every row is
 written as soon as it is measured: ``DIR/gpu_speed.json`` (everything) and ``DIR/gpu_speed.md`` (the table), and
 its table line is printed, so a call cut short keeps what it measured. ``--smoke`` runs the same rows on the CPU
-with tiny models (1 step, 64x64, compile backend ``eager``: no C++ compiler; core traced on the tiny Flux only),
+with tiny models (1 step, 64x64, compile backend ``eager``: no C++ compiler; ``core`` skipped: :data:`SMOKE_SKIPS`),
 all models (default ``flux`` and ``sdxl-b4``) in one pair of processes (CI: ``tests/comfy/test_gpu_speed_smoke.py``).
 
 Usage::
@@ -101,11 +101,12 @@ FIT_SHARE = 0.4  # 28 steps when sampling alone (compiles not counted) is estima
 MIN_START_S = 15  # a process with less time than this is not started
 #: --smoke's default models: batch 4 covers the SDXL code path (batch 1 is the same code; the GPU call runs both)
 SMOKE_MODELS = ("flux", "sdxl-b4")
-#: --smoke: core's whole-model trace costs about 20 s of CPU per UNet (its graph breaks), so the smoke traces it on
-#: the tiny Flux only; the SDXL models' core rows are recorded as skipped
+#: --smoke: core's whole-model trace costs about 9 s of CPU on the tiny Flux and 20 s on the tiny UNet (their graph
+#: breaks), a third of the smoke; the protocol's smoke already traces core on the tiny Flux (its steady_flux section,
+#: through the same bench_gpu_flux.make_configs), so the speed call's smoke records core as skipped
 SMOKE_SKIPS: dict[tuple[str, str], str] = {
-    (m, "core"): "skipped: smoke (core is traced on the tiny Flux only, to keep CI short)"
-    for m in ("sdxl-b1", "sdxl-b4")}
+    (m, "core"): "skipped: smoke (core's whole-model trace is smoke-tested by gpu_protocol.py --smoke)"
+    for m in MODELS}
 JSON_NAME, MD_NAME = "gpu_speed.json", "gpu_speed.md"
 
 
@@ -376,6 +377,18 @@ def _record_row(out: Path, model: str, row: str, r: dict[str, Any]) -> None:
     print("| " + " | ".join(table_row(model, row, r)) + " |", flush=True)
 
 
+def _row_error(out: Path, model: str, row: str, e: BaseException, device: Any) -> None:
+    """Record ``e`` as row ``row``'s status (type and message) and print its traceback; frees cached GPU memory."""
+    import traceback
+
+    import torch
+
+    traceback.print_exc()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    _mark(out, model, row, f"error: {type(e).__name__}: {str(e)[:300]}")
+
+
 def _mark(out: Path, model: str, row: str, status: str) -> None:
     def change(res: dict[str, Any]) -> None:
         rows = _model_entry(res, model)["rows"]
@@ -410,10 +423,14 @@ def child(part: str, models: list[str], rows: list[str], ns: argparse.Namespace,
             for row in rows:
                 _mark(out, model, row, "skipped: out of time")
             continue
-        if part == "cold":
-            _cold(model, rows, ns, device, rate, out, work, deadline)
-        else:
-            _warm(model, ns, device, rate, out, work, deadline)
+        try:
+            if part == "cold":
+                _cold(model, rows, ns, device, rate, out, work, deadline)
+            else:
+                _warm(model, ns, device, rate, out, work, deadline)
+        except Exception as e:  # noqa: BLE001 - the model could not be built or measured: its rows say why
+            for row in rows:
+                _row_error(out, model, row, e, device)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return 0
@@ -462,20 +479,23 @@ def _cold(model: str, rows: list[str], ns: argparse.Namespace, device: Any, rate
         if left < need:
             _mark(out, model, row, f"skipped: out of time ({left:.0f} s left, its calls alone need ~{need:.0f} s)")
             continue
-        configs = bgf.make_configs(bench.base, [row], ns.backend)
-        m, report = configs[row]
-        print(f"[{model}] {row}: " + report.replace("\n", "; ")[:600], flush=True)
-        rec = _record(m, row)
-        before = len(rec.stats.recompiles) if rec is not None else 0
-        keep: list = []
-        r = bgf.run_config(row, m, lambda mm: bench.sample(mm, steps), ns.images, device, keep=keep)
-        r["peak_memory_gib"] = _peak_gib(device)
-        if row == "eager":  # the reference of every later row (and of the warm process: saved)
-            ref, eager = keep[0], r
-            torch.save(ref, work / f"ref_{model}.pt")
-        _finish_row(row, r, bench, meta, keep[0], ref, eager, rate, before)
-        _record_row(out, model, row, r)
-        del m, configs, keep
+        try:
+            configs = bgf.make_configs(bench.base, [row], ns.backend)
+            m, report = configs[row]
+            print(f"[{model}] {row}: " + report.replace("\n", "; ")[:600], flush=True)
+            rec = _record(m, row)
+            before = len(rec.stats.recompiles) if rec is not None else 0
+            keep: list = []
+            r = bgf.run_config(row, m, lambda mm: bench.sample(mm, steps), ns.images, device, keep=keep)
+            r["peak_memory_gib"] = _peak_gib(device)
+            if row == "eager":  # the reference of every later row (and of the warm process: saved)
+                ref, eager = keep[0], r
+                torch.save(ref, work / f"ref_{model}.pt")
+            _finish_row(row, r, bench, meta, keep[0], ref, eager, rate, before)
+            _record_row(out, model, row, r)
+            del m, configs, keep
+        except Exception as e:  # noqa: BLE001 - one row's failure (an OOM, a compile error) is its result
+            _row_error(out, model, row, e, device)
 
 
 def _eager_step_s(eager: dict[str, Any] | None, steps: int) -> float:
