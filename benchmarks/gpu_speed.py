@@ -54,7 +54,7 @@ its limit is killed; the rows it finished are kept, the others are recorded as k
 written as soon as it is measured: ``DIR/gpu_speed.json`` (everything) and ``DIR/gpu_speed.md`` (the table), and
 its table line is printed, so a call cut short keeps what it measured. ``--smoke`` runs the same rows on the CPU
 with tiny models (1 step, 64x64, compile backend ``eager``: no C++ compiler; ``core`` skipped: :data:`SMOKE_SKIPS`),
-all models (default ``flux`` and ``sdxl-b4``) in one pair of processes (CI: ``tests/comfy/test_gpu_speed_smoke.py``).
+all models (default ``flux`` and ``sdxl-b1``) in one pair of processes (CI: ``tests/comfy/test_gpu_speed_smoke.py``).
 
 Usage::
 
@@ -99,8 +99,9 @@ WEIGHTS: dict[tuple[str, str], float] = {
 DEFAULT_STEPS, FALLBACK_STEPS, SMOKE_STEPS = 28, 20, 1
 FIT_SHARE = 0.4  # 28 steps when sampling alone (compiles not counted) is estimated at most this share of the time
 MIN_START_S = 15  # a process with less time than this is not started
-#: --smoke's default models: batch 4 covers the SDXL code path (batch 1 is the same code; the GPU call runs both)
-SMOKE_MODELS = ("flux", "sdxl-b4")
+#: --smoke's default models: batch 1 covers the SDXL code path at a quarter of batch 4's calls under Determinism Setup
+#: (one call per conditioning and item: 2 per step against 8); the GPU call runs both
+SMOKE_MODELS = ("flux", "sdxl-b1")
 #: --smoke: core's whole-model trace costs about 9 s of CPU on the tiny Flux and 20 s on the tiny UNet (their graph
 #: breaks), a third of the smoke; the protocol's smoke already traces core on the tiny Flux (its steady_flux section,
 #: through the same bench_gpu_flux.make_configs), so the speed call's smoke records core as skipped
