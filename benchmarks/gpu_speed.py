@@ -138,14 +138,14 @@ def _model_entry(results: dict[str, Any], model: str) -> dict[str, Any]:
     return results["models"].setdefault(model, {"meta": {}, "rows": {}})
 
 
-HEADERS = ("model", "row", "s/image", "first call s", "x eager", "run-to-run equal", "max |d| vs eager", "TFLOP/s",
-           "% bf16 matmul", "peak GiB", "recompiles", "graphs first/timed", "precompiled hits", "status")
+HEADERS = ("model", "row", "s/image", "first call s", "x eager", "run-to-run equal", "max abs d vs eager", "TFLOP/s",
+           "% bf16 matmul", "peak GiB", "recompiles", "graphs first/timed", "precompiled hits/fallbacks", "status")
 
 
 def table_row(model: str, row: str, r: dict[str, Any]) -> list[str]:
     """One markdown table line's cells for row ``row`` of ``model`` (``r``: its results or its status only)."""
     if "s_per_image" not in r:
-        return [model, row] + ["-"] * (len(HEADERS) - 3) + [str(r.get("status", "not run"))[:120]]
+        return [model, row] + ["-"] * (len(HEADERS) - 3) + [str(r.get("status", "not run"))[:160].replace("|", "/")]
 
     def num(key: str, fmt: str) -> str:
         v = r.get(key)
@@ -158,7 +158,9 @@ def table_row(model: str, row: str, r: dict[str, Any]) -> list[str]:
             "-" if d is None else ("0" if d == 0 else f"{d:.2e}"), num("tflops", ".1f"), num("pct_of_matmul", ".1f"),
             num("peak_memory_gib", ".2f"), str(r.get("recompiles", "-")),
             f"{r.get('dynamo_graphs_first', '-')}/{r.get('dynamo_graphs_timed', '-')}",
-            str(pre.get("hits", "-")), str(r.get("status", "ok"))]
+            f"{pre['hits']}/{pre['fallbacks']}" if pre else "-",
+            str(r.get("status", "ok")) + ("" if "bit_equal_to_steadfast" not in r
+                                          else f"; = cold steadfast bits: {r['bit_equal_to_steadfast']}")]
 
 
 def render(results: dict[str, Any]) -> str:

@@ -84,6 +84,10 @@ def test_every_row_comes_back_with_real_numbers(speed: dict) -> None:
         # the second process (its own model build, the same seeds) gives the cold process's bits
         assert warm["bit_equal_to_steadfast"] is True, model
         assert warm["compile"]["status"] == "warm" and warm["compile"]["blocks"] > 0
+        assert f"| {model} | warm |" in speed["md"] and "= cold steadfast bits: True" in speed["md"]
+    table = [line for line in speed["md"].splitlines() if line.startswith("|")]
+    assert len(table) == 2 + len(res["models"]) * len(gpu_speed.ROWS)  # header, rule, every row
+    assert all(line.count("|") == len(gpu_speed.HEADERS) + 1 for line in table)  # no cell splits a column
 
 
 @pytest.mark.comfyui
@@ -148,3 +152,4 @@ def test_a_budget_too_small_records_every_row_and_writes_the_files(tmp_path: Pat
         assert {r["status"] for r in res["models"][model]["rows"].values()} == {"not run: skipped: out of time"}
     md = (tmp_path / "o" / "gpu_speed.md").read_text()
     assert "| flux | warm |" in md and "not run: skipped: out of time" in md
+    assert all(line.count("|") == len(gpu_speed.HEADERS) + 1 for line in md.splitlines() if line.startswith("|"))
