@@ -246,20 +246,38 @@ def make_configs(base: Any, names: list[str], backend: str) -> dict[str, tuple[A
     return out
 
 
-def run_config(name: str, model: Any, sample: Callable[[Any], Any], images: int, device: Any) -> dict[str, Any]:
-    """One untimed image (compiles), then ``images`` timed ones; returns timings, hashes and compile state."""
+def run_config(name: str, model: Any, sample: Callable[[Any], Any], images: int, device: Any,
+               keep: list | None = None) -> dict[str, Any]:
+    """One untimed image (compiles), then ``images`` timed ones; returns timings, hashes and compile state.
+
+    The compile record is read for the Steadfast configurations only (``name`` starting with "steadfast": core's
+    clone shares the model object a Steadfast record is keyed on). ``dynamo_graphs_first`` / ``dynamo_graphs_timed``:
+    graphs Dynamo compiled during the first image / the timed ones (``torch._dynamo.utils.counters``; a timed image
+    that compiles is a recompile). ``keep``: when given, the first image's output tensor is appended to it.
+    """
     import torch
 
     from steadfast.core.compile.registry import REGISTRY
     from steadfast.core.record import hashing
 
+    def graphs() -> int:
+        try:
+            from torch._dynamo.utils import counters
+        except ImportError:
+            return 0
+        return int(counters["stats"]["unique_graphs"])
+
     if str(device).startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     sync(device)
+    g0 = graphs()
     t0 = time.perf_counter()
     first = sample(model)
     sync(device)
     first_s = time.perf_counter() - t0
+    g1 = graphs()
+    if keep is not None:
+        keep.append(first)
     times, digests = [], []
     for _ in range(images):
         sync(device)
@@ -268,9 +286,10 @@ def run_config(name: str, model: Any, sample: Callable[[Any], Any], images: int,
         sync(device)
         times.append(time.perf_counter() - t0)
         digests.append(hashing.tensor_digest(out))
-    record = REGISTRY.get(model.model) if name != "eager" else None
+    record = REGISTRY.get(model.model) if name.startswith("steadfast") else None
     result: dict[str, Any] = {
         "first_image_s": first_s, "s_per_image": statistics.median(times), "times_s": times,
+        "dynamo_graphs_first": g1 - g0, "dynamo_graphs_timed": graphs() - g1,
         "hashes": digests, "first_image_hash": hashing.tensor_digest(first),
         "run_to_run_equal": len(set(digests)) == 1,
         "finite": bool(torch.isfinite(first.float()).all()),
@@ -280,6 +299,8 @@ def run_config(name: str, model: Any, sample: Callable[[Any], Any], images: int,
         result["compile"] = {k: s[k] for k in ("status", "blocks", "graphs", "recompiles", "last_recompile",
                                                  "disabled", "first_call_seconds")}
         result["compile"]["recompile_reasons"] = [r["reason"] for r in record.stats.recompiles]
+        if "precompiled" in s:  # the precompiled route (hits, loads, saves, fallbacks with reasons)
+            result["compile"]["precompiled"] = s["precompiled"]
     if str(device).startswith("cuda"):
         result["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
     return result

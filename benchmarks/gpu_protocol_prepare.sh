@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Prepare the GPU protocol's device call (benchmarks/gpu_protocol.py): run HERE, in the repository root of the
-# checkout the device tool sends, on a machine with network access. It
+# Prepare the GPU protocol's device call (benchmarks/gpu_protocol.py) and the speed call's (benchmarks/gpu_speed.py,
+# the same preparation): run HERE, in the repository root of the checkout the device tool sends, on a machine with
+# network access. It
 #   1. downloads the wheels ComfyUI 0.33.0 and the pack need that the device image ('cuda', Python 3.12, torch
 #      2.11.0+cu130; /work/.library/device/KINDS.md) lacks, for cp312 manylinux x86_64, into .whl/;
 #      comfy-kitchen is repacked without its CUDA/HIP binaries (235 MB unpacked, 58 MB as a wheel: over the
@@ -81,4 +82,11 @@ device run (kind: leave out, or nvidia-h100-x1; timeout_s 600), carry [".whl", "
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1; export PYTHONPATH=/tmp/site:$PWD/.gpu/stubs PYTHONUNBUFFERED=1 STEADFAST_CACHE=/tmp/sfcache PYTHONDONTWRITEBYTECODE=1; mkdir -p /tmp/cu && tar xzf .gpu/ComfyUI-0.33.0.tar.gz -C /tmp/cu && export COMFYUI_PATH=/tmp/cu/ComfyUI; nvidia-smi; python3 benchmarks/gpu_protocol.py --out $OUT --budget 540 2>&1 | tee $OUT/gpu_protocol.log
 
 It returns $OUT/gpu_protocol.json, $OUT/gpu_protocol.md (the table) and $OUT/gpu_protocol.log.
+
+The speed call (benchmarks/gpu_speed.py, issue 35; run it FIRST when a GPU is lent) travels the same way: the same
+carry, the same first part, and its own last part:
+
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1; export PYTHONPATH=/tmp/site:$PWD/.gpu/stubs PYTHONUNBUFFERED=1 STEADFAST_CACHE=/tmp/sfcache PYTHONDONTWRITEBYTECODE=1; mkdir -p /tmp/cu && tar xzf .gpu/ComfyUI-0.33.0.tar.gz -C /tmp/cu && export COMFYUI_PATH=/tmp/cu/ComfyUI; nvidia-smi; python3 benchmarks/gpu_speed.py --out $OUT --budget 540 2>&1 | tee $OUT/gpu_speed.log
+
+It returns $OUT/gpu_speed.json, $OUT/gpu_speed.md (the table) and $OUT/gpu_speed.log.
 EOF

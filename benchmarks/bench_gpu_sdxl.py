@@ -1,0 +1,152 @@
+"""SDXL architecture on a GPU: ComfyUI's own SDXL UNet, eager vs Steadfast vs core, batch 1 and 4.
+
+What it runs (the product path, not a re-implementation): ComfyUI's ``comfy.model_base.SDXL`` around
+``comfy.ldm.modules.diffusionmodules.openaimodel.UNetModel`` with SDXL's configuration (the dict ComfyUI's
+``model_detection`` derives from an SDXL checkpoint: 320 channels x [1, 2, 4], transformer depths [0, 0, 2, 2, 10,
+10] / middle 10, context 2048, ADM 2816; about 2.57 B parameters) in fp16, every parameter drawn from a generator
+seeded by its name (no download; random weights: the images are noise, while timings, kernels and bits behave as
+with the real model). It is wrapped in a ``ModelPatcher`` and sampled with ``comfy.sample.sample`` (euler / normal,
+cfg 7 with a positive and a negative conditioning, 28 steps, 1024x1024 = latent ``[batch, 4, 128, 128]``, 77 context
+tokens), initial noise from the pack's CPU ``core.determinism.noise.seeded_noise``.
+
+The rows (eager; Steadfast regional; Steadfast regional + Determinism Setup; core ``TorchCompileModel``; Steadfast
+regional warm in a second process from the persistent compile cache) and their measurements are those of the GPU
+speed call, ``benchmarks/gpu_speed.py``: this script is that call restricted to the SDXL models (``sdxl-b1``,
+``sdxl-b4``), with the same options.
+
+Usage::
+
+    python benchmarks/bench_gpu_sdxl.py --out /tmp/sdxl              # GPU: batch 1 and 4, every row
+    python benchmarks/bench_gpu_sdxl.py --out /tmp/sdxl --batch 4 --rows eager,steadfast
+    python benchmarks/bench_gpu_sdxl.py --out /tmp/sdxl --smoke      # tiny SDXL-shaped UNet on the CPU, 1 step
+
+Needs a ComfyUI checkout (``COMFYUI_PATH``, default ``~/comfy/ComfyUI``).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+SDXL: dict[str, Any] = {
+    "use_checkpoint": False, "image_size": 32, "out_channels": 4, "use_spatial_transformer": True, "legacy": False,
+    "num_classes": "sequential", "adm_in_channels": 2816, "in_channels": 4, "model_channels": 320,
+    "num_res_blocks": [2, 2, 2], "transformer_depth": [0, 0, 2, 2, 10, 10], "channel_mult": [1, 2, 4],
+    "transformer_depth_middle": 10, "use_linear_in_transformer": True, "context_dim": 2048, "num_head_channels": 64,
+    "transformer_depth_output": [0, 0, 0, 2, 2, 2, 10, 10, 10], "use_temporal_attention": False,
+    "use_temporal_resblock": False,
+}
+"""SDXL 1.0 base, as ComfyUI's ``model_detection`` derives it from the checkpoint (``dtype`` is added at build)."""
+
+SMOKE: dict[str, Any] = {**SDXL, "model_channels": 32, "channel_mult": [1, 2], "num_res_blocks": [1, 1],
+                         "transformer_depth": [0, 1], "transformer_depth_middle": 1,
+                         "transformer_depth_output": [0, 0, 1, 1], "context_dim": 64, "num_head_channels": 16}
+"""A tiny SDXL-shaped UNet for ``--smoke`` on the CPU: the same classes and code paths (ResBlocks, a level without
+attention, linear-in SpatialTransformers with cross-attention, the middle block, ADM) at 32 / 64 channels, two
+levels, one resnet per level, one transformer layer where SDXL has some; the ADM input keeps SDXL's 2816 (pooled
+1280 + 6 size embeddings). Kept small because tracing time in CI grows with the number of blocks."""
+
+POOLED_DIM = 1280  # CLIP-G pooled output: SDXL's ADM input is this plus 6 x 256 size embeddings
+CFG = 7.0
+
+
+def _generator(device: Any, seed: int, key: str) -> Any:
+    import torch
+
+    digest = hashlib.sha256(f"steadfast-sdxl-bench|{seed}|{key}".encode()).digest()
+    return torch.Generator(device=device).manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
+
+
+def build_sdxl(config: dict[str, Any], device: Any, dtype: Any, seed: int) -> Any:
+    """A ``ModelPatcher`` around ComfyUI's ``model_base.SDXL`` (``UNetModel`` with ``config``) on ``device``.
+
+    Args:
+        config: a UNet configuration (:data:`SDXL` or :data:`SMOKE`); not modified.
+        device: torch device the weights are made on.
+        dtype: the weights' dtype (``torch.float16`` for the benchmark).
+        seed: weights seed; each parameter's generator is seeded by ``seed`` and the parameter's name.
+    Returns:
+        ``comfy.model_patcher.ModelPatcher`` (load device ``device``, offload device CPU). Weights (ComfyUI's layers
+        leave them uninitialised): matrices and convolution kernels ~ N(0, 1/fan_in), norm weights (1-D
+        ``weight``) 1, biases ~ N(0, 0.02^2). No layer is zero-initialised, so the output depends on the input.
+    Raises:
+        RuntimeError: the UNet holds buffers (they would stay uninitialised).
+    """
+    import torch
+
+    import comfy.model_patcher
+    import comfy.supported_models
+
+    model_config = comfy.supported_models.SDXL(dict(config))
+    model_config.set_inference_dtype(dtype, None)
+    model = model_config.get_model({}, device=device)
+    dm = model.diffusion_model
+    buffers = [n for n, b in dm.named_buffers() if b is not None]
+    if buffers:
+        raise RuntimeError(f"the SDXL UNet has buffers that would stay uninitialised: {buffers[:5]}")
+    with torch.no_grad():
+        for name, p in dm.named_parameters():
+            g = _generator(p.device, seed, name)
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32)
+                        .div_(p[0].numel() ** 0.5).to(p.dtype))
+            elif name.endswith("weight"):
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32).mul_(0.02).to(p.dtype))
+    model.eval()
+    return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=torch.device("cpu"))
+
+
+def conditioning(config: dict[str, Any], tokens: int, seed: int, width: int, height: int) -> tuple[list, list]:
+    """``(positive, negative)`` SDXL CONDITIONING: seeded CLIP-like context ``[1, tokens, context_dim]`` (float32,
+    CPU) and pooled output ``[1, 1280]`` each, with the image size SDXL's ADM embeds (``width`` / ``height`` in
+    pixels)."""
+    import torch
+
+    out = []
+    for which in ("positive", "negative"):
+        ctx = torch.randn(1, tokens, config["context_dim"], generator=_generator("cpu", seed, f"{which} context"))
+        pooled = torch.randn(1, POOLED_DIM, generator=_generator("cpu", seed, f"{which} pooled"))
+        out.append([[ctx, {"pooled_output": pooled, "width": width, "height": height}]])
+    return out[0], out[1]
+
+
+def denoiser_inputs(config: dict[str, Any], latent_shape: tuple[int, ...], tokens: int, device: Any, dtype: Any,
+                    seed: int) -> dict[str, Any]:
+    """Keyword inputs of one direct ``UNetModel`` call at ``latent_shape`` (``x``, ``timesteps``, ``context``,
+    ``y``), drawn from ``seed``; for the check that the random-weight model's output depends on its input."""
+    import torch
+
+    b = latent_shape[0]
+    g = _generator("cpu", seed, "denoiser inputs")
+    return {"x": torch.randn(latent_shape, generator=g).to(device, dtype),
+            "timesteps": torch.full((b,), 500.0, device=device),
+            "context": torch.randn(b, tokens, config["context_dim"], generator=g).to(device, dtype),
+            "y": torch.randn(b, config["adm_in_channels"], generator=g).to(device, dtype)}
+
+
+def parse_args(argv: list[str] | None = None) -> list[str]:
+    """This script's options as the GPU speed call's arguments (``--models sdxl-b1,sdxl-b4`` unless ``--batch``
+    names a subset). Raises ``SystemExit`` (argparse) for a batch other than 1 or 4."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch", default="1,4", help="batch sizes: 1, 4 or 1,4 (default)")
+    ns, rest = p.parse_known_args(argv)
+    batches = [b.strip() for b in ns.batch.split(",") if b.strip()]
+    if not batches or any(b not in ("1", "4") for b in batches):
+        p.error(f"--batch takes 1, 4 or 1,4; got {ns.batch!r}")
+    return ["--models", ",".join(f"sdxl-b{b}" for b in batches), *rest]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import gpu_speed
+
+    return gpu_speed.main(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
