@@ -68,6 +68,9 @@ MAX_PENDING = 64  # queued saves (each holds one call's inputs) until Precompile
 #: steady step's per-call cost goes): the hook walk (:func:`hooks_reason`), the call key (:func:`call_key`), the
 #: carried guards' re-check, torch's ``guard_check`` of the artifact, and the artifact's own call (its kernels)
 SPLIT_PHASES = ("hooks", "key", "carried", "guard_check", "artifact")
+#: devices the route has passed its checks on (tests/core/test_precompiled_differential.py, the server cases). On any
+#: other (CUDA first) it is opt-in, ``$STEADFAST_PRECOMPILED=1``, until a GPU run has passed (issue 35).
+TRIED_DEVICES = ("cpu",)
 _SIMPLE = (str, int, float, bool, type(None))
 _file_digests: dict[str, str] = {}
 
@@ -209,6 +212,16 @@ def module_digest(name: str) -> str:
     return _file_digest(getattr(mod, "__file__", None)) if mod is not None else "?"
 
 
+def untried_device(args: Sequence[Any]) -> str | None:
+    """The device type of a block call's first tensor argument when it is not in :data:`TRIED_DEVICES` (``"cuda"``
+    on a GPU), else None (no tensor argument included)."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            kind = a.device.type
+            return None if kind in TRIED_DEVICES else kind
+    return None
+
+
 def hooks_reason(module: nn.Module) -> str | None:
     """Why the route may not call ``type(module).forward`` for ``module``: a hook on it or on any submodule, an
     instance ``forward`` on it or a submodule, or a process-wide module hook (the jit runs them; an artifact's own
@@ -305,6 +318,8 @@ class PrecompiledState:
 
     enabled: bool
     reason: str
+    #: ``$STEADFAST_PRECOMPILED`` turned the route on explicitly: also on devices outside :data:`TRIED_DEVICES`
+    explicit: bool = False
     hits: int = 0
     loads: int = 0
     saves: int = 0
@@ -332,7 +347,8 @@ class PrecompiledState:
     def detect(cls) -> PrecompiledState:
         """On when :func:`core.torch_compat.aot_compile_support` says so (``$STEADFAST_PRECOMPILED``)."""
         on, why = torch_compat.aot_compile_support()
-        return cls(on, why)
+        explicit = os.environ.get(torch_compat.PRECOMPILED_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+        return cls(on, why, explicit=on and explicit)
 
     def count(self, what: str, key: str | None = None, reason: str | None = None, seconds: float = 0.0) -> None:
         """Add one to a counter, keep the first ``reason`` per key (at most 64 keys; logged at INFO).
@@ -431,6 +447,10 @@ class PrecompiledBlock(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         state, cache = self._state, compile_cache.active_cache()
         if not state.enabled or cache is None:
+            return self.jit(*args, **kwargs)
+        if not state.explicit and (device := untried_device(args)) is not None:
+            state.count("fallbacks", device, f"the precompiled route has not passed its checks on {device} yet: "
+                        f"opt in with ${torch_compat.PRECOMPILED_ENV}=1 (the jit answers)")
             return self.jit(*args, **kwargs)
         t0 = time.perf_counter()
         why = hooks_reason(self._orig_mod)

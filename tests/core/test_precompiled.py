@@ -149,6 +149,26 @@ def test_switch_and_support(monkeypatch):
     assert torch_compat.aot_compile_support()[0] is True
 
 
+def test_the_route_is_opt_in_on_devices_it_has_not_passed_on(monkeypatch):
+    """Issue 35: the precompiled route has run on the CPU only, so on any other device (CUDA first) the jit answers
+    unless ``$STEADFAST_PRECOMPILED=1``, and the fallback names the device and the switch. A meta tensor stands in
+    for a CUDA one here (the gate reads the device type of the call's first tensor, before the key)."""
+    from tiny_modules import Block
+    assert pc.untried_device((torch.ones(1),)) is None and pc.untried_device((3, {})) is None
+    assert pc.untried_device((7, torch.empty(2, device="meta"))) == "meta"
+    monkeypatch.delenv(torch_compat.PRECOMPILED_ENV, raising=False)
+    default = pc.PrecompiledState.detect()
+    assert default.enabled and not default.explicit
+    monkeypatch.setenv(torch_compat.PRECOMPILED_ENV, "1")
+    assert pc.PrecompiledState.detect().explicit
+    calls = []
+    block = pc.PrecompiledBlock(Block(), lambda *a, **k: calls.append(a) or "jit", CompileOptions(), None, default)
+    monkeypatch.setattr(pc.compile_cache, "active_cache", lambda: object())  # a cache is active: the route is on
+    assert block(torch.empty(2, 4, 16, device="meta")) == "jit" and len(calls) == 1
+    assert default.fallbacks == 1 and "meta" in default.reasons["meta"] and "=1" in default.reasons["meta"]
+    assert default.calls == 0  # nothing of the route ran
+
+
 def test_records_carry_the_precompiled_state(monkeypatch):
     from tiny_modules import Tiny, block_paths
     monkeypatch.delenv(torch_compat.PRECOMPILED_ENV, raising=False)  # the default
