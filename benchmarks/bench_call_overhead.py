@@ -148,7 +148,7 @@ def timed_phase(server: ComfyServer, phase: str, args: argparse.Namespace, seed:
     for _ in range(args.repeats):
         for config in configs:
             seed += 1
-            entry = server.run(workflow(config, seed, args.steps, args.side), timeout=900)
+            entry = server.wait(server.queue(workflow(config, seed, args.steps, args.side)), timeout=900)
             times.setdefault((phase, config), []).append(_common.executed_seconds(entry))
     med = {c: statistics.median(times[phase, c]) for c in configs}
     print(f"  {phase}: eager {med['eager']:.4f} s, steadfast {med['steadfast']:.4f} s, "
