@@ -140,6 +140,50 @@ def executed_seconds(entry: dict[str, Any]) -> float:
     return (stamps["execution_success"] - stamps["execution_start"]) / 1000.0
 
 
+def seeded_generator(tag: str, device: Any, seed: int, key: str) -> Any:
+    """A ``torch.Generator`` on ``device`` seeded by sha256(``tag|seed|key``): one stream per weight or input,
+    independent of creation order."""
+    import hashlib
+
+    import torch
+
+    digest = hashlib.sha256(f"{tag}|{seed}|{key}".encode()).digest()
+    return torch.Generator(device=device).manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
+
+
+def seeded_comfy_model(config_class: str, config: dict[str, Any], device: Any, dtype: Any, seed: int, tag: str,
+                       ones_suffix: str) -> Any:
+    """A ``ModelPatcher`` around the ComfyUI model of ``comfy.supported_models.<config_class>`` built from
+    ``config`` on ``device`` in ``dtype``, its weights filled in place (ComfyUI's layers leave them uninitialised):
+    matrices and kernels ~ N(0, 1/fan_in), 1-D parameters named ``*<ones_suffix>`` (norm scales) 1, the other 1-D
+    ones ~ N(0, 0.02^2); each from :func:`seeded_generator` (``tag``, ``seed``, the parameter's name). Raises
+    ``RuntimeError`` when the model holds buffers (they would stay uninitialised). Needs ComfyUI imported."""
+    import torch
+
+    import comfy.model_patcher
+    import comfy.supported_models
+
+    model_config = getattr(comfy.supported_models, config_class)(dict(config))
+    model_config.set_inference_dtype(dtype, None)
+    model = model_config.get_model({}, device=device)
+    dm = model.diffusion_model
+    buffers = [n for n, b in dm.named_buffers() if b is not None]
+    if buffers:
+        raise RuntimeError(f"{config_class} has buffers that would stay uninitialised: {buffers[:5]}")
+    with torch.no_grad():
+        for name, p in dm.named_parameters():
+            g = seeded_generator(tag, p.device, seed, name)
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32)
+                        .div_(p[0].numel() ** 0.5).to(p.dtype))
+            elif name.endswith(ones_suffix):
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32).mul_(0.02).to(p.dtype))
+    model.eval()
+    return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=torch.device("cpu"))
+
+
 def print_header(title: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Print ``title`` and :func:`machine_info` (plus ``extra``) as a markdown bullet list; return the dict."""
     info = machine_info()

@@ -42,7 +42,6 @@ smoke tests: no C++ compiler needed). Needs a ComfyUI checkout (``COMFYUI_PATH``
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import statistics
 import sys
@@ -113,10 +112,7 @@ def import_comfy_and_pack(cpu: bool) -> Any:
 # Model, inputs, measurements
 # ---------------------------------------------------------------------------------------------
 def _generator(device: Any, seed: int, key: str) -> Any:
-    import torch
-
-    digest = hashlib.sha256(f"steadfast-flux-bench|{seed}|{key}".encode()).digest()
-    return torch.Generator(device=device).manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
+    return _common.seeded_generator("steadfast-flux-bench", device, seed, key)
 
 
 def build_flux(config: dict[str, Any], device: Any, dtype: Any, seed: int) -> Any:
@@ -126,30 +122,7 @@ def build_flux(config: dict[str, Any], device: Any, dtype: Any, seed: int) -> An
     ~ N(0, 1/fan_in), norm scales 1, biases ~ N(0, 0.02^2). Raises ``RuntimeError`` if the model holds
     buffers (they would stay uninitialised).
     """
-    import torch
-
-    import comfy.model_patcher
-    import comfy.supported_models
-
-    model_config = comfy.supported_models.Flux(dict(config))
-    model_config.set_inference_dtype(dtype, None)
-    model = model_config.get_model({}, device=device)
-    dm = model.diffusion_model
-    buffers = [n for n, b in dm.named_buffers() if b is not None]
-    if buffers:
-        raise RuntimeError(f"Flux has buffers that would stay uninitialised: {buffers[:5]}")
-    with torch.no_grad():
-        for name, p in dm.named_parameters():
-            g = _generator(p.device, seed, name)
-            if p.dim() >= 2:
-                p.copy_(torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32)
-                        .div_(p[0].numel() ** 0.5).to(p.dtype))
-            elif name.endswith("scale"):
-                p.fill_(1.0)
-            else:
-                p.copy_(torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32).mul_(0.02).to(p.dtype))
-    model.eval()
-    return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=torch.device("cpu"))
+    return _common.seeded_comfy_model("Flux", config, device, dtype, seed, "steadfast-flux-bench", "scale")
 
 
 def conditioning(config: dict[str, Any], tokens: int, seed: int) -> list:

@@ -25,12 +25,12 @@ Needs a ComfyUI checkout (``COMFYUI_PATH``, default ``~/comfy/ComfyUI``).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
 
 SDXL: dict[str, Any] = {
     "use_checkpoint": False, "image_size": 32, "out_channels": 4, "use_spatial_transformer": True, "legacy": False,
@@ -55,10 +55,7 @@ CFG = 7.0
 
 
 def _generator(device: Any, seed: int, key: str) -> Any:
-    import torch
-
-    digest = hashlib.sha256(f"steadfast-sdxl-bench|{seed}|{key}".encode()).digest()
-    return torch.Generator(device=device).manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
+    return _common.seeded_generator("steadfast-sdxl-bench", device, seed, key)
 
 
 def build_sdxl(config: dict[str, Any], device: Any, dtype: Any, seed: int) -> Any:
@@ -76,30 +73,7 @@ def build_sdxl(config: dict[str, Any], device: Any, dtype: Any, seed: int) -> An
     Raises:
         RuntimeError: the UNet holds buffers (they would stay uninitialised).
     """
-    import torch
-
-    import comfy.model_patcher
-    import comfy.supported_models
-
-    model_config = comfy.supported_models.SDXL(dict(config))
-    model_config.set_inference_dtype(dtype, None)
-    model = model_config.get_model({}, device=device)
-    dm = model.diffusion_model
-    buffers = [n for n, b in dm.named_buffers() if b is not None]
-    if buffers:
-        raise RuntimeError(f"the SDXL UNet has buffers that would stay uninitialised: {buffers[:5]}")
-    with torch.no_grad():
-        for name, p in dm.named_parameters():
-            g = _generator(p.device, seed, name)
-            if p.dim() >= 2:
-                p.copy_(torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32)
-                        .div_(p[0].numel() ** 0.5).to(p.dtype))
-            elif name.endswith("weight"):
-                p.fill_(1.0)
-            else:
-                p.copy_(torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32).mul_(0.02).to(p.dtype))
-    model.eval()
-    return comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=torch.device("cpu"))
+    return _common.seeded_comfy_model("SDXL", config, device, dtype, seed, "steadfast-sdxl-bench", "weight")
 
 
 def conditioning(config: dict[str, Any], tokens: int, seed: int, width: int, height: int) -> tuple[list, list]:

@@ -104,6 +104,13 @@ def find_comfyui() -> Path | None:
     return root.resolve() if (root / "main.py").is_file() else None
 
 
+def comfyui_version(root: str | os.PathLike[str]) -> tuple[int, ...]:
+    """``(major, minor)`` of the ComfyUI at ``root``, read from its generated ``comfyui_version.py``
+    (``__version__ = "0.33.0"``). Raises OSError when the file is missing, ValueError when it has no version."""
+    text = (Path(root) / "comfyui_version.py").read_text(encoding="utf-8")
+    return tuple(int(x) for x in text.split('"')[1].split(".")[:2])
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then released)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

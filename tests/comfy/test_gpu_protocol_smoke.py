@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from comfy_server import comfyui_version
 
 pytestmark = [pytest.mark.comfyui, pytest.mark.slow]
 
@@ -25,17 +26,12 @@ import gpu_protocol  # noqa: E402 - importable only once benchmarks/ is on sys.p
 INFO_ONLY = {"info", "skipped"}
 
 
-def _comfyui_version(comfyui_path: Path) -> tuple[int, ...]:
-    text = (comfyui_path / "comfyui_version.py").read_text(encoding="utf-8")
-    return tuple(int(x) for x in text.split('"')[1].split(".")[:2])
-
-
 #: ``--scale`` (every section's smoke budget times this) defaults to 4: CI runs two lanes at once on 2 cores
 #: (.ci/run), and a check of the whole CI on a machine loaded far beyond that (load average 6-9) saw compile_flux's
 #: smoke killed at 2 x 120 s. The budgets bound a GPU run; here the point is that every section runs.
 @pytest.fixture(scope="module")
 def protocol(comfyui_path: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    if _comfyui_version(comfyui_path) < (0, 33):
+    if comfyui_version(comfyui_path) < (0, 33):
         pytest.skip("the GPU protocol targets ComfyUI 0.33 (Dynamic VRAM, its switches); CI runs it on that row")
     out = tmp_path_factory.mktemp("gpu_protocol_out")
     work = tmp_path_factory.mktemp("gpu_protocol_work")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from comfy_server import comfyui_version
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -26,14 +27,9 @@ import bench_gpu_sdxl  # noqa: E402 - importable only once benchmarks/ is on sys
 import gpu_speed  # noqa: E402
 
 
-def _comfyui_version(comfyui_path: Path) -> tuple[int, ...]:
-    text = (comfyui_path / "comfyui_version.py").read_text(encoding="utf-8")
-    return tuple(int(x) for x in text.split('"')[1].split(".")[:2])
-
-
 @pytest.fixture(scope="module")
 def speed(comfyui_path: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    if _comfyui_version(comfyui_path) < (0, 33):
+    if comfyui_version(comfyui_path) < (0, 33):
         pytest.skip("the GPU speed call runs on ComfyUI 0.33 (what gpu_protocol_prepare.sh carries); CI runs its "
                     "smoke on that row only (about 40 s of CPU)")
     out = tmp_path_factory.mktemp("gpu_speed_out")
