@@ -135,6 +135,20 @@ function nodeBox(n) {
   return box;
 }
 
+// Move ``node`` to (x, y) in canvas units, in both renderers: through node.setPos where the node has it (1.49 on;
+// the frontend's own align and distribute commands call it from 1.53), else through the canvas's
+// repositionNodesVueMode (1.35.9: setting node.pos there moves the graph's node but not the layout store that Nodes
+// 2.0 draws the element from; the frontend's align and distribute commands move nodes through it, in both
+// renderers), else by setting node.pos.
+function moveNode(node, x, y) {
+  if (typeof node.setPos === "function") return node.setPos(x, y);
+  const canvas = app.canvas;
+  if (typeof canvas?.repositionNodesVueMode === "function") {
+    return canvas.repositionNodesVueMode([{ node, newPos: { x, y } }]);
+  }
+  node.pos = [x, y];
+}
+
 // Nodes the grown ``node`` now overlaps, and below them in turn, move down to make room (the layout keeps its
 // columns; a node above or beside the grown one never moves). Boxes are read once, before anything moves (a Nodes
 // 2.0 element takes its new place only in a later frame), and a moved node's box moves with it.
@@ -154,7 +168,7 @@ function makeRoom(node) {
       const across = bb.x < a.x + a.w && a.x < bb.x + bb.w;
       if (across && bb.y < bottom + GAP_PX / 2) {
         const dy = bottom + GAP_PX - bb.y;
-        b.pos = [b.pos[0], b.pos[1] + dy];
+        moveNode(b, b.pos[0], b.pos[1] + dy);
         bb.y += dy;
         moved.add(b);
         queue.push(b);

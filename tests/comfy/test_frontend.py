@@ -673,27 +673,12 @@ def test_report_box_fits_a_long_report_and_overlaps_nothing(page: Any, template:
     assert not overlapping_nodes(page), f"{template}: a node grown by its report overlaps another"
 
 
-# Whether a Nodes 2.0 element follows node.pos: the last node is moved 100 px down and back; true when its element
-# moved with it.
-MOVES_ELEMENT_JS = """async () => {
-  const n = window.app.graph.nodes.at(-1);
-  const el = document.querySelector(`.lg-node[data-node-id="${n.id}"]`);
-  const top = () => el.getBoundingClientRect().top;
-  const before = top();
-  n.pos = [n.pos[0], n.pos[1] + 100]; window.app.canvas.setDirty(true, true);
-  await new Promise(r => setTimeout(r, 500));
-  const moved = Math.abs(top() - before) > 10;
-  n.pos = [n.pos[0], n.pos[1] - 100]; window.app.canvas.setDirty(true, true);
-  await new Promise(r => setTimeout(r, 500));
-  return moved;
-}"""
-
-
 def test_vue_report_makes_room_by_the_node_element(page: Any) -> None:
     """Nodes 2.0: a long report on a node grows its element, and the nodes below move by the element's rectangle
     on the page (taller than the graph's size + title there: a badge row, an error footer), so no node's element
     covers another's. Before, room was made by ``node.size`` and Hash's element covered the top 32-35 px of the
-    Save node below it (frontend 1.58.1)."""
+    Save node below it (frontend 1.58.1); on 1.35.9 the nodes below did not move at all (setting ``node.pos`` there
+    leaves the element where it was: the pack moves nodes through the canvas's ``repositionNodesVueMode``)."""
     if not _set_vue_nodes(page, True):
         pytest.skip("this frontend has no Comfy.VueNodes.Enabled setting (no Nodes 2.0 renderer)")
     fit_view = "() => window.app.extensionManager.command.execute('Comfy.Canvas.FitView')"
@@ -704,10 +689,6 @@ def test_vue_report_makes_room_by_the_node_element(page: Any) -> None:
             page.evaluate(fit_view)
             page.wait_for_timeout(1000)
             assert not page.evaluate(VUE_OVERLAPS_JS), f"{template}: node elements overlap before any report"
-            # an extension moves a node by setting node.pos: 1.35.9's Nodes 2.0 leaves the element where it was
-            if not page.evaluate(MOVES_ELEMENT_JS):
-                pytest.skip("this frontend's Nodes 2.0 does not move a node's element when node.pos is set (1.35.9): "
-                            "no room can be made from an extension")
             ids = page.evaluate("(t) => window.app.graph.nodes.filter(n => n.type === t).map(n => n.id)", node_type)
             for nid in ids:
                 page.evaluate("([id, text]) => window.app.graph.getNodeById(id).onExecuted({text: [text]})",
