@@ -418,33 +418,90 @@ function restoreReports() {
   }
 }
 
-// A report that no longer holds: when ComfyUI refuses one of our nodes (node_errors in its answer to the page's
-// prompt), the node's last report and frame are from inputs it no longer has, so the report is marked stale and
-// the frame removed. The answer reaches the page only through api.queuePrompt: wrapped, calling through unchanged.
-const STALE = "STALE (ComfyUI refused this node's inputs: fix the input marked red and run again). Last report:";
-function markStale(nodeErrors) {
+// A report that no longer holds. When ComfyUI refuses one of our nodes (node_errors in its answer to the page's
+// prompt), the node's last report and frame are from inputs it no longer has: the report is marked STALE and the
+// frame removed. When a later prompt is accepted but stops at an error (or is interrupted) before one of our nodes
+// in it reported, that node's report is from an earlier run too: the mark says so, replacing a refusal's mark
+// (whose "fix the input marked red" no longer holds). The answer reaches the page only through api.queuePrompt:
+// wrapped, calling through unchanged; the failure comes as the api's execution_error / execution_interrupted event,
+// which lists the nodes that did run ("executed").
+const STALE_MARK = "STALE (";
+const REFUSED = "STALE (ComfyUI refused this node's inputs: fix the input marked red and run again). Last report:";
+const lastReport = (text) => (String(text).startsWith(STALE_MARK) ? String(text).split("\n").slice(1).join("\n")
+  : String(text));
+function markStale(node, mark) {
+  setState(node, null, null);
+  const w = node.widgets?.find((x) => x.name === INFO);
+  if (w?.value && !String(w.value).startsWith(`${mark}\n`)) showText(node, `${mark}\n${lastReport(w.value)}`);
+}
+function markRefused(nodeErrors) {
   for (const id of Object.keys(nodeErrors ?? {})) {
     const node = app.graph?.getNodeById?.(Number.isNaN(+id) ? id : +id);
-    if (!node || !NODES.has(node.constructor?.comfyClass ?? node.type)) continue;
-    setState(node, null, null);
-    const w = node.widgets?.find((x) => x.name === INFO);
-    if (w?.value && !String(w.value).startsWith(STALE)) showText(node, `${STALE}\n${w.value}`);
+    if (node && NODES.has(node.constructor?.comfyClass ?? node.type)) markStale(node, REFUSED);
+  }
+}
+// The page's prompts, by prompt id: the graph and workflow it was queued from and the ids of the nodes in it (from
+// the answer), the nodes that reported in it (the api's "executed" event, sent for a cached node too), and how it
+// ended, where it stopped early (execution_error / execution_interrupted, which can come before the answer).
+const runs = new Map();
+function runOf(promptId) {
+  if (!runs.has(promptId)) {
+    runs.set(promptId, { ids: null, reported: new Set(), end: null });
+    if (runs.size > 32) runs.delete(runs.keys().next().value);
+  }
+  return runs.get(promptId);
+}
+const activeWorkflow = () => app.extensionManager?.workflow?.activeWorkflow ?? null;
+function markUnfinished(promptId) {
+  const run = runs.get(promptId);
+  if (!run?.ids || !run.end) return;
+  runs.delete(promptId);
+  // another workflow tab's nodes are not these
+  if (run.graph !== app.graph || run.workflow !== activeWorkflow()) return;
+  const [detail, interrupted] = run.end;
+  for (const node of ourNodes()) {
+    const id = String(node.id);
+    if (!run.ids.has(id) || run.reported.has(id)) continue;
+    const other = `node #${detail.node_id}${detail.node_type ? ` (${detail.node_type})` : ""}`;
+    markStale(node, interrupted ? "STALE (the last run was interrupted before this node reported). Last report:"
+      : String(detail.node_id) === id ? "STALE (this node failed in the last run: see the error). Last report:"
+        : `STALE (the last run stopped at an error in ${other} before this node ran). Last report:`);
   }
 }
 function watchRefusals(api) {
   if (!api || api.steadfastWatched || typeof api.queuePrompt !== "function") return;
   const queuePrompt = api.queuePrompt;
-  api.queuePrompt = async function () {
+  api.queuePrompt = async function (number, data) {
     let answer;
     try {
       answer = await queuePrompt.apply(this, arguments);
     } catch (e) {
-      markStale(e?.response?.node_errors);
+      markRefused(e?.response?.node_errors);
       throw e;
     }
-    markStale(answer?.node_errors);
+    markRefused(answer?.node_errors);
+    if (answer?.prompt_id && data?.output) {
+      // a refused node is not run (ComfyUI runs the rest): its mark stays the refusal's
+      const ids = Object.keys(data.output).filter((id) => !(id in (answer.node_errors ?? {})));
+      Object.assign(runOf(answer.prompt_id), { graph: app.graph, workflow: activeWorkflow(), ids: new Set(ids) });
+      markUnfinished(answer.prompt_id);
+    }
     return answer;
   };
+  if (typeof api.addEventListener === "function") {
+    api.addEventListener("executed", (e) => {
+      const d = e.detail;
+      if (d?.prompt_id) runOf(d.prompt_id).reported.add(String(d.display_node ?? d.node));
+    });
+    const end = (interrupted) => (e) => {
+      if (!e.detail?.prompt_id) return;
+      runOf(e.detail.prompt_id).end = [e.detail, interrupted];
+      markUnfinished(e.detail.prompt_id);
+    };
+    api.addEventListener("execution_error", end(false));
+    api.addEventListener("execution_interrupted", end(true));
+    api.addEventListener("execution_success", (e) => runs.delete(e.detail?.prompt_id));
+  }
   api.steadfastWatched = true;
 }
 

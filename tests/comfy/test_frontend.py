@@ -817,7 +817,8 @@ def _info(page: Any, nid: str) -> dict[str, Any]:
 def test_bad_input_marks_only_that_input_and_stales_the_report(page: Any, comfy_server: ComfyServer) -> None:
     """Bad text in Hash ``expected``, queued from the page: the frontend holds one error, on ``expected`` (each
     validate_inputs takes the one input it checks; ComfyUI marks every argument), with the message; the red report
-    the node showed from an earlier run is marked stale and its frame removed (it no longer matches the widget)."""
+    the node showed from an earlier run is marked stale and its frame removed (it no longer matches the widget). A
+    later run that is accepted but fails at execution replaces that mark with one saying so."""
     name = api_to_ui.ui_template_name("determinism_check")
     hash_id = next(i for i, n in api_twin(name).items() if n["class_type"] == "SteadfastHash")
     load_template(page, name)
@@ -839,6 +840,28 @@ def test_bad_input_marks_only_that_input_and_stales_the_report(page: Any, comfy_
     box = page.evaluate(BOX_JS, hash_id)
     assert box["cut"] <= 2, box
     _wait_idle(comfy_server)  # the rest of the prompt (Save) ran without the refused Hash
+    # A later run that ComfyUI accepts but that stops at an error (here in Hash itself: a well-formed expected that
+    # does not match, with fail_on_mismatch): the inputs are no longer refused, so the mark says what happened now
+    # (before, the refusal's "fix the input marked red" stayed).
+    page.evaluate("(id) => { const n = window.app.graph.getNodeById(+id); for (const [k, v] of [['expected',"
+                  " '0123456789ab'], ['fail_on_mismatch', true]]) n.widgets.find(w => w.name === k).value = v }",
+                  hash_id)
+    entry = _run_and_wait(page, comfy_server)
+    assert entry["status"]["status_str"] == "error", entry["status"]
+    with contextlib.suppress(Exception):  # the error event reaches the page
+        page.wait_for_function("(id) => !window.app.graph.getNodeById(+id).widgets"
+                               ".find(w => w.name === 'steadfast_info').value.startsWith('STALE (ComfyUI refused')",
+                               arg=hash_id, timeout=5_000)
+    shown = _info(page, hash_id)
+    assert shown["state"] is None and shown["text"].startswith(
+        "STALE (this node failed in the last run: see the error). Last report:\n"), shown
+    assert shown["text"].count("STALE") == 1 and "MISMATCH: old report" in shown["text"], shown
+    for _ in range(3):  # the frontend's error dialog, where it shows one, is closed as a user closes it
+        dialogs = page.get_by_role("dialog")
+        if not any(dialogs.nth(i).is_visible() for i in range(dialogs.count())):
+            break
+        page.keyboard.press("Escape")
+        page.wait_for_timeout(300)
 
 
 def test_reports_come_back_after_a_tab_switch(page: Any, comfy_server: ComfyServer) -> None:
