@@ -252,6 +252,42 @@ function showText(node, text) {
   requestAnimationFrame(() => fitNode(node));
 }
 
+// Compare's run-record differences, raw ("field: a -> b", from its verdict's env_diffs), in Nodes 2.0: a closed
+// <details> element below the report, opened with a click (the report's own line names how many fields differ and
+// which). On the canvas that line is all, with "see the two run records": the widget is added only while Nodes 2.0
+// draws the node and removed when a later report is shown on the canvas or has no differences.
+const DIFFS = "steadfast_record_diffs";
+function showRecordDiffs(node, diffs) {
+  let w = node.widgets?.find((x) => x.name === DIFFS);
+  const vue = !!window.LiteGraph?.vueNodesMode || !!vueNodeElement(node);
+  if (!vue || !diffs?.length || typeof node.addDOMWidget !== "function") {
+    if (w && typeof node.removeWidget === "function") node.removeWidget(w);
+    return;
+  }
+  if (!w) {
+    const el = document.createElement("details");
+    el.className = "steadfast-record-diffs";
+    Object.assign(el.style, { fontFamily: "monospace", fontSize: "11px", opacity: 0.9 });
+    const summary = document.createElement("summary");
+    summary.style.cursor = "pointer";
+    const pre = document.createElement("pre");
+    Object.assign(pre.style, { margin: "4px 0 0", whiteSpace: "pre-wrap", overflowWrap: "anywhere",
+                               maxHeight: "320px", overflow: "auto" });
+    el.append(summary, pre);
+    // opened or closed, the node's element changes height: the nodes below make room once it is laid out
+    el.addEventListener("toggle", () => requestAnimationFrame(() => setTimeout(() => {
+      makeRoom(node);
+      node.setDirtyCanvas?.(true, true);
+    }, 50)));
+    w = node.addDOMWidget(DIFFS, DIFFS, el, { serialize: false, getValue: () => "", setValue: () => {},
+                                               getMinHeight: () => el.offsetHeight || 24 });
+    w.serialize = false;
+  }
+  const [summary, pre] = w.element.children;
+  summary.textContent = `raw run-record differences (${diffs.length} field${diffs.length === 1 ? "" : "s"})`;
+  pre.textContent = diffs.join("\n");
+}
+
 // Width of the badges the frontend draws above a node's title bar (LGraphBadge.getWidth where the frontend has
 // it), else of a "Steadfast" badge in its font, with its padding.
 function badgesWidth(node, ctx) {
@@ -349,6 +385,7 @@ function showOutput(node, message) {
     setState(node, v.state, v.label);
   }
   const cmp = message?.steadfast_compare?.[0];
+  if (cmp) showRecordDiffs(node, cmp.identical ? [] : cmp.verdict?.env_diffs);
   if (cmp) {
     const v = verdictState(cmp.verdict, cmp.identical ? "match" : "mismatch");
     // a difference the run records explain stays amber; its label still says which level

@@ -954,3 +954,50 @@ def test_optimize_report_says_warm_after_warmup(page: Any) -> None:
     assert "lazily" not in text[1], text
     # the links were followed through node.getInputLink, not the deprecated input.link (where the frontend has both)
     assert link_reads == 0, link_reads
+
+
+RECORD_DIFFS = ['compile: "off" -> <absent>', 'attention: "sdpa" -> "math"', "num_threads: 2 -> 4"]
+DIFFS_JS = """(id) => {
+  const el = document.querySelector(`.lg-node[data-node-id="${id}"] details.steadfast-record-diffs`);
+  return el ? {open: el.open, summary: el.querySelector('summary').textContent,
+               raw: el.querySelector('pre').textContent,
+               shown: el.offsetHeight > el.querySelector('summary').offsetHeight + 10} : null }"""
+
+
+def test_vue_compare_folds_raw_record_differences(page: Any) -> None:
+    """Compare's raw run-record differences (``field: a -> b``) are folded: in Nodes 2.0 a closed ``<details>``
+    below the report that a click opens (the nodes below then make room); on the canvas only the report's line with
+    the count and "see the two run records", no such element. Fed as ComfyUI's 'executed' message is."""
+    if not _set_vue_nodes(page, True):
+        pytest.skip("this frontend has no Comfy.VueNodes.Enabled setting (no Nodes 2.0 renderer)")
+    line = "run records differ in 3 field(s) (compile, attention, num_threads): see the two run records"
+    message = {"text": [f"DIFFERENT PICTURE: decided by PSNR 9.5 dB\n{line}"],
+               "steadfast_compare": [{"identical": False, "expected_to_differ": True,
+                                      "verdict": {"level": "different_picture", "psnr": 9.5,
+                                                  "env_diffs": RECORD_DIFFS}}]}
+    execute = "([id, m]) => window.app.graph.getNodeById(+id).onExecuted(m)"
+    try:
+        load_template(page, api_to_ui.ui_template_name("optimized_vs_baseline"))
+        cmp_id = page.evaluate("() => String(window.app.graph.nodes.find(n => n.type === 'SteadfastCompare').id)")
+        page.evaluate("(id) => { const c = window.app.canvas; c.ds.scale = 1;"
+                      " c.centerOnNode(c.graph.getNodeById(+id)); c.setDirty(true, true) }", cmp_id)
+        page.evaluate(execute, [cmp_id, message])
+        page.wait_for_timeout(1000)
+        folded = page.evaluate(DIFFS_JS, cmp_id)
+        assert folded == {"open": False, "summary": "raw run-record differences (3 fields)",
+                          "raw": "\n".join(RECORD_DIFFS), "shown": False}, folded
+        page.locator(f'.lg-node[data-node-id="{cmp_id}"] details.steadfast-record-diffs summary').click()
+        page.wait_for_timeout(1500)  # the element grows, then the nodes below move
+        opened = page.evaluate(DIFFS_JS, cmp_id)
+        assert opened["open"] and opened["shown"], opened
+        assert not page.evaluate(VUE_OVERLAPS_JS), "node elements overlap once the differences are open [a, b, px]"
+    finally:
+        _set_vue_nodes(page, False)
+    page.wait_for_timeout(500)
+    page.evaluate(execute, [cmp_id, message])  # the same report on the canvas: the count line only
+    page.wait_for_timeout(300)
+    shown = page.evaluate("(id) => window.app.graph.getNodeById(+id).widgets.map(w => [w.name, w.value ?? null])",
+                          cmp_id)
+    assert [name for name, _ in shown if name.startswith("steadfast_")] == ["steadfast_info"], shown
+    assert line in dict(shown)["steadfast_info"] and not any(d in dict(shown)["steadfast_info"] for d in RECORD_DIFFS)
+    assert not page.steadfast_errors, page.steadfast_errors
