@@ -498,8 +498,10 @@ def test_old_optimize_widgets_values_load_by_name(page: Any, object_info: dict[s
 
 
 def test_warmup_shows_progress_while_it_compiles(page: Any, comfy_server: ComfyServer) -> None:
-    """The page receives Warmup's progress during the compile, not only 0% then 100%: every graph Dynamo
-    finishes moves the bar (inductor regional compile with SDPA math, a configuration no other test compiles)."""
+    """The page receives Warmup's progress during the compile, not only 0% then 100%: every compile phase of a
+    graph (Dynamo's trace, the backend, inductor's lowering, code generation, the C++ build, the guards) moves the
+    bar, not only the end of each graph: more distinct values than graphs compiled (inductor regional compile with
+    SDPA math, a configuration no other test compiles)."""
     wf = api_twin("warmup_then_generate")
     wf["13"]["inputs"].update(attention="math", backend="inductor", compile="regional", qkv_fusion=False)
     page.evaluate("() => { window.__steadfast_progress = []; window.app.api.addEventListener('progress',"
@@ -511,6 +513,10 @@ def test_warmup_shows_progress_while_it_compiles(page: Any, comfy_server: ComfyS
     warm = [(e["value"], e["max"]) for e in events if str(e.get("node")) == "15" and e.get("prompt_id") == prompt_id]
     assert any(0 < v < m for v, m in warm), f"no progress between 0 and 100% while Warmup compiled: {warm}"
     assert warm and warm[-1][0] == warm[-1][1], warm
+    report = "\n".join(comfy_server.get(f"/history/{prompt_id}")[prompt_id]["outputs"]["15"]["text"])
+    graphs = int(re.search(r"(\d+) graph\(s\)", report).group(1))  # the compile record's line: graphs compiled
+    print(f"Warmup's progress ({graphs} graph(s) compiled): {warm}")
+    assert graphs > 0 and len({v for v, m in warm if 0 < v < m}) > graphs, (graphs, warm, report)
 
 
 def test_compare_draws_expected_difference_apart_from_a_failure(page: Any) -> None:
