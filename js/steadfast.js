@@ -243,9 +243,23 @@ function fitNode(node) {
   makeRoom(node);
   node.setDirtyCanvas(true, true);
 }
+// Frontend 1.35.9's Nodes 2.0 keeps a node's list of widgets as it was when any widget's callback last ran (a seed's
+// control after queueing, an edit): a widget added after that is never drawn (its element never enters the page).
+// Where the node has an element but the box is still not in the page a frame later, the renderer is made to take
+// the node's widgets again through the hook by which it takes them after a workflow loads
+// (node.onAfterGraphConfigured, which it wraps on each node it draws; the frontend calls it on every node after
+// each load, so calling it again is what a load does).
+function mountInVue(node, el) {
+  requestAnimationFrame(() => setTimeout(() => {
+    if (el.isConnected || !vueNodeElement(node) || typeof node.onAfterGraphConfigured !== "function") return;
+    node.onAfterGraphConfigured();
+    requestAnimationFrame(() => { if (el.isConnected) fitVueBox(el, node, node.widgets?.find((x) => x.element === el)); });
+  }, 50));
+}
 function showText(node, text) {
   const w = node.widgets?.find((x) => x.name === INFO) ?? addInfoWidget(node);
   w.value = text;
+  if (w.element) mountInVue(node, w.element);
   if (w.element) fitVueBox(w.element, node, w);
   fitNode(node);
   // once the frontend has laid the box out (a new box is mounted in a later frame), fit again

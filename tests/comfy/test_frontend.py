@@ -788,6 +788,11 @@ def test_nodes_stay_still_idle_and_after_a_run(page: Any, comfy_server: ComfySer
             assert not page.evaluate(TOO_TALL_JS), "nodes taller than their report needs [id, height, needed]"
         if renderer == "vue":
             assert not page.evaluate(VUE_OVERLAPS_JS), "node elements overlap after the run [a, b, px]"
+            # every report is drawn, the samplers' too (1.35.9 drew no widget added after a seed's control ran)
+            unshown = page.evaluate("() => window.app.graph.nodes.map(n => [n.id, n.type, n.widgets?.find(w =>"
+                                    " w.name === 'steadfast_info')]).filter(([, , w]) => w?.value"
+                                    " && !w.element?.isConnected).map(([id, type]) => [id, type])")
+            assert not unshown, f"reports not in the page [id, type]: {unshown}"
             frame = page.evaluate("(id) => { const el = document.querySelector(`.lg-node[data-node-id=\"${id}\"]`);"
                                   " return [getComputedStyle(el).outlineColor,"
                                   " getComputedStyle(el, '::before').content] }", cmp_id)
@@ -1007,3 +1012,4 @@ def test_vue_compare_folds_raw_record_differences(page: Any) -> None:
     assert [name for name, _ in shown if name.startswith("steadfast_")] == ["steadfast_info"], shown
     assert line in dict(shown)["steadfast_info"] and not any(d in dict(shown)["steadfast_info"] for d in RECORD_DIFFS)
     assert not page.steadfast_errors, page.steadfast_errors
+
