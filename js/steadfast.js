@@ -109,28 +109,21 @@ function textHeight(el, width) {
 }
 
 // A node's box in canvas units, title bar included: {x, y, w, h}. On the canvas: pos and size, the title bar above
-// pos. In Nodes 2.0 also the node element's rectangle on the page, converted to canvas units (a badge row and an
-// error footer make it 52-82 px taller than size + title there, frontend 1.58.1), and the box is the union of the
-// two: the element is what the user sees, and the size is what the classic canvas draws when switched back (saved
-// with the workflow). While zoomed out far the renderer draws simplified, shorter elements: the size still counts.
+// pos. In Nodes 2.0 the node's element can be taller than size + title (a badge row and an error footer: 52-82 px on
+// frontend 1.58.1), so the box is as wide and tall as the element too: its own size (offsetWidth/offsetHeight, in
+// canvas units: the transform that pans and zooms the nodes' layer does not change it), its top-left corner at pos
+// less the title bar (where the renderer places it, LGraphNode.vue in 1.35.9 to 1.58.1). Never the element's
+// rectangle on the page: the layer follows the canvas a frame later, so right after a pan or zoom that rectangle is
+// where the node was (1.35.9: a report shown then pushed nodes that it did not cover). The element is what the user
+// sees, and the size is what the classic canvas draws when switched back (saved with the workflow); while zoomed out
+// far the renderer draws simplified, shorter elements: the size still counts.
 function nodeBox(n) {
   const th = window.LiteGraph?.NODE_TITLE_HEIGHT ?? 30;
   const box = { x: n.pos[0], y: n.pos[1] - th, w: n.size[0], h: n.size[1] + th };
   const el = vueNodeElement(n);
-  const c = app.canvas;
-  const ds = c?.ds;
-  if (el && el.offsetHeight > 0 && ds?.scale > 0 && ds.offset && c.canvas?.getBoundingClientRect) {
-    // page -> canvas units as the canvas draws them: (page position - canvas corner) / scale - offset
-    const r = el.getBoundingClientRect();
-    const cr = c.canvas.getBoundingClientRect();
-    const x = (r.left - cr.left) / ds.scale - ds.offset[0];
-    const y = (r.top - cr.top) / ds.scale - ds.offset[1];
-    const right = Math.max(box.x + box.w, x + r.width / ds.scale);
-    const bottom = Math.max(box.y + box.h, y + r.height / ds.scale);
-    box.x = Math.min(box.x, x);
-    box.y = Math.min(box.y, y);
-    box.w = right - box.x;
-    box.h = bottom - box.y;
+  if (el && el.offsetHeight > 0) {
+    box.w = Math.max(box.w, el.offsetWidth);
+    box.h = Math.max(box.h, el.offsetHeight);
   }
   return box;
 }
