@@ -17,8 +17,9 @@ headless Chromium through Playwright:
    loads with every remaining widget at its saved value (``js/steadfast.js`` maps them by name);
 5. in both renderers (classic canvas and "Nodes 2.0") node heights stay the same over 10 s, idle and after a run,
    and Nodes 2.0 draws the verdict frame and label; a bad input is marked alone and the node's old report reads
-   STALE; reports come back after a workflow tab switch; canvas labels end before the "Steadfast" badge; each
-   template carries its "Before you run" note.
+   STALE, and a later run that fails at execution says so instead; Compare's raw run-record differences are a
+   closed ``<details>`` in Nodes 2.0; reports come back after a workflow tab switch; canvas labels end before the
+   "Steadfast" badge; each template carries its "Before you run" note.
 
 ``scripts/test_newer_frontend.sh`` runs this file on ComfyUI 0.33.0 with a newer frontend (docs/compatibility.md).
 
