@@ -33,8 +33,8 @@ __all__ = [
     "cache_entry_count", "supports_guard_filter_fn", "inductor_mode_options", "is_compile_error",
     "clear_inductor_caches", "has_fp32_precision_api", "get_fp32_precision", "set_fp32_precision",
     "inductor_deterministic", "set_inductor_deterministic", "RecompileLogTap", "install_recompile_log_tap",
-    "remove_recompile_log_tap", "compile_events", "compile_activity", "PROBE_CPU_ISA_ENV", "trusted_cpu_isa",
-    "fast_isa_probe_child", "COMPILE_STACK_MODULES", "import_compile_stack",
+    "remove_recompile_log_tap", "compile_events", "COMPILE_PHASES", "compile_activity", "PROBE_CPU_ISA_ENV",
+    "trusted_cpu_isa", "fast_isa_probe_child", "COMPILE_STACK_MODULES", "import_compile_stack",
     "tensor_version", "orig_module", "has_compiled_call", "compiled_call", "set_compiled_call",
     "PRECOMPILED_ENV", "aot_compile_support", "aot_compile_enabled", "guard_serialisable", "portable_guard_state",
     "built_kernel_loads", "pick_cpu_isa", "traced_modules", "compile_config_digest", "module_hook_dicts",
@@ -65,20 +65,70 @@ def _api(module: str, attr: str, purpose: str) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------- Dynamo
-@contextlib.contextmanager
-def compile_events(on_compiled: Callable[[], None]) -> Iterator[None]:
-    """Call ``on_compiled()`` each time Dynamo finishes compiling a frame inside this block.
+#: The compile phases :func:`compile_events` reports to ``on_phase`` as each starts, in the order one frame's compile
+#: starts them: Dynamo's trace of the frame, the backend (AOT autograd), inductor's lowering, its code generation,
+#: the C++ build of the generated code (once per file), Dynamo's guards. They are names of torch's compile-time
+#: events (``dynamo_timed``, logged through ``torch._dynamo.utils.get_chromium_event_logger()``, torch 2.11 and
+#: 2.14); a phase that does not run (another backend, an inductor cache hit) is not reported.
+COMPILE_PHASES = ("entire_frame_compile", "backend_compile", "GraphLowering.run", "Scheduler.codegen",
+                  "compile_file", "build_guards")
+_PHASE_LISTENERS: list[Callable[[str], None]] = []
 
-    Uses ``torch._dynamo.callback.callback_handler`` (``register_end_callback`` / ``remove_end_callback``);
-    the callback is removed on exit, also after an error, and runs in the compiling thread, synchronously.
-    Raises :class:`TorchAPIMissing` when this torch has no compile callback handler.
+
+@contextlib.contextmanager
+def compile_events(on_compiled: Callable[[], None],
+                   on_phase: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Call ``on_compiled()`` each time Dynamo finishes compiling a frame inside this block, and ``on_phase(name)``
+    (where given) each time one of :data:`COMPILE_PHASES` starts.
+
+    Uses ``torch._dynamo.callback.callback_handler`` (``register_end_callback`` / ``remove_end_callback``); the
+    phases, the compile-time event logger's ``log_event_start`` (wrapped on the process's logger while a block with
+    ``on_phase`` is open, in any thread: it reports every compile in the process then). Both are undone on exit,
+    also after an error, and the callbacks run in the compiling thread, synchronously. Raises
+    :class:`TorchAPIMissing` when this torch has no compile callback handler, or (with ``on_phase``) no event logger.
     """
     handler = _api("torch._dynamo.callback", "callback_handler", "compile progress")
+    phases = contextlib.nullcontext() if on_phase is None else _compile_phases(on_phase)
     end = handler.register_end_callback(lambda _args: on_compiled())
     try:
-        yield
+        with phases:
+            yield
     finally:
         handler.remove_end_callback(end)
+
+
+@contextlib.contextmanager
+def _compile_phases(on_phase: Callable[[str], None]) -> Iterator[None]:
+    logger = _api("torch._dynamo.utils", "get_chromium_event_logger", "compile progress per phase")()
+    if not callable(getattr(logger, "log_event_start", None)):
+        raise TorchAPIMissing(f"compile progress per phase needs the compile event logger's log_event_start, which "
+                              f"torch {torch.__version__} does not have; Steadfast is checked against torch 2.11/2.14")
+
+    def apply() -> Callable[[], None]:
+        own = logger.__dict__.get("log_event_start")  # an instance attribute someone else set, kept on undo
+        start = logger.log_event_start
+
+        def log_event_start(event_name: str, *args: Any, **kwargs: Any) -> Any:
+            if event_name in COMPILE_PHASES:
+                for listener in list(_PHASE_LISTENERS):
+                    listener(event_name)
+            return start(event_name, *args, **kwargs)
+
+        def undo() -> None:
+            if own is None:
+                del logger.log_event_start
+            else:
+                logger.log_event_start = own
+
+        logger.log_event_start = log_event_start
+        return undo
+
+    _PHASE_LISTENERS.append(on_phase)
+    try:
+        with _PHASE_PATCH.hold(apply):
+            yield
+    finally:
+        _PHASE_LISTENERS.remove(on_phase)
 
 
 def recompile_limit() -> int:
@@ -177,6 +227,7 @@ class _SharedPatch:
 
 
 _ISA_PROBE_PATCH = _SharedPatch()
+_PHASE_PATCH = _SharedPatch()  # compile_events' phases
 
 
 @contextlib.contextmanager

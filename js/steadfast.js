@@ -109,30 +109,37 @@ function textHeight(el, width) {
 }
 
 // A node's box in canvas units, title bar included: {x, y, w, h}. On the canvas: pos and size, the title bar above
-// pos. In Nodes 2.0 also the node element's rectangle on the page, converted to canvas units (a badge row and an
-// error footer make it 52-82 px taller than size + title there, frontend 1.58.1), and the box is the union of the
-// two: the element is what the user sees, and the size is what the classic canvas draws when switched back (saved
-// with the workflow). While zoomed out far the renderer draws simplified, shorter elements: the size still counts.
+// pos. In Nodes 2.0 the node's element can be taller than size + title (a badge row and an error footer: 52-82 px on
+// frontend 1.58.1), so the box is as wide and tall as the element too: its own size (offsetWidth/offsetHeight, in
+// canvas units: the transform that pans and zooms the nodes' layer does not change it), its top-left corner at pos
+// less the title bar (where the renderer places it, LGraphNode.vue in 1.35.9 to 1.58.1). Never the element's
+// rectangle on the page: the layer follows the canvas a frame later, so right after a pan or zoom that rectangle is
+// where the node was (1.35.9: a report shown then pushed nodes that it did not cover). The element is what the user
+// sees, and the size is what the classic canvas draws when switched back (saved with the workflow); while zoomed out
+// far the renderer draws simplified, shorter elements: the size still counts.
 function nodeBox(n) {
   const th = window.LiteGraph?.NODE_TITLE_HEIGHT ?? 30;
   const box = { x: n.pos[0], y: n.pos[1] - th, w: n.size[0], h: n.size[1] + th };
   const el = vueNodeElement(n);
-  const c = app.canvas;
-  const ds = c?.ds;
-  if (el && el.offsetHeight > 0 && ds?.scale > 0 && ds.offset && c.canvas?.getBoundingClientRect) {
-    // page -> canvas units as the canvas draws them: (page position - canvas corner) / scale - offset
-    const r = el.getBoundingClientRect();
-    const cr = c.canvas.getBoundingClientRect();
-    const x = (r.left - cr.left) / ds.scale - ds.offset[0];
-    const y = (r.top - cr.top) / ds.scale - ds.offset[1];
-    const right = Math.max(box.x + box.w, x + r.width / ds.scale);
-    const bottom = Math.max(box.y + box.h, y + r.height / ds.scale);
-    box.x = Math.min(box.x, x);
-    box.y = Math.min(box.y, y);
-    box.w = right - box.x;
-    box.h = bottom - box.y;
+  if (el && el.offsetHeight > 0) {
+    box.w = Math.max(box.w, el.offsetWidth);
+    box.h = Math.max(box.h, el.offsetHeight);
   }
   return box;
+}
+
+// Move ``node`` to (x, y) in canvas units, in both renderers: through node.setPos where the node has it (1.49 on;
+// the frontend's own align and distribute commands call it from 1.53), else through the canvas's
+// repositionNodesVueMode (1.35.9: setting node.pos there moves the graph's node but not the layout store that Nodes
+// 2.0 draws the element from; the frontend's align and distribute commands move nodes through it, in both
+// renderers), else by setting node.pos.
+function moveNode(node, x, y) {
+  if (typeof node.setPos === "function") return node.setPos(x, y);
+  const canvas = app.canvas;
+  if (typeof canvas?.repositionNodesVueMode === "function") {
+    return canvas.repositionNodesVueMode([{ node, newPos: { x, y } }]);
+  }
+  node.pos = [x, y];
 }
 
 // Nodes the grown ``node`` now overlaps, and below them in turn, move down to make room (the layout keeps its
@@ -154,7 +161,7 @@ function makeRoom(node) {
       const across = bb.x < a.x + a.w && a.x < bb.x + bb.w;
       if (across && bb.y < bottom + GAP_PX / 2) {
         const dy = bottom + GAP_PX - bb.y;
-        b.pos = [b.pos[0], b.pos[1] + dy];
+        moveNode(b, b.pos[0], b.pos[1] + dy);
         bb.y += dy;
         moved.add(b);
         queue.push(b);
@@ -229,13 +236,63 @@ function fitNode(node) {
   makeRoom(node);
   node.setDirtyCanvas(true, true);
 }
+// Frontend 1.35.9's Nodes 2.0 keeps a node's list of widgets as it was when any widget's callback last ran (a seed's
+// control after queueing, an edit): a widget added after that is never drawn (its element never enters the page).
+// Where the node has an element but the box is still not in the page a frame later, the renderer is made to take
+// the node's widgets again through the hook by which it takes them after a workflow loads
+// (node.onAfterGraphConfigured, which it wraps on each node it draws; the frontend calls it on every node after
+// each load, so calling it again is what a load does).
+function mountInVue(node, el) {
+  requestAnimationFrame(() => setTimeout(() => {
+    if (el.isConnected || !vueNodeElement(node) || typeof node.onAfterGraphConfigured !== "function") return;
+    node.onAfterGraphConfigured();
+    requestAnimationFrame(() => { if (el.isConnected) fitVueBox(el, node, node.widgets?.find((x) => x.element === el)); });
+  }, 50));
+}
 function showText(node, text) {
   const w = node.widgets?.find((x) => x.name === INFO) ?? addInfoWidget(node);
   w.value = text;
+  if (w.element) mountInVue(node, w.element);
   if (w.element) fitVueBox(w.element, node, w);
   fitNode(node);
   // once the frontend has laid the box out (a new box is mounted in a later frame), fit again
   requestAnimationFrame(() => fitNode(node));
+}
+
+// Compare's run-record differences, raw ("field: a -> b", from its verdict's env_diffs), in Nodes 2.0: a closed
+// <details> element below the report, opened with a click (the report's own line names how many fields differ and
+// which). On the canvas that line is all, with "see the two run records": the widget is added only while Nodes 2.0
+// draws the node and removed when a later report is shown on the canvas or has no differences.
+const DIFFS = "steadfast_record_diffs";
+function showRecordDiffs(node, diffs) {
+  let w = node.widgets?.find((x) => x.name === DIFFS);
+  const vue = !!window.LiteGraph?.vueNodesMode || !!vueNodeElement(node);
+  if (!vue || !diffs?.length || typeof node.addDOMWidget !== "function") {
+    if (w && typeof node.removeWidget === "function") node.removeWidget(w);
+    return;
+  }
+  if (!w) {
+    const el = document.createElement("details");
+    el.className = "steadfast-record-diffs";
+    Object.assign(el.style, { fontFamily: "monospace", fontSize: "11px", opacity: 0.9 });
+    const summary = document.createElement("summary");
+    summary.style.cursor = "pointer";
+    const pre = document.createElement("pre");
+    Object.assign(pre.style, { margin: "4px 0 0", whiteSpace: "pre-wrap", overflowWrap: "anywhere",
+                               maxHeight: "320px", overflow: "auto" });
+    el.append(summary, pre);
+    // opened or closed, the node's element changes height: the nodes below make room once it is laid out
+    el.addEventListener("toggle", () => requestAnimationFrame(() => setTimeout(() => {
+      makeRoom(node);
+      node.setDirtyCanvas?.(true, true);
+    }, 50)));
+    w = node.addDOMWidget(DIFFS, DIFFS, el, { serialize: false, getValue: () => "", setValue: () => {},
+                                               getMinHeight: () => el.offsetHeight || 24 });
+    w.serialize = false;
+  }
+  const [summary, pre] = w.element.children;
+  summary.textContent = `raw run-record differences (${diffs.length} field${diffs.length === 1 ? "" : "s"})`;
+  pre.textContent = diffs.join("\n");
 }
 
 // Width of the badges the frontend draws above a node's title bar (LGraphBadge.getWidth where the frontend has
@@ -335,6 +392,7 @@ function showOutput(node, message) {
     setState(node, v.state, v.label);
   }
   const cmp = message?.steadfast_compare?.[0];
+  if (cmp) showRecordDiffs(node, cmp.identical ? [] : cmp.verdict?.env_diffs);
   if (cmp) {
     const v = verdictState(cmp.verdict, cmp.identical ? "match" : "mismatch");
     // a difference the run records explain stays amber; its label still says which level
@@ -404,33 +462,90 @@ function restoreReports() {
   }
 }
 
-// A report that no longer holds: when ComfyUI refuses one of our nodes (node_errors in its answer to the page's
-// prompt), the node's last report and frame are from inputs it no longer has, so the report is marked stale and
-// the frame removed. The answer reaches the page only through api.queuePrompt: wrapped, calling through unchanged.
-const STALE = "STALE (ComfyUI refused this node's inputs: fix the input marked red and run again). Last report:";
-function markStale(nodeErrors) {
+// A report that no longer holds. When ComfyUI refuses one of our nodes (node_errors in its answer to the page's
+// prompt), the node's last report and frame are from inputs it no longer has: the report is marked STALE and the
+// frame removed. When a later prompt is accepted but stops at an error (or is interrupted) before one of our nodes
+// in it reported, that node's report is from an earlier run too: the mark says so, replacing a refusal's mark
+// (whose "fix the input marked red" no longer holds). The answer reaches the page only through api.queuePrompt:
+// wrapped, calling through unchanged; the failure comes as the api's execution_error / execution_interrupted event,
+// which lists the nodes that did run ("executed").
+const STALE_MARK = "STALE (";
+const REFUSED = "STALE (ComfyUI refused this node's inputs: fix the input marked red and run again). Last report:";
+const lastReport = (text) => (String(text).startsWith(STALE_MARK) ? String(text).split("\n").slice(1).join("\n")
+  : String(text));
+function markStale(node, mark) {
+  setState(node, null, null);
+  const w = node.widgets?.find((x) => x.name === INFO);
+  if (w?.value && !String(w.value).startsWith(`${mark}\n`)) showText(node, `${mark}\n${lastReport(w.value)}`);
+}
+function markRefused(nodeErrors) {
   for (const id of Object.keys(nodeErrors ?? {})) {
     const node = app.graph?.getNodeById?.(Number.isNaN(+id) ? id : +id);
-    if (!node || !NODES.has(node.constructor?.comfyClass ?? node.type)) continue;
-    setState(node, null, null);
-    const w = node.widgets?.find((x) => x.name === INFO);
-    if (w?.value && !String(w.value).startsWith(STALE)) showText(node, `${STALE}\n${w.value}`);
+    if (node && NODES.has(node.constructor?.comfyClass ?? node.type)) markStale(node, REFUSED);
+  }
+}
+// The page's prompts, by prompt id: the graph and workflow it was queued from and the ids of the nodes in it (from
+// the answer), the nodes that reported in it (the api's "executed" event, sent for a cached node too), and how it
+// ended, where it stopped early (execution_error / execution_interrupted, which can come before the answer).
+const runs = new Map();
+function runOf(promptId) {
+  if (!runs.has(promptId)) {
+    runs.set(promptId, { ids: null, reported: new Set(), end: null });
+    if (runs.size > 32) runs.delete(runs.keys().next().value);
+  }
+  return runs.get(promptId);
+}
+const activeWorkflow = () => app.extensionManager?.workflow?.activeWorkflow ?? null;
+function markUnfinished(promptId) {
+  const run = runs.get(promptId);
+  if (!run?.ids || !run.end) return;
+  runs.delete(promptId);
+  // another workflow tab's nodes are not these
+  if (run.graph !== app.graph || run.workflow !== activeWorkflow()) return;
+  const [detail, interrupted] = run.end;
+  for (const node of ourNodes()) {
+    const id = String(node.id);
+    if (!run.ids.has(id) || run.reported.has(id)) continue;
+    const other = `node #${detail.node_id}${detail.node_type ? ` (${detail.node_type})` : ""}`;
+    markStale(node, interrupted ? "STALE (the last run was interrupted before this node reported). Last report:"
+      : String(detail.node_id) === id ? "STALE (this node failed in the last run: see the error). Last report:"
+        : `STALE (the last run stopped at an error in ${other} before this node ran). Last report:`);
   }
 }
 function watchRefusals(api) {
   if (!api || api.steadfastWatched || typeof api.queuePrompt !== "function") return;
   const queuePrompt = api.queuePrompt;
-  api.queuePrompt = async function () {
+  api.queuePrompt = async function (number, data) {
     let answer;
     try {
       answer = await queuePrompt.apply(this, arguments);
     } catch (e) {
-      markStale(e?.response?.node_errors);
+      markRefused(e?.response?.node_errors);
       throw e;
     }
-    markStale(answer?.node_errors);
+    markRefused(answer?.node_errors);
+    if (answer?.prompt_id && data?.output) {
+      // a refused node is not run (ComfyUI runs the rest): its mark stays the refusal's
+      const ids = Object.keys(data.output).filter((id) => !(id in (answer.node_errors ?? {})));
+      Object.assign(runOf(answer.prompt_id), { graph: app.graph, workflow: activeWorkflow(), ids: new Set(ids) });
+      markUnfinished(answer.prompt_id);
+    }
     return answer;
   };
+  if (typeof api.addEventListener === "function") {
+    api.addEventListener("executed", (e) => {
+      const d = e.detail;
+      if (d?.prompt_id) runOf(d.prompt_id).reported.add(String(d.display_node ?? d.node));
+    });
+    const end = (interrupted) => (e) => {
+      if (!e.detail?.prompt_id) return;
+      runOf(e.detail.prompt_id).end = [e.detail, interrupted];
+      markUnfinished(e.detail.prompt_id);
+    };
+    api.addEventListener("execution_error", end(false));
+    api.addEventListener("execution_interrupted", end(true));
+    api.addEventListener("execution_success", (e) => runs.delete(e.detail?.prompt_id));
+  }
   api.steadfastWatched = true;
 }
 

@@ -84,7 +84,7 @@ class SteadfastWarmup(io.ComfyNode):
         targets = [(width, height)] + [s for s in parse_sizes(sizes) if s != (width, height)]
         progress = _CompileProgress(len(targets), model)
         reports = []
-        with torch_compat.compile_events(progress.compiled):
+        with torch_compat.compile_events(progress.compiled, progress.phase):
             for i, (w, h) in enumerate(targets):
                 shape = (batch_size, channels, h // down, w // down)
                 positive, negative, text = _warm_one(model, shape, cfg, positive, negative)
@@ -96,23 +96,37 @@ class SteadfastWarmup(io.ComfyNode):
 
 class _CompileProgress:
     """The node's progress bar while it compiles: each target size gets one slot per compiled block (an upper
-    bound on the graphs one warm step compiles); every graph Dynamo finishes moves the bar one slot, a finished
-    target fills its share. So a long cold compile shows movement instead of 0% until the end."""
+    bound on the graphs one warm step compiles), each slot one step per compile phase (``COMPILE_PHASES``) and one
+    for the graph done. Every phase a graph's compile starts (Dynamo's trace, the backend, inductor's lowering, code
+    generation, the C++ build, the guards) moves the bar within the graph's slot, a finished graph to the next slot,
+    a finished target fills its share. So a long cold compile shows movement instead of 0% until the end, also
+    while one graph compiles for many seconds."""
 
     def __init__(self, n_targets: int, model) -> None:
         record = REGISTRY.get(model.model)
-        self.per_target = max(1, len(record.blocks) if record is not None else 1) + 1
+        self.steps = len(torch_compat.COMPILE_PHASES) + 1  # per graph
+        self.per_target = (max(1, len(record.blocks) if record is not None else 1) + 1) * self.steps
         self.total = n_targets * self.per_target
+        self.graph = 0  # where the slot of the graph being compiled starts
         self.done = 0
         self.bar = comfy.utils.ProgressBar(self.total)
 
-    def compiled(self) -> None:
+    def _show(self, value: int) -> None:
         target_end = (self.done // self.per_target + 1) * self.per_target
-        self.done = min(self.done + 1, target_end - 1)  # the last slot of a target is its finished step
-        self.bar.update_absolute(self.done, self.total)
+        value = min(value, target_end - 1)  # the last step of a target is its finished warm step
+        if value > self.done:
+            self.done = value
+            self.bar.update_absolute(self.done, self.total)
+
+    def phase(self, name: str) -> None:
+        self._show(self.graph + torch_compat.COMPILE_PHASES.index(name) + 1)
+
+    def compiled(self) -> None:
+        self.graph += self.steps
+        self._show(self.graph)
 
     def target_done(self, i: int) -> None:
-        self.done = (i + 1) * self.per_target
+        self.graph = self.done = (i + 1) * self.per_target
         self.bar.update_absolute(self.done, self.total)
 
 

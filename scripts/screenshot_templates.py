@@ -10,7 +10,7 @@ Small palette PNGs (1200 px wide), named ``<api name>-comfyui-<version>.png`` (c
 the one that ComfyUI pins: put first on ``PYTHONPATH`` as ``scripts/test_newer_frontend.sh`` does)::
 
     COMFYUI_PATH=~/comfy/ComfyUI-0.8.0 ~/comfy/venv-0.8.0/bin/python scripts/screenshot_templates.py \
-        [--thumbnails] [API_NAME ...]
+        [--thumbnails] [--nodes2-only] [API_NAME ...]
 
 Tiny random-weight models, so the pictures are noise. Needs Debian's ``chromium`` and the ``playwright`` package
 (no browser download).
@@ -134,7 +134,10 @@ def main() -> int:
         only = {a for a in args if not a.startswith("--")}
         has_vue = page.evaluate("() => { try { window.app.extensionManager.setting.get('Comfy.VueNodes.Enabled');"
                                 " return true } catch (e) { return false } }")
-        for renderer in ("canvas", "nodes2") if has_vue else ("canvas",):
+        renderers = ("canvas", "nodes2") if has_vue else ("canvas",)
+        if "--nodes2-only" in args:
+            renderers = tuple(r for r in renderers if r == "nodes2")
+        for renderer in renderers:
             page.evaluate("async (on) => { try { await window.app.extensionManager.setting.set("
                           "'Comfy.VueNodes.Enabled', on) } catch (e) {} }", renderer == "nodes2")
             for api_name, title in api_to_ui.TEMPLATE_TITLES.items():

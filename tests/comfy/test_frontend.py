@@ -17,8 +17,9 @@ headless Chromium through Playwright:
    loads with every remaining widget at its saved value (``js/steadfast.js`` maps them by name);
 5. in both renderers (classic canvas and "Nodes 2.0") node heights stay the same over 10 s, idle and after a run,
    and Nodes 2.0 draws the verdict frame and label; a bad input is marked alone and the node's old report reads
-   STALE; reports come back after a workflow tab switch; canvas labels end before the "Steadfast" badge; each
-   template carries its "Before you run" note.
+   STALE, and a later run that fails at execution says so instead; Compare's raw run-record differences are a
+   closed ``<details>`` in Nodes 2.0; reports come back after a workflow tab switch; canvas labels end before the
+   "Steadfast" badge; each template carries its "Before you run" note.
 
 ``scripts/test_newer_frontend.sh`` runs this file on ComfyUI 0.33.0 with a newer frontend (docs/compatibility.md).
 
@@ -498,8 +499,10 @@ def test_old_optimize_widgets_values_load_by_name(page: Any, object_info: dict[s
 
 
 def test_warmup_shows_progress_while_it_compiles(page: Any, comfy_server: ComfyServer) -> None:
-    """The page receives Warmup's progress during the compile, not only 0% then 100%: every graph Dynamo
-    finishes moves the bar (inductor regional compile with SDPA math, a configuration no other test compiles)."""
+    """The page receives Warmup's progress during the compile, not only 0% then 100%: every compile phase of a
+    graph (Dynamo's trace, the backend, inductor's lowering, code generation, the C++ build, the guards) moves the
+    bar, not only the end of each graph: more distinct values than graphs compiled (inductor regional compile with
+    SDPA math, a configuration no other test compiles)."""
     wf = api_twin("warmup_then_generate")
     wf["13"]["inputs"].update(attention="math", backend="inductor", compile="regional", qkv_fusion=False)
     page.evaluate("() => { window.__steadfast_progress = []; window.app.api.addEventListener('progress',"
@@ -511,6 +514,10 @@ def test_warmup_shows_progress_while_it_compiles(page: Any, comfy_server: ComfyS
     warm = [(e["value"], e["max"]) for e in events if str(e.get("node")) == "15" and e.get("prompt_id") == prompt_id]
     assert any(0 < v < m for v, m in warm), f"no progress between 0 and 100% while Warmup compiled: {warm}"
     assert warm and warm[-1][0] == warm[-1][1], warm
+    report = "\n".join(comfy_server.get(f"/history/{prompt_id}")[prompt_id]["outputs"]["15"]["text"])
+    graphs = int(re.search(r"(\d+) graph\(s\)", report).group(1))  # the compile record's line: graphs compiled
+    print(f"Warmup's progress ({graphs} graph(s) compiled): {warm}")
+    assert graphs > 0 and len({v for v, m in warm if 0 < v < m}) > graphs, (graphs, warm, report)
 
 
 def test_compare_draws_expected_difference_apart_from_a_failure(page: Any) -> None:
@@ -673,27 +680,12 @@ def test_report_box_fits_a_long_report_and_overlaps_nothing(page: Any, template:
     assert not overlapping_nodes(page), f"{template}: a node grown by its report overlaps another"
 
 
-# Whether a Nodes 2.0 element follows node.pos: the last node is moved 100 px down and back; true when its element
-# moved with it.
-MOVES_ELEMENT_JS = """async () => {
-  const n = window.app.graph.nodes.at(-1);
-  const el = document.querySelector(`.lg-node[data-node-id="${n.id}"]`);
-  const top = () => el.getBoundingClientRect().top;
-  const before = top();
-  n.pos = [n.pos[0], n.pos[1] + 100]; window.app.canvas.setDirty(true, true);
-  await new Promise(r => setTimeout(r, 500));
-  const moved = Math.abs(top() - before) > 10;
-  n.pos = [n.pos[0], n.pos[1] - 100]; window.app.canvas.setDirty(true, true);
-  await new Promise(r => setTimeout(r, 500));
-  return moved;
-}"""
-
-
 def test_vue_report_makes_room_by_the_node_element(page: Any) -> None:
     """Nodes 2.0: a long report on a node grows its element, and the nodes below move by the element's rectangle
     on the page (taller than the graph's size + title there: a badge row, an error footer), so no node's element
     covers another's. Before, room was made by ``node.size`` and Hash's element covered the top 32-35 px of the
-    Save node below it (frontend 1.58.1)."""
+    Save node below it (frontend 1.58.1); on 1.35.9 the nodes below did not move at all (setting ``node.pos`` there
+    leaves the element where it was: the pack moves nodes through the canvas's ``repositionNodesVueMode``)."""
     if not _set_vue_nodes(page, True):
         pytest.skip("this frontend has no Comfy.VueNodes.Enabled setting (no Nodes 2.0 renderer)")
     fit_view = "() => window.app.extensionManager.command.execute('Comfy.Canvas.FitView')"
@@ -704,10 +696,6 @@ def test_vue_report_makes_room_by_the_node_element(page: Any) -> None:
             page.evaluate(fit_view)
             page.wait_for_timeout(1000)
             assert not page.evaluate(VUE_OVERLAPS_JS), f"{template}: node elements overlap before any report"
-            # an extension moves a node by setting node.pos: 1.35.9's Nodes 2.0 leaves the element where it was
-            if not page.evaluate(MOVES_ELEMENT_JS):
-                pytest.skip("this frontend's Nodes 2.0 does not move a node's element when node.pos is set (1.35.9): "
-                            "no room can be made from an extension")
             ids = page.evaluate("(t) => window.app.graph.nodes.filter(n => n.type === t).map(n => n.id)", node_type)
             for nid in ids:
                 page.evaluate("([id, text]) => window.app.graph.getNodeById(id).onExecuted({text: [text]})",
@@ -801,6 +789,11 @@ def test_nodes_stay_still_idle_and_after_a_run(page: Any, comfy_server: ComfySer
             assert not page.evaluate(TOO_TALL_JS), "nodes taller than their report needs [id, height, needed]"
         if renderer == "vue":
             assert not page.evaluate(VUE_OVERLAPS_JS), "node elements overlap after the run [a, b, px]"
+            # every report is drawn, the samplers' too (1.35.9 drew no widget added after a seed's control ran)
+            unshown = page.evaluate("() => window.app.graph.nodes.map(n => [n.id, n.type, n.widgets?.find(w =>"
+                                    " w.name === 'steadfast_info')]).filter(([, , w]) => w?.value"
+                                    " && !w.element?.isConnected).map(([id, type]) => [id, type])")
+            assert not unshown, f"reports not in the page [id, type]: {unshown}"
             frame = page.evaluate("(id) => { const el = document.querySelector(`.lg-node[data-node-id=\"${id}\"]`);"
                                   " return [getComputedStyle(el).outlineColor,"
                                   " getComputedStyle(el, '::before').content] }", cmp_id)
@@ -836,7 +829,8 @@ def _info(page: Any, nid: str) -> dict[str, Any]:
 def test_bad_input_marks_only_that_input_and_stales_the_report(page: Any, comfy_server: ComfyServer) -> None:
     """Bad text in Hash ``expected``, queued from the page: the frontend holds one error, on ``expected`` (each
     validate_inputs takes the one input it checks; ComfyUI marks every argument), with the message; the red report
-    the node showed from an earlier run is marked stale and its frame removed (it no longer matches the widget)."""
+    the node showed from an earlier run is marked stale and its frame removed (it no longer matches the widget). A
+    later run that is accepted but fails at execution replaces that mark with one saying so."""
     name = api_to_ui.ui_template_name("determinism_check")
     hash_id = next(i for i, n in api_twin(name).items() if n["class_type"] == "SteadfastHash")
     load_template(page, name)
@@ -858,6 +852,28 @@ def test_bad_input_marks_only_that_input_and_stales_the_report(page: Any, comfy_
     box = page.evaluate(BOX_JS, hash_id)
     assert box["cut"] <= 2, box
     _wait_idle(comfy_server)  # the rest of the prompt (Save) ran without the refused Hash
+    # A later run that ComfyUI accepts but that stops at an error (here in Hash itself: a well-formed expected that
+    # does not match, with fail_on_mismatch): the inputs are no longer refused, so the mark says what happened now
+    # (before, the refusal's "fix the input marked red" stayed).
+    page.evaluate("(id) => { const n = window.app.graph.getNodeById(+id); for (const [k, v] of [['expected',"
+                  " '0123456789ab'], ['fail_on_mismatch', true]]) n.widgets.find(w => w.name === k).value = v }",
+                  hash_id)
+    entry = _run_and_wait(page, comfy_server)
+    assert entry["status"]["status_str"] == "error", entry["status"]
+    with contextlib.suppress(Exception):  # the error event reaches the page
+        page.wait_for_function("(id) => !window.app.graph.getNodeById(+id).widgets"
+                               ".find(w => w.name === 'steadfast_info').value.startsWith('STALE (ComfyUI refused')",
+                               arg=hash_id, timeout=5_000)
+    shown = _info(page, hash_id)
+    assert shown["state"] is None and shown["text"].startswith(
+        "STALE (this node failed in the last run: see the error). Last report:\n"), shown
+    assert shown["text"].count("STALE") == 1 and "MISMATCH: old report" in shown["text"], shown
+    for _ in range(3):  # the frontend's error dialog, where it shows one, is closed as a user closes it
+        dialogs = page.get_by_role("dialog")
+        if not any(dialogs.nth(i).is_visible() for i in range(dialogs.count())):
+            break
+        page.keyboard.press("Escape")
+        page.wait_for_timeout(300)
 
 
 def test_reports_come_back_after_a_tab_switch(page: Any, comfy_server: ComfyServer) -> None:
@@ -950,3 +966,51 @@ def test_optimize_report_says_warm_after_warmup(page: Any) -> None:
     assert "lazily" not in text[1], text
     # the links were followed through node.getInputLink, not the deprecated input.link (where the frontend has both)
     assert link_reads == 0, link_reads
+
+
+RECORD_DIFFS = ['compile: "off" -> <absent>', 'attention: "sdpa" -> "math"', "num_threads: 2 -> 4"]
+DIFFS_JS = """(id) => {
+  const el = document.querySelector(`.lg-node[data-node-id="${id}"] details.steadfast-record-diffs`);
+  return el ? {open: el.open, summary: el.querySelector('summary').textContent,
+               raw: el.querySelector('pre').textContent,
+               shown: el.offsetHeight > el.querySelector('summary').offsetHeight + 10} : null }"""
+
+
+def test_vue_compare_folds_raw_record_differences(page: Any) -> None:
+    """Compare's raw run-record differences (``field: a -> b``) are folded: in Nodes 2.0 a closed ``<details>``
+    below the report that a click opens (the nodes below then make room); on the canvas only the report's line with
+    the count and "see the two run records", no such element. Fed as ComfyUI's 'executed' message is."""
+    if not _set_vue_nodes(page, True):
+        pytest.skip("this frontend has no Comfy.VueNodes.Enabled setting (no Nodes 2.0 renderer)")
+    line = "run records differ in 3 field(s) (compile, attention, num_threads): see the two run records"
+    message = {"text": [f"DIFFERENT PICTURE: decided by PSNR 9.5 dB\n{line}"],
+               "steadfast_compare": [{"identical": False, "expected_to_differ": True,
+                                      "verdict": {"level": "different_picture", "psnr": 9.5,
+                                                  "env_diffs": RECORD_DIFFS}}]}
+    execute = "([id, m]) => window.app.graph.getNodeById(+id).onExecuted(m)"
+    try:
+        load_template(page, api_to_ui.ui_template_name("optimized_vs_baseline"))
+        cmp_id = page.evaluate("() => String(window.app.graph.nodes.find(n => n.type === 'SteadfastCompare').id)")
+        page.evaluate("(id) => { const c = window.app.canvas; c.ds.scale = 1;"
+                      " c.centerOnNode(c.graph.getNodeById(+id)); c.setDirty(true, true) }", cmp_id)
+        page.evaluate(execute, [cmp_id, message])
+        page.wait_for_timeout(1000)
+        folded = page.evaluate(DIFFS_JS, cmp_id)
+        assert folded == {"open": False, "summary": "raw run-record differences (3 fields)",
+                          "raw": "\n".join(RECORD_DIFFS), "shown": False}, folded
+        page.locator(f'.lg-node[data-node-id="{cmp_id}"] details.steadfast-record-diffs summary').click()
+        page.wait_for_timeout(1500)  # the element grows, then the nodes below move
+        opened = page.evaluate(DIFFS_JS, cmp_id)
+        assert opened["open"] and opened["shown"], opened
+        assert not page.evaluate(VUE_OVERLAPS_JS), "node elements overlap once the differences are open [a, b, px]"
+    finally:
+        _set_vue_nodes(page, False)
+    page.wait_for_timeout(500)
+    page.evaluate(execute, [cmp_id, message])  # the same report on the canvas: the count line only
+    page.wait_for_timeout(300)
+    shown = page.evaluate("(id) => window.app.graph.getNodeById(+id).widgets.map(w => [w.name, w.value ?? null])",
+                          cmp_id)
+    assert [name for name, _ in shown if name.startswith("steadfast_")] == ["steadfast_info"], shown
+    assert line in dict(shown)["steadfast_info"] and not any(d in dict(shown)["steadfast_info"] for d in RECORD_DIFFS)
+    assert not page.steadfast_errors, page.steadfast_errors
+

@@ -267,6 +267,32 @@ def test_compile_events_count_each_compiled_frame_and_unregister() -> None:
     assert len(seen) == 2
 
 
+def test_compile_events_report_each_phase_and_unpatch() -> None:
+    """``on_phase`` hears the phases each compile starts, in order (an eager backend: Dynamo's trace, the backend,
+    the guards); blocks nest; after the last one the event logger is as before and nothing more is heard."""
+    import torch
+    from torch._dynamo.utils import get_chromium_event_logger
+
+    from steadfast.core import torch_compat
+
+    logger = get_chromium_event_logger()
+    before = dict(logger.__dict__)
+    phases: list[str] = []
+    inner: list[str] = []
+    compiled = torch.compile(lambda x: torch.cos(x) * 2, backend="eager", dynamic=False)
+    with torch_compat.compile_events(lambda: phases.append("done"), phases.append):
+        compiled(torch.ones(3))
+        with torch_compat.compile_events(lambda: None, inner.append):
+            compiled(torch.ones(4))
+        compiled(torch.ones(3))      # cached: no compile
+    assert phases == ["entire_frame_compile", "backend_compile", "build_guards", "done"] * 2, phases
+    assert inner == ["entire_frame_compile", "backend_compile", "build_guards"], inner
+    assert set(phases) <= {*torch_compat.COMPILE_PHASES, "done"}
+    assert logger.__dict__ == before
+    compiled(torch.ones(6))
+    assert len(phases) == 8
+
+
 _ISA_CHILD = r"""
 import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
