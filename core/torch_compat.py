@@ -14,6 +14,7 @@ global change this module makes on request is the recompile log tap (:func:`inst
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import importlib
 import inspect
@@ -22,7 +23,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -34,10 +35,10 @@ __all__ = [
     "clear_inductor_caches", "has_fp32_precision_api", "get_fp32_precision", "set_fp32_precision",
     "inductor_deterministic", "set_inductor_deterministic", "RecompileLogTap", "install_recompile_log_tap",
     "remove_recompile_log_tap", "compile_events", "COMPILE_PHASES", "compile_activity", "PROBE_CPU_ISA_ENV",
-    "trusted_cpu_isa", "fast_isa_probe_child", "COMPILE_STACK_MODULES", "import_compile_stack",
+    "trusted_cpu_isa", "while_compiling", "fast_isa_probe_child", "COMPILE_STACK_MODULES", "import_compile_stack",
     "tensor_version", "orig_module", "has_compiled_call", "compiled_call", "set_compiled_call",
     "PRECOMPILED_ENV", "aot_compile_support", "aot_compile_enabled", "guard_serialisable", "portable_guard_state",
-    "built_kernel_loads", "pick_cpu_isa", "traced_modules", "compile_config_digest", "module_hook_dicts",
+    "built_kernel_loads", "checked_once", "pick_cpu_isa", "traced_modules", "compile_config_digest", "module_hook_dicts",
     "MACHINE_CONFIG_KEYS", "duplicate_source", "guard_arguments", "operator_name",
 ]
 
@@ -186,6 +187,80 @@ def trusted_cpu_isa() -> contextlib.AbstractContextManager[Any]:
     return stack
 
 
+_COMPILE_ONLY: contextvars.ContextVar[tuple[Callable[[], Any], ...]] = contextvars.ContextVar(
+    "steadfast_compile_only", default=())
+_compile_only_stacks: list[contextlib.ExitStack | None] = []  # one per open compile (Dynamo compiles one at a time)
+_compile_only_lock = threading.Lock()
+_compile_only_handler: list[Any] = []  # [torch._dynamo.callback_handler] once looked up, [None] when torch has none
+
+
+def _compile_only_start(_args: Any) -> None:
+    contexts = _COMPILE_ONLY.get()
+    stack = contextlib.ExitStack() if contexts else None
+    if stack is not None:
+        for context in contexts:
+            stack.enter_context(context())
+    _compile_only_stacks.append(stack)
+
+
+def _compile_only_end(_args: Any) -> None:
+    stack = _compile_only_stacks.pop() if _compile_only_stacks else None
+    if stack is not None:
+        stack.close()
+
+
+def _hook_compile_only() -> bool:
+    """Register the compile start/end callbacks unless they are (again: ``torch._dynamo.reset()`` clears them);
+    False when torch has no callback handler."""
+    if not _compile_only_handler:
+        handler = getattr(importlib.import_module("torch._dynamo"), "callback_handler", None)
+        names = ("register_start_callback", "register_end_callback", "start_callbacks", "end_callbacks")
+        _compile_only_handler.append(handler if all(hasattr(handler, n) for n in names) else None)
+    handler = _compile_only_handler[0]
+    if handler is None:
+        return False
+    if _compile_only_start not in handler.start_callbacks:
+        with _compile_only_lock:
+            if _compile_only_start not in handler.start_callbacks:
+                _compile_only_stacks.clear()  # a reset dropped the callbacks: no compile of ours is open
+                handler.register_start_callback(_compile_only_start)
+                handler.register_end_callback(_compile_only_end)
+    return True
+
+
+@contextlib.contextmanager
+def while_compiling(contexts: Sequence[Callable[[], contextlib.AbstractContextManager[Any]]]) -> Iterator[None]:
+    """Context manager: the config patches made by ``contexts`` (factories, e.g. :func:`specialize_int`,
+    :func:`trusted_cpu_isa`) hold only while Dynamo compiles a frame entered inside the block, not on a call that
+    compiles nothing.
+
+    Why: every config write marks torch's config hash dirty (``ConfigModule.get_hash``), so patches entered on every
+    block call made each model call's :func:`compile_config_digest` recompute the whole config (docs/benchmarks.md
+    section 19). The patches reach the compile through Dynamo's compile start/end callbacks
+    (``torch._dynamo.callback_handler``, run around the outermost frame compile, Dynamo's trace and the backend's
+    compile included; Dynamo compiles one frame at a time), which read the block's contexts from a context variable:
+    a compile the pack did not start inside such a block is left alone. Where torch has no such callbacks the
+    contexts hold for the whole block (the same compile; the hash is recomputed).
+
+    Args:
+        contexts: zero-argument callables returning context managers.
+    """
+    if not contexts:
+        yield
+        return
+    if not _hook_compile_only():
+        with contextlib.ExitStack() as stack:
+            for context in contexts:
+                stack.enter_context(context())
+            yield
+        return
+    token = _COMPILE_ONLY.set(tuple(contexts))
+    try:
+        yield
+    finally:
+        _COMPILE_ONLY.reset(token)
+
+
 #: The child script torch 2.14 runs for an ISA probe (``VecISA._avx_py_load``): ``dlopen`` the test library with
 #: torch's libraries found through ``LD_LIBRARY_PATH`` (no ``import torch``); ``import torch`` only when that fails.
 _ISA_PROBE_CHILD = """
@@ -300,6 +375,19 @@ def _plain_header(header: str, hashable_cmd_line: str, **compile_command: Any) -
         f.write(text)
     os.replace(tmp, path)
     return path
+
+
+def checked_once(fn: Any) -> Any:
+    """``fn`` (a loaded ``torch.compiler.load_compiled_function`` result) with its own guard check on each call
+    turned off (``AOTCompiledFunction.disable_guard_check``), for a caller that runs ``fn.guard_check`` itself before
+    every call and calls ``fn`` only when it passed: otherwise every call evaluates the same guards twice
+    (docs/benchmarks.md section 19). Returns ``fn``. Raises :class:`TorchAPIMissing` when the method is gone."""
+    disable = getattr(fn, "disable_guard_check", None)
+    if disable is None or not hasattr(fn, "guard_check"):
+        raise TorchAPIMissing(f"precompiled blocks need AOTCompiledFunction.guard_check and disable_guard_check, "
+                              f"which torch {torch.__version__} does not have")
+    disable()
+    return fn
 
 
 @contextlib.contextmanager

@@ -57,7 +57,7 @@ log = logging.getLogger("steadfast.precompiled")
 
 #: Folder under the compile cache's key directory holding the artifacts (recorded like every other file).
 PRECOMPILED_DIR = "precompiled"
-KEY_FORMAT = 2
+KEY_FORMAT = 3  # 3: the global flags are read outside the blocks' compile contexts (torch_compat.while_compiling)
 MAX_VARIANTS = 8  # configurations kept per key (the oldest goes first)
 #: Distributions whose code a ComfyUI block's trace can inline (their version is in the key).
 HOST_DISTRIBUTIONS = ("comfy-kitchen", "comfy-aimdo", "einops")
@@ -461,10 +461,7 @@ class PrecompiledBlock(nn.Module):
             return self.jit(*args, **kwargs)
         if self._prepare is not None:
             args, kwargs = self._prepare(args, kwargs)
-        with contextlib.ExitStack() as stack:
-            for context in self._contexts:
-                stack.enter_context(context())
-            return self._route(cache, args, kwargs)
+        return self._route(cache, args, kwargs)  # the jit holds its contexts while it compiles; a save enters them
 
     def _keys(self) -> tuple[dict, dict]:
         if self._fingerprint is None:  # equal blocks share one fingerprint object, hence keys and artifacts
@@ -581,6 +578,7 @@ class PrecompiledBlock(nn.Module):
         try:
             with torch_compat.built_kernel_loads():  # its kernels are built: no header preprocessing
                 fn = torch.compiler.load_compiled_function(io.BytesIO(data))
+            fn = torch_compat.checked_once(fn)  # _route runs guard_check before every call: not twice
         except Exception as e:  # noqa: BLE001 (a load failure is a recorded fallback, never an error)
             state.count("fallbacks", artifact[:12], f"load failed: {type(e).__name__}: {cache.redact(str(e))[:200]}")
             return None

@@ -52,10 +52,11 @@ def _prepare(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 
 
 def _under(fn: Callable[..., Any], contexts: Sequence[Callable[[], Any]]) -> Callable[..., Any]:
+    """``fn`` with ``contexts`` in force while a call compiles (:func:`core.torch_compat.while_compiling`)."""
+    contexts = tuple(contexts)
+
     def call(*args: Any, **kwargs: Any) -> Any:
-        with contextlib.ExitStack() as stack:
-            for context in contexts:
-                stack.enter_context(context())
+        with torch_compat.while_compiling(contexts):
             return fn(*args, **kwargs)
     return call
 
@@ -75,7 +76,9 @@ def compile_blocks(root: nn.Module, paths: Sequence[str], options: CompileOption
                    guard_filter_fn: GuardFilterFn | None = None,
                    precompiled: PrecompiledState | None = None) -> dict[str, Callable[..., Any]]:
     """``{path: torch.compile(root.get_submodule(path), **options.to_kwargs(guard_filter_fn))}``, lazy; ``root`` is
-    not modified; inductor blocks run under :func:`core.torch_compat.trusted_cpu_isa`. With ``precompiled`` (and
+    not modified; inductor blocks compile under :func:`core.torch_compat.trusted_cpu_isa` (and
+    :func:`core.torch_compat.specialize_int` with ``options.specialize_ints``), both held only while a call compiles
+    (:func:`core.torch_compat.while_compiling`). With ``precompiled`` (and
     the inductor backend), each is behind a :class:`core.compile.precompiled.PrecompiledBlock` sharing that state.
     ``ValueError``: empty, duplicate or unknown path."""
     out: dict[str, Callable[..., Any]] = {}

@@ -6,6 +6,7 @@ fake a missing API with ``monkeypatch`` (restored after each test) and check the
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import types
@@ -71,6 +72,48 @@ def test_specialize_int_is_scoped_and_restored_on_errors() -> None:
         with tc.specialize_int():
             raise KeyError("boom")
     assert cfg.specialize_int is before
+
+
+def test_while_compiling_holds_the_patches_only_while_a_call_compiles() -> None:
+    """The patches reach the compile (the backend sees specialize_int True), a call that compiles nothing enters
+    none (no config write, so torch's config hash stays valid), and a compile outside the block is left alone. A
+    ``torch._dynamo.reset()`` (which drops Dynamo's compile callbacks) in between changes nothing."""
+    with tc.while_compiling([tc.specialize_int]):
+        pass  # registers the callbacks; the reset below drops them
+    torch._dynamo.reset()
+    seen: list[bool] = []
+    entered: list[int] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        seen.append(torch._dynamo.config.specialize_int)
+        return gm.forward
+
+    @contextlib.contextmanager
+    def counted():
+        entered.append(1)
+        with tc.specialize_int():
+            yield
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x * 3 - 1
+
+    compiled = torch.compile(f, backend=backend, dynamic=False)
+    with tc.while_compiling([counted]):
+        out = compiled(torch.ones(3))
+    assert seen == [True] and len(entered) == 1
+    assert torch._dynamo.config.specialize_int is False  # restored when the compile ended
+    clean = torch._dynamo.config.get_hash()
+    with tc.while_compiling([counted]):
+        again = compiled(torch.ones(3))  # no compile: no context, no config write
+    assert len(entered) == 1 and seen == [True]
+    assert torch.equal(out, again)
+    assert torch._dynamo.config.get_hash() == clean
+    with tc.while_compiling([counted]):
+        compiled(torch.ones(5))  # a recompile inside the block: the patches again
+    assert seen == [True, True] and len(entered) == 2
+    torch.compile(lambda x: x + 2, backend=backend, dynamic=False)(torch.ones(2))  # outside: untouched
+    assert seen == [True, True, False] and len(entered) == 2
+    torch._dynamo.reset()
 
 
 def test_counters_and_cache_entries_follow_a_compile() -> None:
