@@ -38,8 +38,8 @@ __all__ = [
     "trusted_cpu_isa", "while_compiling", "fast_isa_probe_child", "COMPILE_STACK_MODULES", "import_compile_stack",
     "tensor_version", "orig_module", "has_compiled_call", "compiled_call", "set_compiled_call",
     "PRECOMPILED_ENV", "aot_compile_support", "aot_compile_enabled", "guard_serialisable", "portable_guard_state",
-    "built_kernel_loads", "checked_once", "pick_cpu_isa", "traced_modules", "compile_config_digest", "module_hook_dicts",
-    "MACHINE_CONFIG_KEYS", "duplicate_source", "guard_arguments", "operator_name",
+    "built_kernel_loads", "checked_once", "pick_cpu_isa", "traced_modules", "compile_config_digest",
+    "module_hook_dicts", "MACHINE_CONFIG_KEYS", "duplicate_source", "guard_arguments", "operator_name",
 ]
 
 #: Names of the settings as messages to users should spell them.
