@@ -31,7 +31,9 @@ Guard kinds and what the pack does with each:
 Guard sources are Dynamo's source names (``G['F'].linear``, ``self._modules['s'].weight_function[0]``,
 ``self.fn.__closure__[0].cell_contents``, ``type(x)``), read here by a small interpreter of names, attributes,
 constant subscripts, ``type(...)``, ``dict(...)`` (read as the mapping itself), ``is`` and ``'key' in``
-(no ``eval``).
+(no ``eval`` of a source). The per-call re-check of a matched set (:meth:`Matched.still`) is one Python function
+generated from those checked syntax trees, never from the source text (:func:`_checker`), which reads each shared
+prefix (``self._modules['attn1']``) once.
 ``G['__import_<module>']`` is that module (Dynamo's alias for the globals of inlined functions from other
 modules). No ComfyUI imports.
 """
@@ -343,22 +345,84 @@ def _carry_one(e: Any, gtype: str, name: str, env: Mapping[str, Any]) -> Carried
 @dataclasses.dataclass
 class Matched:
     """Carried guards found to hold in this process, with the objects they matched: :meth:`still` re-checks them by
-    identity (``is``, ``code``, ``type``) or equality (``eq``, ``len``, ``keys``) in about a microsecond each."""
+    identity (``is``, ``code``, ``type``) or equality (``eq``, ``len``, ``keys``), all in one generated function
+    (:func:`_checker`)."""
 
     guards: tuple[CarriedGuard, ...]
     readers: tuple[Callable[[Mapping[str, Any]], Any], ...]
     seen: tuple[Any, ...]
+    check: Callable[[Mapping[str, Any], tuple[Any, ...]], bool] | None = dataclasses.field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.check is None:
+            self.check = _checker(tuple((g.source, g.kind) for g in self.guards))
 
     def still(self, env: Mapping[str, Any]) -> bool:
         """Whether every guard still reads what it matched (False when a source fails to read)."""
+        return self.check(env, self.seen)
+
+
+#: What :meth:`Matched.still` compares per guard kind: the expression of ``v`` (the source's value now) and whether
+#: by equality (else identity), as :func:`_now` describes it
+_STILL = {"code": ("v.__code__", False), "type": ("type(v)", False), "len": ("len(v)", True),
+          "keys": ("tuple(v.keys())", True), "eq": ("(type(v), v)", True), "same": ("v", True),
+          "contains": ("v", True)}
+
+
+@functools.lru_cache(maxsize=1024)
+def _checker(guards: tuple[tuple[str, str], ...]) -> Callable[[Mapping[str, Any], tuple[Any, ...]], bool]:
+    """One function ``check(env, seen)`` for the carried guards ``(source, kind)``: True when each source read from
+    ``env`` still gives ``seen[i]`` (compared as :func:`_now` describes it), False at the first that does not or that
+    fails to read. Its text is generated from each source's checked syntax tree (:func:`_code`: names, attributes,
+    constant subscripts, ``type``, ``dict``, ``is``, ``in``), never from the source text; a value read by several
+    guards (a shared prefix) is read once per call, in the guards' order."""
+    temps: dict[str, str] = {}
+    lines = ["def check(env, seen):", "    try:"]
+    for i, (source, kind) in enumerate(guards):
+        value = _code(ast.parse(source, mode="eval").body, source, temps, lines)
+        now, by_equality = _STILL.get(kind, ("v", False))
+        lines.append(f"        v = {value}")
+        lines.append(f"        if {now} {'!=' if by_equality else 'is not'} seen[{i}]:")
+        lines.append("            return False")
+    lines += ["    except Exception:", "        return False", "    return True"]
+    namespace: dict[str, Any] = {}
+    exec(compile("\n".join(lines), "<steadfast carried guards>", "exec"), namespace)  # noqa: S102 (generated text)
+    return namespace["check"]
+
+
+def _code(n: ast.AST, source: str, temps: dict[str, str], lines: list[str]) -> str:
+    """Python text reading the node ``n`` of a guard source from ``env``, each value kept in a temporary shared by
+    the guards of one :func:`_checker`; the same node types as :func:`_reader` (:class:`NotDescribable` otherwise).
+    """
+    if isinstance(n, ast.Name):
+        text = f"env[{n.id!r}]"
+    elif isinstance(n, ast.Attribute):
+        text = f"{_code(n.value, source, temps, lines)}.{n.attr}"
+    elif isinstance(n, ast.Subscript):
         try:
-            for g, read, seen in zip(self.guards, self.readers, self.seen):
-                now = _now(g.kind, read(env))
-                if (now != seen) if g.kind in ("eq", "len", "keys", "same", "contains") else (now is not seen):
-                    return False
-        except Exception:  # noqa: BLE001 (a source that no longer reads: the guard does not hold)
-            return False
-        return True
+            index = ast.literal_eval(n.slice)
+        except ValueError as e:
+            raise NotDescribable(f"guard source {source!r}: a subscript that is not a constant") from e
+        text = f"{_code(n.value, source, temps, lines)}[{index!r}]"
+    elif (isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], ast.Is)
+          and len(n.comparators) == 1):
+        return f"({_code(n.left, source, temps, lines)} is {_code(n.comparators[0], source, temps, lines)})"
+    elif (isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], ast.In)
+          and isinstance(n.left, ast.Constant) and len(n.comparators) == 1):
+        return f"({n.left.value!r} in {_code(n.comparators[0], source, temps, lines)})"
+    elif (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("type", "dict")
+          and len(n.args) == 1 and not n.keywords):
+        inner = _code(n.args[0], source, temps, lines)
+        if n.func.id == "dict":  # read the mapping as it is, no copy (as _reader)
+            return inner
+        text = f"type({inner})"
+    else:
+        raise NotDescribable(f"guard source {source!r}: {type(n).__name__} is not read by the pack")
+    name = temps.get(text)
+    if name is None:
+        name = temps[text] = f"t{len(temps)}"
+        lines.append(f"        {name} = {text}")
+    return name
 
 
 def _now(kind: str, value: Any) -> Any:

@@ -105,3 +105,62 @@ def test_torch_operators_are_carried_by_their_qualified_name() -> None:
     assert problems == [] and guards[0].value == "op aten::sin"
     matched, why = cg.match(guards, env)
     assert matched is not None and matched.still(env), why
+
+
+def _interpreted_still(matched: cg.Matched, env) -> bool:
+    """The re-check as the source interpreter (cg._reader) reads it, guard by guard: the reference."""
+    try:
+        for g, seen in zip(matched.guards, matched.seen):
+            now = cg._now(g.kind, cg._reader(g.source)(env))
+            if (now != seen) if g.kind in ("eq", "len", "keys", "same", "contains") else (now is not seen):
+                return False
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
+def test_the_generated_check_agrees_with_the_interpreter_for_every_kind(monkeypatch) -> None:
+    """Matched.still runs one generated function; on every change below it gives what the interpreter gives, and a
+    source outside the checked node types is refused before any text is generated."""
+    block = Block()
+    block.names = ["a", "b"]
+    block.table = {"x": 1, "y": 2}
+    binder = cg.Binder(Block.forward)
+    entries = [entry("G['attention']", "CLOSURE_MATCH", attention),
+               entry("G['SCALE']", "CONSTANT_MATCH", SCALE),
+               entry("self.act", "CLOSURE_MATCH", block.act),
+               entry("self.act.__closure__[0].cell_contents", "CONSTANT_MATCH", 0.5),
+               entry("type(self._modules['lin'])", "ID_MATCH", torch.nn.Linear),
+               entry("self._modules['lin']", "TYPE_MATCH", block.lin),
+               entry("self.names", "LIST_LENGTH", block.names),
+               entry("self.table", "DICT_KEYS_MATCH", block.table)]
+    contains = types.SimpleNamespace(name="dict(type(self._modules['lin']).__dict__)", guard_type="DICT_CONTAINS",
+                                     value=None, has_value=False)
+    monkeypatch.setattr(cg.torch_compat, "guard_arguments", lambda e: {"key": "forward"})
+    guards, problems = cg.carry([*entries, contains], binder(block, (torch.ones(2),), {}))
+    assert problems == [] and {g.kind for g in guards} >= {"code", "eq", "is", "type", "len", "keys", "contains"}
+    matched, why = cg.match(guards, binder(block, (torch.ones(2),), {}))
+    assert matched is not None, why
+
+    def env():
+        return binder(block, (torch.ones(2),), {})
+
+    changes = [lambda: None,
+               lambda: setattr(block, "act", make(0.75)),
+               lambda: setattr(block, "act", make(0.5)),
+               lambda: block.names.append("c"),
+               lambda: block.names.pop(),
+               lambda: block.table.update(z=3),
+               lambda: block.table.pop("z"),
+               lambda: setattr(block, "lin", torch.nn.Linear(2, 2)),
+               lambda: delattr(block, "table")]
+    results = []
+    for change in changes:
+        change()
+        results.append((matched.still(env()), _interpreted_still(matched, env())))
+    assert all(got == ref for got, ref in results), results
+    assert [got for got, _ in results].count(True) >= 1 and [got for got, _ in results].count(False) >= 3
+    with pytest.raises(cg.NotDescribable):
+        cg._checker((("__import__('os').getcwd()", "eq"),))
+    with pytest.raises(cg.NotDescribable):
+        cg._checker((("self.x[G['k']]", "eq"),))
