@@ -54,10 +54,10 @@ class SteadfastHash(io.ComfyNode):
         # 0.33.0 execution.py), so the JSON inputs (filled by Pin) are checked in execute(), naming themselves.
         # A malformed `expected` is refused whatever fail_on_mismatch says: the prompt's answer then carries the
         # error in node_errors (headless/comfy_server.py refuses such a prompt as a whole).
-        e = (expected or "").strip().lower()
-        if e and (len(e) < hashing.MIN_PREFIX or len(e) > 64 or any(c not in "0123456789abcdef" for c in e)):
-            return (f"expected must be a hex SHA-256 (64 characters) or a prefix of at least "
-                    f"{hashing.MIN_PREFIX} characters, got {expected!r}")
+        try:
+            hashing.hash_reference(expected)
+        except ValueError as e:
+            return str(e)
         return True
 
     @classmethod

@@ -9,7 +9,6 @@ the same bit pattern hash the same.
 from __future__ import annotations
 
 import hashlib
-import string
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -25,6 +24,8 @@ __all__ = [
     "hash_inputs",
     "hash_latent",
     "image_to_uint8",
+    "is_sha256",
+    "hash_reference",
     "short",
     "tensor_bytes",
     "tensor_digest",
@@ -32,6 +33,33 @@ __all__ = [
 
 #: Shortest hex prefix :func:`check_expected` accepts (48 bits: a chance match is ~3.6e-15).
 MIN_PREFIX = 12
+_HEX = frozenset("0123456789abcdef")
+
+
+def is_sha256(text: object) -> bool:
+    """Whether ``text`` is a full SHA-256 as the pack writes it: 64 lower-case hex characters."""
+    return isinstance(text, str) and len(text) == 64 and _HEX.issuperset(text)
+
+
+def hash_reference(text: str | None, what: str = "expected", required: bool = False) -> str:
+    """The one rule for a hash a user gives to compare against: ``text`` stripped and lower-cased, which must be a
+    hex SHA-256 (64 characters) or a prefix of at least :data:`MIN_PREFIX` of them (a shorter prefix would call
+    unrelated outputs identical). ``""`` for an empty or missing ``text`` unless ``required``.
+
+    Args:
+        text: the given hash, any case, surrounding whitespace ignored.
+        what: the name of the input, for the error message.
+        required: an empty ``text`` is refused too.
+    Returns:
+        the normalised hash or prefix, or ``""``.
+    Raises:
+        ValueError: not hex, shorter than :data:`MIN_PREFIX` or longer than 64 characters (or empty, ``required``).
+    """
+    ref = (text or "").strip().lower()
+    if (ref or required) and not (MIN_PREFIX <= len(ref) <= 64 and _HEX.issuperset(ref)):
+        raise ValueError(f"{what} must be a hex SHA-256 (64 characters) or a prefix of at least {MIN_PREFIX} "
+                         f"characters, got {text!r}")
+    return ref
 
 
 def tensor_bytes(t: torch.Tensor) -> np.ndarray:
@@ -226,13 +254,10 @@ def check_expected(actual: str, expected: str | None) -> HashCheck:
     Raises:
         ValueError: ``expected`` is not hex, is shorter than :data:`MIN_PREFIX` or longer than 64.
     """
-    exp = (expected or "").strip().lower()
+    exp = hash_reference(expected)
     act = actual.strip().lower()
     if not exp:
         return HashCheck(checked=False, match=False, status="unchecked", actual=act, expected="")
-    if any(c not in string.hexdigits for c in exp) or not MIN_PREFIX <= len(exp) <= 64:
-        raise ValueError(f"expected must be a 64-hex SHA-256 or a hex prefix of at least {MIN_PREFIX} "
-                         f"characters, got {expected!r}")
     match = act.startswith(exp)
     return HashCheck(checked=True, match=match, status="match" if match else "mismatch",
                      actual=act, expected=exp)

@@ -21,7 +21,7 @@ import torch
 
 from ..determinism.noise import item_seeds
 from .environment import environment_fingerprint, fingerprint_digest
-from .hashing import hash_image, tensor_digest
+from .hashing import hash_image, is_sha256, tensor_digest
 
 __all__ = ["KINDS", "OUTPUTS", "PIPELINE_SEED_MODE", "RunRecord", "for_model", "for_pipeline"]
 
@@ -87,7 +87,7 @@ class RunRecord:
         if self.output not in OUTPUTS:
             raise ValueError(f"run record output must be one of {OUTPUTS}, got {self.output!r}")
         h = self.output_sha256
-        if not isinstance(h, str) or len(h) != 64 or any(c not in "0123456789abcdef" for c in h):
+        if not is_sha256(h):
             raise ValueError(f"output_sha256 must be 64 lowercase hex characters, got {h!r}")
         if not self.output_shape or len(self.seeds) != self.output_shape[0]:
             raise ValueError(f"{len(self.seeds)} seeds for an output of shape {self.output_shape}")

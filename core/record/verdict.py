@@ -26,7 +26,6 @@ import base64
 import dataclasses
 import hashlib
 import math
-import string
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,7 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .hashing import MIN_PREFIX
+from .hashing import hash_reference
 
 __all__ = ["THUMB_SIDE", "MAX_ITEMS", "SAME_PICTURE_PSNR_DB", "LEVELS", "EXIT_CODES", "Verdict", "thumbnail",
            "decode_thumbnail", "grade", "grade_tensors", "parse_reference", "check_hash"]
@@ -210,11 +209,7 @@ def check_hash(hash_ref: str) -> str:
     Raises:
         ValueError: anything else (a shorter prefix would call unrelated outputs "identical bytes").
     """
-    ref = (hash_ref or "").strip().lower()
-    if not MIN_PREFIX <= len(ref) <= 64 or any(c not in string.hexdigits for c in ref):
-        raise ValueError(f"a reference hash must be a hex SHA-256 (64 characters) or a prefix of at least "
-                         f"{MIN_PREFIX}, got {hash_ref!r}")
-    return ref
+    return hash_reference(hash_ref, "a reference hash", required=True)
 
 
 def _span(first: int, last: int) -> str:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from steadfast.core.record import hashing
 from steadfast.core.record.hashing import hash_image, hash_latent, image_to_uint8, short, tensor_bytes, tensor_digest
 
 COMFY_NODES = Path(os.environ.get("COMFYUI_PATH", Path.home() / "comfy" / "ComfyUI")).expanduser() / "nodes.py"
@@ -211,3 +212,26 @@ def test_check_expected():
     for bad in ("abc", "zz" * 8, "0" * 65):
         with pytest.raises(ValueError):
             check_expected(d, bad)
+
+
+def test_one_hash_rule_for_every_place_that_takes_a_hash() -> None:
+    """hashing.hash_reference is the rule; the Hash node's validation, check_expected, verdict.check_hash and the
+    run record's output_sha256 agree with it on the same texts."""
+    from steadfast.core.record import verdict
+
+    full = "ab" * 32
+    cases = {"": "", "  " + full.upper() + " ": full, "abcdef012345": "abcdef012345"}
+    for text, want in cases.items():
+        assert hashing.hash_reference(text) == want
+    bad = ["abcdef01234", "g" * 12, full + "0", "abc def 0123"]
+    for text in bad:
+        with pytest.raises(ValueError, match="prefix of at least 12"):
+            hashing.hash_reference(text)
+        with pytest.raises(ValueError, match="prefix of at least 12"):
+            hashing.check_expected(full, text)
+        with pytest.raises(ValueError, match="prefix of at least 12"):
+            verdict.check_hash(text)
+    with pytest.raises(ValueError, match="a reference hash"):
+        verdict.check_hash("")  # a reference is required there
+    assert hashing.check_expected(full, "").status == "unchecked"
+    assert hashing.is_sha256(full) and not hashing.is_sha256(full.upper()) and not hashing.is_sha256(full[:12])
