@@ -31,9 +31,8 @@ Guard kinds and what the pack does with each:
 Guard sources are Dynamo's source names (``G['F'].linear``, ``self._modules['s'].weight_function[0]``,
 ``self.fn.__closure__[0].cell_contents``, ``type(x)``), read here by a small interpreter of names, attributes,
 constant subscripts, ``type(...)``, ``dict(...)`` (read as the mapping itself), ``is`` and ``'key' in``
-(no ``eval`` of a source). The per-call re-check of a matched set (:meth:`Matched.still`) is one Python function
-generated from those checked syntax trees, never from the source text (:func:`_checker`), which reads each shared
-prefix (``self._modules['attn1']``) once.
+(no ``eval``). The per-call re-check of a matched set (:meth:`Matched.still`) runs one flat plan of steps built
+from those syntax trees (:func:`_checker`), which reads each shared prefix (``self._modules['attn1']``) once.
 ``G['__import_<module>']`` is that module (Dynamo's alias for the globals of inlined functions from other
 modules). No ComfyUI imports.
 """
@@ -46,6 +45,7 @@ import enum
 import functools
 import hashlib
 import inspect
+import operator
 import sys
 import types
 from collections.abc import Callable, Mapping, Sequence
@@ -362,67 +362,104 @@ class Matched:
         return self.check(env, self.seen)
 
 
-#: What :meth:`Matched.still` compares per guard kind: the expression of ``v`` (the source's value now) and whether
-#: by equality (else identity), as :func:`_now` describes it
-_STILL = {"code": ("v.__code__", False), "type": ("type(v)", False), "len": ("len(v)", True),
-          "keys": ("tuple(v.keys())", True), "eq": ("(type(v), v)", True), "same": ("v", True),
-          "contains": ("v", True)}
+def _same(v: Any) -> Any:
+    return v
+
+
+#: What :meth:`Matched.still` compares per guard kind: the value it takes of ``v`` (the source's value now) and
+#: whether by equality (else identity), as :func:`_now` describes it
+_STILL: dict[str, tuple[Callable[[Any], Any], bool]] = {
+    "code": (operator.attrgetter("__code__"), False), "type": (type, False), "len": (len, True),
+    "keys": (lambda v: tuple(v.keys()), True), "eq": (lambda v: (type(v), v), True), "same": (_same, True),
+    "contains": (_same, True)}
+_NAME, _APPLY, _IS, _CHECK = range(4)  # the step kinds of a _checker plan
 
 
 @functools.lru_cache(maxsize=1024)
 def _checker(guards: tuple[tuple[str, str], ...]) -> Callable[[Mapping[str, Any], tuple[Any, ...]], bool]:
     """One function ``check(env, seen)`` for the carried guards ``(source, kind)``: True when each source read from
     ``env`` still gives ``seen[i]`` (compared as :func:`_now` describes it), False at the first that does not or that
-    fails to read. Its text is generated from each source's checked syntax tree (:func:`_code`: names, attributes,
-    constant subscripts, ``type``, ``dict``, ``is``, ``in``), never from the source text; a value read by several
-    guards (a shared prefix) is read once per call, in the guards' order."""
-    temps: dict[str, str] = {}
-    lines = ["def check(env, seen):", "    try:"]
-    for i, (source, kind) in enumerate(guards):
-        value = _code(ast.parse(source, mode="eval").body, source, temps, lines)
-        now, by_equality = _STILL.get(kind, ("v", False))
-        lines.append(f"        v = {value}")
-        lines.append(f"        if {now} {'!=' if by_equality else 'is not'} seen[{i}]:")
-        lines.append("            return False")
-    lines += ["    except Exception:", "        return False", "    return True"]
-    namespace: dict[str, Any] = {}
-    exec(compile("\n".join(lines), "<steadfast carried guards>", "exec"), namespace)  # noqa: S102 (generated text)
-    return namespace["check"]
+    fails to read.
 
+    The sources' syntax trees (the node types of :func:`_reader`, :class:`NotDescribable` otherwise) become one flat
+    plan of steps, in the guards' order: read a name, apply an attribute / item / ``type`` / ``in`` getter to an
+    earlier value, compare two values by identity, check guard ``i``. A value several guards read (a shared prefix
+    such as ``self._modules['attn1']``) is one step, read once per call; the getters are ``operator``'s. No text is
+    evaluated."""
+    steps: list[tuple[int, Any, Any]] = []
+    index: dict[str, int] = {}
 
-def _code(n: ast.AST, source: str, temps: dict[str, str], lines: list[str]) -> str:
-    """Python text reading the node ``n`` of a guard source from ``env``, each value kept in a temporary shared by
-    the guards of one :func:`_checker`; the same node types as :func:`_reader` (:class:`NotDescribable` otherwise).
-    """
-    if isinstance(n, ast.Name):
-        text = f"env[{n.id!r}]"
-    elif isinstance(n, ast.Attribute):
-        text = f"{_code(n.value, source, temps, lines)}.{n.attr}"
-    elif isinstance(n, ast.Subscript):
-        try:
-            index = ast.literal_eval(n.slice)
-        except ValueError as e:
-            raise NotDescribable(f"guard source {source!r}: a subscript that is not a constant") from e
-        text = f"{_code(n.value, source, temps, lines)}[{index!r}]"
-    elif (isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], ast.Is)
-          and len(n.comparators) == 1):
-        return f"({_code(n.left, source, temps, lines)} is {_code(n.comparators[0], source, temps, lines)})"
-    elif (isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], ast.In)
-          and isinstance(n.left, ast.Constant) and len(n.comparators) == 1):
-        return f"({n.left.value!r} in {_code(n.comparators[0], source, temps, lines)})"
-    elif (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("type", "dict")
-          and len(n.args) == 1 and not n.keywords):
-        inner = _code(n.args[0], source, temps, lines)
-        if n.func.id == "dict":  # read the mapping as it is, no copy (as _reader)
-            return inner
-        text = f"type({inner})"
-    else:
+    def step(key: str, kind: int, a: Any, b: Any) -> int:
+        if key not in index:
+            index[key] = len(steps)
+            steps.append((kind, a, b))
+        return index[key]
+
+    def plan(n: ast.AST, source: str) -> tuple[int, str]:
+        if isinstance(n, ast.Name):
+            key = f"env[{n.id!r}]"
+            return step(key, _NAME, n.id, None), key
+        if isinstance(n, ast.Attribute):
+            at, inner = plan(n.value, source)
+            key = f"{inner}.{n.attr}"
+            return step(key, _APPLY, operator.attrgetter(n.attr), at), key
+        if isinstance(n, ast.Subscript):
+            at, inner = plan(n.value, source)
+            try:
+                item = ast.literal_eval(n.slice)
+            except ValueError as e:
+                raise NotDescribable(f"guard source {source!r}: a subscript that is not a constant") from e
+            key = f"{inner}[{item!r}]"
+            return step(key, _APPLY, operator.itemgetter(item), at), key
+        if (isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], ast.Is)
+                and len(n.comparators) == 1):
+            (left, lk), (right, rk) = plan(n.left, source), plan(n.comparators[0], source)
+            return step(f"({lk} is {rk})", _IS, left, right), f"({lk} is {rk})"
+        if (isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], ast.In)
+                and isinstance(n.left, ast.Constant) and len(n.comparators) == 1):
+            at, inner = plan(n.comparators[0], source)
+            member = n.left.value
+            key = f"({member!r} in {inner})"
+            return step(key, _APPLY, lambda container: member in container, at), key
+        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("type", "dict")
+                and len(n.args) == 1 and not n.keywords):
+            at, inner = plan(n.args[0], source)
+            if n.func.id == "dict":  # read the mapping as it is, no copy (as _reader)
+                return at, inner
+            return step(f"type({inner})", _APPLY, type, at), f"type({inner})"
         raise NotDescribable(f"guard source {source!r}: {type(n).__name__} is not read by the pack")
-    name = temps.get(text)
-    if name is None:
-        name = temps[text] = f"t{len(temps)}"
-        lines.append(f"        {name} = {text}")
-    return name
+
+    for i, (source, kind) in enumerate(guards):
+        try:
+            node = ast.parse(source, mode="eval").body
+        except SyntaxError as e:
+            raise NotDescribable(f"guard source {source!r} is not an expression") from e
+        at, _ = plan(node, source)
+        now, by_equality = _STILL.get(kind, (_same, False))
+        steps.append((_CHECK, at, (i, now, by_equality)))
+    frozen = tuple(steps)
+
+    def check(env: Mapping[str, Any], seen: tuple[Any, ...]) -> bool:
+        vals: list[Any] = []
+        keep = vals.append
+        try:
+            for kind, a, b in frozen:
+                if kind == _APPLY:
+                    keep(a(vals[b]))
+                elif kind == _NAME:
+                    keep(env[a])
+                elif kind == _IS:
+                    keep(vals[a] is vals[b])
+                else:
+                    i, now, by_equality = b
+                    value = now(vals[a])
+                    if (value != seen[i]) if by_equality else (value is not seen[i]):
+                        return False
+                    keep(None)  # keeps the step indices of the values
+        except Exception:  # noqa: BLE001 (a source that no longer reads: the guard does not hold)
+            return False
+        return True
+    return check
 
 
 def _now(kind: str, value: Any) -> Any:
