@@ -10,8 +10,8 @@ from .determinism_node import SteadfastDeterminismSetup
 from .hash_node import SteadfastHash
 from .host.public_text import guard_node
 from .host.routes import register_routes
+from .host.startup import warm_start_at_server_start
 from .optimize_node import SteadfastOptimizeModel
-from .patches.compile import warm_start_at_server_start
 from .pipeline_nodes import SteadfastLoadDiffusersPipeline, SteadfastPipelineLoRA
 from .pipeline_optimize_node import SteadfastPipelineDeterminismSetup, SteadfastPipelineOptimize
 from .pipeline_sampler_node import SteadfastPipelineSampler, SteadfastPipelineWarmup

@@ -14,6 +14,7 @@ import os
 import sys
 from typing import Any
 
+import comfy.model_management
 import folder_paths
 
 from ...core.record import environment, model_identity
@@ -49,7 +50,7 @@ def comfy_environment() -> dict[str, Any]:
     (``fast_disk``: disk-backed loading, reported to change outputs, ComfyUI issue 15528), the CUDA-graph switch
     (``cuda_graphs``: ComfyUI's block prefetcher captures CUDA graphs under Dynamic VRAM unless
     ``--disable-cuda-graphs``) and the Comfy Compiler (``comfy_compiler``: ``absent`` / ``on`` / ``off`` /
-    ``disabled``, :func:`nodes.patches.dynamic_vram.comfy_compiler_state`). ``None``: the switch is not in this
+    ``disabled``, :func:`comfy_compiler_state`). ``None``: the switch is not in this
     ComfyUI.
     """
     import torch
@@ -69,13 +70,21 @@ def comfy_environment() -> dict[str, Any]:
         "fast_disk": getattr(args, "fast_disk", None),
         "cuda_graphs": None if not hasattr(args, "disable_cuda_graphs") else
         ("disabled (--disable-cuda-graphs)" if args.disable_cuda_graphs else "allowed"),
-        "comfy_compiler": _comfy_compiler_state(),
+        "comfy_compiler": comfy_compiler_state(),
     }
 
 
-def _comfy_compiler_state() -> str:
-    from ..patches.dynamic_vram import comfy_compiler_state
-    return comfy_compiler_state()
+def comfy_compiler_state() -> str:
+    """The Comfy Compiler (ComfyUI's memory compiler + CUDA graphs, on wherever Dynamic VRAM is, switched off with
+    ``--disable-comfy-compiler``): ``"absent"`` in a ComfyUI without that switch (0.33.0 and 0.8.0 have none),
+    ``"disabled"`` when the switch is given, ``"on"`` when present and Dynamic VRAM is active, else ``"off"``."""
+    args = comfy.model_management.args
+    if not hasattr(args, "disable_comfy_compiler"):
+        return "absent"
+    if args.disable_comfy_compiler:
+        return "disabled"
+    memory = sys.modules.get("comfy.memory_management")
+    return "on" if getattr(memory, "aimdo_enabled", False) else "off"
 
 
 def model_file(prompt: dict[str, Any] | None, node_id: str | None) -> dict[str, Any]:

@@ -7,7 +7,7 @@ time (comfy/model_patcher.py ModelPatcherDynamic.load: ``<param>_lowvram_functio
 """
 from __future__ import annotations
 
-import comfy.model_management
+from ..host.identity import comfy_compiler_state
 
 __all__ = ["NOT_APPLIED_DYNAMIC", "is_dynamic", "compile_clone", "comfy_compiler_state", "check_comfy_compiler"]
 
@@ -27,20 +27,6 @@ def compile_clone(model):
     versions without Dynamic VRAM, whose ``clone`` has no ``disable_dynamic``). The non-dynamic copy loads its
     weights again (``cached_patcher_init``), as core's node does."""
     return model.clone(disable_dynamic=True) if is_dynamic(model) else model.clone()
-
-
-def comfy_compiler_state() -> str:
-    """The Comfy Compiler (ComfyUI's memory compiler + CUDA graphs, on wherever Dynamic VRAM is, switched off with
-    ``--disable-comfy-compiler``): ``"absent"`` in a ComfyUI without that switch (0.33.0 and 0.8.0 have none),
-    ``"disabled"`` when the switch is given, ``"on"`` when present and Dynamic VRAM is active, else ``"off"``."""
-    import sys
-    args = comfy.model_management.args
-    if not hasattr(args, "disable_comfy_compiler"):
-        return "absent"
-    if args.disable_comfy_compiler:
-        return "disabled"
-    memory = sys.modules.get("comfy.memory_management")
-    return "on" if getattr(memory, "aimdo_enabled", False) else "off"
 
 
 def check_comfy_compiler(what: str) -> None:
