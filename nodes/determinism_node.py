@@ -64,14 +64,14 @@ class SteadfastDeterminismSetup(io.ComfyNode):
                                                       num_threads=num_threads or None)
         m = model.clone()
         add_determinism(m, policy)
-        pinned = steadfast_options(m).get("attention", "")
+        pinned = steadfast_options(m).attention or ""
         if strict and pinned.startswith("pytorch_sdpa:") and pinned != "pytorch_sdpa:auto":
             # Optimize Model ran first: probe its pinned backend again under the strict policy (torch refuses
             # cuDNN attention under strict deterministic algorithms): refused here, not mid-run
             import comfy.model_management
             plan_attention(m, pinned.split(":", 1)[1], comfy.model_management.get_torch_device())
         rows = add_batch_invariance(m, batch_invariant).details["policy"]
-        steadfast_options(m)["batch_invariant"] = rows
+        steadfast_options(m).batch_invariant = rows
         report = determinism_policy.describe_policy(policy) + "\nbatch-invariant sampling: " + (
             "on (" + "; ".join(rows.values()) + ")" if isinstance(rows, dict) else rows) + "\n" + server_risks_text()
         return io.NodeOutput(m, report, ui=ui.PreviewText(report))

@@ -18,7 +18,6 @@ from .patches import layout as layout_patch
 from .patches import precision as precision_patch
 from .patches import qkv as qkv_patch
 from .patches import quantize as quantize_patch
-from .patches.options import steadfast_options
 
 
 def model_options(qkv_fusion: bool, channels_last: bool, attention: str, compile: str, backend: str, mode: str,
@@ -129,5 +128,4 @@ class SteadfastOptimizeModel(io.ComfyNode):
                              strict_recompiles, compile_cache, precision, inductor_preset, quantize)
         m, steps = optimize_model(model, opts, comfy.model_management.get_torch_device())
         report = "\n".join(line for s in steps for line in s.lines)
-        steadfast_options(m)["optimize_report"] = report
         return io.NodeOutput(m, report, ui=ui.PreviewText(report))

@@ -18,18 +18,17 @@ from ..core.record import run_record
 from .host import identity
 from .host import noise as host_noise
 from .patches.compile import compile_state
-from .patches.options import steadfast_options
+from .patches.options import SteadfastOptions, steadfast_options
 from .patches.qkv import qkv_counters
 
 BATCH_SEED_MODES = ["incremental", "comfy"]
 
 
-def _attention_of(opts: dict) -> str:
+def _attention_of(opts: SteadfastOptions) -> str:
     """The attention that ran: Optimize Model's SDPA backend, else SDPA pinned by batch invariance, else ComfyUI's."""
-    chosen = opts.get("attention")
-    if chosen is not None:
-        return chosen
-    if isinstance(opts.get("batch_invariant"), dict):
+    if opts.attention is not None:
+        return opts.attention
+    if isinstance(opts.batch_invariant, dict):
         return "pytorch_sdpa:auto (pinned by batch_invariant: ComfyUI's own choice chunks by free memory)"
     return "comfy default"
 
@@ -124,124 +123,162 @@ class SteadfastSeededSampler(io.ComfyNode):
                 negative, latent_image: dict, denoise: float = 1.0,
                 batch_seed_mode: str = "incremental") -> io.NodeOutput:
         portable.check_device(model.load_device, "the model")  # portable records only for CPU-computed bits
-        latent = latent_image["samples"]
-        latent = comfy.sample.fix_empty_latent_channels(model, latent)
+        latent = comfy.sample.fix_empty_latent_channels(model, latent_image["samples"])
         batch_index = latent_image.get("batch_index")
         opts = steadfast_options(model)
         sampler = comfy.samplers.sampler_object(sampler_name)
-        split = None  # why each item is sampled alone (batch_invariant + a sampler whose control couples items)
-        if batch_seed_mode == "incremental" and isinstance(opts.get("batch_invariant"), dict) and latent.shape[0] > 1:
-            split = host_noise.couples_items(sampler)
-            if split is not None:
-                _check_item_conds(positive, negative, latent.shape[0], sampler_name)
+        split = _item_by_item(opts, sampler, sampler_name, batch_seed_mode, latent.shape[0], positive, negative)
         host_noise.check_run_seed(sampler, seed, latent.shape[0], batch_seed_mode, model.load_device,
                                   batch_index=batch_index, item_by_item=split is not None)
-        draw, comfy_identical = None, None
-        if batch_seed_mode == "comfy":  # the pack's own draw against the running ComfyUI's, once per dtype
-            draw, comfy_identical = host_noise.comfy_draw(latent.dtype, noise.draw)
-        x0 = noise.seeded_noise(tuple(latent.shape), seed, mode=batch_seed_mode, dtype=latent.dtype,
-                                batch_index=batch_index, draw_dtype=draw)
+        x0, comfy_identical = _initial_noise(latent, seed, batch_seed_mode, batch_index)
         ks = comfy.samplers.KSampler(model, steps=steps, device=model.load_device, sampler=sampler_name,
                                      scheduler=scheduler, denoise=denoise, model_options=model.model_options)
-        preview = latent_preview.prepare_callback(model, steps)
-        during: dict = {}
-
-        def callback(step, x0_pred, x, total_steps):
-            # Runs inside sampling, i.e. inside Determinism Setup's policy: record what was in effect.
-            if not during:
-                during["num_threads"] = torch.get_num_threads()
-                during["flags"] = torch_state.snapshot_state(load_inductor=True).as_dict()
-                during["cpu_settings"] = portable.cpu_settings()
-            return preview(step, x0_pred, x, total_steps)
-
-        def sample(part_sampler, part_x0, part_latent, part_seed, part_mode, mask):
-            """One ``sample_custom`` call with the pack's per-step noise for ``part_latent`` at ``part_seed``."""
-            ns, described = host_noise.per_step_noise(part_sampler, part_latent, ks.sigmas, part_seed, part_mode,
-                                                      model.load_device)
-            if ns is not None:  # built from ComfyUI's x (the dtype ComfyUI samples in), as ComfyUI's own
-                host_noise.bind_to_x(part_sampler, ns)
-                part_sampler.extra_options = {**part_sampler.extra_options, "noise_sampler": ns}
-            try:
-                return comfy.sample.sample_custom(model, part_x0, cfg, part_sampler, ks.sigmas, positive, negative,
-                                                  part_latent, noise_mask=mask, callback=callback,
-                                                  disable_pbar=not comfy.utils.PROGRESS_BAR_ENABLED,
-                                                  seed=part_seed), described
-            except RuntimeError as e:
-                if part_latent.dtype in (torch.float16, torch.bfloat16) and "dtype" in str(e):
-                    raise HalfLatentError(
-                        f"{sampler_name} cannot sample this {part_latent.dtype} LATENT on this ComfyUI: {e}. This "
-                        "ComfyUI samples a half-precision LATENT in its own dtype and the sampler mixes it with "
-                        "float32; stock KSampler meets the same error. Use a float32 LATENT (no half-precision "
-                        "cast before the sampler) or another sampler.") from e
-                raise
-            finally:
-                if ns is not None:
-                    ns.close()  # a CPU noise sampler's prefetch thread (a draw for a step that never came is dropped)
-
+        run = _Run(model, ks, cfg, positive, negative, sampler_name, steps)
         portable.pin_thread()  # inductor's config is per thread in torch 2.14 (core/determinism/portable.py)
         # base weights + patches, before sampling: never inside the step loop (the base is hashed once per model)
         model_id = identity.model_identity_of(model)
-        qkv_before = qkv_counters(model)
-        sdpa_before = sdpa.fallback_counts()
+        qkv_before, sdpa_before = qkv_counters(model), sdpa.fallback_counts()
         t0 = time.perf_counter()
-        # CPU Brownian trees (torchsde) draw with torch.randn on CPU generators: routed to portable noise only
-        # where torch's own bytes differ (core/determinism/randn_route.routed_dtypes; nothing is replaced on x86 AVX2)
-        with randn_route.portable_generator_randn():
-            if split is None:
-                samples, per_step = sample(sampler, x0, latent, seed, batch_seed_mode,
-                                           latent_image.get("noise_mask"))
-            else:  # each item alone, as the batch-1 run at its own seed (same x0 rows: incremental noise)
-                masks = _item_masks(latent_image.get("noise_mask"), latent.shape[0])
-                parts = []
-                for i, item_seed in enumerate(noise.item_seeds(seed, latent.shape[0], "incremental", batch_index)):
-                    part, per_step = sample(comfy.samplers.sampler_object(sampler_name), x0[i:i + 1],
-                                            latent[i:i + 1], item_seed, batch_seed_mode, masks[i])
-                    parts.append(part)
-                samples = torch.cat(parts)
-                per_step = f"{per_step}, each item alone at its own seed"
+        samples, per_step = run.all_items(sampler, x0, latent, latent_image, seed, batch_seed_mode, batch_index,
+                                          split)
         seconds = time.perf_counter() - t0
-        out = dict(latent_image)
-        out["samples"] = samples
-
-        fell_back = sdpa.fallbacks_since(sdpa_before)  # pinned-backend calls torch refused, run on its own choice
-        qkv_after = qkv_counters(model)
-        qkv_state: dict | int = 0
-        if qkv_after["modules"]:
-            qkv_state = {"modules": qkv_after["modules"], "live_after_run": qkv_after["live"],
-                         "calls_this_run": {k: qkv_after[k] - qkv_before[k] for k in ("qkv", "kv", "separate")},
-                         "separate_reasons": qkv_after["separate_reasons"],
-                         "note": "projections inside torch.compile regions are not counted"}
+        out = {**latent_image, "samples": samples}
+        details = _details(per_step, split, sampler_name, comfy_identical, _qkv_state(model, qkv_before),
+                           sdpa.fallbacks_since(sdpa_before), opts)
         compiled = compile_state(model)
         record = run_record.for_model(
             seed=seed, batch=latent.shape[0], batch_seed_mode=batch_seed_mode, steps=steps, cfg=cfg,
             denoise=denoise, sampler=sampler_name, scheduler=scheduler, samples=samples,
-            settings=dict(
-                device=str(model.load_device),
-                dtype=_dtype_of(model),
-                attention=_attention_of(opts),
-                qkv_fusion=opts.get("qkv_fusion", 0),
-                channels_last=opts.get("channels_last", False),
-                compile=compiled,
-                determinism=(opts.get("last_determinism") or opts.get("determinism")
-                             or "not set (Determinism Setup not used)"),
-                **({"quantize": opts["quantize"]} if "quantize" in opts else {}),  # absent when off (older records)
-            ),
-            host={**identity.versions(), **identity.comfy_environment()},
-            during=during, compile=compiled, model_identity=model_id,
+            settings=_settings(model, opts, compiled), host={**identity.versions(), **identity.comfy_environment()},
+            during=run.during, compile=compiled, model_identity=model_id,
             model_file=identity.model_file(cls.hidden.prompt if cls.hidden else None,
                                            cls.hidden.unique_id if cls.hidden else None),
-            seconds=seconds,
-            details={"per_step_noise": per_step, "cpu_randn": randn_route.route_record(),
-                     **({} if split is None else {"item_by_item": f"each item sampled alone (batch_invariant): "
-                                                                  f"{sampler_name}: {split}"}),
-                     **({} if comfy_identical is None else {"comfy_initial_noise": (
-                         "bit-identical to KSampler's prepare_noise here" if comfy_identical else
-                         "NOT bit-identical to KSampler's here: this torch's own CPU randn is not the portable "
-                         "(x86 AVX2) one for this dtype; the pack's noise is")}),
-                     "qkv_fusion": qkv_state,
-                     **({"attention_fallbacks": fell_back} if fell_back else {}),
-                     "batch_invariant": opts.get("batch_invariant", "not set")},
-        )
+            seconds=seconds, details=details)
         text = record.as_json()
         return io.NodeOutput(out, text, ui={"text": [record.summary_text()],
                                             "steadfast_run_record": [run_record.RunRecord.from_json(text).as_dict()]})
+
+
+def _item_by_item(opts: SteadfastOptions, sampler, sampler_name: str, batch_seed_mode: str, batch: int, positive,
+                  negative) -> str | None:
+    """Why each item is sampled alone (batch invariance on, and a sampler whose step control couples the items),
+    or None. Raises ``ValueError`` (:func:`_check_item_conds`) for conditioning that cannot be split per item."""
+    if batch_seed_mode != "incremental" or not isinstance(opts.batch_invariant, dict) or batch <= 1:
+        return None
+    split = host_noise.couples_items(sampler)
+    if split is not None:
+        _check_item_conds(positive, negative, batch, sampler_name)
+    return split
+
+
+def _initial_noise(latent: torch.Tensor, seed: int, batch_seed_mode: str, batch_index) -> tuple[torch.Tensor,
+                                                                                                  bool | None]:
+    """The initial noise (:func:`core.determinism.noise.seeded_noise`), and for ``comfy`` mode whether the pack's
+    draw is bit-identical to the running ComfyUI's (checked once per dtype; None in ``incremental`` mode)."""
+    draw, comfy_identical = None, None
+    if batch_seed_mode == "comfy":  # the pack's own draw against the running ComfyUI's, once per dtype
+        draw, comfy_identical = host_noise.comfy_draw(latent.dtype, noise.draw)
+    x0 = noise.seeded_noise(tuple(latent.shape), seed, mode=batch_seed_mode, dtype=latent.dtype,
+                            batch_index=batch_index, draw_dtype=draw)
+    return x0, comfy_identical
+
+
+class _Run:
+    """One sampling run of the Seeded Sampler: the ``sample_custom`` calls with the pack's per-step noise, and what
+    was in effect during sampling (``during``: threads, torch flags, CPU settings, read at the first step)."""
+
+    def __init__(self, model, ks, cfg: float, positive, negative, sampler_name: str, steps: int) -> None:
+        self.model, self.ks, self.cfg, self.positive, self.negative = model, ks, cfg, positive, negative
+        self.sampler_name = sampler_name
+        self.preview = latent_preview.prepare_callback(model, steps)
+        self.during: dict = {}
+
+    def callback(self, step, x0_pred, x, total_steps):
+        # Runs inside sampling, i.e. inside Determinism Setup's policy: record what was in effect.
+        if not self.during:
+            self.during["num_threads"] = torch.get_num_threads()
+            self.during["flags"] = torch_state.snapshot_state(load_inductor=True).as_dict()
+            self.during["cpu_settings"] = portable.cpu_settings()
+        return self.preview(step, x0_pred, x, total_steps)
+
+    def all_items(self, sampler, x0, latent, latent_image: dict, seed: int, mode: str, batch_index,
+                  split: str | None) -> tuple[torch.Tensor, str]:
+        """The whole batch in one call, or with ``split`` each item alone at its own seed (same x0 rows:
+        incremental noise). CPU Brownian trees (torchsde) draw with torch.randn on CPU generators: routed to
+        portable noise only where torch's own bytes differ (core/determinism/randn_route.routed_dtypes)."""
+        with randn_route.portable_generator_randn():
+            if split is None:
+                return self.one(sampler, x0, latent, seed, mode, latent_image.get("noise_mask"))
+            masks = _item_masks(latent_image.get("noise_mask"), latent.shape[0])
+            parts = []
+            for i, item_seed in enumerate(noise.item_seeds(seed, latent.shape[0], "incremental", batch_index)):
+                part, per_step = self.one(comfy.samplers.sampler_object(self.sampler_name), x0[i:i + 1],
+                                          latent[i:i + 1], item_seed, mode, masks[i])
+                parts.append(part)
+            return torch.cat(parts), f"{per_step}, each item alone at its own seed"
+
+    def one(self, part_sampler, part_x0, part_latent, part_seed, part_mode, mask) -> tuple[torch.Tensor, str]:
+        """One ``sample_custom`` call with the pack's per-step noise for ``part_latent`` at ``part_seed``."""
+        ns, described = host_noise.per_step_noise(part_sampler, part_latent, self.ks.sigmas, part_seed, part_mode,
+                                                  self.model.load_device)
+        if ns is not None:  # built from ComfyUI's x (the dtype ComfyUI samples in), as ComfyUI's own
+            host_noise.bind_to_x(part_sampler, ns)
+            part_sampler.extra_options = {**part_sampler.extra_options, "noise_sampler": ns}
+        try:
+            return comfy.sample.sample_custom(self.model, part_x0, self.cfg, part_sampler, self.ks.sigmas,
+                                              self.positive, self.negative, part_latent, noise_mask=mask,
+                                              callback=self.callback,
+                                              disable_pbar=not comfy.utils.PROGRESS_BAR_ENABLED,
+                                              seed=part_seed), described
+        except RuntimeError as e:
+            if part_latent.dtype in (torch.float16, torch.bfloat16) and "dtype" in str(e):
+                raise HalfLatentError(
+                    f"{self.sampler_name} cannot sample this {part_latent.dtype} LATENT on this ComfyUI: {e}. This "
+                    "ComfyUI samples a half-precision LATENT in its own dtype and the sampler mixes it with "
+                    "float32; stock KSampler meets the same error. Use a float32 LATENT (no half-precision "
+                    "cast before the sampler) or another sampler.") from e
+            raise
+        finally:
+            if ns is not None:
+                ns.close()  # a CPU noise sampler's prefetch thread (a draw for a step that never came is dropped)
+
+
+def _qkv_state(model, before: dict) -> dict | int:
+    """The fused projections' counters of this run (0 when the model has none)."""
+    after = qkv_counters(model)
+    if not after["modules"]:
+        return 0
+    return {"modules": after["modules"], "live_after_run": after["live"],
+            "calls_this_run": {k: after[k] - before[k] for k in ("qkv", "kv", "separate")},
+            "separate_reasons": after["separate_reasons"],
+            "note": "projections inside torch.compile regions are not counted"}
+
+
+def _settings(model, opts: SteadfastOptions, compiled) -> dict:
+    """The run record's ``settings``: device, dtype and what the pack's patches set on this clone."""
+    return dict(
+        device=str(model.load_device),
+        dtype=_dtype_of(model),
+        attention=_attention_of(opts),
+        qkv_fusion=opts.qkv_fusion,
+        channels_last=opts.channels_last,
+        compile=compiled,
+        determinism=opts.last_determinism or opts.determinism or "not set (Determinism Setup not used)",
+        **({"quantize": opts.quantize} if opts.quantize is not None else {}),  # absent when off (older records)
+    )
+
+
+def _details(per_step: str, split: str | None, sampler_name: str, comfy_identical: bool | None, qkv_state,
+             fell_back: dict, opts: SteadfastOptions) -> dict:
+    """The run record's ``details``: per-step noise, CPU randn routing, item-by-item sampling, the initial noise
+    against KSampler's (``comfy`` mode), fused projections, SDPA fallbacks, batch invariance."""
+    return {"per_step_noise": per_step, "cpu_randn": randn_route.route_record(),
+            **({} if split is None else {"item_by_item": f"each item sampled alone (batch_invariant): "
+                                                         f"{sampler_name}: {split}"}),
+            **({} if comfy_identical is None else {"comfy_initial_noise": (
+                "bit-identical to KSampler's prepare_noise here" if comfy_identical else
+                "NOT bit-identical to KSampler's here: this torch's own CPU randn is not the portable "
+                "(x86 AVX2) one for this dtype; the pack's noise is")}),
+            "qkv_fusion": qkv_state,
+            **({"attention_fallbacks": fell_back} if fell_back else {}),
+            "batch_invariant": opts.batch_invariant if opts.batch_invariant is not None else "not set"}

@@ -24,6 +24,7 @@ key                            extension point                             job (
 =============================  ==========================================  ======================================
 
 Also: :mod:`.attention` (the SDPA override in ``transformer_options``), :mod:`.precision` (ComfyUI's compute-dtype
-patch), :mod:`.dynamic_vram` (Dynamic VRAM and the Comfy Compiler), :mod:`.options` (``model_options["steadfast"]``).
+patch), :mod:`.dynamic_vram` (Dynamic VRAM and the Comfy Compiler), :mod:`.options` (``SteadfastOptions``, at
+``model_options["steadfast"]``).
 Import the modules (``from .patches import qkv``); this package re-exports nothing.
 """

@@ -54,7 +54,7 @@ def comfy_attention_passthrough(func: Callable, *args, **kwargs):
 
 def policy_is_strict(model) -> bool:
     """Whether ``model`` carries a Determinism Setup policy with ``strict`` on (torch then refuses cuDNN attention)."""
-    policy = steadfast_options(model).get("determinism")
+    policy = steadfast_options(model).determinism
     return bool(isinstance(policy, dict) and policy.get("strict"))
 
 
@@ -70,7 +70,7 @@ def set_attention(model, backend: str) -> None:
     """Route the model's attention through PyTorch SDPA with a pinned backend ("auto" = torch's choice)."""
     to = model.model_options.setdefault("transformer_options", {})
     to["optimized_attention_override"] = attention_override(backend)
-    steadfast_options(model)["attention"] = f"pytorch_sdpa:{backend}"
+    steadfast_options(model).attention = f"pytorch_sdpa:{backend}"
 
 
 def keep_comfy_attention(model) -> None:

@@ -144,7 +144,7 @@ def add_compile(model, record: CompileRecord, scope: str,
     model.weight_inplace_update = True  # LoRA patches keep Parameter identity -> no recompiles
     if cache is not None:  # with what opening it said (a cache moved aside at open: foreign, or an artifact changed)
         registry.REGISTRY.note_compile_cache(record, cache.as_dict(), cache.messages)
-    steadfast_options(model)["compile"] = {"mode": scope, "record_created": record.created, **record.summary(),
+    steadfast_options(model).compile = {"mode": scope, "record_created": record.created, **record.summary(),
                                            **({} if inductor_preset == inductor_presets.NONE
                                               else {"inductor_preset": inductor_preset})}
     return StepReport("compile", True, list(record.blocks), {"scope": scope, "record": record.label})
@@ -211,7 +211,7 @@ def compile_model(model, options: OptimizeOptions) -> StepReport:
 
 def compile_state(model) -> dict | str:
     """Live compile summary of this clone ("off" when it carries no Steadfast compile)."""
-    snap = steadfast_options(model).get("compile")
+    snap = steadfast_options(model).compile
     if not snap:
         return "off"
     rec = registry.REGISTRY.get(model.model)

@@ -20,7 +20,7 @@ def add_determinism(model, policy: DeterminismPolicy) -> StepReport:
     """Apply ``policy`` around every sampling call of ``model`` (a clone) and restore after it.
 
     Args:
-        model: a ComfyUI ``ModelPatcher`` clone (changed in place: a keyed wrapper, ``model_options["steadfast"]``).
+        model: a ComfyUI ``ModelPatcher`` clone (changed in place: a keyed wrapper, its ``SteadfastOptions``).
         policy: the determinism policy to enter for each sampling call.
     Returns:
         a "determinism" :class:`StepReport`, applied, with the policy as recorded (``details["policy"]``).
@@ -28,10 +28,10 @@ def add_determinism(model, policy: DeterminismPolicy) -> StepReport:
 
     def wrapper(executor, *args, **kwargs):
         with determinism.deterministic(policy) as report:
-            steadfast_options(executor.class_obj.model_patcher)["last_determinism"] = report.as_dict()
+            steadfast_options(executor.class_obj.model_patcher).last_determinism = report.as_dict()
             return executor(*args, **kwargs)
 
     model.remove_wrappers_with_key(WrappersMP.OUTER_SAMPLE, KEY_DET)
     model.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, KEY_DET, wrapper)
-    steadfast_options(model)["determinism"] = policy.as_dict()
+    steadfast_options(model).determinism = policy.as_dict()
     return StepReport("determinism", True, ["diffusion_model"], {"policy": policy.as_dict()})

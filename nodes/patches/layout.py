@@ -21,7 +21,7 @@ def add_channels_last(model) -> StepReport:
     """Convert conv weights to channels-last before each run of ``model`` (a clone) and back after it.
 
     Under Dynamic VRAM nothing is registered (weights reach the GPU as gathered contiguous copies: the memory-mapped
-    ones are left alone) and ``model_options["steadfast"]["channels_last"]`` says so.
+    ones are left alone) and the clone's ``SteadfastOptions.channels_last`` says so.
 
     Args:
         model: a ComfyUI ``ModelPatcher`` clone.
@@ -29,7 +29,7 @@ def add_channels_last(model) -> StepReport:
         a "channels_last" :class:`StepReport` (not applied under Dynamic VRAM), one report line.
     """
     if is_dynamic(model):  # weights reach the GPU as gathered contiguous copies: leave the mapped ones
-        steadfast_options(model)["channels_last"] = NOT_APPLIED_DYNAMIC
+        steadfast_options(model).channels_last = NOT_APPLIED_DYNAMIC
         return StepReport("channels_last", False, note=NOT_APPLIED_DYNAMIC, lines=[
             f"channels_last: {NOT_APPLIED_DYNAMIC} (the memory-mapped weights are left alone)"])
 
@@ -43,6 +43,6 @@ def add_channels_last(model) -> StepReport:
     model.remove_callbacks_with_key(CallbacksMP.ON_CLEANUP, KEY_LAYOUT)
     model.add_callback_with_key(CallbacksMP.ON_PRE_RUN, KEY_LAYOUT, to_cl)
     model.add_callback_with_key(CallbacksMP.ON_CLEANUP, KEY_LAYOUT, back)
-    steadfast_options(model)["channels_last"] = True
+    steadfast_options(model).channels_last = True
     return StepReport("channels_last", True, ["diffusion_model"], lines=[
         "channels_last: conv weights converted during sampling, restored after"])

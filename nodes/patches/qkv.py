@@ -98,7 +98,7 @@ def add_qkv_fusion(model) -> StepReport:
 
     Fusion happens at ``ON_PRE_RUN``, after LoRA/weight patches are applied, and is re-done if weights were replaced
     since. Under Dynamic VRAM nothing is patched (``fused_project`` takes the separate path whenever
-    ``comfy_cast_weights`` is set): ``model_options["steadfast"]["qkv_fusion"]`` says so.
+    ``comfy_cast_weights`` is set): the clone's ``SteadfastOptions.qkv_fusion`` says so.
 
     Args:
         model: a ComfyUI ``ModelPatcher`` clone.
@@ -108,7 +108,7 @@ def add_qkv_fusion(model) -> StepReport:
         under ``diffusion_model`` in ``modules``; not applied under Dynamic VRAM; one report line.
     """
     if is_dynamic(model):  # fused_project takes the separate path whenever comfy_cast_weights is set
-        steadfast_options(model)["qkv_fusion"] = NOT_APPLIED_DYNAMIC
+        steadfast_options(model).qkv_fusion = NOT_APPLIED_DYNAMIC
         return StepReport("qkv_fusion", False, note=NOT_APPLIED_DYNAMIC, lines=[
             (f"qkv_fusion: {NOT_APPLIED_DYNAMIC} (weights are cast per call; compile, or start ComfyUI "
              "with --disable-dynamic-vram, to fuse)")])
@@ -125,7 +125,7 @@ def add_qkv_fusion(model) -> StepReport:
     model.add_callback_with_key(CallbacksMP.ON_PRE_RUN, KEY_QKV, fuse_before_run)
     # in-place weight updates keep the q/k/v views (and compiled graphs' parameters) alive under LoRA
     model.weight_inplace_update = True
-    steadfast_options(model)["qkv_fusion"] = len(found)
+    steadfast_options(model).qkv_fusion = len(found)
     n = len(found)
     return StepReport("qkv_fusion", bool(n), [name for name, _ in found], {"modules": n}, lines=[
         f"qkv_fusion: {n} attention modules fused" if n else

@@ -107,7 +107,7 @@ def add_quantize(model, mode: str, device) -> StepReport:
     for kind, fn in ((CallbacksMP.ON_PRE_RUN, build), (CallbacksMP.ON_DETACH, release)):
         model.remove_callbacks_with_key(kind, KEY_QUANT)
         model.add_callback_with_key(kind, KEY_QUANT, fn)
-    steadfast_options(model)["quantize"] = {"mode": mode, "layers": len(paths), "torchao": qz.torchao_version()}
+    steadfast_options(model).quantize = {"mode": mode, "layers": len(paths), "torchao": qz.torchao_version()}
     choice = qz.Choice(tuple(paths), skipped)
     return StepReport("quantize", True, list(paths), {"mode": mode, "choice": choice}, lines=[
         (f"quantize: {mode} (torchao), {choice.as_text()}; built at the first run from the "

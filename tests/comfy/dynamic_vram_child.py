@@ -64,7 +64,7 @@ def main() -> None:
         before = params_state(unet)
         opt, report = optimize(dyn, qkv_fusion=True, channels_last=True)
         out["dyn_report"] = report
-        out["dyn_options"] = {k: so.steadfast_options(opt).get(k) for k in ("qkv_fusion", "channels_last")}
+        out["dyn_options"] = {k: getattr(so.steadfast_options(opt), k) for k in ("qkv_fusion", "channels_last")}
         out["dyn_object_patches"] = len(opt.object_patches)
         out["dyn_callbacks"] = sorted(k for k in ("steadfast.qkv", "steadfast.layout")
                                       if any(k in str(cbs) for cbs in opt.callbacks.values()))
@@ -79,7 +79,7 @@ def main() -> None:
         out["compiled_clone_dynamic"] = dv.is_dynamic(comp)
         out["compiled_clone_same_module"] = comp.model is model.model
         out["compiled_report"] = report
-        out["compiled_qkv"] = so.steadfast_options(comp).get("qkv_fusion")
+        out["compiled_qkv"] = so.steadfast_options(comp).qkv_fusion
 
         # the Comfy Compiler (absent in 0.33.0): emulate its switch and Dynamic VRAM being active
         import comfy.memory_management as memory
@@ -104,7 +104,7 @@ def main() -> None:
     else:
         plain, report = optimize(model, qkv_fusion=True, compile="regional")
         out["plain_report"] = report
-        out["plain_qkv"] = so.steadfast_options(plain).get("qkv_fusion")
+        out["plain_qkv"] = so.steadfast_options(plain).qkv_fusion
 
     # quantize's refusal when ComfyUI did not apply a layer's patches (partial / dynamic load)
     q, _ = optimize(model, quantize="int8-dynamic")
