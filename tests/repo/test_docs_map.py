@@ -63,3 +63,59 @@ def test_rooms_table_names_every_package_and_only_real_ones() -> None:
     packages = {str(Path(f).parent) for f in tracked(*SHIPPED) if f.endswith("/__init__.py")}
     missing = sorted(packages - named)
     assert not missing, f"packages missing from the rooms table of docs/architecture.md: {missing}"
+
+
+def _room_of(path: str, rooms: set[str]) -> str:
+    """The room (package folder, or ``core`` for core's top floor) of the module file ``path``."""
+    folder = path.rsplit("/", 1)[0]
+    while folder not in rooms and "/" in folder:
+        folder = folder.rsplit("/", 1)[0]
+    return folder
+
+
+def _imported_rooms(room: str, rooms: set[str]) -> set[str]:
+    """The rooms the modules of ``room`` (its own files, not its sub-rooms) import by relative import."""
+    import ast
+
+    out = set()
+    for f in tracked(room):
+        if not f.endswith(".py") or _room_of(f, rooms) != room:
+            continue
+        for node in ast.walk(ast.parse((ROOT / f).read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom) or not node.level:
+                continue
+            base = f.split("/")[:-node.level]
+            for name in ([node.module] if node.module else [a.name for a in node.names]):
+                target = "/".join(base + name.split("."))
+                target = target + ".py" if (ROOT / (target + ".py")).is_file() else target + "/__init__.py"
+                if (ROOT / target).is_file() and (hit := _room_of(target, rooms)) != room:
+                    out.add(hit)
+    return out
+
+
+def test_rooms_table_imports_column_matches_the_imports() -> None:
+    """Each room's "imports" column names exactly the rooms its modules import: ``core.x`` is core/x, ``nodes/x``
+    that room, ``shared leaves`` core's top floor and core/torch_compat, a bare ``core`` any room of core."""
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = doc.split("## Rooms", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `((?:core|nodes|headless)(?:/\w+)*)/`[^|]*\|[^|]*\| ([^|]*) \|$", section, flags=re.M)
+    rooms = {r for r, _ in rows}
+    assert {"core", "nodes", "core/compile", "nodes/host"} <= rooms, rows
+    leaves = {"core", "core/torch_compat"}
+    wrong = {}
+    for room, column in rows:
+        named = set()
+        for token in re.findall(r"`([\w./]+)`", column):
+            named |= {token.replace(".", "/")} if token != "core" else {"core*"}
+        if "shared leaves" in column:
+            named |= leaves
+        actual = _imported_rooms(room, rooms)
+        core_rooms = {r for r in actual if r == "core" or r.startswith("core/")}
+        allowed = named | (core_rooms if "core*" in named else set())
+        unnamed = actual - allowed
+        stale = {n for n in named - {"core*"} - leaves if n not in actual}
+        if "core*" in named and not core_rooms:
+            stale.add("core")
+        if unnamed or stale:
+            wrong[room] = {"imported, not named": sorted(unnamed), "named, not imported": sorted(stale)}
+    assert not wrong, f"docs/architecture.md's rooms table differs from the imports: {wrong}"
