@@ -384,7 +384,7 @@ function pin(node) {
 function showOutput(node, message) {
   const text = message?.text?.join("\n");
   if (text) showText(node, optimizeText(node, text));
-  if (text) markWarm(node);
+  if (text) markWarm(node, message);
   const h = message?.steadfast_hash?.[0];
   if (h) {
     node.steadfast_last = { hash: h.hash, record: h.record || "", reference: h.reference || null };
@@ -401,12 +401,18 @@ function showOutput(node, message) {
   }
 }
 
-// Optimize's report is written when Optimize runs, before Warmup compiles: "compile record (cold); compiles lazily
-// on the first run or in Warmup". Once a Warmup downstream of it has run, that line says warm, in one word, and
-// by whom: "compile record (warm: compiled by Warmup in the last run)". A record Optimize found warm already says
-// so the same way ("(warm: compiled already)"), never "warm; compiles lazily".
+// Optimize's report is written when Optimize runs, before anything compiled: "compile record (cold); compiles lazily
+// on the first run or in Warmup". The nodes that run the model after it report the same record's state in the same
+// words (a sampler's run record: "compile regional (inductor): warm, ..."). Once a node downstream of Optimize ran
+// the compiled model, Optimize's line says warm too, in one word, and by whom: a Warmup, or a sampler whose run
+// record's compile state is warm: "compile record (warm: compiled by Warmup in the last run)"; where that run
+// compiled no graph (Dynamo ran code this server compiled earlier for the same blocks), "(warm: Optimized ran it on
+// code compiled earlier)". A record Optimize found warm already says so the same way ("(warm: compiled already)"),
+// never "warm; compiles lazily". So a template without Warmup no longer shows "(cold)" on Optimize beside "warm" on
+// its sampler.
 const LAZY = /\((\w+)\); compiles lazily on the first run or in (?:Pipeline )?Warmup\b.*$/;
 const WARMUPS = { SteadfastWarmup: "SteadfastOptimizeModel", SteadfastPipelineWarmup: "SteadfastPipelineOptimize" };
+const OPTIMIZERS = new Set(Object.values(WARMUPS));
 // The link into input ``slot`` of ``n``: node.getInputLink(slot) where the frontend has it (1.53 and later mark
 // input.link deprecated, a view of the link store), else the link id in input.link looked up in the graph.
 function inputLink(n, slot, input) {
@@ -427,15 +433,25 @@ function upstream(node) {
   }
   return [...seen];
 }
-function markWarm(warmup) {
-  const optimizeType = WARMUPS[warmup.constructor?.comfyClass ?? warmup.type];
-  if (!optimizeType) return;
-  for (const n of upstream(warmup)) {
-    if ((n.constructor?.comfyClass ?? n.type) !== optimizeType) continue;
+// How ``node`` (reporting ``message``) left the compile record of the model it ran: the words Optimize's line takes,
+// or null where it ran no compiled model, or the record is not warm after it (a compile that failed and ran eager
+// says so on the sampler; Optimize's line keeps "(cold)").
+function compiledBy(node, message) {
+  const type = node.constructor?.comfyClass ?? node.type;
+  const who = node.title ?? type;
+  if (Object.hasOwn(WARMUPS, type)) return `compiled by ${who} in the last run`;
+  const comp = message?.steadfast_run_record?.[0]?.compile;
+  if (!comp || typeof comp !== "object" || comp.status !== "warm") return null;
+  return comp.graphs_this_run ? `compiled by ${who} in the last run` : `${who} ran it on code compiled earlier`;
+}
+function markWarm(node, message) {
+  const by = compiledBy(node, message);
+  if (!by) return;
+  for (const n of upstream(node)) {
+    if (!OPTIMIZERS.has(n.constructor?.comfyClass ?? n.type)) continue;
     const w = n.widgets?.find((x) => x.name === INFO);
     if (!w?.value) continue;
-    const text = String(w.value).split("\n").map((line) => line.replace(LAZY,
-      `(warm: compiled by ${warmup.title ?? "Warmup"} in the last run)`)).join("\n");
+    const text = String(w.value).split("\n").map((line) => line.replace(LAZY, `(warm: ${by})`)).join("\n");
     if (text !== w.value) showText(n, text);
   }
 }
@@ -452,14 +468,18 @@ const ourNodes = () => (app.graph?.nodes ?? []).filter((n) => NODES.has(n.constr
 
 // Switching workflow tabs loads the graph anew (no report, no frame) and then gives the frontend back the tab's
 // node outputs (app.nodeOutputs, the same store that brings back a tab's images): our nodes show theirs again.
-// A workflow loaded into the page has no outputs there, so it shows nothing before it runs.
+// A workflow loaded into the page has no outputs there, so it shows nothing before it runs. The graph's order is not
+// the run's: a sampler can come back before the Optimize upstream of it, so Optimize's line is marked warm again
+// once every report is back (markWarm).
 function restoreReports() {
   const outputs = app.nodeOutputs ?? {};
+  const shown = [];
   for (const node of ourNodes()) {
     const out = outputs[String(node.id)];
     const w = node.widgets?.find((x) => x.name === INFO);
-    if (out?.text && !w?.value) showOutput(node, out);
+    if (out?.text && !w?.value) { showOutput(node, out); shown.push([node, out]); }
   }
+  for (const [node, out] of shown) markWarm(node, out);
 }
 
 // A report that no longer holds. When ComfyUI refuses one of our nodes (node_errors in its answer to the page's

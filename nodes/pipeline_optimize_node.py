@@ -20,6 +20,28 @@ from .host.identity import server_risks_text
 from .pipeline_nodes import DiffusersPipeline, as_handle
 
 
+def compile_lines(rec, reused: bool) -> list[str]:
+    """Pipeline Optimize's lines on its compile record, in the words Optimize Model uses
+    (``nodes/patches/compile.py``): the record's state in one word, once ("new compile record (cold); compiles lazily
+    on the first run or in Pipeline Warmup"), then, for a record that ran before, what it compiled so far. The
+    frontend (``js/steadfast.js`` markWarm) turns that one word warm, naming the node, once Pipeline Warmup or a
+    Pipeline Sampler downstream ran the compiled pipeline; so no other line may carry the state (before, the
+    record's summary here said "cold" a second time, and stayed so beside a warm sampler). ``rec``: the pipeline's
+    :class:`~..core.compile.record.CompileRecord`, or None (nothing compiled yet)."""
+    if rec is None:
+        return ["no compile record yet; compiles lazily on the first run or in Pipeline Warmup"]
+    s = rec.summary()
+    lines = [f"{'reused' if reused else 'new'} compile record ({s['status']}); compiles lazily on the first run or "
+             "in Pipeline Warmup"]  # the blocks and backend: the compile step's line above
+    if s["graphs"] or s["recompiles"]:  # what it compiled so far
+        last = f" (last: {str(s['last_recompile'])[:117]})" if s["last_recompile"] else ""
+        lines.append(f"  {s['label']} so far: {s['graphs']} graph(s), {s['recompiles']} recompile(s){last}")
+    if s["disabled"]:
+        lines.append("DISABLED (running eager)")
+    lines += [f"WARNING: {w}" for w in s["warnings"][-1:]]
+    return lines
+
+
 def pipeline_options(qkv_fusion: bool, channels_last: bool, attention: str, compile: str, backend: str, mode: str,
                      dynamic: str, fullgraph: bool, vae_slicing: bool, vae_tiling: bool) -> OptimizeOptions:
     """Pipeline Optimize's widget values as an :class:`~..core.optimize.plan.OptimizeOptions` (the ``compile``
@@ -87,8 +109,7 @@ class SteadfastPipelineOptimize(io.ComfyNode):
             rec = compile_record(new.pipe)
             if rec is not None:
                 REGISTRY.set_strict(rec, strict_recompiles)
-            lines.append(f"compiles lazily on the first run or in Pipeline Warmup; record: "
-                         f"{rec.as_text() if rec else 'none'}")
+            lines += compile_lines(rec, reused)
             if strict_recompiles:
                 lines.append("strict_recompiles: a recompile after warm-up fails the run, with its reason")
             if compile_cache.strip():

@@ -5,6 +5,9 @@ renderers (the classic canvas and, where the frontend has it, "Nodes 2.0"), and 
 Each template is loaded into the page and run with the Run button's call (``app.queuePrompt``) as shipped, on the
 embedded tiny SD1.5 checkpoint (the Diffusers template on the tiny SD pipeline, ``steadfast tiny-pipeline``, chosen
 in its pipeline_name widget); the page is captured once the reports are shown, and each run's wall time printed.
+Each capture is checked as a user would look at it: no two nodes overlap (in Nodes 2.0 by the node elements on the
+page) and every node whose run output has a report shows it; the script prints both per picture and exits 1 when a
+picture fails either (the picture is still written, to look at).
 Small palette PNGs (1200 px wide), named ``<api name>-comfyui-<version>.png`` (canvas) and
 ``<api name>-comfyui-<version>-nodes2.png`` (``-comfyui-<version>-frontend-<frontend>`` with a frontend other than
 the one that ComfyUI pins: put first on ``PYTHONPATH`` as ``scripts/test_newer_frontend.sh`` does)::
@@ -67,6 +70,27 @@ def _run_from_page(page, server: ComfyServer, timeout: float = 900) -> dict:
         time.sleep(0.5)
     raise TimeoutError("the template did not finish")
 
+
+# What a screenshot must show, checked on the page it is taken from (the same rules as tests/comfy/test_frontend.py):
+# node pairs that overlap (the canvas: the graph's pos/size with the title bar; Nodes 2.0: the node elements'
+# rectangles on the page, by more than 1 px), and the nodes whose run output has a report but whose report box is
+# empty or, in Nodes 2.0, not in the page.
+CHECK_JS = """([renderer, reported]) => {
+  const th = window.LiteGraph?.NODE_TITLE_HEIGHT ?? 30;
+  const boxes = renderer === 'nodes2'
+    ? [...document.querySelectorAll('.lg-node[data-node-id]')].map(e => { const r = e.getBoundingClientRect();
+        return [e.dataset.nodeId, r.left, r.top, r.right, r.bottom] })
+    : window.app.graph.nodes.map(n => [String(n.id), n.pos[0], n.pos[1] - th, n.pos[0] + n.size[0],
+        n.pos[1] + n.size[1]]);
+  const overlaps = [];
+  for (const a of boxes) for (const b of boxes)
+    if (+a[0] < +b[0] && a[1] < b[3] - 1 && b[1] < a[3] - 1 && a[2] < b[4] - 1 && b[2] < a[4] - 1)
+      overlaps.push([a[0], b[0]]);
+  const unshown = reported.filter(id => { const w = window.app.graph.getNodeById(+id)?.widgets
+    ?.find(x => x.name === 'steadfast_info');
+    return !w?.value || (renderer === 'nodes2' && !w.element?.isConnected) });
+  return {overlaps, unshown};
+}"""
 
 THUMB_SIZE, THUMB_BG = (768, 512), (30, 30, 30)
 
@@ -135,6 +159,7 @@ def main() -> int:
         has_vue = page.evaluate("() => { try { window.app.extensionManager.setting.get('Comfy.VueNodes.Enabled');"
                                 " return true } catch (e) { return false } }")
         renderers = ("canvas", "nodes2") if has_vue else ("canvas",)
+        problems: list[str] = []
         if "--nodes2-only" in args:
             renderers = tuple(r for r in renderers if r == "nodes2")
         for renderer in renderers:
@@ -163,6 +188,11 @@ def main() -> int:
                               " e.remove() }) }")
                 page.evaluate("() => window.app.extensionManager.command.execute('Comfy.Canvas.FitView')")
                 page.wait_for_timeout(1500)
+                reported = [i for i, o in entry["outputs"].items() if o.get("text")]
+                seen = page.evaluate(CHECK_JS, [renderer, reported])
+                if seen["overlaps"] or seen["unshown"]:
+                    problems.append(f"{api_name} {renderer}: overlapping nodes {seen['overlaps']}, reports not "
+                                    f"shown {seen['unshown']}")
                 shot = Path(tmp) / "shot.png"
                 page.screenshot(path=str(shot))
                 img = Image.open(shot).convert("RGB")
@@ -172,11 +202,14 @@ def main() -> int:
                 out = OUT / f"{api_name}-comfyui-{version}{suffix}.png"
                 img.quantize(colors=128).save(out, optimize=True)
                 print(out.relative_to(ROOT), renderer, status, f"run {seconds:.1f} s", img.size, out.stat().st_size,
-                      "bytes")
+                      "bytes", f"reports shown {len(reported) - len(seen['unshown'])}/{len(reported)}",
+                      f"overlapping node pairs {len(seen['overlaps'])}")
                 if thumbs and renderer == "canvas":
                     print(write_thumbnail(page, server, entry, ROOT / "example_workflows" / f"{title}.jpg"))
         browser.close()
-    return 0
+    for line in problems:
+        print("NOT AS A USER SHOULD SEE IT:", line, file=sys.stderr)
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

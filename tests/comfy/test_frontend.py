@@ -968,6 +968,54 @@ def test_optimize_report_says_warm_after_warmup(page: Any) -> None:
     assert link_reads == 0, link_reads
 
 
+def test_optimize_and_sampler_say_one_compile_state_after_a_run(page: Any, comfy_server: ComfyServer) -> None:
+    """A template without Warmup (Optimized vs baseline, eager backend for speed), run from the page: Optimize Model
+    reports before anything compiled ("new compile record (cold); compiles lazily ..."), the sampler after it ran the
+    compiled blocks ("compile regional (eager): warm, ..."). Once the sampler has reported, Optimize's line says
+    warm too, naming the sampler: one word for the one record on both nodes, never "(cold)" beside "warm" (before,
+    only a Warmup turned Optimize's line warm). A sampler whose run compiled no graph (Dynamo ran code compiled
+    earlier in the server) is named as having run it; one whose record is not warm leaves the line as it is."""
+    name = api_to_ui.ui_template_name("optimized_vs_baseline")
+    twin = api_twin(name)
+    opt_id = next(i for i, n in twin.items() if n["class_type"] == "SteadfastOptimizeModel")
+    sampler_id = next(i for i, n in twin.items() if n["class_type"] == "SteadfastSeededSampler"
+                      and n["inputs"]["model"][0] == opt_id)
+    comfy_server.free()  # a new model object: a new compile record, cold when Optimize reports
+    load_template(page, name)
+    page.evaluate("(id) => { const w = window.app.graph.getNodeById(+id).widgets.find(x => x.name === 'backend');"
+                  " w.value = 'eager'; w.callback?.('eager') }", opt_id)
+    entry = _run_and_wait(page, comfy_server)
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    outputs = entry["outputs"]
+    written = "\n".join(outputs[opt_id]["text"])
+    assert "new compile record (cold); compiles lazily" in written, written  # what the server wrote, before
+    compiled = outputs[sampler_id]["steadfast_run_record"][0]["compile"]
+    assert compiled["status"] == "warm", compiled
+    sampler_text = "\n".join(outputs[sampler_id]["text"])
+    assert "compile regional (eager): warm," in sampler_text, sampler_text
+    page.wait_for_function("([id, text]) => window.app.graph.getNodeById(+id)?.widgets?.find(w => w.name ==="
+                           " 'steadfast_info')?.value === text", arg=[sampler_id, sampler_text], timeout=30_000)
+    shown = _info(page, opt_id)["text"]
+    title = twin[sampler_id]["_meta"]["title"]
+    by = (f"compiled by {title} in the last run" if compiled["graphs_this_run"]
+          else f"{title} ran it on code compiled earlier")
+    assert f"new compile record (warm: {by})" in shown, shown
+    assert "cold" not in shown and "lazily" not in shown, shown
+    assert _info(page, sampler_id)["text"] == sampler_text  # the sampler's own words are the server's
+
+    # the other two outcomes, fed as ComfyUI's 'executed' messages are: no graph compiled in the run, and a record
+    # that is not warm after it (the compile failed: the sampler says so, Optimize's line stays as written)
+    feed = "([id, m]) => window.app.graph.getNodeById(+id).onExecuted(m)"
+    for state, graphs, want in (("warm", 0, f"new compile record (warm: {title} ran it on code compiled earlier)"),
+                                ("cold", 0, "new compile record (cold); compiles lazily")):
+        page.evaluate(feed, [opt_id, {"text": [written]}])
+        page.evaluate(feed, [sampler_id, {"text": [sampler_text], "steadfast_run_record": [
+            {**outputs[sampler_id]["steadfast_run_record"][0],
+             "compile": {**compiled, "status": state, "graphs_this_run": graphs}}]}])
+        assert want in _info(page, opt_id)["text"], (state, _info(page, opt_id)["text"])
+    assert not page.steadfast_errors, page.steadfast_errors
+
+
 RECORD_DIFFS = ['compile: "off" -> <absent>', 'attention: "sdpa" -> "math"', "num_threads: 2 -> 4"]
 DIFFS_JS = """(id) => {
   const el = document.querySelector(`.lg-node[data-node-id="${id}"] details.steadfast-record-diffs`);

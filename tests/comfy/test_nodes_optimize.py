@@ -3,13 +3,19 @@
 Compile backends: ``eager`` (Dynamo tracing only, runs the same ATen ops, so it must equal the
 uncompiled model bit for bit) for speed, plus one ``inductor`` case (generates C++ with gcc).
 
-Dynamo keeps compiled code per code object for the whole server process and shares it between
-compile calls with the same backend, so each test that needs a *first* compile uses its own
-configuration: attention auto (compile-state test), flash (Warmup test), math (attention and LoRA
-tests; never asserted to be a first compile). ``aot_eager`` belongs to test_nodes_errors.py.
+Dynamo keeps compiled code per code object for the whole server process (every record, backend and attention
+shares ``BasicTransformerBlock.forward``'s cache entries), so this module runs on its OWN server (the
+``comfy_server`` fixture below), as tests/comfy/test_recompiles.py does: what is counted here cannot come from
+another module. On the session's server a module that ran the templates as shipped (inductor, attention auto:
+tests/comfy/test_cached_reports.py) left code whose guards all pass for the eager compile here, and Dynamo counted
+that compile as a recompile ("BACKEND_MATCH failure", different backend callables): the compile-state test failed
+or passed by which modules ran before it. Within the module each test that needs a *first* compile uses its own
+configuration: attention auto (compile-state test, the module's first compile), flash (Warmup test), math
+(attention and LoRA tests; never asserted to be a first compile).
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +35,7 @@ from steadfast_workflows import (
     text,
     workflow,
 )
+from tiny_sd15 import CHECKPOINT_NAME as TINY_CKPT_NAME  # headless/ is on sys.path (tests/comfy/conftest.py)
 
 pytestmark = pytest.mark.comfyui
 
@@ -47,6 +54,14 @@ def latest_record(server: ComfyServer, backend: str) -> dict[str, Any]:
     records = [r for r in compile_records(server) if r["options"]["backend"] == backend]
     assert records, f"no {backend} record in /steadfast/compile_state"
     return max(records, key=lambda r: r["created"])
+
+
+@pytest.fixture(scope="module")
+def comfy_server(comfyui_path: Path, tiny_ckpt: Path) -> Iterator[ComfyServer]:
+    """This module's own ComfyUI server (in place of the session's, tests/comfy/conftest.py, same options: the
+    tiny checkpoint, ``--cache-classic``): nothing was compiled in its process before this module's tests."""
+    with ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path, extra_args=["--cache-classic"]) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +100,9 @@ def test_compile_state_route_and_no_second_compile(eager_auto: dict[str, Any]) -
     assert rec1["options"]["fullgraph"] is False and "TransformerOptionsGuardFilter" in rec1["options"]["guard_filter"]
     assert rec1["status"] == "warm" and rec1["disabled"] is False and rec1["first_call_seconds"] > 0
     assert rec1["graphs"] >= 1
-    # a recompile here can only come from another attention backend compiled earlier in this process
-    assert all("optimized_attention_override" in r["reason"] for r in rec1["recompiles"])
+    # the first compile of these blocks in this module's server process: nothing to recompile from (before, on the
+    # session's server, another module's inductor code for the same blocks made this a BACKEND_MATCH recompile)
+    assert rec1["recompiles"] == [], [r["reason"] for r in rec1["recompiles"]]
     # batch_invariant (Determinism Setup's default): cond and uncond are separate batch-1 calls, every step
     assert rec1["calls"] == 2 * STEPS and rec1["shapes_seen"] == [[1, 4, 8, 8]]
     # after /free the checkpoint is reloaded (a new model object, so a new record), but nothing compiles:

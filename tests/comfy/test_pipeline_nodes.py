@@ -9,6 +9,7 @@ on the tiny random-weight SD pipeline built here (``headless/tiny_pipelines.py``
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import struct
 from typing import Any
@@ -318,7 +319,7 @@ def test_pipeline_template_runs_and_repeats(server: ComfyServer) -> None:
     smp, hsh = kind["SteadfastPipelineSampler"], kind["SteadfastHash"]
     wf[smp]["inputs"].update(width=SIZE, height=SIZE, steps=STEPS)
     hashes = []
-    for _ in range(2):
+    for i in range(2):
         server.free()
         entry = run(server, wf)
         rec = record_of(entry, smp)
@@ -326,6 +327,12 @@ def test_pipeline_template_runs_and_repeats(server: ComfyServer) -> None:
         assert isinstance(rec["fingerprint"]["determinism"], dict)
         hashes.append(hash_of(entry, hsh))
         assert rec["output_sha256"] == hashes[-1]
+        if i == 0:
+            # Pipeline Optimize reports before anything compiled: the record's state in one word, once, in Optimize
+            # Model's words (the page turns that word warm once Warmup has run); no second, contradicting summary
+            opt = text(entry, kind["SteadfastPipelineOptimize"])
+            assert "new compile record (cold); compiles lazily on the first run or in Pipeline Warmup" in opt, opt
+            assert re.findall(r"\b(cold|warm)\b", opt) == ["cold"], opt
     assert hashes[0] == hashes[1]
     assert "warm-up generation" in text(entry, kind["SteadfastPipelineWarmup"])
 
