@@ -16,7 +16,7 @@ the graph):
 
 Compilation uses the pack's core code: ``torch.compile`` with ``CompileOptions.to_kwargs`` (whole model) or
 ``core.compile.swap.compile_blocks`` + ``swap_in`` on the blocks ``core.compile.blocks.choose_blocks`` picks
-(regional), with the Optimize node's default options (``nodes.optimize_inputs.compile_settings``: inductor,
+(regional), with the Optimize node's default options (``nodes.inputs.compile_settings``: inductor,
 mode default, dynamic auto, fullgraph off) and its guard filter (``core.compile.guards.comfy_guard_filter``).
 
 Every measurement of a first call runs in a FRESH subprocess:
@@ -200,7 +200,7 @@ def make_runner(dm: Any, call: Callable[[Any], Any], mode: str) -> Callable[[], 
 
     from steadfast.core.compile import blocks
     from steadfast.core.compile.swap import compile_blocks, swap_in
-    from steadfast.nodes.optimize_inputs import compile_settings
+    from steadfast.nodes.inputs import compile_settings
 
     if mode == "eager":
         return lambda: call(dm)

@@ -12,9 +12,12 @@ from .host.public_text import guard_node
 from .host.routes import register_routes
 from .host.startup import warm_start_at_server_start
 from .optimize_node import SteadfastOptimizeModel
-from .pipeline_nodes import SteadfastLoadDiffusersPipeline, SteadfastPipelineLoRA
-from .pipeline_optimize_node import SteadfastPipelineDeterminismSetup, SteadfastPipelineOptimize
-from .pipeline_sampler_node import SteadfastPipelineSampler, SteadfastPipelineWarmup
+from .pipeline_determinism_node import SteadfastPipelineDeterminismSetup
+from .pipeline_load_node import SteadfastLoadDiffusersPipeline
+from .pipeline_lora_node import SteadfastPipelineLoRA
+from .pipeline_optimize_node import SteadfastPipelineOptimize
+from .pipeline_sampler_node import SteadfastPipelineSampler
+from .pipeline_warmup_node import SteadfastPipelineWarmup
 from .sampler_node import SteadfastSeededSampler
 from .vae_decode_node import SteadfastVAEDecode
 from .warmup_node import SteadfastWarmup

@@ -6,26 +6,11 @@ from comfy_api.v0_0_2 import io, ui
 from ..core.determinism import policy as determinism_policy
 from ..core.determinism import portable
 from .host.identity import server_risks_text
+from .inputs import policy_inputs
 from .patches.attention import plan_attention
 from .patches.batch_invariance import add_batch_invariance
 from .patches.determinism import add_determinism
 from .patches.options import steadfast_options
-
-
-def policy_inputs(during: str) -> list[io.Input]:
-    """The policy widgets Determinism Setup and Pipeline Determinism Setup share (``during``: when it applies)."""
-    return [
-        io.Boolean.Input("strict", default=True,
-                         tooltip="On: torch raises an error when an op has no deterministic implementation. "
-                                 "Off: torch only warns (warn_only) and the run may not be reproducible."),
-        io.Boolean.Input("allow_tf32", default=False,
-                         tooltip="Speed vs bits: allow TF32 matmuls/convolutions on Ampere+ GPUs. Faster, but fp32 "
-                                 "results change and depend on the GPU generation. Off for cross-machine "
-                                 "reproducibility. No effect on CPU (TF32 is a GPU tensor-core format)."),
-        io.Int.Input("num_threads", default=0, min=0, max=1024,
-                     tooltip=f"CPU threads for torch while {during}. fp32 CPU results differ between thread counts, "
-                             "so the count is pinned and recorded. 0 = pin the current count."),
-    ]
 
 
 class SteadfastDeterminismSetup(io.ComfyNode):

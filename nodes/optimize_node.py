@@ -1,7 +1,7 @@
 """Steadfast Optimize Model: QKV fusion, channels-last, SDPA backend, precision, quantization, (regional) compile.
 
 Diffusers pipelines have their own node, Pipeline Optimize (``nodes/pipeline_optimize_node.py``); both
-declare their shared widgets from :mod:`.optimize_inputs`.
+declare their shared widgets from :mod:`.inputs`.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from comfy_api.v0_0_2 import io, ui
 
 from ..core.determinism import portable
 from ..core.optimize.plan import OptimizeOptions, Step, StepReport, run_steps
-from . import optimize_inputs as oi
+from . import inputs as oi
 from .patches import attention as attention_patch
 from .patches import compile as compile_patch
 from .patches import dynamic_vram
@@ -25,7 +25,7 @@ def model_options(qkv_fusion: bool, channels_last: bool, attention: str, compile
                   precision: str = "model", inductor_preset: str = "none", quantize: str = "off") -> OptimizeOptions:
     """Optimize Model's widget values, validated, as an :class:`~..core.optimize.plan.OptimizeOptions` (the plan type
     the pipeline path uses too): the ``compile`` widget is the scope; the compile widgets are held whole, mapped by
-    :func:`.optimize_inputs.compile_settings` (the same mapping as Pipeline Optimize's) when compiling, and without
+    :func:`.inputs.compile_settings` (the same mapping as Pipeline Optimize's) when compiling, and without
     the preset when not (a preset has no effect then, and the report says so).
 
     Raises:

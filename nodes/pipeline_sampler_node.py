@@ -1,9 +1,9 @@
-"""Pipeline Sampler and Pipeline Warmup: run a DIFFUSERS_PIPELINE (text -> IMAGE, or a throw-away warm-up run).
+"""Pipeline Sampler: run a DIFFUSERS_PIPELINE (text -> IMAGE) with a run record.
 
-Thin adapters over ``core.pipelines``: ``generate`` with one CPU generator per image (image i: seed + i),
-``warmup``; the handle's LoRA is made active right before the run and its determinism policy (Pipeline
-Determinism Setup) applied around it. The run record is a :class:`core.record.run_record.RunRecord`, the same
-schema as Seeded Sampler's, from the same builder (:func:`core.record.run_record.for_pipeline`).
+A thin adapter over ``core.pipelines``: ``generate`` with one CPU generator per image (image i: seed + i); the
+handle's LoRA is made active right before the run and its determinism policy (Pipeline Determinism Setup) applied
+around it. The run record is a :class:`core.record.run_record.RunRecord`, the same schema as Seeded Sampler's, from
+the same builder (:func:`core.record.run_record.for_pipeline`).
 """
 from __future__ import annotations
 
@@ -12,44 +12,20 @@ import time
 
 import comfy.model_management
 import comfy.utils
-from comfy_api.v0_0_2 import io, ui
+from comfy_api.v0_0_2 import io
 
-from ..core.compile.registry import REGISTRY
 from ..core.determinism import apply as determinism
 from ..core.determinism import portable
 from ..core.pipelines import compile_record, generate, pipeline_report
-from ..core.pipelines import warmup as core_warmup
 from ..core.pipelines.handle import RUN_LOCK, PipelineHandle, prepare_run
 from ..core.pipelines.load import on_run_device
 from ..core.record import run_record
 from ..core.record.run_record import RunRecord
-from ..core.sizes import check_sizes, parse_sizes
 from .host import identity
-from .pipeline_nodes import DiffusersPipeline, as_handle
+from .inputs import size_inputs
+from .pipeline_type import DiffusersPipeline, as_handle, make_room, progress
 
 NO_POLICY = "not set (Pipeline Determinism Setup not used)"
-WARMUP_STEPS = 2  # denoising steps of each throw-away warm-up generation (compiling needs one call per shape)
-
-
-def _size_inputs() -> list[io.Input]:
-    return [
-        io.Int.Input("width", default=512, min=16, max=16384, step=8,
-                     tooltip="Image width in pixels (a multiple of the pipeline's VAE factor; x2 for Flux)."),
-        io.Int.Input("height", default=512, min=16, max=16384, step=8, tooltip="Image height in pixels."),
-        io.Int.Input("batch_size", default=1, min=1, max=4096, tooltip="Number of images; image i uses seed + i."),
-    ]
-
-
-def _progress(total: int, unique_id: str | None = None):
-    """``on_step(done, total)`` for ``core.pipelines.generate``: ComfyUI's progress bar on the node (the
-    frontend's bar and the ``progress`` websocket event), and the Cancel button honoured between steps."""
-    bar = comfy.utils.ProgressBar(total, node_id=unique_id)
-
-    def on_step(done: int, _total: int) -> None:
-        comfy.model_management.throw_exception_if_processing_interrupted()
-        bar.update_absolute(done, total)
-
-    return on_step
 
 
 def _policy(handle: PipelineHandle):
@@ -80,7 +56,7 @@ class SteadfastPipelineSampler(io.ComfyNode):
                 io.Int.Input("steps", default=20, min=1, max=10000, tooltip="num_inference_steps."),
                 io.Float.Input("cfg", default=7.0, min=0.0, max=100.0, step=0.1, round=0.01,
                                tooltip="guidance_scale (classifier-free guidance; for Flux the distilled guidance)."),
-                *_size_inputs(),
+                *size_inputs(),
             ],
             not_idempotent=True,  # two identical sampler nodes in one workflow must both run (determinism check)
             outputs=[io.Image.Output(display_name="IMAGE", tooltip="The generated images."),
@@ -105,7 +81,7 @@ class SteadfastPipelineSampler(io.ComfyNode):
                 total = steps * (batch_size if mode == "sequential" else 1)
                 images = generate(pipe, prompt, negative_prompt, steps=steps, guidance=cfg, width=width,
                                   height=height, seed=seed, batch=batch_size, batch_mode=mode,
-                                  on_step=_progress(total))
+                                  on_step=progress(total))
                 seconds = time.perf_counter() - t0
                 report = pipeline_report(pipe)  # inside the policy: threads and flags as they were for the run
         record = run_record.for_pipeline(
@@ -126,75 +102,3 @@ class SteadfastPipelineSampler(io.ComfyNode):
         text = record.as_json()
         return io.NodeOutput(images, text, ui={"text": [record.summary_text()],
                                                "steadfast_run_record": [RunRecord.from_json(text).as_dict()]})
-
-
-def make_room(size: int, device) -> None:
-    """Ask ComfyUI to free ``size`` bytes (+10 %) on ``device`` before a pipeline moves there
-    (``comfy.model_management.free_memory``: it unloads its own models, least recently used first)."""
-    comfy.model_management.free_memory(int(size * 1.1), device)
-
-
-class SteadfastPipelineWarmup(io.ComfyNode):
-    @classmethod
-    def define_schema(cls) -> io.Schema:
-        return io.Schema(
-            node_id="SteadfastPipelineWarmup",
-            is_output_node=True,  # its report is shown again when ComfyUI answers from cache
-            display_name="Pipeline Warmup (Steadfast)",
-            category="Steadfast",
-            description="Runs one short throw-away generation per target size (with the pipeline's LoRA and "
-                        "determinism policy active) so a compiled pipeline compiles here. Sizes it is already warm "
-                        "for are skipped. Shows compile seconds, graphs and recompiles.",
-            inputs=[
-                DiffusersPipeline.Input("pipeline", tooltip="The (optimized) pipeline to warm up."),
-                *_size_inputs(),
-                io.Float.Input("cfg", default=7.0, min=0.0, max=100.0, step=0.1,
-                               tooltip="Use the cfg of the real run: guidance on/off changes the batch the denoiser "
-                                       "sees."),
-                io.String.Input("sizes", default="", optional=True,
-                                tooltip="More target sizes to warm up, e.g. '512x512, 768x512' (pixels, width x "
-                                        "height)."),
-            ],
-            outputs=[DiffusersPipeline.Output(display_name="PIPELINE", tooltip="The same pipeline, now warm."),
-                     io.String.Output(display_name="report", tooltip="Compile seconds, graphs, recompiles.")],
-        )
-
-    @classmethod
-    def validate_inputs(cls, sizes: str = "") -> bool | str:
-        # sizes only (ComfyUI marks every argument of validate_inputs as at fault when it fails)
-        return check_sizes(sizes)
-
-    @classmethod
-    def execute(cls, pipeline, width: int, height: int, batch_size: int, cfg: float, sizes: str = "") -> io.NodeOutput:
-        handle = as_handle(pipeline, "Pipeline Warmup")
-        targets = dict.fromkeys([(width, height), *parse_sizes(sizes)])
-        lines: list[str] = []
-        with RUN_LOCK:
-            pipe, events = prepare_run(handle)
-            rec = compile_record(pipe)
-            # compiling is what a warm-up is for: strict mode applies to the runs after it
-            strict = REGISTRY.set_strict(rec, False) if rec is not None else False
-            todo = [(w, h) for w, h in targets if rec is None or not rec.is_warm_for((batch_size, h, w))]
-            on_step = _progress(WARMUP_STEPS * len(todo)) if todo else None
-            offset = [0]
-
-            def step(done: int, _total: int) -> None:
-                on_step(offset[0] + done, WARMUP_STEPS * len(todo))
-            try:
-                with on_run_device(pipe, make_room) if todo else contextlib.nullcontext():
-                    for w, h in targets:
-                        target = (batch_size, h, w)
-                        if (w, h) not in todo:
-                            lines.append(f"already warm for {list(target)} (batch, height, width): nothing to do")
-                            continue
-                        res = core_warmup(pipe, w, h, batch_size, steps=WARMUP_STEPS, guidance=cfg,
-                                          policy=handle.determinism, on_step=step)
-                        offset[0] += WARMUP_STEPS
-                        lines.append(f"warm-up generation at {list(target)} (batch, height, width): "
-                                     f"{res.seconds:.2f} s")
-            finally:
-                if rec is not None:
-                    REGISTRY.set_strict(rec, strict)
-            lines.append(rec.as_text() if rec is not None else "(pipeline is not compiled by Steadfast)")
-        report = "\n".join(lines + events)
-        return io.NodeOutput(handle, report, ui=ui.PreviewText(report))

@@ -28,7 +28,7 @@ def main() -> None:
     import_steadfast(ROOT)
     from steadfast.core import pipelines
     from steadfast.nodes import optimize_node
-    from steadfast.nodes.optimize_inputs import COMPILE_CHOICES
+    from steadfast.nodes.inputs import COMPILE_CHOICES
 
     model = comfy.sd.load_checkpoint_guess_config(sys.argv[2], output_vae=False, output_clip=False)[0]
     cpu = torch.device("cpu")

@@ -119,3 +119,37 @@ def test_rooms_table_imports_column_matches_the_imports() -> None:
         if unnamed or stale:
             wrong[room] = {"imported, not named": sorted(unnamed), "named, not imported": sorted(stale)}
     assert not wrong, f"docs/architecture.md's rooms table differs from the imports: {wrong}"
+
+
+def _node_modules() -> dict[str, set[str]]:
+    """``{module name: the names of the sibling modules it imports}`` for every module directly in ``nodes/`` that
+    defines a ComfyUI node (a class deriving from ``io.ComfyNode``)."""
+    import ast
+
+    out = {}
+    for f in tracked("nodes"):
+        if f.count("/") != 1 or not f.endswith(".py"):
+            continue
+        tree = ast.parse((ROOT / f).read_text(encoding="utf-8"))
+        nodes = [c for c in tree.body if isinstance(c, ast.ClassDef)
+                 and any(isinstance(b, ast.Attribute) and b.attr == "ComfyNode" for b in c.bases)]
+        if not nodes:
+            continue
+        siblings = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                names = [node.module] if node.module else [a.name for a in node.names]
+                siblings |= {n.split(".")[0] for n in names}
+        out[Path(f).stem] = siblings | {f"{len(nodes)} nodes"}
+    return out
+
+
+def test_one_node_a_module_and_no_node_imports_another() -> None:
+    """Each node module of nodes/ defines one node and imports no other node module (shared widgets are in
+    nodes/inputs.py, the DIFFUSERS_PIPELINE type in nodes/pipeline_type.py)."""
+    modules = _node_modules()
+    assert len(modules) >= 13, modules  # the scan finds the node modules
+    crowded = {m: [s for s in got if s.endswith(" nodes")] for m, got in modules.items() if "1 nodes" not in got}
+    assert not crowded, f"modules with more than one node: {crowded}"
+    crossing = {m: sorted(got & set(modules)) for m, got in modules.items() if got & set(modules)}
+    assert not crossing, f"node modules importing another node module: {crossing}"

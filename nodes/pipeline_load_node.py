@@ -1,9 +1,4 @@
-"""diffusers pipelines in ComfyUI: the DIFFUSERS_PIPELINE type, Load Diffusers Pipeline and Pipeline LoRA.
-
-A DIFFUSERS_PIPELINE value is a :class:`core.pipelines.handle.PipelineHandle`. ComfyUI caches node outputs
-and may give one output to several nodes, so no node changes a handle it receives: Optimize works on a
-weight-sharing copy, and a LoRA is only *declared* here and made active right before the pipeline runs
-(Pipeline Sampler / Pipeline Warmup), hot-swapped into a compiled pipeline without recompiling.
+"""Load Diffusers Pipeline: a diffusers pipeline folder of ComfyUI's models/diffusers -> DIFFUSERS_PIPELINE.
 """
 from __future__ import annotations
 
@@ -14,13 +9,13 @@ import folder_paths
 from comfy_api.v0_0_2 import io, ui
 
 from ..core.pipelines import DTYPES, PipelineLoadError, count_params, denoiser_of, load_pipeline, module_components
-from ..core.pipelines.handle import LoraSpec, PipelineHandle
-from ..core.pipelines.run import compile_record
-from ..core.pipelines.state import peek_state
+from ..core.pipelines.handle import PipelineHandle
 from .host.public_text import public
+from .pipeline_type import DiffusersPipeline
 
-DiffusersPipeline = io.Custom("DIFFUSERS_PIPELINE")
 FOLDER = "diffusers"  # ComfyUI's models/diffusers (folder_paths)
+
+
 WHAT_TO_PUT = (
     f"What to do: put a diffusers pipeline folder (model_index.json plus one sub-folder per component, as "
     f"DiffusionPipeline.save_pretrained writes) in ComfyUI/models/{FOLDER}/, e.g. `huggingface-cli download "
@@ -74,14 +69,6 @@ def _folder_signature(path: str) -> tuple:
                 continue
             out.append((os.path.relpath(os.path.join(cur, f), path), st.st_size, st.st_mtime_ns))
     return tuple(sorted(out))
-
-
-def as_handle(value, node: str) -> PipelineHandle:
-    """``value`` if it is a DIFFUSERS_PIPELINE, else a ``TypeError`` naming ``node`` and what it got."""
-    if not isinstance(value, PipelineHandle):
-        raise TypeError(f"{node}: expected a DIFFUSERS_PIPELINE (from Load Diffusers Pipeline), got "
-                        f"{type(value).__name__}")
-    return value
 
 
 class SteadfastLoadDiffusersPipeline(io.ComfyNode):
@@ -145,52 +132,3 @@ class SteadfastLoadDiffusersPipeline(io.ComfyNode):
         report = (f"{type(pipe).__name__} from models/{FOLDER}/{pipeline_name} ({dtype}, {where}); "
                   f"denoiser: {den}\n{comps}")
         return io.NodeOutput(handle, report, ui=ui.PreviewText(report))
-
-
-class SteadfastPipelineLoRA(io.ComfyNode):
-    @classmethod
-    def define_schema(cls) -> io.Schema:
-        return io.Schema(
-            node_id="SteadfastPipelineLoRA",
-            display_name="Pipeline LoRA (Steadfast)",
-            category="Steadfast",
-            description="Adds a LoRA to a diffusers pipeline. It is loaded when the pipeline runs, into a copy (the "
-                        "input is unchanged). Put this node BEFORE Pipeline Optimize: the compiled pipeline is then "
-                        "prepared for max_rank, and choosing another LoRA hot-swaps its weights without recompiling.",
-            inputs=[
-                DiffusersPipeline.Input("pipeline", tooltip="The pipeline to add the LoRA to (not modified)."),
-                io.Combo.Input("lora_name", options=folder_paths.get_filename_list("loras"),
-                               tooltip="A diffusers/PEFT-format LoRA .safetensors file in models/loras."),
-                io.Int.Input("max_rank", default=64, min=1, max=4096,
-                             tooltip="The largest LoRA rank you will swap in. A compiled pipeline is prepared for "
-                                     "this rank (smaller LoRAs are zero-padded), so swapping LoRAs never "
-                                     "recompiles. Changing it makes Pipeline Optimize build and compile a new copy."),
-            ],
-            outputs=[DiffusersPipeline.Output(display_name="PIPELINE", tooltip="The pipeline carrying the LoRA."),
-                     io.String.Output(display_name="report",
-                                      tooltip="The LoRA, its rank, and how it will be applied.")],
-        )
-
-    @classmethod
-    def fingerprint_inputs(cls, lora_name: str = "", max_rank: int = 64, **_):
-        path = folder_paths.get_full_path("loras", lora_name) if lora_name else None
-        try:
-            st = os.stat(path) if path else None
-        except OSError:
-            st = None
-        return (lora_name, max_rank, None if st is None else (st.st_size, st.st_mtime_ns))
-
-    @classmethod
-    def execute(cls, pipeline, lora_name: str, max_rank: int) -> io.NodeOutput:
-        handle = as_handle(pipeline, "Pipeline LoRA")
-        path = folder_paths.get_full_path_or_raise("loras", lora_name)
-        spec = LoraSpec.from_file(lora_name, path, max_rank)
-        lines = [f"LoRA {lora_name}: rank {spec.rank} (max_rank {max_rank}); applied when the pipeline runs"]
-        if handle.lora is not None:
-            lines.append(f"replaces the upstream LoRA {handle.lora.name} (one LoRA per pipeline)")
-        state = peek_state(handle.pipe)
-        if compile_record(handle.pipe) is not None and (state is None or state.hotswap_rank is None):
-            lines.append("WARNING: the pipeline is already compiled without LoRA hot-swap preparation; put this "
-                         "node before Pipeline Optimize, or a LoRA change may recompile")
-        report = "\n".join(lines)
-        return io.NodeOutput(handle.replace(lora=spec), report, ui=ui.PreviewText(report))

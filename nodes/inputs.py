@@ -1,7 +1,6 @@
-"""The widgets Optimize Model and Pipeline Optimize share, and their one mapping to compile options.
-
-Both nodes declare these inputs from here (same names, defaults, tooltips) and translate them with
-:func:`compile_settings`, so the MODEL and pipeline paths cannot drift.
+"""The widgets several nodes share, declared once: Optimize Model's and Pipeline Optimize's (with their one mapping to
+compile options, :func:`compile_settings`, so the MODEL and pipeline paths cannot drift), the determinism policy's
+(Determinism Setup and Pipeline Determinism Setup) and a pipeline run's sizes (Pipeline Sampler and Pipeline Warmup).
 """
 from __future__ import annotations
 
@@ -145,3 +144,29 @@ __all__ = ["SDPA_CHOICES", "MODEL_ATTENTION_CHOICES", "COMPILE_CHOICES", "BACKEN
            "layout_inputs", "attention_input", "compile_inputs", "strict_and_cache_inputs", "check_compile_cache",
            "QUANTIZE_CHOICES", "quantize_input", "check_quantize",
            "compile_settings", "knob_inputs"]
+
+
+def policy_inputs(during: str) -> list[io.Input]:
+    """The policy widgets Determinism Setup and Pipeline Determinism Setup share (``during``: when it applies)."""
+    return [
+        io.Boolean.Input("strict", default=True,
+                         tooltip="On: torch raises an error when an op has no deterministic implementation. "
+                                 "Off: torch only warns (warn_only) and the run may not be reproducible."),
+        io.Boolean.Input("allow_tf32", default=False,
+                         tooltip="Speed vs bits: allow TF32 matmuls/convolutions on Ampere+ GPUs. Faster, but fp32 "
+                                 "results change and depend on the GPU generation. Off for cross-machine "
+                                 "reproducibility. No effect on CPU (TF32 is a GPU tensor-core format)."),
+        io.Int.Input("num_threads", default=0, min=0, max=1024,
+                     tooltip=f"CPU threads for torch while {during}. fp32 CPU results differ between thread counts, "
+                             "so the count is pinned and recorded. 0 = pin the current count."),
+    ]
+
+
+def size_inputs() -> list[io.Input]:
+    """Width, height and batch size of a pipeline run (Pipeline Sampler and Pipeline Warmup)."""
+    return [
+        io.Int.Input("width", default=512, min=16, max=16384, step=8,
+                     tooltip="Image width in pixels (a multiple of the pipeline's VAE factor; x2 for Flux)."),
+        io.Int.Input("height", default=512, min=16, max=16384, step=8, tooltip="Image height in pixels."),
+        io.Int.Input("batch_size", default=1, min=1, max=4096, tooltip="Number of images; image i uses seed + i."),
+    ]
