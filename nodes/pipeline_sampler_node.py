@@ -20,9 +20,9 @@ from ..core.pipelines import compile_record, generate, pipeline_report
 from ..core.pipelines.handle import RUN_LOCK, PipelineHandle, prepare_run
 from ..core.pipelines.load import on_run_device
 from ..core.record import run_record
-from ..core.record.run_record import RunRecord
 from .host import identity
 from .inputs import size_inputs
+from .outputs import with_run_record
 from .pipeline_type import DiffusersPipeline, as_handle, make_room, progress
 
 NO_POLICY = "not set (Pipeline Determinism Setup not used)"
@@ -99,6 +99,4 @@ class SteadfastPipelineSampler(io.ComfyNode):
                      "batch_invariant": ("on: image by image, batch-1 pipeline calls" if handle.batch_invariant else
                                          "off: one batched pipeline call; the last bits may depend on the batch")},
         )
-        text = record.as_json()
-        return io.NodeOutput(images, text, ui={"text": [record.summary_text()],
-                                               "steadfast_run_record": [RunRecord.from_json(text).as_dict()]})
+        return with_run_record(images, record)

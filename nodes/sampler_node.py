@@ -17,6 +17,7 @@ from ..core.optimize import attention as sdpa
 from ..core.record import run_record
 from .host import identity
 from .host import noise as host_noise
+from .outputs import with_run_record
 from .patches.compile import compile_state
 from .patches.options import SteadfastOptions, steadfast_options
 from .patches.qkv import qkv_counters
@@ -154,9 +155,7 @@ class SteadfastSeededSampler(io.ComfyNode):
             model_file=identity.model_file(cls.hidden.prompt if cls.hidden else None,
                                            cls.hidden.unique_id if cls.hidden else None),
             seconds=seconds, details=details)
-        text = record.as_json()
-        return io.NodeOutput(out, text, ui={"text": [record.summary_text()],
-                                            "steadfast_run_record": [run_record.RunRecord.from_json(text).as_dict()]})
+        return with_run_record(out, record)
 
 
 def _item_by_item(opts: SteadfastOptions, sampler, sampler_name: str, batch_seed_mode: str, batch: int, positive,
