@@ -15,8 +15,10 @@ files (1 KiB each, in 2-character sub-folders as inductor lays them out) are the
 key folder, as a GPU inductor/Triton cache holds thousands of files, and the last phase times them again.
 
 Each prompt is timed by the server's own ``execution_start`` -> ``execution_success`` timestamps (a client polling
-``/history`` adds a quantum as large as the difference); the number is the median per config and phase, and the
-ratio steadfast / eager (target <= 1.05, issue 35). Per phase the precompiled route's split is printed per
+``/history`` adds a quantum as large as the difference). The configurations run in rounds, in ABBA order, and the
+number is the median of the paired ratios config / eager within a round, with its quartiles (target <= 1.05, issue
+35): on a shared 2-core guest the machine's speed drifts by 5-10 % within a minute, which moves each median alone
+but falls on both prompts of a round. Per phase the precompiled route's split is printed per
 Steadfast prompt (``split_seconds`` of ``GET /steadfast/compile_state``, :data:`core.compile.precompiled.SPLIT_PHASES`:
 the hook walk, the call key, the carried guards, torch's ``guard_check``, the artifact's call), in ms and as a
 share of the prompt.
@@ -32,6 +34,7 @@ or ``python benchmarks/bench_call_overhead.py --micro --against d89627c``
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import sys
 import tempfile
@@ -50,7 +53,8 @@ CKPT = "steadfast_tiny_sd15.safetensors"
 
 
 def workflow(config: str, seed: int, steps: int, side: int) -> dict[str, Any]:
-    """The API-format prompt for ``config`` (``eager`` or ``steadfast``, see the module docstring)."""
+    """The API-format prompt for ``config``: ``eager`` or ``steadfast`` (see the module docstring), or, for
+    ``--split``, ``seeded`` (eager model, Seeded Sampler) or ``compiled`` (Optimize Model, KSampler)."""
     wf: dict[str, Any] = {
         **_common.tiny_prompt_base(side, ckpt=CKPT),
         "7": {"class_type": "VAEDecode", "inputs": {"samples": ["6", 0], "vae": ["1", 2]}},
@@ -58,14 +62,17 @@ def workflow(config: str, seed: int, steps: int, side: int) -> dict[str, Any]:
     }
     common = {"seed": seed, "steps": steps, "cfg": 7.0, "sampler_name": "euler", "scheduler": "normal",
               "positive": ["2", 0], "negative": ["3", 0], "latent_image": ["4", 0], "denoise": 1.0}
-    if config == "eager":
-        wf["6"] = {"class_type": "KSampler", "inputs": {"model": ["1", 0], **common}}
-    else:
+    model = ["1", 0]
+    if config in ("steadfast", "compiled"):
         wf["5"] = {"class_type": "SteadfastOptimizeModel", "inputs": {
             "model": ["1", 0], "qkv_fusion": False, "channels_last": False, "attention": "auto",
             "compile": "regional", "backend": "inductor", "mode": "default", "dynamic": "auto",
             "fullgraph": False, "strict_recompiles": False, "compile_cache": "default"}}
-        wf["6"] = {"class_type": "SteadfastSeededSampler", "inputs": {"model": ["5", 0], **common,
+        model = ["5", 0]
+    if config in ("eager", "compiled"):
+        wf["6"] = {"class_type": "KSampler", "inputs": {"model": model, **common}}
+    else:
+        wf["6"] = {"class_type": "SteadfastSeededSampler", "inputs": {"model": model, **common,
                                                                       "batch_seed_mode": "incremental"}}
     return wf
 
@@ -139,22 +146,42 @@ def split_line(before: dict[str, Any], after: dict[str, Any], prompts: int, stea
     return f"{calls:.0f} block calls, {hits:.0f} hits, {fallbacks} fallbacks per run; " + ", ".join(parts)
 
 
+def paired_ratios(times: dict[tuple[str, str], list[float]], phase: str, config: str) -> list[float]:
+    """``config``'s seconds over eager's, per round of ``phase`` (the two ran back to back: the machine's slow
+    drift, which moves a median by 5-10 % within a minute on a shared 2-core guest, falls on both)."""
+    return [s / e for s, e in zip(times[phase, config], times[phase, "eager"], strict=True)]
+
+
+def ratio_text(ratios: list[float]) -> str:
+    """The median of paired ratios with a 95 % bootstrap interval of that median (2,000 resamples, seeded) and
+    the quartiles of the ratios, as ``1.012 (95 % CI 0.995-1.030; IQR 0.981-1.040)``."""
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(2000))
+    q1, _, q3 = statistics.quantiles(ratios, n=4)
+    return (f"{statistics.median(ratios):.3f} (95 % CI {medians[50]:.3f}-{medians[1949]:.3f}; "
+            f"IQR {q1:.3f}-{q3:.3f})")
+
+
 def timed_phase(server: ComfyServer, phase: str, args: argparse.Namespace, seed: int,
                 times: dict[tuple[str, str], list[float]]) -> int:
-    """``args.repeats`` prompts per config, interleaved (the machine's load falls on both), timed by the server's
-    own timestamps (:func:`_common.executed_seconds`); prints the medians, the ratio and the route's split."""
-    configs = ("eager", "steadfast")
+    """``args.repeats`` rounds, each running every config once, in ABBA order (the order reverses every round, so
+    that neither config always follows the other), timed by the server's own timestamps
+    (:func:`_common.executed_seconds`); prints the medians, the median paired ratio (:func:`paired_ratios`) and the
+    route's split."""
+    configs = ("eager", "steadfast", "seeded", "compiled") if args.split else ("eager", "steadfast")
     before = precompiled_state(server)
-    for _ in range(args.repeats):
-        for config in configs:
+    for i in range(args.repeats):
+        for config in configs if i % 2 == 0 else configs[::-1]:
             seed += 1
             entry = server.wait(server.queue(workflow(config, seed, args.steps, args.side)), timeout=900)
             times.setdefault((phase, config), []).append(_common.executed_seconds(entry))
     med = {c: statistics.median(times[phase, c]) for c in configs}
-    print(f"  {phase}: eager {med['eager']:.4f} s, steadfast {med['steadfast']:.4f} s, "
-          f"ratio {med['steadfast'] / med['eager']:.3f}", flush=True)
+    for config in configs[1:]:
+        print(f"  {phase}: eager {med['eager']:.4f} s, {config} {med[config]:.4f} s, paired ratio "
+              f"{ratio_text(paired_ratios(times, phase, config))}", flush=True)
+    routed = sum(c in ("steadfast", "compiled") for c in configs)
     print(f"  {phase}: route per Steadfast prompt: "
-          f"{split_line(before, precompiled_state(server), args.repeats, med['steadfast'])}", flush=True)
+          f"{split_line(before, precompiled_state(server), args.repeats * routed, med['steadfast'])}", flush=True)
     return seed
 
 
@@ -165,6 +192,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=10, help="timed prompts per config and phase")
     ap.add_argument("--files", type=int, default=3000, help="extra files dropped into the compile cache's folder "
                     "(0: no such phase)")
+    ap.add_argument("--split", action="store_true", help="also time Seeded Sampler alone (eager model) and Optimize "
+                    "Model alone (KSampler), interleaved with the two others: which half the ratio comes from")
     ap.add_argument("--micro", action="store_true", help="no server: the cache's per-call cost alone")
     ap.add_argument("--against", default=None, help="with --micro: also core/compile/cache.py at this git revision")
     args = ap.parse_args()
@@ -185,13 +214,14 @@ def main() -> int:
         env = {"TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "inductor"), "STEADFAST_COMPILE_CACHE": str(cache_root)}
         with ComfyServer({CKPT: ckpt}, env=env) as server:
             seed = 0
-            for config in ("eager", "steadfast"):  # warm-up: loads, compiles (and saves the precompiled blocks)
+            warm = ("eager", "steadfast", "seeded", "compiled") if args.split else ("eager", "steadfast")
+            for config in warm:  # warm-up: loads, compiles (and saves the precompiled blocks)
                 for _ in range(2):
                     seed += 1
                     server.run(workflow(config, seed, args.steps, args.side), timeout=900)
             seed = timed_phase(server, "compiling server", args, seed, times)
             server.restart()  # a warm start: the precompiled blocks answer from now on
-            for config in ("eager", "steadfast"):
+            for config in warm:
                 for _ in range(2):
                     seed += 1
                     server.run(workflow(config, seed, args.steps, args.side), timeout=900)
@@ -201,15 +231,17 @@ def main() -> int:
                 print(f"  {sum(1 for _ in key_dir.rglob('*'))} entries in the key folder now", flush=True)
                 seed = timed_phase(server, f"warm-started, {args.files} extra files", args, seed, times)
     rows = []
-    for phase in dict.fromkeys(p for p, _ in times):
-        e, s = (statistics.median(times[phase, c]) for c in ("eager", "steadfast"))
-        rows.append([phase, f"{e:.4f}", f"{min(times[phase, 'eager']):.4f}", f"{s:.4f}",
-                     f"{min(times[phase, 'steadfast']):.4f}", f"{s / e:.3f}"])
+    for (phase, config), values in times.items():
+        if config == "eager":
+            continue
+        rows.append([phase, config, f"{statistics.median(times[phase, 'eager']):.4f}",
+                     f"{min(times[phase, 'eager']):.4f}", f"{statistics.median(values):.4f}", f"{min(values):.4f}",
+                     ratio_text(paired_ratios(times, phase, config))])
     print()
-    print(_common.markdown_table(["server", "eager KSampler s (median)", "(min)",
-                                  "regional + Seeded Sampler s (median)", "(min)", "ratio (medians)"], rows))
+    print(_common.markdown_table(["server", "config", "eager KSampler s (median)", "(min)", "config s (median)",
+                                  "(min)", "paired ratio to eager: median (95 % CI; IQR)"], rows))
     print(f"\nseconds per prompt by the server's own execution_start -> execution_success timestamps, "
-          f"{args.repeats} prompts per cell, interleaved; steps {args.steps}, {args.side}x{args.side}, euler; "
+          f"{args.repeats} rounds per phase in ABBA order; steps {args.steps}, {args.side}x{args.side}, euler; "
           "target ratio <= 1.05 (issue 35)")
     _common.print_footer(t_start)
     return 0

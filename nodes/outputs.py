@@ -3,6 +3,7 @@ and the node's UI (the record's summary line, and the record itself for the fron
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from comfy_api.v0_0_2 import io
@@ -20,6 +21,5 @@ def with_run_record(value: Any, record: RunRecord) -> io.NodeOutput:
         value: the node's first output (a LATENT dict, or an IMAGE tensor).
         record: the run record of the run that made ``value``.
     """
-    text = record.as_json()
-    return io.NodeOutput(value, text, ui={"text": [record.summary_text()],
-                                          "steadfast_run_record": [RunRecord.from_json(text).as_dict()]})
+    text = record.as_json()  # the record was validated when built: the UI copy is the text parsed back, once
+    return io.NodeOutput(value, text, ui={"text": [record.summary_text()], "steadfast_run_record": [json.loads(text)]})

@@ -26,6 +26,7 @@ This module imports nothing from ComfyUI.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from typing import Any
 
@@ -81,15 +82,17 @@ def is_portable() -> bool:
     return os.environ.get(ENV_FLAG, "") == "1"
 
 
-def _cpu_flags() -> set[str]:
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (``/proc/cpuinfo``), read once per process; empty where that file is not there."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
             for line in fh:
                 if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return set()
+    return frozenset()
 
 
 def check_cpu() -> None:

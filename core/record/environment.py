@@ -23,6 +23,7 @@ allow_fp16_accumulation`` where torch has it).
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import json
 import math
@@ -42,7 +43,9 @@ __all__ = ["FINGERPRINT_VERSION", "NUMERIC_ARGS", "environment_fingerprint", "fi
 FINGERPRINT_VERSION = 1
 
 
+@functools.cache
 def _cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), read once per process."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
             for line in fh:
@@ -90,7 +93,7 @@ def _jsonable(value: Any, path: str) -> Any:
     raise TypeError(f"fingerprint field {path!r} has no stable JSON form: {type(value).__name__}")
 
 
-def environment_fingerprint(**extra: Any) -> dict[str, Any]:
+def environment_fingerprint(*, measured: Mapping[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
     """A JSON-safe dict describing this process's numerics-relevant environment.
 
     Fields: ``fingerprint_version``, ``torch``, ``python``, ``numpy``, ``platform``, ``machine``,
@@ -100,6 +103,12 @@ def environment_fingerprint(**extra: Any) -> dict[str, Any]:
     (the CPU code-path settings in use, :func:`core.determinism.portable.cpu_settings`), then every
     keyword in ``extra`` (values: JSON scalars, lists/tuples, dicts, ``torch.dtype``/``device``,
     enums, paths; non-finite floats become strings).
+
+    Args:
+        measured: ``num_threads``, ``flags`` and ``cpu_settings`` as measured elsewhere (the Seeded Sampler reads
+            them inside sampling, where Determinism Setup's policy holds): recorded instead of reading them now.
+            None or empty: read now.
+        extra: the caller's fields, after the built-in ones.
 
     Raises:
         ValueError: an ``extra`` key collides with a built-in field.
@@ -115,10 +124,10 @@ def environment_fingerprint(**extra: Any) -> dict[str, Any]:
         "cpu": _cpu_name(),
         "cpu_capability": _cpu_capability(),
         **_cuda_fields(),
-        "num_threads": torch.get_num_threads(),
+        "num_threads": measured["num_threads"] if measured else torch.get_num_threads(),
         "num_interop_threads": torch.get_num_interop_threads(),
-        "flags": snapshot_state(load_inductor=True).as_dict(),
-        "cpu_settings": cpu_settings(),
+        "flags": measured["flags"] if measured else snapshot_state(load_inductor=True).as_dict(),
+        "cpu_settings": measured["cpu_settings"] if measured else cpu_settings(),
     }
     clash = sorted(set(extra) & set(fp))
     if clash:

@@ -187,10 +187,7 @@ def for_model(*, seed: int, batch: int, batch_seed_mode: str, steps: int, cfg: f
         ValueError: a fingerprint field colliding with a built-in one, a bad seed/mode, or a field
             :class:`RunRecord` refuses. TypeError: a fingerprint value without a stable JSON form.
     """
-    fp = environment_fingerprint(**settings, **host)
-    if during:  # the process state after sampling may differ (the policy is restored)
-        fp["num_threads"], fp["flags"] = during["num_threads"], during["flags"]
-        fp["cpu_settings"] = during["cpu_settings"]
+    fp = environment_fingerprint(measured=during, **settings, **host)  # after sampling the policy is restored
     fp["flags_measured"] = "during sampling" if during else "after sampling (no step callback ran)"
     return _record(
         "model", seeds=item_seeds(seed, batch, batch_seed_mode), batch_seed_mode=batch_seed_mode, steps=steps,

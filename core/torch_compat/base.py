@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -20,7 +21,7 @@ class TorchAPIMissing(RuntimeError):
 def _api(module: str, attr: str, purpose: str) -> Any:
     """``module.attr``, imported on demand. Raises :class:`TorchAPIMissing` (naming ``purpose``) when absent."""
     try:
-        value = getattr(importlib.import_module(module), attr)
+        value = getattr(sys.modules.get(module) or importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
         raise TorchAPIMissing(f"{purpose} needs {module}.{attr}, which torch {torch.__version__} does not have "
                               f"({type(e).__name__}: {e}); Steadfast is checked against torch 2.13/2.14") from e

@@ -4,6 +4,7 @@ Part of :mod:`core.torch_compat` (its face re-exports every public name); no Com
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import os
 import sys
@@ -212,9 +213,11 @@ def set_inductor_simdlen(bits: int) -> bool:
     return True
 
 
+@functools.cache
 def libtorch_cpu() -> Any:
     """``ctypes.CDLL`` of the ``libtorch_cpu`` shared library torch loaded (``<torch package>/lib``), for MKL's
-    service functions linked into it (``mkl_serv_cbwr_get``, ``mkl_get_max_threads``); None where it is not there."""
+    service functions linked into it (``mkl_serv_cbwr_get``, ``mkl_get_max_threads``); None where it is not there.
+    Opened once per process (every run record reads MKL's settings through it)."""
     import ctypes
     from pathlib import Path
 

@@ -9,6 +9,7 @@ fits). The file is found by following the workflow's ``model`` links up to its l
 """
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
 import sys
@@ -33,7 +34,10 @@ def versions() -> dict[str, str]:
     return {"comfyui": comfy, "steadfast": str(pack)}
 
 
+@functools.cache
 def _dist_version(name: str) -> str | None:
+    """The installed version of distribution ``name`` (None: not installed), read once per process: the code a
+    running server has imported does not change when a package is reinstalled under it."""
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:

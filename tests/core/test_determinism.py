@@ -39,6 +39,20 @@ def _isolate_global_state():
     assert snapshot_state() == before
 
 
+def test_snapshot_as_dict_equals_the_deep_copy_it_replaces() -> None:
+    """``TorchGlobalState.as_dict`` reads its fields directly (it is on the precompiled route's per-model-call
+    path): the same dict as ``dataclasses.asdict`` with ``fp32_precision`` as a dict, for the state as it is and
+    with the flags moved (so a field the direct read missed or mangled fails here)."""
+    import dataclasses
+
+    for variant in (None, 0, 1):
+        if variant is not None:
+            _dirty_state(variant)
+        state = snapshot_state(load_inductor=True)
+        slow = {**dataclasses.asdict(state), "fp32_precision": dict(state.fp32_precision)}
+        assert state.as_dict() == slow and list(state.as_dict()) == list(slow)
+
+
 def _dirty_state(variant: int) -> None:
     """A non-default state where every flag is the opposite of what a strict policy sets."""
     torch.use_deterministic_algorithms(variant == 1, warn_only=variant == 1)
