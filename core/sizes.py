@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["check_sizes", "parse_sizes"]
+__all__ = ["check_sizes", "parse_sizes", "warm_targets"]
 
 _ITEM = re.compile(r"^\s*(\d+)\s*[xX\u00d7*]\s*(\d+)\s*$")
 
@@ -42,3 +42,10 @@ def check_sizes(text: str | None) -> bool | str:
     except ValueError as e:
         return f"{e}; the whole value: {text!r}"
     return True
+
+
+def warm_targets(width: int, height: int, sizes: str | None) -> list[tuple[int, int]]:
+    """The sizes a Warmup node warms, in order: its ``width`` x ``height`` first, then each size of ``sizes``
+    (:func:`parse_sizes`) not already listed; pixels, ``(width, height)``. Both Warmup nodes (MODEL and pipeline)
+    take their targets from here. Raises ``ValueError`` as :func:`parse_sizes` does."""
+    return list(dict.fromkeys([(width, height), *parse_sizes(sizes)]))

@@ -12,7 +12,9 @@ from ..core.determinism import portable
 from ..core.optimize.plan import OptimizeOptions
 from ..core.pipelines import compile_record
 from ..core.pipelines.handle import optimized_handle
+from ..core.pipelines.state import peek_state
 from . import inputs as oi
+from .host.startup import cache_choice
 from .pipeline_type import DiffusersPipeline, as_handle
 
 
@@ -93,7 +95,8 @@ class SteadfastPipelineOptimize(io.ComfyNode):
         if opts.is_baseline():
             report = f"{handle.describe()}: nothing switched on, returned unchanged"
             return io.NodeOutput(handle, report, ui=ui.PreviewText(report))
-        new, rep, reused = optimized_handle(handle, opts)
+        cache = cache_choice(compile_cache) if opts.scope != "off" else None  # the MODEL path's cache, by name
+        new, rep, reused = optimized_handle(handle, opts, cache)
         lines = [handle.describe(),
                  "reused the copy optimized earlier from this pipeline with these options (nothing recompiled)"
                  if reused else "optimized a copy sharing the weights (the input pipeline is unchanged)"]
@@ -108,7 +111,7 @@ class SteadfastPipelineOptimize(io.ComfyNode):
             lines += compile_lines(rec, reused)
             if strict_recompiles:
                 lines.append("strict_recompiles: a recompile after warm-up fails the run, with its reason")
-            if compile_cache.strip():
-                lines.append("compile_cache: not applied to diffusers pipelines (inductor's default cache directory)")
+            compiled = peek_state(new.pipe).compiled
+            lines += compiled.lines if compiled is not None else []
         report = "\n".join(lines)
         return io.NodeOutput(new, report, ui=ui.PreviewText(report))

@@ -12,7 +12,7 @@ from ..core.pipelines import compile_record
 from ..core.pipelines import warmup as core_warmup
 from ..core.pipelines.handle import RUN_LOCK, prepare_run
 from ..core.pipelines.load import on_run_device
-from ..core.sizes import check_sizes, parse_sizes
+from ..core.sizes import check_sizes, warm_targets
 from .inputs import size_inputs
 from .pipeline_type import DiffusersPipeline, as_handle, make_room, progress
 
@@ -52,7 +52,7 @@ class SteadfastPipelineWarmup(io.ComfyNode):
     @classmethod
     def execute(cls, pipeline, width: int, height: int, batch_size: int, cfg: float, sizes: str = "") -> io.NodeOutput:
         handle = as_handle(pipeline, "Pipeline Warmup")
-        targets = dict.fromkeys([(width, height), *parse_sizes(sizes)])
+        targets = warm_targets(width, height, sizes)
         lines: list[str] = []
         with RUN_LOCK:
             pipe, events = prepare_run(handle)

@@ -13,7 +13,7 @@ from comfy_api.v0_0_2 import io, ui
 
 from ..core import torch_compat
 from ..core.compile.registry import REGISTRY
-from ..core.sizes import check_sizes, parse_sizes
+from ..core.sizes import check_sizes, warm_targets
 
 
 def _zero_conditioning(model, batch: int) -> list:
@@ -81,7 +81,7 @@ class SteadfastWarmup(io.ComfyNode):
         latent_format = model.get_model_object("latent_format")
         channels = latent_format.latent_channels
         down = getattr(latent_format, "spacial_downscale_ratio", 8)
-        targets = [(width, height)] + [s for s in parse_sizes(sizes) if s != (width, height)]
+        targets = warm_targets(width, height, sizes)
         progress = _CompileProgress(len(targets), model)
         reports = []
         with torch_compat.compile_events(progress.compiled, progress.phase):

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..compile.use import CacheChoice
 from ..optimize.plan import OptimizeOptions, OptimizeReport
 from .load import denoiser_of
 from .lora import LoraLoadError, load_lora, prepare_lora_hotswap
@@ -167,10 +168,13 @@ _LORA_COPIES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 _MEMO_LOCK = threading.Lock()
 
 
-def optimized_handle(handle: PipelineHandle, options: OptimizeOptions) -> tuple[PipelineHandle, OptimizeReport, bool]:
-    """Apply ``options`` to a weight-sharing copy of ``handle.pipe``; returns ``(handle, report, reused)``.
+def optimized_handle(handle: PipelineHandle, options: OptimizeOptions, cache: CacheChoice | None = None,
+                     ) -> tuple[PipelineHandle, OptimizeReport, bool]:
+    """Apply ``options`` to a weight-sharing copy of ``handle.pipe``, its compile with the persistent compile
+    ``cache`` (:func:`~..compile.use.compile_use`; None: inductor's default directory); returns
+    ``(handle, report, reused)``.
 
-    ``handle.pipe`` is not modified. With the same source pipeline, options and LoRA ``max_rank`` as an
+    ``handle.pipe`` is not modified. With the same source pipeline, options, cache and LoRA ``max_rank`` as an
     earlier call the earlier copy is returned (``reused=True``: nothing is copied, optimized or compiled
     again). When ``handle`` carries a LoRA, the copy is prepared for hot-swapping up to its ``max_rank``
     before anything is compiled (:func:`~.lora.prepare_lora_hotswap`). The returned handle keeps
@@ -188,7 +192,7 @@ def optimized_handle(handle: PipelineHandle, options: OptimizeOptions) -> tuple[
         raise PipelineStateError(f"QKV fusion cannot be combined with the LoRA {handle.lora.name!r}: diffusers' "
                                  f"fused to_qkv projections would bypass the LoRA layers on to_q/to_k/to_v")
     max_rank = handle.lora.max_rank if handle.lora is not None else None
-    key = (options, max_rank)
+    key = (options, cache, max_rank)
     base = handle.pipe
     with _MEMO_LOCK:
         memo = _OPTIMIZED.get(base)
@@ -201,7 +205,7 @@ def optimized_handle(handle: PipelineHandle, options: OptimizeOptions) -> tuple[
         pipe = share_pipeline(base, filters)
         if max_rank is not None:
             prepare_lora_hotswap(pipe, max_rank)
-        report = optimize_pipeline(pipe, options)
+        report = optimize_pipeline(pipe, options, cache)
         _OPTIMIZED[base] = _Memo(key, pipe, report, time.perf_counter() - t0)
     return handle.replace(pipe=pipe, owned=True), report, False
 

@@ -15,8 +15,8 @@ import torch
 
 from .. import torch_compat
 from ..compile.blocks import repeated_block_paths
-from ..compile.registry import REGISTRY
 from ..compile.swap import contiguous_inputs_hook
+from ..compile.use import CacheChoice, compile_use
 from ..optimize.layout import to_channels_last_
 from ..optimize.plan import OptimizeOptions, OptimizeReport, Step, StepReport, run_steps
 from .attention import resolve_attention, set_model_attention_backend
@@ -153,7 +153,8 @@ def contiguous_compiled_inputs(module: torch.nn.Module) -> bool:
     return True
 
 
-def _compile_step(pipe: Any, den: torch.nn.Module, den_name: str, opts: OptimizeOptions) -> StepReport:
+def _compile_step(pipe: Any, den: torch.nn.Module, den_name: str, opts: OptimizeOptions,
+                  cache: CacheChoice | None) -> StepReport:
     copts = opts.compile
     kwargs = copts.to_kwargs()
     paths = repeated_block_paths(den) if opts.scope == "regional" else []
@@ -180,21 +181,22 @@ def _compile_step(pipe: Any, den: torch.nn.Module, den_name: str, opts: Optimize
     label = f"{type(pipe).__name__}.{den_name} ({kind}"
     label += f": {', '.join(f'{n} x {c}' for c, n in classes.items())})" if classes else ")"
     # diffusers compiles in place (Module.compile): the record holds no swap-in callables, its blocks are for reports
-    record, _ = REGISTRY.get_or_create(den, copts, paths, label=label, in_place=True)
-    get_state(pipe).record = record
+    compiled = compile_use(den, copts, paths, label=label, cache=cache, in_place=True)
+    get_state(pipe).compiled = compiled
     details = {"kind": kind, "component": den_name, "n_blocks": len(paths) if paths else 1,
                "block_classes": classes, "blocks": list(paths), **copts.as_dict(),
                "via": "diffusers compile_repeated_blocks" if kind == "regional" else "nn.Module.compile"}
     return StepReport("compile", True, [den_name], details, note)
 
 
-def optimize_pipeline(pipe: Any, options: OptimizeOptions) -> OptimizeReport:
+def optimize_pipeline(pipe: Any, options: OptimizeOptions, cache: CacheChoice | None = None) -> OptimizeReport:
     """Apply ``options`` to ``pipe`` in place and return what was applied to which components.
 
     Order: QKV fusion (denoiser, then VAE) -> channels_last (denoiser, VAE) -> attention backend -> VAE slicing -> VAE
     tiling -> compile (denoiser only: diffusers' VAEs declare no ``_repeated_blocks``). Compilation is lazy: it happens
     at the first :func:`~.run.generate` (use :func:`~.run.warmup`), which also records compile time and recompiles in
-    :data:`~..registry.REGISTRY`.
+    :data:`~..registry.REGISTRY`, with ``cache`` (:class:`~..compile.use.CacheChoice`; None: inductor's default
+    directory) active around each call (:meth:`~..compile.use.Compiled.run`).
 
     Raises (all before anything is changed, except errors from diffusers/torch inside a step, after which
     the pipeline counts as optimized with the steps done so far):
@@ -232,7 +234,7 @@ def optimize_pipeline(pipe: Any, options: OptimizeOptions) -> OptimizeReport:
         Step("attention", options.attention != "auto", lambda: _attention_step(pipe, den, den_name, options)),
         Step("vae_slicing", options.vae_slicing, lambda: _vae_step(comps, "vae_slicing")),
         Step("vae_tiling", options.vae_tiling, lambda: _vae_step(comps, "vae_tiling")),
-        Step("compile", options.scope != "off", lambda: _compile_step(pipe, den, den_name, options)),
+        Step("compile", options.scope != "off", lambda: _compile_step(pipe, den, den_name, options, cache)),
     ]
     try:
         run_steps(plan, into=report.steps)

@@ -13,6 +13,7 @@ import torch
 
 from ..compile.record import CompileRecord
 from ..compile.registry import REGISTRY
+from ..compile.use import Compiled
 from ..determinism.apply import deterministic
 from ..determinism.noise import item_seeds
 from ..determinism.policy import DeterminismPolicy
@@ -80,15 +81,15 @@ def _step_callback(pipe: Any, on_step: Callable[[], None] | None) -> dict[str, A
     return {"callback_on_step_end": callback}
 
 
-def _run_once(pipe: Any, kw: dict[str, Any], record: CompileRecord | None, shape: tuple) -> torch.Tensor:
+def _run_once(pipe: Any, kw: dict[str, Any], compiled: Compiled | None, shape: tuple) -> torch.Tensor:
     with contextlib.ExitStack() as stack:
-        if record is not None:
-            stack.enter_context(REGISTRY.run(record))
-            stack.enter_context(REGISTRY.track(record, shape=shape))
+        if compiled is not None:
+            stack.enter_context(REGISTRY.run(compiled.record))
         # diffusers' randn_tensor draws each image's noise from its CPU generator: portable bytes (routed only
         # where torch's own differ; half types on torch 2.11 stay torch's own: pipeline_report()["cpu_randn"])
         stack.enter_context(portable_generator_randn())
-        out = pipe(**kw)
+        # a compiled denoiser: tracked, with its compile cache active (Compiled.run)
+        out = pipe(**kw) if compiled is None else compiled.run(lambda: pipe(**kw), shape=shape)
     images = out.images if hasattr(out, "images") else out[0]
     if not isinstance(images, torch.Tensor) or images.ndim != 4:
         raise RuntimeError(f"{type(pipe).__name__} returned {type(images).__name__}, expected a [B,C,H,W] tensor")
@@ -139,7 +140,7 @@ def generate(pipe: Any, prompt: str, negative_prompt: str = "", *, steps: int = 
         raise ValueError(f"steps must be >= 1, got {steps}")
     gens = image_generators(seed, batch)
     state = peek_state(pipe)
-    record = state.record if state is not None else None
+    compiled = state.compiled if state is not None else None
     sdpa = state.sdpa_backend if state is not None else "auto"
     shape = (batch, int(height or 0), int(width or 0))
     total, done = steps * (batch if batch_mode == "sequential" else 1), [0]
@@ -160,12 +161,12 @@ def generate(pipe: Any, prompt: str, negative_prompt: str = "", *, steps: int = 
         stack.enter_context(sdpa_context(sdpa))
         if batch_mode == "batched":
             kw = _call_kwargs(pipe, prompt, negative_prompt, steps, guidance, width, height, gens, extra)
-            images = _run_once(pipe, kw, record, shape)
+            images = _run_once(pipe, kw, compiled, shape)
         else:
             parts = []
             for g in gens:
                 kw = _call_kwargs(pipe, prompt, negative_prompt, steps, guidance, width, height, [g], extra)
-                parts.append(_run_once(pipe, kw, record, (1,) + shape[1:]))
+                parts.append(_run_once(pipe, kw, compiled, (1,) + shape[1:]))
             images = torch.cat(parts, dim=0)
     return images.numpy() if output_type == "np" else images
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..compile.record import CompileRecord
+from ..compile.use import Compiled
 from ..optimize.plan import OptimizeReport
 
 __all__ = ["PipelineState", "get_state", "peek_state"]
@@ -20,20 +21,26 @@ class PipelineState:
     """Steadfast's view of one pipeline.
 
     ``report``: the :class:`OptimizeReport` once optimized (None before). ``sdpa_backend``: torch SDPA
-    backend entered around each call ("auto" = no context). ``record``: the compile record of the
-    denoiser. ``hotswap_rank``: target rank given to ``enable_lora_hotswap`` (None when not prepared).
+    backend entered around each call ("auto" = no context). ``compiled``: the compiled denoiser
+    (:func:`core.compile.use.compile_use`: its record and compile cache; ``record`` reads its record).
+    ``hotswap_rank``: target rank given to ``enable_lora_hotswap`` (None when not prepared).
     ``adapters``: LoRA adapter names loaded through :func:`~.lora.load_lora`, in order.
     ``qkv_fused``: component names whose attention projections diffusers fused.
     """
 
     report: OptimizeReport | None = None
     sdpa_backend: str = "auto"
-    record: CompileRecord | None = None
+    compiled: Compiled | None = None
     hotswap_rank: int | None = None
     adapters: list[str] = field(default_factory=list)
     lora_events: list[dict[str, Any]] = field(default_factory=list)
     qkv_fused: list[str] = field(default_factory=list)
     warm_targets: set = field(default_factory=set)
+
+    @property
+    def record(self) -> CompileRecord | None:
+        """The compile record of the denoiser (None: not compiled)."""
+        return self.compiled.record if self.compiled is not None else None
 
 
 _STATES: weakref.WeakKeyDictionary[Any, PipelineState] = weakref.WeakKeyDictionary()

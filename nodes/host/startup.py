@@ -3,7 +3,7 @@
 :func:`warm_start_at_server_start` runs once, from the pack's ``comfy_entrypoint``: the fleet's compile artifacts
 (``$STEADFAST_COMPILE_ARTIFACT``), then the compile stack's import (:mod:`core.compile.preload`). The folder facts
 (:func:`client_writable_dirs`, :func:`cache_root`) are ComfyUI's ``folder_paths``, read here for the compile cache
-too (:mod:`nodes.patches.compile`).
+of both paths too (:func:`cache_choice`).
 """
 from __future__ import annotations
 
@@ -16,9 +16,11 @@ import comfy.model_management
 from ...core.compile import artifact as compile_artifact
 from ...core.compile import cache_location as compile_cache_location
 from ...core.compile import preload
+from ...core.compile.use import CacheChoice
 from ...core.determinism import portable
 
-__all__ = ["client_writable_dirs", "cache_root", "load_compile_artifacts", "warm_start_at_server_start"]
+__all__ = ["client_writable_dirs", "cache_root", "cache_choice", "load_compile_artifacts",
+           "warm_start_at_server_start"]
 
 log = logging.getLogger("steadfast")
 
@@ -60,6 +62,15 @@ def cache_root() -> tuple[Path | None, str]:
     import folder_paths
 
     return compile_cache_location.resolve_root(folder_paths.get_user_directory())
+
+
+def cache_choice(name: str) -> CacheChoice:
+    """The compile cache named ``name`` (a node's ``compile_cache`` input) where this ComfyUI keeps them: the
+    operator's root (:func:`cache_root`), ComfyUI's compute device and the folders its HTTP clients can write
+    (refused as a cache location), for :func:`core.compile.use.compile_use`."""
+    root, source = cache_root()
+    return CacheChoice(name=name, root=root, source=source, device=comfy.model_management.get_torch_device(),
+                       forbidden=client_writable_dirs() if root is not None else ())
 
 
 def warm_start_at_server_start() -> None:

@@ -17,6 +17,7 @@ import torch
 from steadfast.core.compile.blocks import repeated_block_paths
 from steadfast.core.compile.options import CompileOptions
 from steadfast.core.compile.registry import REGISTRY
+from steadfast.core.compile.use import CacheChoice
 from steadfast.core.determinism.policy import DeterminismPolicy
 from steadfast.core.determinism.torch_state import snapshot_state
 from steadfast.core.optimize.plan import StepReport
@@ -35,6 +36,7 @@ from steadfast.core.pipelines import (
     prepare_lora_hotswap,
     warmup,
 )
+from steadfast.core.pipelines.state import peek_state
 from steadfast.core.record.compare import compare
 from steadfast.core.record.hashing import hash_image
 
@@ -347,6 +349,32 @@ def test_lora_hotswap_with_inductor_does_not_recompile(sd_dir):
     rep = compare(ref_b, img_b)
     print("hot-swapped B (inductor) vs B eager:", rep.as_text())
     assert rep.max_abs < 1e-3  # compiled != eager bitwise is expected; it must still be the same image
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("fresh_dynamo")
+def test_pipeline_compile_uses_the_persistent_compile_cache(sd_dir, sd_ref, tmp_path):
+    """Pipeline Optimize's compile goes through ``core.compile.use.compile_use`` as Optimize Model's does: the named
+    cache under the operator's root is active around each run (``Compiled.run``), inductor's files land there and
+    are recorded, the record names the cache, and the image is the uncompiled one to compile's rounding. Without a
+    cache choice nothing is written there (inductor about a minute on 2 cores)."""
+    opts = OptimizeOptions(scope="regional", compile=CompileOptions(backend="inductor"))
+    bare = tp.fresh(sd_dir)
+    optimize_pipeline(bare, opts)
+    assert peek_state(bare).compiled.cache is None and not any(tmp_path.iterdir())
+    pipe = tp.fresh(sd_dir)
+    choice = CacheChoice(name="pipes", root=tmp_path, source="test", device="cpu")
+    rep = optimize_pipeline(pipe, opts, cache=choice)
+    compiled = peek_state(pipe).compiled
+    assert compiled.cache is not None and compiled.lines[0] == "compile cache: 'pipes' (test)", compiled.lines
+    assert compiled.cache.recorded() == {}  # opened, nothing compiled yet
+    image = generate(pipe, "a cat", seed=3, **G)
+    recorded = compiled.cache.recorded()
+    assert any(name.endswith(".py") for name in recorded), sorted(recorded)[:10]  # inductor's generated code
+    assert compiled.cache.path.is_relative_to(tmp_path / "pipes")
+    assert compile_record(pipe).stats.compile_cache["name"] == "pipes" and rep.steps[-1].step == "compile"
+    assert compare(sd_ref[1], image).max_abs < 1e-3  # compiled != eager bitwise is expected; the same image
+    assert compare(sd_ref[1], generate(pipe, "a cat", seed=4, **G)).max_abs > 1e-2  # the image depends on the seed
 
 
 @pytest.mark.usefixtures("fresh_dynamo")  # compiled code from earlier tests' pipelines (other requires_grad) aside
