@@ -198,9 +198,9 @@ def static_fields(options: CompileOptions, guard_filter_fn: GuardFilterFn | None
 
 
 def flags_text() -> str:
-    """The global torch flags compiled code depends on (:func:`core.compile.recompiles.guarded_flags`, the
-    determinism flags among them), inductor's ``deterministic`` setting and the digest of Dynamo's and inductor's
-    config (:func:`core.torch_compat.compile_config_digest`), as canonical JSON. Cost: docs/benchmarks.md section 20."""
+    """The global torch flags compiled code depends on (:func:`core.compile.recompiles.guarded_flags`, the determinism
+    flags among them), inductor's ``deterministic`` setting and the digest of Dynamo's and inductor's config
+    (:func:`core.torch_compat.compile_config_digest`), as canonical JSON. Cost: docs/benchmarks.md section 20."""
     return json.dumps([guarded_flags(), torch_compat.inductor_deterministic(load=True),
                        torch_compat.compile_config_digest()], sort_keys=True, default=str)
 

@@ -1,12 +1,12 @@
 """Warm start at server start: the compile stack imported when the pack loads, where a compile is likely.
 
-A warm first prompt (inductor's cache filled by an earlier run, :mod:`core.compile.cache`) spends much of its
-compile overhead importing Dynamo and inductor (docs/benchmarks.md section 13). A server that has compiled before (a managed compile cache with compiled files
-under its root) imports them while ComfyUI starts, before any prompt waits, makes inductor's CPU vector-ISA pick
-then too (:func:`core.torch_compat.pick_cpu_isa`: inductor's ISA probes, once per process), and then freezes the
-heap it holds (:func:`freeze_heap`) so that the garbage collector's full collections stop walking it.
-``$STEADFAST_PRELOAD_COMPILE``: ``1`` always, ``0`` never, unset/``auto`` when the cache root holds a compiled
-file; ``$STEADFAST_GC_FREEZE=0`` leaves the heap unfrozen. No ComfyUI imports.
+A warm first prompt (inductor's cache filled by an earlier run, :mod:`core.compile.cache`) spends much of its compile
+overhead importing Dynamo and inductor (docs/benchmarks.md section 13). A server that has compiled before (a managed
+compile cache with compiled files under its root) imports them while ComfyUI starts, before any prompt waits, makes
+inductor's CPU vector-ISA pick then too (:func:`core.torch_compat.pick_cpu_isa`: inductor's ISA probes, once per
+process), and then freezes the heap it holds (:func:`freeze_heap`) so that the garbage collector's full collections
+stop walking it. ``$STEADFAST_PRELOAD_COMPILE``: ``1`` always, ``0`` never, unset/``auto`` when the cache root holds a
+compiled file; ``$STEADFAST_GC_FREEZE=0`` leaves the heap unfrozen. No ComfyUI imports.
 """
 from __future__ import annotations
 
