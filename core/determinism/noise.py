@@ -11,9 +11,9 @@ default CPU generator with exactly that call, plus the accelerators), which is w
 
 Every draw goes through :func:`core.determinism.randn.portable_randn` (float32/float16/bfloat16): the
 bytes torch's AVX2 CPU kernel gives, on any CPU (x86 with or without AVX2/AVX512, ARM, Windows), so a
-seed gives the same noise on a Mac as on a PC, and on x86 the same as ``torch.randn`` (issue 17). Where
+seed gives the same noise on a Mac as on a PC, and on x86 the same as ``torch.randn``. Where
 torch's own kernel gives those bytes (x86 AVX2/AVX512, checked once per process) the draw is ``torch.randn``
-itself, so reproducibility costs nothing there (issue 23).
+itself, so reproducibility costs nothing there.
 """
 from __future__ import annotations
 
