@@ -200,8 +200,7 @@ def seeded_noise(
     if inds is None:
         return randn(dims, generator)
     # The stream is consumed one batch-1 draw at a time up to the largest index requested. A single
-    # [max+1, ...] draw is not the same in general (measured on torch 2.14 CPU: equal for 16 and
-    # 256 elements per item, different for 6 and 105).
+    # [max+1, ...] draw is not the same in general (docs/benchmarks.md section 20).
     wanted = set(inds)
     kept: dict[int, torch.Tensor] = {}
     for k in range(max(inds) + 1):
