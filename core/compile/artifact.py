@@ -158,8 +158,7 @@ def export_artifact(cache: cc.CompileCache | str | os.PathLike[str], out_path: s
         cache: an opened :class:`core.compile.cache.CompileCache`, or the path of a key folder ``<root>/<name>/<key>``
             (the name is its parent folder's name).
         out_path: the artifact file to write (replaced if it exists).
-        compress: gzip the tar (default; measured on a CPU cache of 4 compiled blocks, 34 files: 645 KB plain,
-            119 KB gzipped, import 0.10 vs 0.09 s, export 0.01 vs 0.08 s, 2 shared CPU cores).
+        compress: gzip the tar (default; sizes and times: docs/benchmarks.md section 21).
     Returns:
         the :class:`ArtifactInfo` (``files`` carried, ``unrecorded``/``changed`` left out, ``sha256`` of the file).
     Raises:

@@ -364,7 +364,7 @@ def _stat_key(st: os.stat_result) -> list[int]:
 def _check(cache: CompileCache, rel: str, entry: Any, st: os.stat_result, f: Path) -> tuple[list | None, str | None]:
     """``(entry to keep, problem)`` for a recorded file found with ``st``: the same stat keeps it unread; another
     stat is read: the same checksum keeps it (stat updated, e.g. a copy of the folder), another is a problem."""
-    if not (isinstance(entry, list) and len(entry) in (3, 4)):  # 3: [size, mtime_ns, sha256] (before ctime)
+    if not (isinstance(entry, list) and len(entry) in (3, 4)):  # 3: [size, mtime_ns, sha256]
         return None, None
     if len(entry) == 4 and entry[:3] == _stat_key(st):
         return entry, None
@@ -403,9 +403,9 @@ def _files_problem(cache: CompileCache) -> str | None:
     Files that are not recorded (not written while the pack watched) are said in :attr:`CompileCache.messages`,
     untrusted; recorded ones that are gone are dropped from the record.
 
-    torch 2.11's inductor, given a corrupted ``.so``, fails the compile, and the in-process retry then compiles
-    code that is not bit-equal to a fresh process's (measured: sum 33.330055 vs 33.330059 on a LayerNorm + Linear
-    + GELU block); checking the bytes before inductor sees them keeps a corrupted cache on the fresh-compile bits."""
+    Why: inductor's in-process retry after a corrupted ``.so`` compiles code that is not bit-equal to a fresh
+    process's; checking the bytes first keeps a corrupted cache on the fresh-compile bits (docs/benchmarks.md
+    section 20)."""
     old, new, foreign = _load_files(cache), {}, []
     for rel, st, f in _walk(cache):
         if rel not in old:

@@ -64,12 +64,12 @@ HOST_DISTRIBUTIONS = ("comfy-kitchen", "comfy-aimdo", "einops")
 #: The host's version module, read when it is loaded (ComfyUI's ``comfyui_version``; never imported here).
 HOST_VERSION_MODULES = ("comfyui_version",)
 MAX_PENDING = 64  # queued saves (each holds one call's inputs) until PrecompiledState.flush
-#: the phases of a block call through the route whose wall seconds :class:`PrecompiledState` sums (issue 35: where a
-#: steady step's per-call cost goes): the hook walk (:func:`hooks_reason`), the call key (:func:`call_key`), the
+#: the phases of a block call through the route whose wall seconds :class:`PrecompiledState` sums (where a steady
+#: step's per-call cost goes): the hook walk (:func:`hooks_reason`), the call key (:func:`call_key`), the
 #: carried guards' re-check, torch's ``guard_check`` of the artifact, and the artifact's own call (its kernels)
 SPLIT_PHASES = ("hooks", "key", "carried", "guard_check", "artifact")
 #: devices the route has passed its checks on (tests/core/test_precompiled_differential.py, the server cases). On any
-#: other (CUDA first) it is opt-in, ``$STEADFAST_PRECOMPILED=1``, until a GPU run has passed (issue 35).
+#: other (CUDA first) it is opt-in, ``$STEADFAST_PRECOMPILED=1``, until a GPU run has passed.
 TRIED_DEVICES = ("cpu",)
 _SIMPLE = (str, int, float, bool, type(None))
 _file_digests: dict[str, str] = {}
@@ -198,9 +198,9 @@ def static_fields(options: CompileOptions, guard_filter_fn: GuardFilterFn | None
 
 
 def flags_text() -> str:
-    """The global torch flags compiled code depends on (:func:`core.compile.recompiles.guarded_flags`, the
-    determinism flags among them), inductor's ``deterministic`` setting and the digest of Dynamo's and inductor's
-    config (:func:`core.torch_compat.compile_config_digest`), as canonical JSON (about 60 us)."""
+    """The global torch flags compiled code depends on (:func:`core.compile.recompiles.guarded_flags`, the determinism
+    flags among them), inductor's ``deterministic`` setting and the digest of Dynamo's and inductor's config
+    (:func:`core.torch_compat.compile_config_digest`), as canonical JSON. Cost: docs/benchmarks.md section 21."""
     return json.dumps([guarded_flags(), torch_compat.inductor_deterministic(load=True),
                        torch_compat.compile_config_digest()], sort_keys=True, default=str)
 
@@ -225,8 +225,8 @@ def untried_device(args: Sequence[Any]) -> str | None:
 def hooks_reason(module: nn.Module) -> str | None:
     """Why the route may not call ``type(module).forward`` for ``module``: a hook on it or on any submodule, an
     instance ``forward`` on it or a submodule, or a process-wide module hook (the jit runs them; an artifact's own
-    guards were measured not to catch a submodule's hook on torch 2.11). None when there is none. Walks the
-    submodules' dicts (no names built): a few microseconds for a block of 40 modules."""
+    guards do not catch a submodule's hook). None when there is none. Walks the submodules' dicts (no names
+    built). Cost: docs/benchmarks.md section 21."""
     if any(_global_hooks()):
         return "a process-wide module hook is set (register_module_forward_hook...; the jit runs it)"
     stack = [module]

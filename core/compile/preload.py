@@ -1,13 +1,12 @@
 """Warm start at server start: the compile stack imported when the pack loads, where a compile is likely.
 
-A warm first prompt (inductor's cache filled by an earlier run, :mod:`core.compile.cache`) spent about a third of
-its compile overhead importing Dynamo and inductor (docs/benchmarks.md section 13: 0.85 s of 2.6 s for the tiny
-SD1.5 checkpoint on ComfyUI 0.8.0). A server that has compiled before (a managed compile cache with compiled files
-under its root) imports them while ComfyUI starts, before any prompt waits, makes inductor's CPU vector-ISA pick
-then too (:func:`core.torch_compat.pick_cpu_isa`: inductor's ISA probes, once per process), and then freezes the
-heap it holds (:func:`freeze_heap`) so that the garbage collector's full collections stop walking it.
-``$STEADFAST_PRELOAD_COMPILE``: ``1`` always, ``0`` never, unset/``auto`` when the cache root holds a compiled
-file; ``$STEADFAST_GC_FREEZE=0`` leaves the heap unfrozen. No ComfyUI imports.
+A warm first prompt (inductor's cache filled by an earlier run, :mod:`core.compile.cache`) spends much of its compile
+overhead importing Dynamo and inductor (docs/benchmarks.md section 13). A server that has compiled before (a managed
+compile cache with compiled files under its root) imports them while ComfyUI starts, before any prompt waits, makes
+inductor's CPU vector-ISA pick then too (:func:`core.torch_compat.pick_cpu_isa`: inductor's ISA probes, once per
+process), and then freezes the heap it holds (:func:`freeze_heap`) so that the garbage collector's full collections
+stop walking it. ``$STEADFAST_PRELOAD_COMPILE``: ``1`` always, ``0`` never, unset/``auto`` when the cache root holds a
+compiled file; ``$STEADFAST_GC_FREEZE=0`` leaves the heap unfrozen. No ComfyUI imports.
 """
 from __future__ import annotations
 
@@ -68,15 +67,12 @@ def freeze_heap() -> int | None:
     """``gc.freeze()`` unless ``$STEADFAST_GC_FREEZE`` is 0: every object the garbage collector tracks now (torch,
     ComfyUI, the compile stack just imported) moves to CPython's permanent generation, which its collections skip.
 
-    Why: a full collection walks every tracked object. With the compile stack imported, a server tracks about 650k
-    objects and a full collection takes 0.25-0.28 s on a 2-core CPU; loading the precompiled blocks allocates enough
-    to trigger one during a warm first prompt (docs/benchmarks.md section 15: 0.55 s of collections in a 1.3 s
-    first prompt, 0.01 s after the freeze). Objects that live as long as the process are what a server holds at
-    start; the cost is that a reference cycle among them that becomes garbage later is never collected (reference
-    counting still frees everything else). Python's documentation of ``gc.freeze``; the same technique servers
-    use before forking workers. A full collection runs first, so that garbage left by the imports (cycles not yet
-    collected) is freed instead of frozen. Returns the number of objects frozen (``gc.get_freeze_count()``), or
-    None when switched off.
+    Why: a full collection walks every tracked object, and loading the precompiled blocks triggers one during a
+    warm first prompt (measurements: docs/benchmarks.md section 15). The cost: a reference cycle among the frozen
+    objects that becomes garbage later is never collected (reference counting still frees everything else).
+    Source: Python's documentation of ``gc.freeze``. A full collection runs first, so that garbage left by the
+    imports is freed instead of frozen. Returns the number of objects frozen (``gc.get_freeze_count()``), or None
+    when switched off.
     """
     if os.environ.get(GC_FREEZE_ENV, "").strip().lower() in ("0", "off", "false", "no"):
         return None
@@ -91,7 +87,7 @@ def isa_cache(root: Path | None, device: Any = None,
     (``default`` first, then by name) whose folder for this machine's key (no inductor preset) checks out
     (:func:`core.compile.cache.existing_cache`: read only; a bad one is left for the first compile to move aside,
     with its message in the run record). Inductor keeps its ISA test programs in its cache folder: the ones the
-    first compile built there (or an artifact brought) are found instead of built again (1.7 s on a 2-core CPU).
+    first compile built there (or an artifact brought) are found instead of built again.
 
     Args:
         root: the operator's cache root, or None.

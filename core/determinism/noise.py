@@ -11,9 +11,9 @@ default CPU generator with exactly that call, plus the accelerators), which is w
 
 Every draw goes through :func:`core.determinism.randn.portable_randn` (float32/float16/bfloat16): the
 bytes torch's AVX2 CPU kernel gives, on any CPU (x86 with or without AVX2/AVX512, ARM, Windows), so a
-seed gives the same noise on a Mac as on a PC, and on x86 the same as ``torch.randn`` (issue 17). Where
+seed gives the same noise on a Mac as on a PC, and on x86 the same as ``torch.randn``. Where
 torch's own kernel gives those bytes (x86 AVX2/AVX512, checked once per process) the draw is ``torch.randn``
-itself, so reproducibility costs nothing there (issue 23).
+itself, so reproducibility costs nothing there.
 """
 from __future__ import annotations
 
@@ -200,8 +200,7 @@ def seeded_noise(
     if inds is None:
         return randn(dims, generator)
     # The stream is consumed one batch-1 draw at a time up to the largest index requested. A single
-    # [max+1, ...] draw is not the same in general (measured on torch 2.14 CPU: equal for 16 and
-    # 256 elements per item, different for 6 and 105).
+    # [max+1, ...] draw is not the same in general (docs/benchmarks.md section 21).
     wanted = set(inds)
     kept: dict[int, torch.Tensor] = {}
     for k in range(max(inds) + 1):

@@ -11,8 +11,8 @@ once at start-up):
   False``): convolutions and GELU take ATen's own kernels (im2col + BLAS), whose blocking does not depend on
   the CPU's cache sizes; the ISA cap is a second line for anything that still reaches oneDNN.
 - ``MKL_CBWR=COMPATIBLE,STRICT``: MKL's conditional numerical reproducibility in its cross-vendor branch.
-  Measured here (AMD EPYC, MKL 2024.2): MKL honours *only* ``COMPATIBLE`` on a non-Intel CPU; ``AVX2``,
-  ``AVX512`` ... read back as ``AUTO`` (it picks per CPU), so ``MKL_CBWR=AVX2`` would not pin AMD.
+  MKL honours *only* ``COMPATIBLE`` on a non-Intel CPU; ``AVX2``, ``AVX512`` ... read back as ``AUTO`` (it
+  picks per CPU), so ``MKL_CBWR=AVX2`` would not pin AMD (docs/benchmarks.md section 21).
   ``MKL_ENABLE_INSTRUCTIONS=AVX2`` is set as well (an upper bound, harmless under COMPATIBLE).
 - threads: ``OMP_NUM_THREADS`` = ``MKL_NUM_THREADS`` = N (default 1), ``MKL_DYNAMIC=FALSE`` and
   ``torch.set_num_threads(N)``: CPU reductions split their work by the thread count.
@@ -146,7 +146,7 @@ def apply_in_process() -> dict[str, Any]:
 def pin_thread() -> None:
     """In portable mode, set inductor's ``cpp.simdlen`` in the calling thread (nothing outside portable mode).
 
-    Measured: torch 2.14's inductor config keeps a value set in one thread to that thread (ComfyUI samples in a
+    torch 2.14's inductor config keeps a value set in one thread to that thread (ComfyUI samples in a
     worker thread, the pack is imported in the main one); torch 2.11's is process-wide. So the sampler calls this
     before sampling. oneDNN's switch and the thread count are process-wide in both."""
     if not is_portable():

@@ -1,10 +1,10 @@
 """Portable ``torch.randn``: the bytes torch's AVX2 CPU kernel gives, on every platform.
 
 Why: ``torch.randn(..., generator=cpu_gen)`` for 16 or more float32 elements runs a Box-Muller transform
-whose log/sin/cos depend on the CPU build (PyTorch 2.11 and 2.14, ``aten/src/ATen/native/cpu/``):
+whose log/sin/cos depend on the CPU build (``aten/src/ATen/native/cpu/``):
 
-- ``DistributionTemplates.h`` ``normal_fill`` with ``NormalFill16<float>`` (2.14; ``normal_fill_AVX2`` /
-  ``normal_fill_16_AVX2`` in 2.11, the same math): under ``CPU_CAPABILITY_AVX2`` the 16-element
+- ``DistributionTemplates.h`` ``normal_fill`` with ``NormalFill16<float>`` (``normal_fill_AVX2`` in older
+  torch, the same math): under ``CPU_CAPABILITY_AVX2`` the 16-element
   Box-Muller uses ``log256_ps`` and ``sincos256_ps`` from ``avx_mathfun.h`` (Julien Pommier's cephes
   polynomials, compiled with FMA contraction); elsewhere (``ATEN_CPU_CAPABILITY=default``, ARM, other
   ISAs) the scalar template calls the platform libm's ``logf``/``cosf``/``sinf``.
@@ -15,8 +15,7 @@ So the same seed gives one noise on x86 PCs (AVX2 or AVX512) and another on Appl
 reproduces the AVX2 kernel's output bit for bit with operations whose rounding IEEE 754 fixes (numpy
 float32 ``+ - *`` and ``sqrt``, float64 ``+ - *``, and from those an exactly rounded fused multiply-add),
 drawn from the same generator stream: x86 seeds keep their pictures, other platforms get the x86 picture.
-``torch.sqrt`` is not used: on the CPU it is not correctly rounded (measured: about 20 % of float32
-inputs differ from IEEE ``sqrt`` by an ulp, torch 2.14.1 and 2.11.0, AVX2 and default alike).
+``torch.sqrt`` is not used: on the CPU it is not correctly rounded (docs/benchmarks.md section 21).
 
 Algorithm (``normal_fill``, float32, ``n >= 16`` elements, mean 0, std 1):
 
@@ -27,8 +26,8 @@ Algorithm (``normal_fill``, float32, ``n >= 16`` elements, mean 0, std 1):
    ``out[j] = r cos t``, ``out[j + 8] = r sin t`` for ``j < 8``.
 3. When ``n % 16 != 0`` the 16 extra uniforms form one more chunk that overwrites ``out[n-16:]``.
 
-The polynomial and the FMA sites were read from ``avx_mathfun.h`` and from the disassembly of
-``NormalFill16<float, true>::operator()`` in ``libtorch_cpu.so`` (torch 2.14.1 and 2.11.0, x86-64 wheels).
+Source: ``avx_mathfun.h`` and the disassembly of ``NormalFill16<float, true>::operator()`` in
+``libtorch_cpu.so`` (x86-64 wheels).
 
 Fewer than 16 elements (or float16/bfloat16 in torch <= 2.11) go through other torch code: see
 :func:`portable_randn`. Noise drawn inside code the pack does not own (torchsde, diffusers) reaches
@@ -215,7 +214,7 @@ def box_muller_avx2(chunks: np.ndarray, out: np.ndarray | None = None) -> np.nda
     chunks = np.ascontiguousarray(chunks, dtype=np.float32)
     if out is None:
         out = np.empty_like(chunks)
-    for i in range(0, chunks.shape[0], _BLOCK_ROWS):  # cache-sized blocks: about 2x faster than whole latents
+    for i in range(0, chunks.shape[0], _BLOCK_ROWS):  # cache-sized blocks
         block = chunks[i:i + _BLOCK_ROWS]
         u1 = _ONE - block[:, :8]
         theta = block[:, 8:] * _TWO_PI
@@ -424,8 +423,7 @@ def portable_randn(shape: Sequence[int], generator: torch.Generator,
         Contiguous CPU tensor of ``shape`` and ``dtype``. Under 16 elements: torch's scalar
         ``normal_distribution<double>`` path (the same code on every ISA) with correctly rounded
         log1p/sin/cos, then cast through float32; equal to torch wherever the platform libm's
-        float64 results round to the same float32 (all 51,000 samples checked on glibc x86-64 were;
-        the cached float64 sample itself differed from glibc's in its last bit in some cases).
+        float64 results round to the same float32 (docs/benchmarks.md section 21).
     Raises:
         ValueError: ``dtype`` not in :data:`PORTABLE_DTYPES`, a negative dimension, or an unknown ``backend``.
         TypeError: ``generator`` is not a CPU ``torch.Generator``.

@@ -29,7 +29,7 @@ def routed_dtypes() -> tuple[torch.dtype, ...]:
       x86 AVX2/AVX512) is left alone: routing would change nothing and cost time;
     - float16/bfloat16 on a torch that draws them with its own half algorithm (torch 2.11:
       :func:`torch_half_uses_float32_kernel` False) are left alone too: the portable bytes follow torch
-      2.14's algorithm and would differ from plain torch/diffusers in ~99.9% of values. Those draws are
+      2.14's algorithm and would differ from plain torch/diffusers in almost every value. Those draws are
       torch's own, i.e. not portable across CPUs; :func:`route_record` says so in run records.
     Checked once per process (the probes are cached).
     """

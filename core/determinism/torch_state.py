@@ -112,8 +112,8 @@ def snapshot_state(*, load_inductor: bool = False) -> TorchGlobalState:
     """Read all determinism-related global torch flags (no side effects unless ``load_inductor``).
 
     Args:
-        load_inductor: import inductor's config (about 1 s the first time) to read
-            ``inductor_deterministic`` even when nothing has loaded it yet.
+        load_inductor: import inductor's config to read ``inductor_deterministic`` even when nothing has loaded
+            it yet.
     """
     matmul = torch.backends.cuda.matmul
     fill = None

@@ -17,8 +17,8 @@ Any operation that gives a projection new storage (``module.to(other_dtype)``, a
 :func:`core.optimize.qkv_project.fused_project` then falls back to the separate projections and records that it did.
 
 Parity (measured on CPU by ``tests/core/test_optimize_qkv.py``, figures in ``docs/measurements.md``):
-fp32 fused == unfused bit-for-bit; bf16 at in_features 1280 differs by one ulp in ~1e-4 of the elements
-(hardware-dependent). Fusion belongs in the fingerprint.
+fp32 fused == unfused bit-for-bit; bf16 at large in_features is not (hardware-dependent). Fusion belongs in the
+fingerprint.
 The projection itself (the forward path through the fusion) is :mod:`core.optimize.qkv_project`.
 """
 from __future__ import annotations

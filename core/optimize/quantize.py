@@ -10,8 +10,8 @@ torchao does the work (``torchao.quantization.quantize_`` with ``Int8DynamicActi
   weight, as without quantization. A Parameter assigned to it is assigned to the source Linear too, and
   :meth:`QuantizedLinear.refresh_` first adopts the source's current Parameters: ComfyUI patches (and restores)
   whichever module is in the tree, and skips re-patching when a copy of the model with the same weight patches
-  was loaded before, so the source and the wrapper must always hold the same tensors (measured: without this a
-  LoRA was silently missing, on the quantized or on the plain copy, depending on which ran first);
+  was loaded before, so the source and the wrapper must always hold the same tensors (else a LoRA can go
+  missing on one of the copies; docs/benchmarks.md section 21);
 * :meth:`QuantizedLinear.refresh_` builds a quantized copy (a plain ``nn.Linear`` quantized by torchao) from
   the current weight, and builds it again only when the weight or bias changed since (other tensor, new
   data, in-place update, other device/dtype): a LoRA applied before a run is quantized with the weight;

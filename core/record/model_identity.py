@@ -3,8 +3,8 @@
 The digest covers every parameter and buffer of the diffusion model *as it is when sampled* (after LoRA and
 other weight patches are applied), in name order: SHA-256 over ``name|dtype|shape|`` and the C-order bytes
 of each tensor (:func:`core.record.hashing.tensor_bytes`), so another file, another dtype, another LoRA or strength
-gives another digest. Hashing reads every weight once (about 1 s per GB on one CPU core), so results are
-cached per module object and caller token; the cache holds no strong reference to the module.
+gives another digest. Hashing reads every weight once, so results are cached per module object and caller
+token; the cache holds no strong reference to the module. Cost: docs/benchmarks.md section 21.
 
 A model as ComfyUI samples it is base weights plus weight patches (LoRA ...), and the patches are not always in
 the stored Parameters: under Dynamic VRAM they are applied at cast time and never written back, under legacy

@@ -40,10 +40,8 @@ __all__ = ["THUMB_SIDE", "MAX_ITEMS", "SAME_PICTURE_PSNR_DB", "LEVELS", "EXIT_CO
 
 THUMB_SIDE = 16
 MAX_ITEMS = 4
-#: PSNR (dB) of the thumbnails at or above which a differing output is "the same picture". Measured on the
-#: determinism-check workflow (docs/reproducing.md section 6): CPU-setting variants 90.6-101.1 dB, fp16 55.1,
-#: bf16 38.2 (the lowest same picture: 8.2 dB margin); other seeds / another prompt 19.5-19.8 dB (the highest
-#: different picture: 10.2 dB margin).
+#: PSNR (dB) of the thumbnails at or above which a differing output is "the same picture"; the runs that set it
+#: and their margins: docs/reproducing.md section 6.
 SAME_PICTURE_PSNR_DB = 30.0
 LEVELS = ("identical", "same_picture", "different_picture", "ungraded", "unknown")
 #: ``steadfast run`` exit code per level (2 = unusable is the runner's own): only identical bytes pass (0), the

@@ -74,8 +74,8 @@ def guard_serialisable(entry: Any) -> bool:
     False for global guards, the types in ``torch._dynamo.guards.CheckFunctionManager.
     UNSUPPORTED_SERIALIZATION_GUARD_TYPES``, guards naming ``__closure__``, ``__mro__`` or ``type(`` (the function
     holding the cell is not saved: load fails with ``'_Missing'``), and TYPE_MATCH/BUILTIN_MATCH guards on a nested
-    class (ComfyUI's ``operations`` layers: not importable by name). Measured on torch 2.11 and 2.14
-    (docs/benchmarks.md section 13). Raises :class:`TorchAPIMissing` when the guard manager class is gone.
+    class (ComfyUI's ``operations`` layers: not importable by name); docs/benchmarks.md section 13. Raises
+    :class:`TorchAPIMissing` when the guard manager class is gone.
     """
     manager = _api("torch._dynamo.guards", "CheckFunctionManager", "precompiled blocks (serialisable guards)")
     unsupported = getattr(manager, "UNSUPPORTED_SERIALIZATION_GUARD_TYPES", ())
@@ -100,8 +100,7 @@ def portable_guard_state() -> Iterator[None]:
     entries of ComfyUI's ``transformer_options`` (``original_shape`` = ``[2, 4, 16, 16]``...), the small ints
     there share their id with every other 2, 4 or 16 of the guard state (tensor sizes among them), and so does a
     module attribute holding ``torch.float32`` with every float32 tensor's dtype: the artifact then fails to load
-    (``empty_strided(): argument 'dtype' must be torch.dtype, not _Missing``; torch 2.11 with ComfyUI 0.33's SD1.5,
-    and torch 2.11 and 2.14 with ``tests/fixtures/precompiled_child.py``'s block).
+    (``empty_strided(): argument 'dtype' must be torch.dtype, not _Missing``; docs/benchmarks.md section 21).
     Inside the block, ``GuardsStatePickler.reducer_override`` pickles those types normally (their value is the
     same object everywhere); everything else is unchanged. The class attribute is put back in ``finally``;
     process-wide while active. Raises :class:`TorchAPIMissing` when the pickler class or method is gone.

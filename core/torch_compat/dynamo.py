@@ -25,7 +25,7 @@ def recompile_limit() -> int:
     """Dynamo's per-code-object compile limit (``recompile_limit``; ``cache_size_limit`` before torch 2.7).
 
     Past it Dynamo runs the frame eagerly (or fails with ``fullgraph``). Raises :class:`TorchAPIMissing`
-    when neither setting exists. Imports ``torch._dynamo`` (seconds, the first time).
+    when neither setting exists. Imports ``torch._dynamo``.
     """
     cfg = _api("torch._dynamo", "config", "reading the recompile limit")
     for name in ("recompile_limit", "cache_size_limit"):
@@ -132,8 +132,8 @@ COMPILE_STACK_MODULES = ("torch._dynamo", "torch._inductor.compile_fx")
 def import_compile_stack() -> float:
     """Import :data:`COMPILE_STACK_MODULES` now; returns the seconds it took (about 0 when already imported).
 
-    ``torch.compile`` imports them on its first call: 0.74-1.26 s on a 2-core CPU (docs/benchmarks.md section 13),
-    paid by the first prompt that compiles unless something imported them earlier. Raises
+    ``torch.compile`` imports them on its first call (cost: docs/benchmarks.md section 13), paid by the first
+    prompt that compiles unless something imported them earlier. Raises
     :class:`TorchAPIMissing` when a module is gone.
     """
     import time

@@ -34,12 +34,11 @@ def trusted_cpu_isa() -> contextlib.AbstractContextManager[Any]:
     ``dlopen``-ing it in a child Python, once per process. Two changes, both scoped to the block:
 
     * ``cpp.vec_isa_ok = True`` (torch's ``config.patch``): the base checks trust the CPU's flags. The same ISA list
-      and pick when the compiler builds them all, in 1.7 s instead of 8.0 s on a 2-core CPU
-      (``tests/core/test_torch_compat.py`` measures and compares both); a compiler that cannot build an ISA makes
-      the compile fail loudly (then set the variable).
+      and pick when the compiler builds them all (``tests/core/test_torch_compat.py`` compares both; times:
+      docs/benchmarks.md section 5); a compiler that cannot build an ISA makes the compile fail loudly (then set
+      the variable).
     * :func:`fast_isa_probe_child`: the sub-feature probes that still run (VNNI, BF16, AMX, FP16) load their test
-      library in a child that does not ``import torch``, as torch 2.14 does (docs/benchmarks.md section 13: 11
-      children at about 2.2 s each on torch 2.11 made a warm start 2.5x slower).
+      library in a child that does not ``import torch``, as torch 2.14 does (docs/benchmarks.md section 13).
 
     Caveat: inductor memoises the ISA list for the process, so it stays in force for later compiles in the process.
     Raises :class:`TorchAPIMissing` when inductor's config is gone.
@@ -146,16 +145,15 @@ def _plain_header(header: str, hashable_cmd_line: str, **compile_command: Any) -
 def built_kernel_loads() -> Iterator[bool]:
     """Inside the block, loading an inductor C++ kernel library skips preparing inductor's precompiled header.
 
-    Why: on a cache miss in this process's memory, ``CppCodeCache.load_async`` (torch 2.11 and 2.14) first calls
+    Why: on a cache miss in this process's memory, ``CppCodeCache.load_async`` first calls
     ``codecache._precompile_header``, which runs the compiler's preprocessor over inductor's kernel header and hashes
-    its output (and builds the ``.gch`` when missing: seconds on a fresh machine), even when the library is already
-    built and nothing will be compiled: 0.2-0.3 s of a warm first run on a 2-core CPU (docs/benchmarks.md section
-    15). The header is chosen after the library's cache key is computed and is not part of it, so the same library
-    is found. Inside the block the stand-in :func:`_plain_header` returns a header that only ``#include``-s the same
-    file: a library that does have to be compiled is compiled without the precompiled header (slower, the same
-    code; GCC's documented rule for ``-include`` of a header without a usable ``.gch``). For loads of kernels that
-    are expected to be built (the pack's precompiled blocks); not for a jit compile, which would lose the speed-up.
-
+    its output (and builds the ``.gch`` when missing), even when the library is already built and nothing will be
+    compiled (cost: docs/benchmarks.md section 15). The header is chosen after the library's cache key is computed and
+    is not part of it, so the same library is found. Inside the block the stand-in :func:`_plain_header` returns a
+    header that only ``#include``-s the same file: a library that does have to be compiled is compiled without the
+    precompiled header (slower, the same code; GCC's documented rule for ``-include`` of a header without a usable
+    ``.gch``). For loads of kernels that are expected to be built (the pack's precompiled blocks); not for a jit
+    compile, which would lose the speed-up.
     Yields whether it patched (False on a torch without ``codecache._precompile_header``). Blocks may nest and
     overlap across threads: the first entry patches, the last exit restores.
     """
@@ -182,10 +180,9 @@ def pick_cpu_isa() -> str:
     """Inductor's CPU vector-ISA pick (``torch._inductor.cpu_vec_isa.pick_vec_isa``) made now, under
     :func:`trusted_cpu_isa`; returns its name (``"avx512"``, ``""`` for none).
 
-    Inductor probes the ISAs once per process, at its first C++ kernel load or compile (0.07 s on torch 2.14, 0.27 s
-    on 2.11 with the cheap probes, on a 2-core CPU: docs/benchmarks.md section 15); :mod:`core.compile.preload`
-    calls this at server start so that a warm first prompt does not wait for it. Raises :class:`TorchAPIMissing`
-    when the function is gone.
+    Inductor probes the ISAs once per process, at its first C++ kernel load or compile (cost: docs/benchmarks.md
+    section 15); :mod:`core.compile.preload` calls this at server start so that a warm first prompt does not wait for
+    it. Raises :class:`TorchAPIMissing` when the function is gone.
     """
     pick = _api("torch._inductor.cpu_vec_isa", "pick_vec_isa", "picking inductor's CPU vector ISA at start")
     with trusted_cpu_isa():
@@ -195,7 +192,7 @@ def pick_cpu_isa() -> str:
 def inductor_simdlen() -> int | None:
     """``torch._inductor.config.cpp.simdlen`` (the vector width inductor's C++ code targets; None = this CPU's widest).
 
-    Returns None too when inductor is missing from this build. Imports inductor's config (about 1 s the first time).
+    Returns None too when inductor is missing from this build. Imports inductor's config.
     """
     try:
         return importlib.import_module(_INDUCTOR_CONFIG).cpp.simdlen
@@ -205,7 +202,7 @@ def inductor_simdlen() -> int | None:
 
 def set_inductor_simdlen(bits: int) -> bool:
     """Set ``torch._inductor.config.cpp.simdlen`` to ``bits`` (portable CPU mode pins 256, the AVX2 width); returns
-    whether inductor's config was there to set. Per thread on torch 2.14, process-wide on torch 2.11 (measured)."""
+    whether inductor's config was there to set. Per thread on torch 2.14, process-wide on torch 2.11."""
     try:
         importlib.import_module(_INDUCTOR_CONFIG).cpp.simdlen = bits
     except Exception:  # noqa: BLE001 - a torch build without inductor: compile is refused in portable mode anyway
@@ -234,7 +231,7 @@ def inductor_mode_options(mode: str, dynamic: bool | None = None) -> dict[str, A
     """The inductor config ``torch.compile(mode=mode)`` applies (``torch._inductor.list_mode_options``).
 
     ``"default"`` gives ``{}``. Raises ``ValueError`` for a mode torch does not know and
-    :class:`TorchAPIMissing` when the function is gone. Imports ``torch._inductor`` (about 1 s the first time).
+    :class:`TorchAPIMissing` when the function is gone. Imports ``torch._inductor``.
     """
     list_mode_options = _api("torch._inductor", "list_mode_options", "combining a compile mode with options")
     try:
@@ -257,7 +254,7 @@ def inductor_deterministic(load: bool = False) -> bool | None:
     """``torch._inductor.config.deterministic`` (part of inductor's FX-graph cache key).
 
     ``None`` when inductor's config is not loaded and ``load`` is False (reading then has no side effects);
-    ``load=True`` imports it (about 1 s the first time). Raises :class:`TorchAPIMissing` when the setting is gone.
+    ``load=True`` imports it. Raises :class:`TorchAPIMissing` when the setting is gone.
     """
     if sys.modules.get(_INDUCTOR_CONFIG) is None and not load:
         return None
@@ -288,10 +285,10 @@ def compile_config_digest() -> str:
     :data:`MACHINE_CONFIG_KEYS`, values in a canonical form (sets sorted), so the digest is the same on another
     machine with the same config.
 
-    Memoised on ``get_hash()`` of both modules (torch caches it until a config entry is written): about 2 us a call
-    when nothing changed. Covers ``TORCHINDUCTOR_*`` environment variables (read into the config at import) and
-    any later write to ``torch._inductor.config`` or ``torch._dynamo.config``, a ``config.patch`` included.
-    Raises :class:`TorchAPIMissing` when a config module or its ``get_hash`` is gone.
+    Memoised on ``get_hash()`` of both modules (torch caches it until a config entry is written). Covers
+    ``TORCHINDUCTOR_*`` environment variables (read into the config at import) and any later write to
+    ``torch._inductor.config`` or ``torch._dynamo.config``, a ``config.patch`` included. Raises
+    :class:`TorchAPIMissing` when a config module or its ``get_hash`` is gone.
     """
     import hashlib
 

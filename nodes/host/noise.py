@@ -23,9 +23,9 @@ import torch
 
 import comfy.sample
 
-# Torch's vectorised (>= 16 elements) path with and without a tail: on torch 2.14.1 half-precision randn equals
-# float32-then-cast for whole multiples of 16 elements and differs in the tail (torch 2.11.0 differs everywhere),
-# so a probe without a tail could not tell the two ways apart.
+# Torch's vectorised (>= 16 elements) path with and without a tail: half-precision randn can equal float32-then-cast
+# for whole multiples of 16 elements and differ in the tail (docs/benchmarks.md section 21), so a probe without a
+# tail could not tell the two ways apart.
 _PROBE_SHAPES = ((1, 4, 25, 10), (1, 4, 16, 16))
 
 
@@ -269,8 +269,8 @@ def check_run_seed(sampler, seed: int, batch: int, mode: str, device: torch.devi
 
     Item ``k``'s initial noise uses ``seed + k`` (``incremental``, ``k`` from ``batch_index``); per-step noise uses
     ``seed + 1`` (+ the item) where ComfyUI's CPU ``default_noise_sampler`` does, ``seed`` + the item for a
-    per-item Brownian tree. A seed near ``2**64 - 1`` used to pass the initial-noise check and fail later on
-    ``seed + 1`` with a message about another number.
+    per-item Brownian tree. Why: a seed near ``2**64 - 1`` is refused up front, not later on ``seed + 1`` with a
+    message about another number.
 
     Args:
         sampler: ``comfy.samplers.KSAMPLER`` (from ``sampler_object``).
