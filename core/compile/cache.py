@@ -405,7 +405,7 @@ def _files_problem(cache: CompileCache) -> str | None:
 
     Why: inductor's in-process retry after a corrupted ``.so`` compiles code that is not bit-equal to a fresh
     process's; checking the bytes first keeps a corrupted cache on the fresh-compile bits (docs/benchmarks.md
-    section 20)."""
+    section 21)."""
     old, new, foreign = _load_files(cache), {}, []
     for rel, st, f in _walk(cache):
         if rel not in old:
