@@ -152,6 +152,7 @@ def test_same_seed_identical_after_free_and_optimized_run(server: ComfyServer) -
     report = text(first, opt)
     assert "qkv_fusion: applied on unet, vae" in report and "compile: applied on unet (regional" in report
     assert "the input pipeline is unchanged" in report
+    assert "compile cache: not used by backend eager" in report  # the MODEL path's cache line (core.compile.use)
     rec = record_of(first, fast)["compile"]
     assert rec["label"].startswith("StableDiffusionPipeline.unet (regional") and rec["status"] == "warm"
     assert rec["block_count"] == len(rec["blocks"]) > 0 and rec["options"]["backend"] == "eager"
