@@ -18,7 +18,7 @@ on the models (random seeded weights, no download; ComfyUI's own model classes, 
 
 * ``flux``: Flux-dev (``benchmarks/bench_gpu_flux.py``: 19 + 38 blocks, width 3072, 11.9 B parameters, bf16),
   1024x1024, batch 1, euler / simple, cfg 1 with guidance 3.5, 512 text tokens;
-* ``sdxl-b1`` / ``sdxl-b4``: SDXL's UNet (``benchmarks/bench_gpu_sdxl.py``: 2.57 B parameters, fp16), 1024x1024,
+* ``sdxl-b1`` / ``sdxl-b4``: SDXL's UNet (``benchmarks/sdxl_model.py``: 2.57 B parameters, fp16), 1024x1024,
   batch 1 / 4, euler / normal, cfg 7, 77 context tokens.
 
 Steps: 28 (``--steps``). Without ``--steps``, each model first times an eager two-step call; when the sampling
@@ -87,8 +87,8 @@ sys.path.insert(0, str(HERE))
 
 MODELS: dict[str, str] = {
     "flux": "Flux-dev (bench_gpu_flux.py), bf16, batch 1, cfg 1 (guidance 3.5)",
-    "sdxl-b1": "SDXL UNet (bench_gpu_sdxl.py), fp16, batch 1, cfg 7",
-    "sdxl-b4": "SDXL UNet (bench_gpu_sdxl.py), fp16, batch 4, cfg 7",
+    "sdxl-b1": "SDXL UNet (sdxl_model.py), fp16, batch 1, cfg 7",
+    "sdxl-b4": "SDXL UNet (sdxl_model.py), fp16, batch 4, cfg 7",
 }
 ROWS = ("eager", "steadfast", "steadfast+det", "core", "warm")
 #: relative share of the time left that each process gets: (model, "cold" | "warm")
@@ -265,9 +265,9 @@ def flux_bench(smoke: bool, device: Any, seed: int) -> Bench:
 
 
 def sdxl_bench(smoke: bool, device: Any, seed: int, batch: int) -> Bench:
-    """SDXL's UNet (:data:`bench_gpu_sdxl.SDXL`, fp16, 1024^2, 77 tokens, cfg 7; smoke: its tiny UNet, 64^2, 8
+    """SDXL's UNet (:data:`sdxl_model.SDXL`, fp16, 1024^2, 77 tokens, cfg 7; smoke: its tiny UNet, 64^2, 8
     tokens) at ``batch``."""
-    import bench_gpu_sdxl as bgs
+    import sdxl_model as sdxl
     import torch
 
     import comfy.model_management
@@ -275,23 +275,23 @@ def sdxl_bench(smoke: bool, device: Any, seed: int, batch: int) -> Bench:
 
     from steadfast.core.determinism import noise as sf_noise
 
-    config = bgs.SMOKE if smoke else bgs.SDXL
+    config = sdxl.SMOKE if smoke else sdxl.SDXL
     side, tokens = (64, 8) if smoke else (1024, 77)
-    base = bgs.build_sdxl(config, device, torch.float16, seed)
+    base = sdxl.build_sdxl(config, device, torch.float16, seed)
     shape = (batch, config["in_channels"], side // 8, side // 8)
-    positive, negative = bgs.conditioning(config, tokens, seed, side, side)
+    positive, negative = sdxl.conditioning(config, tokens, seed, side, side)
     x0, latent = sf_noise.seeded_noise(shape, seed), torch.zeros(shape)
 
     def sample(model: Any, steps: int) -> Any:
         with torch.inference_mode():
-            return comfy.sample.sample(model, x0, steps, bgs.CFG, "euler", "normal", positive, negative, latent,
+            return comfy.sample.sample(model, x0, steps, sdxl.CFG, "euler", "normal", positive, negative, latent,
                                        denoise=1.0, disable_pbar=True, seed=seed)
 
     def sensitivity() -> dict[str, Any]:
         comfy.model_management.load_models_gpu([base])
         dm = base.model.diffusion_model
-        a = bgs.denoiser_inputs(config, shape, tokens, device, torch.float16, seed)
-        b = {**a, "x": bgs.denoiser_inputs(config, shape, tokens, device, torch.float16, seed + 1)["x"]}
+        a = sdxl.denoiser_inputs(config, shape, tokens, device, torch.float16, seed)
+        b = {**a, "x": sdxl.denoiser_inputs(config, shape, tokens, device, torch.float16, seed + 1)["x"]}
         return _sensitivity(lambda k: dm(k["x"], k["timesteps"], k["context"], y=k["y"]), a, b)
 
     params = sum(p.numel() for p in base.model.diffusion_model.parameters())

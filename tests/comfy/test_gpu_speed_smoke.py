@@ -1,4 +1,4 @@
-"""``benchmarks/gpu_speed.py --smoke`` (the GPU speed call of issue 35, with ``bench_gpu_sdxl.py``'s SDXL UNet) end to
+"""``benchmarks/gpu_speed.py --smoke`` (the GPU speed call of issue 35, with ``sdxl_model.py``'s SDXL UNet) end to
 end on the CPU at tiny sizes.
 
 The real run needs a GPU (one device call: docs/benchmarks.md, "GPU speed call (issue 35)"); this checks that every
