@@ -3,6 +3,7 @@
 ComfyUI entry point (V3 ``comfy_entrypoint``) plus ``WEB_DIRECTORY``. Importing this package outside
 ComfyUI works too: the ComfyUI adapters are only loaded when ``comfy_api`` is importable.
 """
+
 from __future__ import annotations
 
 from .core.determinism import cublas as _cublas_config

@@ -8,6 +8,7 @@ its relative imports fail and every test errors. The tests import the root as th
 (``tests/conftest.py``). A conftest cannot change how its own folder is collected (pytest asks the parent folder's
 plugins), so the root package's ``setup`` is replaced, on that one node, by a no-op.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -9,6 +9,7 @@
 The benchmarks print ratios measured side by side in one run; they are not tests and assert nothing
 about speed.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -135,8 +136,11 @@ def executed_seconds(entry: dict[str, Any]) -> float:
     """Seconds between the server's own ``execution_start`` and ``execution_success`` timestamps of a ``/history``
     entry: what the server spent on the prompt, without the client's polling and the queue. Raises KeyError when
     the entry has no such messages (a failed prompt)."""
-    stamps = {name: data.get("timestamp") for name, data in (entry.get("status") or {}).get("messages", [])
-              if isinstance(data, dict)}
+    stamps = {
+        name: data.get("timestamp")
+        for name, data in (entry.get("status") or {}).get("messages", [])
+        if isinstance(data, dict)
+    }
     return (stamps["execution_success"] - stamps["execution_start"]) / 1000.0
 
 
@@ -151,8 +155,9 @@ def seeded_generator(tag: str, device: Any, seed: int, key: str) -> Any:
     return torch.Generator(device=device).manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
 
 
-def seeded_comfy_model(config_class: str, config: dict[str, Any], device: Any, dtype: Any, seed: int, tag: str,
-                       ones_suffix: str) -> Any:
+def seeded_comfy_model(
+    config_class: str, config: dict[str, Any], device: Any, dtype: Any, seed: int, tag: str, ones_suffix: str
+) -> Any:
     """A ``ModelPatcher`` around the ComfyUI model of ``comfy.supported_models.<config_class>`` built from
     ``config`` on ``device`` in ``dtype``, its weights filled in place (ComfyUI's layers leave them uninitialised):
     matrices and kernels ~ N(0, 1/fan_in), 1-D parameters named ``*<ones_suffix>`` (norm scales) 1, the other 1-D
@@ -174,8 +179,11 @@ def seeded_comfy_model(config_class: str, config: dict[str, Any], device: Any, d
         for name, p in dm.named_parameters():
             g = seeded_generator(tag, p.device, seed, name)
             if p.dim() >= 2:
-                p.copy_(torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32)
-                        .div_(p[0].numel() ** 0.5).to(p.dtype))
+                p.copy_(
+                    torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32)
+                    .div_(p[0].numel() ** 0.5)
+                    .to(p.dtype)
+                )
             elif name.endswith(ones_suffix):
                 p.fill_(1.0)
             else:
@@ -273,7 +281,7 @@ def _tree_cpu_s(root: int | None = None) -> float:
             raw = (entry / "stat").read_text()
         except OSError:
             continue
-        fields = raw[raw.rindex(")") + 2:].split()  # after "pid (comm) "
+        fields = raw[raw.rindex(")") + 2 :].split()  # after "pid (comm) "
         # fields[1] = ppid; fields[11:15] = utime stime cutime cstime (clock ticks)
         stats[int(entry.name)] = (int(fields[1]), sum(int(x) for x in fields[11:15]))
     children: dict[int, list[int]] = {}
@@ -317,5 +325,7 @@ class OthersMeter:
 
 def print_footer(t_start: float) -> None:
     """The last line of every benchmark: load average, CPU pressure and total wall time since ``t_start``."""
-    print(f"load average at end: {loadavg()}; CPU pressure at end: {cpu_pressure()}; "
-          f"total wall time: {time.perf_counter() - t_start:.0f} s")
+    print(
+        f"load average at end: {loadavg()}; CPU pressure at end: {cpu_pressure()}; "
+        f"total wall time: {time.perf_counter() - t_start:.0f} s"
+    )

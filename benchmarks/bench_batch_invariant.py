@@ -16,6 +16,7 @@ Usage::
 
     python benchmarks/bench_batch_invariant.py [--batches 1,2,4] [--side 16] [--steps 4] [--rounds 5]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cfg", type=float, default=7.0)
     p.add_argument("--rounds", type=int, default=5, help="interleaved timed rounds per batch size")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--wait-quiet", type=float, default=30.0,
-                   help="before each round, wait up to this many seconds for idle cores (0: never)")
+    p.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=30.0,
+        help="before each round, wait up to this many seconds for idle cores (0: never)",
+    )
     return p.parse_args(argv)
 
 
@@ -56,26 +61,34 @@ def main(argv: list[str] | None = None) -> int:
     from steadfast.nodes.determinism_node import SteadfastDeterminismSetup
 
     ckpt = _common.tiny_sd15_module().cached_tiny_sd15()
-    _common.print_header("bench_batch_invariant", {
-        "checkpoint": f"{ckpt.name} (tiny SD1.5 architecture, random seeded weights, UNet fp32 on CPU)",
-        "sampling": f"euler / normal, {args.steps} steps, cfg {args.cfg}, latent {args.side}x{args.side}, "
-                    f"seed {args.seed} (item i: seed + i)",
-        "timing": f"{args.rounds} interleaved rounds per batch size after one untimed call each",
-    })
+    _common.print_header(
+        "bench_batch_invariant",
+        {
+            "checkpoint": f"{ckpt.name} (tiny SD1.5 architecture, random seeded weights, UNet fp32 on CPU)",
+            "sampling": f"euler / normal, {args.steps} steps, cfg {args.cfg}, latent {args.side}x{args.side}, "
+            f"seed {args.seed} (item i: seed + i)",
+            "timing": f"{args.rounds} interleaved rounds per batch size after one untimed call each",
+        },
+    )
     rows: list[list[Any]] = []
     with torch.inference_mode():
         model, clip, _, _ = comfy.sd.load_checkpoint_guess_config(str(ckpt), output_vae=False, output_clip=True)
         pos = clip.encode_from_tokens_scheduled(clip.tokenize("a red fox in the snow, photograph"))
         neg = clip.encode_from_tokens_scheduled(clip.tokenize(""))
         threads = torch.get_num_threads()
-        configs = {on: SteadfastDeterminismSetup.execute(model, strict=True, allow_tf32=False, num_threads=threads,
-                                                         batch_invariant=on).result[0] for on in (True, False)}
+        configs = {
+            on: SteadfastDeterminismSetup.execute(
+                model, strict=True, allow_tf32=False, num_threads=threads, batch_invariant=on
+            ).result[0]
+            for on in (True, False)
+        }
 
         def sample(patcher: Any, batch: int, seed: int) -> torch.Tensor:
             latent = torch.zeros(batch, 4, args.side, args.side)
             noise = seeded_noise(tuple(latent.shape), seed, mode="incremental", dtype=latent.dtype)
-            return comfy.sample.sample(patcher, noise, args.steps, args.cfg, "euler", "normal", pos, neg, latent,
-                                       seed=seed, disable_pbar=True)
+            return comfy.sample.sample(
+                patcher, noise, args.steps, args.cfg, "euler", "normal", pos, neg, latent, seed=seed, disable_pbar=True
+            )
 
         singles = {on: {} for on in configs}
         for batch in batches:
@@ -93,20 +106,42 @@ def main(argv: list[str] | None = None) -> int:
                     outs[on] = sample(patcher, batch, args.seed)
                     times[on].append(time.perf_counter() - t0)
             for on in configs:
-                pars = [compare_outputs(outs[on][i:i + 1], singles[on][i]) for i in range(batch)]
+                pars = [compare_outputs(outs[on][i : i + 1], singles[on][i]) for i in range(batch)]
                 tmin, tmed = _common.summarize(times[on])
                 omin, omed = _common.summarize(times[False])
-                rows.append([batch, "on" if on else "off", _common.fmt_s(tmin), _common.fmt_s(tmed),
-                             f"{omin / tmin:.2f}x", f"{omed / tmed:.2f}x",
-                             "yes" if all(p.bit_equal for p in pars) else "no",
-                             _common.fmt_d(max(p.max_abs for p in pars))])
+                rows.append(
+                    [
+                        batch,
+                        "on" if on else "off",
+                        _common.fmt_s(tmin),
+                        _common.fmt_s(tmed),
+                        f"{omin / tmin:.2f}x",
+                        f"{omed / tmed:.2f}x",
+                        "yes" if all(p.bit_equal for p in pars) else "no",
+                        _common.fmt_d(max(p.max_abs for p in pars)),
+                    ]
+                )
             print(f"  batch {batch}: on {min(times[True]):.3f} s, off {min(times[False]):.3f} s", flush=True)
     print()
-    print(_common.markdown_table(
-        ["batch", "batch_invariant", "sample min s", "sample median s", "off/on (min)", "off/on (median)",
-         "items == batch-1 at seed+i", "max abs diff item vs batch-1"], rows))
-    print("\noff/on < 1: batch-invariant sampling is slower by that factor. Parity: every item of the batch "
-          "against the batch-1 sample at seed + i of the same configuration.")
+    print(
+        _common.markdown_table(
+            [
+                "batch",
+                "batch_invariant",
+                "sample min s",
+                "sample median s",
+                "off/on (min)",
+                "off/on (median)",
+                "items == batch-1 at seed+i",
+                "max abs diff item vs batch-1",
+            ],
+            rows,
+        )
+    )
+    print(
+        "\noff/on < 1: batch-invariant sampling is slower by that factor. Parity: every item of the batch "
+        "against the batch-1 sample at seed + i of the same configuration."
+    )
     print(f"load average at end: {_common.loadavg()}; total wall time: {time.perf_counter() - t_start:.0f} s")
     return 0
 

@@ -31,6 +31,7 @@ folder), for this checkout and, with ``--against``, for ``core/compile/cache.py`
 Usage: ``python benchmarks/bench_call_overhead.py [--steps 8] [--side 256] [--repeats 10] [--files 3000]``
 or ``python benchmarks/bench_call_overhead.py --micro --against d89627c``
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,20 +61,43 @@ def workflow(config: str, seed: int, steps: int, side: int) -> dict[str, Any]:
         "7": {"class_type": "VAEDecode", "inputs": {"samples": ["6", 0], "vae": ["1", 2]}},
         "8": {"class_type": "PreviewImage", "inputs": {"images": ["7", 0]}},
     }
-    common = {"seed": seed, "steps": steps, "cfg": 7.0, "sampler_name": "euler", "scheduler": "normal",
-              "positive": ["2", 0], "negative": ["3", 0], "latent_image": ["4", 0], "denoise": 1.0}
+    common = {
+        "seed": seed,
+        "steps": steps,
+        "cfg": 7.0,
+        "sampler_name": "euler",
+        "scheduler": "normal",
+        "positive": ["2", 0],
+        "negative": ["3", 0],
+        "latent_image": ["4", 0],
+        "denoise": 1.0,
+    }
     model = ["1", 0]
     if config in ("steadfast", "compiled"):
-        wf["5"] = {"class_type": "SteadfastOptimizeModel", "inputs": {
-            "model": ["1", 0], "qkv_fusion": False, "channels_last": False, "attention": "auto",
-            "compile": "regional", "backend": "inductor", "mode": "default", "dynamic": "auto",
-            "fullgraph": False, "strict_recompiles": False, "compile_cache": "default"}}
+        wf["5"] = {
+            "class_type": "SteadfastOptimizeModel",
+            "inputs": {
+                "model": ["1", 0],
+                "qkv_fusion": False,
+                "channels_last": False,
+                "attention": "auto",
+                "compile": "regional",
+                "backend": "inductor",
+                "mode": "default",
+                "dynamic": "auto",
+                "fullgraph": False,
+                "strict_recompiles": False,
+                "compile_cache": "default",
+            },
+        }
         model = ["5", 0]
     if config in ("eager", "compiled"):
         wf["6"] = {"class_type": "KSampler", "inputs": {"model": model, **common}}
     else:
-        wf["6"] = {"class_type": "SteadfastSeededSampler", "inputs": {"model": model, **common,
-                                                                      "batch_seed_mode": "incremental"}}
+        wf["6"] = {
+            "class_type": "SteadfastSeededSampler",
+            "inputs": {"model": model, **common, "batch_seed_mode": "incremental"},
+        }
     return wf
 
 
@@ -97,8 +121,13 @@ def micro(files: int, against: str | None) -> None:
 
     mods = [("this checkout", current)]
     if against:
-        src = subprocess.run(["git", "show", f"{against}:core/compile/cache.py"], cwd=_common.ROOT, check=True,
-                             capture_output=True, text=True).stdout
+        src = subprocess.run(
+            ["git", "show", f"{against}:core/compile/cache.py"],
+            cwd=_common.ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         old = Path(tempfile.mkdtemp(prefix="steadfast-then-")) / "compile_cache_then.py"
         old.write_text(src, encoding="utf-8")  # the file at that commit, loaded as a module of the package
         spec = importlib.util.spec_from_file_location("steadfast.core._compile_cache_then", old)
@@ -158,12 +187,12 @@ def ratio_text(ratios: list[float]) -> str:
     rng = random.Random(0)
     medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(2000))
     q1, _, q3 = statistics.quantiles(ratios, n=4)
-    return (f"{statistics.median(ratios):.3f} (95 % CI {medians[50]:.3f}-{medians[1949]:.3f}; "
-            f"IQR {q1:.3f}-{q3:.3f})")
+    return f"{statistics.median(ratios):.3f} (95 % CI {medians[50]:.3f}-{medians[1949]:.3f}; IQR {q1:.3f}-{q3:.3f})"
 
 
-def timed_phase(server: ComfyServer, phase: str, args: argparse.Namespace, seed: int,
-                times: dict[tuple[str, str], list[float]]) -> int:
+def timed_phase(
+    server: ComfyServer, phase: str, args: argparse.Namespace, seed: int, times: dict[tuple[str, str], list[float]]
+) -> int:
     """``args.repeats`` rounds, each running every config once, in ABBA order (the order reverses every round, so
     that neither config always follows the other), timed by the server's own timestamps
     (:func:`_common.executed_seconds`); prints the medians, the median paired ratio (:func:`paired_ratios`) and the
@@ -177,11 +206,17 @@ def timed_phase(server: ComfyServer, phase: str, args: argparse.Namespace, seed:
             times.setdefault((phase, config), []).append(_common.executed_seconds(entry))
     med = {c: statistics.median(times[phase, c]) for c in configs}
     for config in configs[1:]:
-        print(f"  {phase}: eager {med['eager']:.4f} s, {config} {med[config]:.4f} s, paired ratio "
-              f"{ratio_text(paired_ratios(times, phase, config))}", flush=True)
+        print(
+            f"  {phase}: eager {med['eager']:.4f} s, {config} {med[config]:.4f} s, paired ratio "
+            f"{ratio_text(paired_ratios(times, phase, config))}",
+            flush=True,
+        )
     routed = sum(c in ("steadfast", "compiled") for c in configs)
-    print(f"  {phase}: route per Steadfast prompt: "
-          f"{split_line(before, precompiled_state(server), args.repeats * routed, med['steadfast'])}", flush=True)
+    print(
+        f"  {phase}: route per Steadfast prompt: "
+        f"{split_line(before, precompiled_state(server), args.repeats * routed, med['steadfast'])}",
+        flush=True,
+    )
     return seed
 
 
@@ -190,23 +225,34 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--side", type=int, default=256, help="image side in pixels (latent side / 8)")
     ap.add_argument("--repeats", type=int, default=10, help="timed prompts per config and phase")
-    ap.add_argument("--files", type=int, default=3000, help="extra files dropped into the compile cache's folder "
-                    "(0: no such phase)")
-    ap.add_argument("--split", action="store_true", help="also time Seeded Sampler alone (eager model) and Optimize "
-                    "Model alone (KSampler), interleaved with the two others: which half the ratio comes from")
+    ap.add_argument(
+        "--files",
+        type=int,
+        default=3000,
+        help="extra files dropped into the compile cache's folder (0: no such phase)",
+    )
+    ap.add_argument(
+        "--split",
+        action="store_true",
+        help="also time Seeded Sampler alone (eager model) and Optimize "
+        "Model alone (KSampler), interleaved with the two others: which half the ratio comes from",
+    )
     ap.add_argument("--micro", action="store_true", help="no server: the cache's per-call cost alone")
     ap.add_argument("--against", default=None, help="with --micro: also core/compile/cache.py at this git revision")
     args = ap.parse_args()
     t_start = time.perf_counter()
     if args.micro:
-        _common.print_header("Compile cache: cost of its activation per model call (no compile in the call)",
-                             {"files": args.files, "against": args.against})
+        _common.print_header(
+            "Compile cache: cost of its activation per model call (no compile in the call)",
+            {"files": args.files, "against": args.against},
+        )
         micro(args.files, args.against)
         _common.print_footer(t_start)
         return 0
-    _common.print_header("Per-call overhead on a warm ComfyUI server: regional compile + Seeded Sampler vs eager "
-                         "KSampler", {"steps": args.steps, "side": args.side, "repeats": args.repeats,
-                                      "extra_files": args.files})
+    _common.print_header(
+        "Per-call overhead on a warm ComfyUI server: regional compile + Seeded Sampler vs eager KSampler",
+        {"steps": args.steps, "side": args.side, "repeats": args.repeats, "extra_files": args.files},
+    )
     ckpt = tiny_sd15.cached_tiny_sd15(in_subprocess=True)
     times: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench_overhead_") as tmp:
@@ -234,15 +280,37 @@ def main() -> int:
     for (phase, config), values in times.items():
         if config == "eager":
             continue
-        rows.append([phase, config, f"{statistics.median(times[phase, 'eager']):.4f}",
-                     f"{min(times[phase, 'eager']):.4f}", f"{statistics.median(values):.4f}", f"{min(values):.4f}",
-                     ratio_text(paired_ratios(times, phase, config))])
+        rows.append(
+            [
+                phase,
+                config,
+                f"{statistics.median(times[phase, 'eager']):.4f}",
+                f"{min(times[phase, 'eager']):.4f}",
+                f"{statistics.median(values):.4f}",
+                f"{min(values):.4f}",
+                ratio_text(paired_ratios(times, phase, config)),
+            ]
+        )
     print()
-    print(_common.markdown_table(["server", "config", "eager KSampler s (median)", "(min)", "config s (median)",
-                                  "(min)", "paired ratio to eager: median (95 % CI; IQR)"], rows))
-    print(f"\nseconds per prompt by the server's own execution_start -> execution_success timestamps, "
-          f"{args.repeats} rounds per phase in ABBA order; steps {args.steps}, {args.side}x{args.side}, euler; "
-          "target ratio <= 1.05 (issue 35)")
+    print(
+        _common.markdown_table(
+            [
+                "server",
+                "config",
+                "eager KSampler s (median)",
+                "(min)",
+                "config s (median)",
+                "(min)",
+                "paired ratio to eager: median (95 % CI; IQR)",
+            ],
+            rows,
+        )
+    )
+    print(
+        f"\nseconds per prompt by the server's own execution_start -> execution_success timestamps, "
+        f"{args.repeats} rounds per phase in ABBA order; steps {args.steps}, {args.side}x{args.side}, euler; "
+        "target ratio <= 1.05 (issue 35)"
+    )
     _common.print_footer(t_start)
     return 0
 

@@ -28,6 +28,7 @@ answers. Ratios are printed against ``core`` for the same cache state.
 Usage: ``python benchmarks/bench_cold_start.py [--configs eager,core,steadfast,steadfast-jit] [--steps 4]
 [--side 256] [--repeats 3]``
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,21 +54,41 @@ def workflow(config: str, seed: int, steps: int, side: int) -> dict[str, Any]:
     """The API-format prompt for ``config`` (see the module docstring)."""
     wf: dict[str, Any] = {
         **_common.tiny_prompt_base(side, ckpt=CKPT),
-        "6": {"class_type": "KSampler", "inputs": {
-            "model": ["1", 0] if config.startswith("eager") else ["5", 0], "seed": seed, "steps": steps,
-            "cfg": 7.0,
-            "sampler_name": "euler", "scheduler": "normal", "positive": ["2", 0], "negative": ["3", 0],
-            "latent_image": ["4", 0], "denoise": 1.0}},
+        "6": {
+            "class_type": "KSampler",
+            "inputs": {
+                "model": ["1", 0] if config.startswith("eager") else ["5", 0],
+                "seed": seed,
+                "steps": steps,
+                "cfg": 7.0,
+                "sampler_name": "euler",
+                "scheduler": "normal",
+                "positive": ["2", 0],
+                "negative": ["3", 0],
+                "latent_image": ["4", 0],
+                "denoise": 1.0,
+            },
+        },
         "7": {"class_type": "VAEDecode", "inputs": {"samples": ["6", 0], "vae": ["1", 2]}},
         "8": {"class_type": "PreviewImage", "inputs": {"images": ["7", 0]}},
     }
     if config == "core":
         wf["5"] = {"class_type": "TorchCompileModel", "inputs": {"model": ["1", 0], "backend": "inductor"}}
     elif config.startswith("steadfast"):
-        wf["5"] = {"class_type": "SteadfastOptimizeModel", "inputs": {
-            "model": ["1", 0], "qkv_fusion": False, "channels_last": False, "attention": "auto",
-            "compile": "regional", "backend": "inductor", "mode": "default", "dynamic": "auto",
-            "fullgraph": False}}
+        wf["5"] = {
+            "class_type": "SteadfastOptimizeModel",
+            "inputs": {
+                "model": ["1", 0],
+                "qkv_fusion": False,
+                "channels_last": False,
+                "attention": "auto",
+                "compile": "regional",
+                "backend": "inductor",
+                "mode": "default",
+                "dynamic": "auto",
+                "fullgraph": False,
+            },
+        }
     return wf
 
 
@@ -91,8 +112,9 @@ def server_env(config: str, caches: Path, artifact: Path | None = None) -> dict[
     return env
 
 
-def timed_prompts(server: ComfyServer, config: str, steps: int, side: int,
-                  start: float) -> tuple[float, float, float, float]:
+def timed_prompts(
+    server: ComfyServer, config: str, steps: int, side: int, start: float
+) -> tuple[float, float, float, float]:
     """``(first prompt s, second prompt s, start s, first prompt s by the server's timestamps)`` in a server just
     (re)started in ``start`` seconds."""
     times, executed = [], []
@@ -112,8 +134,10 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     t_start = time.perf_counter()
-    _common.print_header("Cold and warm first run in ComfyUI: Steadfast regional vs core TorchCompileModel",
-                         {"steps": args.steps, "side": args.side, "repeats": args.repeats})
+    _common.print_header(
+        "Cold and warm first run in ComfyUI: Steadfast regional vs core TorchCompileModel",
+        {"steps": args.steps, "side": args.side, "repeats": args.repeats},
+    )
     ckpt = tiny_sd15.cached_tiny_sd15(in_subprocess=True)
     configs = args.configs.split(",")
     results: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
@@ -127,16 +151,36 @@ def main() -> int:
                     for state in ("cold", "warm"):
                         t0 = time.perf_counter()
                         server.restart() if state == "warm" else server.start()
-                        results.setdefault((config, state), []).append(timed_prompts(
-                            server, config, args.steps, args.side, time.perf_counter() - t0))
-                        print(f"  {config} {state}: first {results[config, state][-1][0]:.1f} s, "
-                              f"second {results[config, state][-1][1]:.2f} s", flush=True)
+                        results.setdefault((config, state), []).append(
+                            timed_prompts(server, config, args.steps, args.side, time.perf_counter() - t0)
+                        )
+                        print(
+                            f"  {config} {state}: first {results[config, state][-1][0]:.1f} s, "
+                            f"second {results[config, state][-1][1]:.2f} s",
+                            flush=True,
+                        )
                     if config == "steadfast":  # another replica of the image: empty caches, this one's artifact
                         artifact = Path(tmp) / "warm.steadfast.tar.gz"
                         cli = str(_common.ROOT / "scripts" / "steadfast.py")
-                        subprocess.run([sys.executable, cli, "artifact", "export", "--name", "default",
-                                        "--cache-root", str(Path(tmp) / "steadfast"), "--device", "cpu", "-o",
-                                        str(artifact)], check=True, capture_output=True, timeout=300)
+                        subprocess.run(
+                            [
+                                sys.executable,
+                                cli,
+                                "artifact",
+                                "export",
+                                "--name",
+                                "default",
+                                "--cache-root",
+                                str(Path(tmp) / "steadfast"),
+                                "--device",
+                                "cpu",
+                                "-o",
+                                str(artifact),
+                            ],
+                            check=True,
+                            capture_output=True,
+                            timeout=300,
+                        )
                         server.env = server_env(config, Path(tmp) / "replica", artifact)
                         t0 = time.perf_counter()
                         server.restart()
@@ -145,10 +189,14 @@ def main() -> int:
                         if not any(a.get("status") == "imported" for a in imported):
                             raise RuntimeError(f"the artifact was not imported at start: {imported}")
                         key = ("steadfast-artifact", "warm")
-                        results.setdefault(key, []).append(timed_prompts(server, config, args.steps, args.side,
-                                                                         started))
-                        print(f"  steadfast-artifact warm: first {results[key][-1][0]:.1f} s, "
-                              f"second {results[key][-1][1]:.2f} s", flush=True)
+                        results.setdefault(key, []).append(
+                            timed_prompts(server, config, args.steps, args.side, started)
+                        )
+                        print(
+                            f"  steadfast-artifact warm: first {results[key][-1][0]:.1f} s, "
+                            f"second {results[key][-1][1]:.2f} s",
+                            flush=True,
+                        )
                 finally:
                     server.close()
     rows = []
@@ -167,24 +215,48 @@ def main() -> int:
             ratio = first / statistics.median(r[0] for r in core) if core else None
         cold = results.get((config, "cold"))
         start = statistics.median(r[2] for r in runs)
-        rows.append([config, state, f"{start:.1f}", f"{first:.1f}", ", ".join(f"{r[0]:.1f}" for r in runs),
-                     f"{second:.2f}",
-                     f"{ratio:.2f}" if ratio is not None else "n/a",
-                     f"{first / statistics.median(r[0] for r in cold):.2f}" if state == "warm" and cold else "-",
-                     f"{first / eager_first:.1f}" if eager_first else "n/a",
-                     f"{(ex := statistics.median(r[3] for r in runs)):.2f}",
-                     f"{ex / eager_exec:.2f}" if eager_exec else "n/a",
-                     f"{ex / core_exec:.2f}" if core_exec else "n/a"])
+        rows.append(
+            [
+                config,
+                state,
+                f"{start:.1f}",
+                f"{first:.1f}",
+                ", ".join(f"{r[0]:.1f}" for r in runs),
+                f"{second:.2f}",
+                f"{ratio:.2f}" if ratio is not None else "n/a",
+                f"{first / statistics.median(r[0] for r in cold):.2f}" if state == "warm" and cold else "-",
+                f"{first / eager_first:.1f}" if eager_first else "n/a",
+                f"{(ex := statistics.median(r[3] for r in runs)):.2f}",
+                f"{ex / eager_exec:.2f}" if eager_exec else "n/a",
+                f"{ex / core_exec:.2f}" if core_exec else "n/a",
+            ]
+        )
     print()
-    print(_common.markdown_table(["config", "cache", "start s", "first prompt s (median)", "each repeat",
-                                  "second prompt s",
-                                  "first / core's first", "warm / cold", "first / eager's first",
-                                  "first, server's timestamps s", "/ eager's first (timestamps)",
-                                  "/ core's warm first (timestamps)"], rows))
-    print("\nstart = the server's start or restart until it answers; first prompt = wall seconds queue -> done in a "
-          "fresh server (checkpoint load, compile, sampling, decode); second prompt = the same workflow with another "
-          "seed in the same server (no compile); steadfast-artifact is compared with core's warm start; "
-          "timestamps = the server's own execution_start -> execution_success of the first prompt.")
+    print(
+        _common.markdown_table(
+            [
+                "config",
+                "cache",
+                "start s",
+                "first prompt s (median)",
+                "each repeat",
+                "second prompt s",
+                "first / core's first",
+                "warm / cold",
+                "first / eager's first",
+                "first, server's timestamps s",
+                "/ eager's first (timestamps)",
+                "/ core's warm first (timestamps)",
+            ],
+            rows,
+        )
+    )
+    print(
+        "\nstart = the server's start or restart until it answers; first prompt = wall seconds queue -> done in a "
+        "fresh server (checkpoint load, compile, sampling, decode); second prompt = the same workflow with another "
+        "seed in the same server (no compile); steadfast-artifact is compared with core's warm start; "
+        "timestamps = the server's own execution_start -> execution_success of the first prompt."
+    )
     _common.print_footer(t_start)
     return 0
 

@@ -52,6 +52,7 @@ Usage::
     python benchmarks/bench_compile_latency.py [--models sd15,flux] [--flux-depth 19 --flux-single 38]
         [--repeats 3] [--sd15-side 32] [--rounds 7] [--wait-quiet 60]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,10 +74,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 
 FLUX_PARAMS: dict[str, Any] = {
-    "in_channels": 16, "out_channels": 16, "vec_in_dim": 256, "context_in_dim": 256,
-    "hidden_size": 256, "mlp_ratio": 4.0, "num_heads": 4, "depth": 19, "depth_single_blocks": 38,
-    "axes_dim": [16, 24, 24], "theta": 10000, "patch_size": 2, "qkv_bias": True,
-    "guidance_embed": False, "txt_ids_dims": [],
+    "in_channels": 16,
+    "out_channels": 16,
+    "vec_in_dim": 256,
+    "context_in_dim": 256,
+    "hidden_size": 256,
+    "mlp_ratio": 4.0,
+    "num_heads": 4,
+    "depth": 19,
+    "depth_single_blocks": 38,
+    "axes_dim": [16, 24, 24],
+    "theta": 10000,
+    "patch_size": 2,
+    "qkv_bias": True,
+    "guidance_embed": False,
+    "txt_ids_dims": [],
 }
 """Reduced-width Flux.1 architecture (Flux.1-dev: hidden 3072, 24 heads, 19 double + 38 single blocks)."""
 
@@ -114,8 +126,9 @@ def build_flux(params: dict[str, Any] = FLUX_PARAMS) -> Any:
     import comfy.ldm.flux.model
     import comfy.ops
 
-    model = comfy.ldm.flux.model.Flux(dtype=torch.float32, device="cpu",
-                                      operations=comfy.ops.disable_weight_init, **params)
+    model = comfy.ldm.flux.model.Flux(
+        dtype=torch.float32, device="cpu", operations=comfy.ops.disable_weight_init, **params
+    )
     buffers = [n for n, _ in model.named_buffers()]
     if buffers:
         raise RuntimeError(f"Flux has buffers that would stay uninitialised: {buffers[:5]}")
@@ -123,7 +136,7 @@ def build_flux(params: dict[str, Any] = FLUX_PARAMS) -> Any:
         for name, p in model.named_parameters():
             if p.dim() >= 2:
                 fan_in = p[0].numel()
-                p.copy_(_randn(tuple(p.shape), name) / fan_in ** 0.5)
+                p.copy_(_randn(tuple(p.shape), name) / fan_in**0.5)
             elif name.endswith("scale"):
                 p.fill_(1.0)
             else:
@@ -188,8 +201,10 @@ def node_guard_filter() -> tuple[Any, str]:
         return core_compile.comfy_guard_filter(), "core.compile.swap.comfy_guard_filter()"
     if hasattr(compile_patch, "CompileGuardFilter"):  # pragma: no cover - earlier layout
         return compile_patch.CompileGuardFilter(), "nodes.patches.compile.CompileGuardFilter()"
-    return (core_compile.skip_guards_on("transformer_options"),
-            "core.compile.swap.skip_guards_on('transformer_options')")
+    return (
+        core_compile.skip_guards_on("transformer_options"),
+        "core.compile.swap.skip_guards_on('transformer_options')",
+    )
 
 
 def make_runner(dm: Any, call: Callable[[Any], Any], mode: str) -> Callable[[], Any]:
@@ -273,8 +288,13 @@ def prime_inductor() -> dict[str, Any]:
     Returns ``{"prime_s": seconds}``."""
     import torch
 
-    net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.LayerNorm(64), torch.nn.GELU(),
-                              torch.nn.Linear(64, 32), torch.nn.Softmax(dim=-1))
+    net = torch.nn.Sequential(
+        torch.nn.Linear(32, 64),
+        torch.nn.LayerNorm(64),
+        torch.nn.GELU(),
+        torch.nn.Linear(64, 32),
+        torch.nn.Softmax(dim=-1),
+    )
     with torch.inference_mode():
         t0 = time.perf_counter()
         torch.compile(net)(_randn((4, 32), "prime.x"))
@@ -353,14 +373,20 @@ def run_child(spec: dict[str, Any], cache_dir: Path, timeout: float) -> dict[str
     if note:
         print(f"  {note}", flush=True)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
-                          env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     wall = time.perf_counter() - t0
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"child {spec} failed (rc {proc.returncode}):\n"
-                           f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
-    res = json.loads(lines[-1][len("RESULT "):])
+        raise RuntimeError(
+            f"child {spec} failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        )
+    res = json.loads(lines[-1][len("RESULT ") :])
     res["wall_s"] = wall
     return res
 
@@ -379,9 +405,16 @@ def bench_model(name: str, args: argparse.Namespace, work: Path) -> tuple[list[l
     """All processes for one model; returns (latency rows, steady-state rows, notes)."""
     from steadfast.core.record.compare import compare_outputs
 
-    base = {"model": name, "sd15_side": args.sd15_side, "flux_depth": [args.flux_depth, args.flux_single],
-            "rounds": args.rounds, "max_rounds": args.max_rounds,
-            "max_others": args.max_others, "out_dir": str(work), "wait_quiet": args.wait_quiet}
+    base = {
+        "model": name,
+        "sd15_side": args.sd15_side,
+        "flux_depth": [args.flux_depth, args.flux_single],
+        "rounds": args.rounds,
+        "max_rounds": args.max_rounds,
+        "max_others": args.max_others,
+        "out_dir": str(work),
+        "wait_quiet": args.wait_quiet,
+    }
     modes, temps = ("regional", "full"), ("cold", "primed", "warm")
     res: dict[tuple[str, str], list[dict[str, Any]]] = {(m, t): [] for m in modes for t in temps}
     notes = []
@@ -396,22 +429,30 @@ def bench_model(name: str, args: argparse.Namespace, work: Path) -> tuple[list[l
                 if temp == "primed":
                     p = run_child(dict(base, kind="prime", mode=mode, temp=temp), cache, args.timeout)
                     probes = inductor_probes(cache)
-                    notes.append(f"{name} {mode} primed #{rep + 1}: priming compile {p['prime_s']:.1f} s left "
-                                 f"{len(probes)} ISA probes: {', '.join(probes)}")
+                    notes.append(
+                        f"{name} {mode} primed #{rep + 1}: priming compile {p['prime_s']:.1f} s left "
+                        f"{len(probes)} ISA probes: {', '.join(probes)}"
+                    )
                 spec = dict(base, kind="first", mode=mode, temp=f"{temp}{rep}")
                 before = set(inductor_probes(cache))
                 r = run_child(spec, cache, args.timeout)
                 r["new_probes"] = sorted(set(inductor_probes(cache)) - before)
                 res[(mode, temp)].append(r)
-                print(f"  {name} {mode} {temp} #{rep + 1}: first call {r['first_s']:.1f} s "
-                      f"(others' CPU {_pct(r['first_others'])}), process {r['wall_s']:.0f} s, "
-                      f"ISA probes compiled: {len(r['new_probes'])}", flush=True)
+                print(
+                    f"  {name} {mode} {temp} #{rep + 1}: first call {r['first_s']:.1f} s "
+                    f"(others' CPU {_pct(r['first_others'])}), process {r['wall_s']:.0f} s, "
+                    f"ISA probes compiled: {len(r['new_probes'])}",
+                    flush=True,
+                )
     merged = work / f"inductor_{name}_merged"
     for mode in modes:
         shutil.copytree(work / f"inductor_{name}_{mode}_cold0", merged, dirs_exist_ok=True)
     inter = run_child(dict(base, kind="interleaved", mode="all", temp="warm"), merged, args.timeout)
-    print(f"  {name} interleaved: process {inter['wall_s']:.0f} s; others' CPU per round: "
-          + ", ".join(_pct(r["others"]) for r in inter["rounds"]), flush=True)
+    print(
+        f"  {name} interleaved: process {inter['wall_s']:.0f} s; others' CPU per round: "
+        + ", ".join(_pct(r["others"]) for r in inter["rounds"]),
+        flush=True,
+    )
 
     def med(mode: str, temp: str) -> float:
         return statistics.median(r["first_s"] for r in res[(mode, temp)])
@@ -425,36 +466,55 @@ def bench_model(name: str, args: argparse.Namespace, work: Path) -> tuple[list[l
             pars = [compare_outputs(eager_out, _load(x["out_path"])) for x in runs]
             c = r["counters_after_first"]
             each = ", ".join(f"{x['first_s']:.1f}" for x in runs)
-            rows.append([name, mode, temp, f"{med(mode, temp):.1f}" + (f" ({each})" if len(runs) > 1 else ""),
-                         ", ".join(_pct(x["first_others"]) for x in runs),
-                         c["unique_graphs"], c["graph_breaks"],
-                         f"{c['fxgraph_cache_hit']}/{c['fxgraph_cache_miss']}",
-                         "yes" if all(p.bit_equal for p in pars) else "no",
-                         _common.fmt_d(max(p.max_abs for p in pars)),
-                         "yes" if all(x["rerun_bit_equal"] for x in runs) else "NO",
-                         ", ".join(str(len(x["new_probes"])) for x in runs), f"{r['peak_rss_mb']:.0f}"])
+            rows.append(
+                [
+                    name,
+                    mode,
+                    temp,
+                    f"{med(mode, temp):.1f}" + (f" ({each})" if len(runs) > 1 else ""),
+                    ", ".join(_pct(x["first_others"]) for x in runs),
+                    c["unique_graphs"],
+                    c["graph_breaks"],
+                    f"{c['fxgraph_cache_hit']}/{c['fxgraph_cache_miss']}",
+                    "yes" if all(p.bit_equal for p in pars) else "no",
+                    _common.fmt_d(max(p.max_abs for p in pars)),
+                    "yes" if all(x["rerun_bit_equal"] for x in runs) else "NO",
+                    ", ".join(str(len(x["new_probes"])) for x in runs),
+                    f"{r['peak_rss_mb']:.0f}",
+                ]
+            )
     outs = {(m, t): [_load(x["out_path"]) for x in res[(m, t)]] for m in modes for t in temps}
     for mode in modes:
         ref = outs[(mode, "cold")][0]
         others = [o for t in temps for o in outs[(mode, t)]][1:]
         same = [compare_outputs(ref, o) for o in others]
         worst = max((x.max_abs for x in same), default=0.0)
-        notes.append(f"{name} {mode}: all {len(others) + 1} fresh-process outputs (cold, primed, warm) bit-equal: "
-                     + ("yes" if all(x.bit_equal for x in same) else f"NO (max |d| {_common.fmt_d(worst)})"))
+        notes.append(
+            f"{name} {mode}: all {len(others) + 1} fresh-process outputs (cold, primed, warm) bit-equal: "
+            + ("yes" if all(x.bit_equal for x in same) else f"NO (max |d| {_common.fmt_d(worst)})")
+        )
     rf = compare_outputs(outs[("regional", "cold")][0], outs[("full", "cold")][0])
-    notes.append(f"{name}: regional vs full output bit-equal: {'yes' if rf.bit_equal else 'no'}"
-                 + ("" if rf.bit_equal else f" (max |d| {_common.fmt_d(rf.max_abs)})"))
+    notes.append(
+        f"{name}: regional vs full output bit-equal: {'yes' if rf.bit_equal else 'no'}"
+        + ("" if rf.bit_equal else f" (max |d| {_common.fmt_d(rf.max_abs)})")
+    )
     first = res[("regional", "cold")][0]
     notes.append(f"{name}: {first['params_m']} M parameters; out std {first['out_std']:.3f}, finite {first['finite']}")
     rc, fc, rp, fp = med("regional", "cold"), med("full", "cold"), med("regional", "primed"), med("full", "primed")
     rw, fw = med("regional", "warm"), med("full", "warm")
-    pairs = {t: ", ".join(f"{a['first_s'] / b['first_s']:.2f}"
-                          for a, b in zip(res[("regional", t)], res[("full", t)])) for t in temps}
-    notes.append(f"{name}: first-call ratio regional/full (medians of {args.repeats}) cold {rc / fc:.2f} "
-                 f"(full/regional {fc / rc:.2f}x; per repeat {pairs['cold']}); primed {rp / fp:.2f} "
-                 f"(full/regional {fp / rp:.2f}x; per repeat {pairs['primed']}); warm {rw / fw:.2f}")
-    notes.append(f"{name}: warm/cold regional {rw / rc:.2f} (1/{rc / rw:.1f}), full {fw / fc:.2f} (1/{fc / fw:.1f}); "
-                 f"warm/primed regional {rw / rp:.2f} (1/{rp / rw:.1f}), full {fw / fp:.2f} (1/{fp / fw:.1f})")
+    pairs = {
+        t: ", ".join(f"{a['first_s'] / b['first_s']:.2f}" for a, b in zip(res[("regional", t)], res[("full", t)]))
+        for t in temps
+    }
+    notes.append(
+        f"{name}: first-call ratio regional/full (medians of {args.repeats}) cold {rc / fc:.2f} "
+        f"(full/regional {fc / rc:.2f}x; per repeat {pairs['cold']}); primed {rp / fp:.2f} "
+        f"(full/regional {fp / rp:.2f}x; per repeat {pairs['primed']}); warm {rw / fw:.2f}"
+    )
+    notes.append(
+        f"{name}: warm/cold regional {rw / rc:.2f} (1/{rc / rw:.1f}), full {fw / fc:.2f} (1/{fc / fw:.1f}); "
+        f"warm/primed regional {rw / rp:.2f} (1/{rp / rw:.1f}), full {fw / fp:.2f} (1/{fp / fw:.1f})"
+    )
 
     used = [r for r in inter["rounds"] if r["clean"]]
     if len(used) < min(3, args.rounds):
@@ -468,12 +528,24 @@ def bench_model(name: str, args: argparse.Namespace, work: Path) -> tuple[list[l
     for mode in ("eager", "regional", "full"):
         tmin, tmed = _common.summarize(times[mode])
         par = compare_outputs(eager_out, _load(inter["out_paths"][mode]))
-        steady.append([name, mode, f"{inter['first_s'][mode]:.1f}", _common.fmt_s(tmin), _common.fmt_s(tmed),
-                       f"{emin / tmin:.2f}x", f"{emed / tmed:.2f}x",
-                       "yes" if par.bit_equal else "no", _common.fmt_d(par.max_abs)])
+        steady.append(
+            [
+                name,
+                mode,
+                f"{inter['first_s'][mode]:.1f}",
+                _common.fmt_s(tmin),
+                _common.fmt_s(tmed),
+                f"{emin / tmin:.2f}x",
+                f"{emed / tmed:.2f}x",
+                "yes" if par.bit_equal else "no",
+                _common.fmt_d(par.max_abs),
+            ]
+        )
     (rmin, rmed), (fmin, fmed) = _common.summarize(times["regional"]), _common.summarize(times["full"])
-    notes.append(f"{name}: steady-state time regional/full (interleaved, warm process, {how}): "
-                 f"min {rmin / fmin:.2f}, median {rmed / fmed:.2f}")
+    notes.append(
+        f"{name}: steady-state time regional/full (interleaved, warm process, {how}): "
+        f"min {rmin / fmin:.2f}, median {rmed / fmed:.2f}"
+    )
     return rows, steady, notes
 
 
@@ -481,19 +553,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="sd15,flux", help="comma-separated: sd15, flux")
     p.add_argument("--sd15-side", type=int, default=32, help="latent side for the SD1.5 UNet (32 = 256x256 px)")
-    p.add_argument("--flux-depth", type=int, default=FLUX_PARAMS["depth"],
-                   help="Flux double-stream blocks (Flux.1: 19)")
-    p.add_argument("--flux-single", type=int, default=FLUX_PARAMS["depth_single_blocks"],
-                   help="Flux single-stream blocks (Flux.1: 38)")
-    p.add_argument("--repeats", type=int, default=3,
-                   help="fresh-process first calls per model, mode and cache state (medians are reported)")
+    p.add_argument(
+        "--flux-depth", type=int, default=FLUX_PARAMS["depth"], help="Flux double-stream blocks (Flux.1: 19)"
+    )
+    p.add_argument(
+        "--flux-single",
+        type=int,
+        default=FLUX_PARAMS["depth_single_blocks"],
+        help="Flux single-stream blocks (Flux.1: 38)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="fresh-process first calls per model, mode and cache state (medians are reported)",
+    )
     p.add_argument("--rounds", type=int, default=7, help="clean interleaved rounds wanted in the steady-state process")
     p.add_argument("--max-rounds", type=int, default=20, help="at most this many rounds there")
-    p.add_argument("--max-others", type=float, default=0.10,
-                   help="a round is clean when other processes used at most this share of the cores during it")
-    p.add_argument("--wait-quiet", type=float, default=60.0,
-                   help="before each child process and each interleaved round, wait up to this many seconds "
-                        "until other processes use < 5%% of the cores (0: never)")
+    p.add_argument(
+        "--max-others",
+        type=float,
+        default=0.10,
+        help="a round is clean when other processes used at most this share of the cores during it",
+    )
+    p.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=60.0,
+        help="before each child process and each interleaved round, wait up to this many seconds "
+        "until other processes use < 5%% of the cores (0: never)",
+    )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per child process")
     p.add_argument("--keep", action="store_true", help="keep the work dir (cache dirs, outputs)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -508,18 +597,21 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     _common.import_pack()  # for the header and parity (this process never compiles)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
-    _common.print_header("bench_compile_latency", {
-        "compile": "inductor; the Optimize node's defaults (mode default, dynamic auto, fullgraph off) and "
-                   f"guard filter {node_guard_filter()[1]}",
-        "attention": "ComfyUI attention_pytorch (SDPA auto) via optimized_attention_override",
-        "sd15 input": f"latent [2, 4, {args.sd15_side}, {args.sd15_side}], context [2, 77, 768], fp32",
-        "flux model": "comfy.ldm.flux.model.Flux " + json.dumps(flux_params(args.flux_depth, args.flux_single)),
-        "flux input": "latent [1, 16, 64, 64] (1024 tokens), context [1, 32, 256], y [1, 256], fp32",
-        "processes": f"one fresh process per first call, {args.repeats} per model, mode and cache state; "
-                     "steady state side by side in one extra warm process: "
-                     f"{args.rounds} clean interleaved rounds wanted (at most {args.max_rounds}; clean = other "
-                     f"processes used <= {args.max_others:.0%} of the cores)",
-    })
+    _common.print_header(
+        "bench_compile_latency",
+        {
+            "compile": "inductor; the Optimize node's defaults (mode default, dynamic auto, fullgraph off) and "
+            f"guard filter {node_guard_filter()[1]}",
+            "attention": "ComfyUI attention_pytorch (SDPA auto) via optimized_attention_override",
+            "sd15 input": f"latent [2, 4, {args.sd15_side}, {args.sd15_side}], context [2, 77, 768], fp32",
+            "flux model": "comfy.ldm.flux.model.Flux " + json.dumps(flux_params(args.flux_depth, args.flux_single)),
+            "flux input": "latent [1, 16, 64, 64] (1024 tokens), context [1, 32, 256], y [1, 256], fp32",
+            "processes": f"one fresh process per first call, {args.repeats} per model, mode and cache state; "
+            "steady state side by side in one extra warm process: "
+            f"{args.rounds} clean interleaved rounds wanted (at most {args.max_rounds}; clean = other "
+            f"processes used <= {args.max_others:.0%} of the cores)",
+        },
+    )
     work = Path(tempfile.mkdtemp(prefix="steadfast_bench_compile_"))
     lat_rows: list[list[Any]] = []
     steady_rows: list[list[Any]] = []
@@ -536,22 +628,52 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(work, ignore_errors=True)
     print("\n### First call (compile latency), one fresh process each\n")
-    print(_common.markdown_table(
-        ["model", "compile", "cache", "first call s", "others' CPU during it", "graphs",
-         "graph breaks", "fxgraph hit/miss", "bit-equal to eager", "max abs diff vs eager", "rerun bit-equal",
-         "ISA probes compiled", "peak RSS MB"], lat_rows))
+    print(
+        _common.markdown_table(
+            [
+                "model",
+                "compile",
+                "cache",
+                "first call s",
+                "others' CPU during it",
+                "graphs",
+                "graph breaks",
+                "fxgraph hit/miss",
+                "bit-equal to eager",
+                "max abs diff vs eager",
+                "rerun bit-equal",
+                "ISA probes compiled",
+                "peak RSS MB",
+            ],
+            lat_rows,
+        )
+    )
     print("\n### Steady state, interleaved in one warm process\n")
-    print(_common.markdown_table(
-        ["model", "mode", "first call in this process s", "min s", "median s", "speedup (min)",
-         "speedup (median)", "bit-equal to eager", "max abs diff vs eager"],
-        steady_rows))
+    print(
+        _common.markdown_table(
+            [
+                "model",
+                "mode",
+                "first call in this process s",
+                "min s",
+                "median s",
+                "speedup (min)",
+                "speedup (median)",
+                "bit-equal to eager",
+                "max abs diff vs eager",
+            ],
+            steady_rows,
+        )
+    )
     print()
     for n in notes:
         print(f"- {n}")
-    print("\nspeedup = eager time / compiled time (> 1 is faster). others' CPU = share of the 2 cores used by "
-          "other processes meanwhile (the benchmark's own process tree, inductor's compile workers and compilers "
-          "included, does not count; 0% = the benchmark had the machine to itself). "
-          "fxgraph hit/miss: inductor FX-graph cache counters after the first call.")
+    print(
+        "\nspeedup = eager time / compiled time (> 1 is faster). others' CPU = share of the 2 cores used by "
+        "other processes meanwhile (the benchmark's own process tree, inductor's compile workers and compilers "
+        "included, does not count; 0% = the benchmark had the machine to itself). "
+        "fxgraph hit/miss: inductor FX-graph cache counters after the first call."
+    )
     _common.print_footer(t_start)
     return 0
 

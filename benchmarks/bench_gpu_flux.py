@@ -39,6 +39,7 @@ Dynamo guards on; the compile record says so). ``--backend eager`` traces with D
 smoke tests: no C++ compiler needed). Needs a ComfyUI checkout (``COMFYUI_PATH``, default
 ``~/comfy/ComfyUI``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,15 +55,35 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 
 FLUX_DEV: dict[str, Any] = {
-    "image_model": "flux", "in_channels": 16, "out_channels": 16, "patch_size": 2, "vec_in_dim": 768,
-    "context_in_dim": 4096, "hidden_size": 3072, "mlp_ratio": 4.0, "num_heads": 24, "depth": 19,
-    "depth_single_blocks": 38, "axes_dim": [16, 56, 56], "theta": 10000, "qkv_bias": True,
-    "guidance_embed": True, "txt_ids_dims": [],
+    "image_model": "flux",
+    "in_channels": 16,
+    "out_channels": 16,
+    "patch_size": 2,
+    "vec_in_dim": 768,
+    "context_in_dim": 4096,
+    "hidden_size": 3072,
+    "mlp_ratio": 4.0,
+    "num_heads": 24,
+    "depth": 19,
+    "depth_single_blocks": 38,
+    "axes_dim": [16, 56, 56],
+    "theta": 10000,
+    "qkv_bias": True,
+    "guidance_embed": True,
+    "txt_ids_dims": [],
 }
 """Flux.1-dev, as ComfyUI v0.8.0's ``model_detection`` derives it from the checkpoint."""
 
-SMOKE: dict[str, Any] = {**FLUX_DEV, "vec_in_dim": 32, "context_in_dim": 64, "hidden_size": 64, "num_heads": 2,
-                         "depth": 1, "depth_single_blocks": 2, "axes_dim": [8, 12, 12]}
+SMOKE: dict[str, Any] = {
+    **FLUX_DEV,
+    "vec_in_dim": 32,
+    "context_in_dim": 64,
+    "hidden_size": 64,
+    "num_heads": 2,
+    "depth": 1,
+    "depth_single_blocks": 2,
+    "axes_dim": [8, 12, 12],
+}
 """A tiny Flux (same code paths) for ``--smoke`` on CPU."""
 
 CONFIGS = ("eager", "steadfast", "steadfast+det", "core")
@@ -171,8 +192,9 @@ def matmul_rate(device: Any, smoke: bool) -> float:
     return 2.0 * n**3 / best
 
 
-def denoiser_flops(patcher: Any, config: dict[str, Any], latent_shape: tuple[int, ...], tokens: int, device: Any,
-                   dtype: Any) -> int:
+def denoiser_flops(
+    patcher: Any, config: dict[str, Any], latent_shape: tuple[int, ...], tokens: int, device: Any, dtype: Any
+) -> int:
     """FLOPs of one eager call of the diffusion model at ``latent_shape`` (FlopCounterMode: matmuls,
     convolutions, attention)."""
     import torch
@@ -213,14 +235,16 @@ def make_configs(base: Any, names: list[str], backend: str) -> dict[str, tuple[A
         if name == "steadfast+det":
             det = SteadfastDeterminismSetup.execute(model, True, False, 0)
             model, reports = det.result[0], [det.result[1]]
-        opt = SteadfastOptimizeModel.execute(model, False, False, "auto", "regional", backend, "default", "auto",
-                                             False)
+        opt = SteadfastOptimizeModel.execute(
+            model, False, False, "auto", "regional", backend, "default", "auto", False
+        )
         out[name] = (opt.result[0], "\n".join(reports + [opt.result[1]]))
     return out
 
 
-def run_config(name: str, model: Any, sample: Callable[[Any], Any], images: int, device: Any,
-               keep: list | None = None) -> dict[str, Any]:
+def run_config(
+    name: str, model: Any, sample: Callable[[Any], Any], images: int, device: Any, keep: list | None = None
+) -> dict[str, Any]:
     """One untimed image (compiles), then ``images`` timed ones; returns timings, hashes and compile state.
 
     The compile record is read for the Steadfast configurations only (``name`` starting with "steadfast": core's
@@ -261,16 +285,22 @@ def run_config(name: str, model: Any, sample: Callable[[Any], Any], images: int,
         digests.append(hashing.tensor_digest(out))
     record = REGISTRY.get(model.model) if name.startswith("steadfast") else None
     result: dict[str, Any] = {
-        "first_image_s": first_s, "s_per_image": statistics.median(times), "times_s": times,
-        "dynamo_graphs_first": g1 - g0, "dynamo_graphs_timed": graphs() - g1,
-        "hashes": digests, "first_image_hash": hashing.tensor_digest(first),
+        "first_image_s": first_s,
+        "s_per_image": statistics.median(times),
+        "times_s": times,
+        "dynamo_graphs_first": g1 - g0,
+        "dynamo_graphs_timed": graphs() - g1,
+        "hashes": digests,
+        "first_image_hash": hashing.tensor_digest(first),
         "run_to_run_equal": len(set(digests)) == 1,
         "finite": bool(torch.isfinite(first.float()).all()),
     }
     if record is not None:
         s = record.summary()
-        result["compile"] = {k: s[k] for k in ("status", "blocks", "graphs", "recompiles", "last_recompile",
-                                                 "disabled", "first_call_seconds")}
+        result["compile"] = {
+            k: s[k]
+            for k in ("status", "blocks", "graphs", "recompiles", "last_recompile", "disabled", "first_call_seconds")
+        }
         result["compile"]["recompile_reasons"] = [r["reason"] for r in record.stats.recompiles]
         if "precompiled" in s:  # the precompiled route (hits, loads, saves, fallbacks with reasons)
             result["compile"]["precompiled"] = s["precompiled"]
@@ -292,10 +322,12 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(device_name)
     config = SMOKE if ns.smoke else FLUX_DEV
     dtype = torch.bfloat16
-    print(f"## Flux {'smoke (tiny)' if ns.smoke else 'dev architecture'}: {ns.width}x{ns.height}, {ns.steps} steps, "
-          f"{ns.images} timed image(s)/config, device {device}"
-          f"{' (' + torch.cuda.get_device_name() + ')' if device.type == 'cuda' else ''}, torch {torch.__version__}",
-          flush=True)
+    print(
+        f"## Flux {'smoke (tiny)' if ns.smoke else 'dev architecture'}: {ns.width}x{ns.height}, {ns.steps} steps, "
+        f"{ns.images} timed image(s)/config, device {device}"
+        f"{' (' + torch.cuda.get_device_name() + ')' if device.type == 'cuda' else ''}, torch {torch.__version__}",
+        flush=True,
+    )
     t0 = time.perf_counter()
     base = build_flux(config, device, dtype, ns.seed)
     params = sum(p.numel() for p in base.model.diffusion_model.parameters())
@@ -307,8 +339,20 @@ def main(argv: list[str] | None = None) -> int:
     latent = torch.zeros(latent_shape)
 
     def sample(model: Any) -> Any:
-        return comfy.sample.sample(model, x0, ns.steps, 1.0, "euler", "simple", cond, cond, latent,
-                                   denoise=1.0, disable_pbar=True, seed=ns.seed)
+        return comfy.sample.sample(
+            model,
+            x0,
+            ns.steps,
+            1.0,
+            "euler",
+            "simple",
+            cond,
+            cond,
+            latent,
+            denoise=1.0,
+            disable_pbar=True,
+            seed=ns.seed,
+        )
 
     peak = matmul_rate(device, ns.smoke)
     flops_step = denoiser_flops(base, config, latent_shape, ns.text_tokens, device, dtype)
@@ -323,8 +367,11 @@ def main(argv: list[str] | None = None) -> int:
         r = results[name]
         r["tflops"] = flops_image / r["s_per_image"] / 1e12
         r["pct_of_matmul_peak"] = 100.0 * flops_image / r["s_per_image"] / peak
-        print(f"[{name}] first image {r['first_image_s']:.2f} s, {r['s_per_image']:.3f} s/image, "
-              f"run-to-run equal {r['run_to_run_equal']}", flush=True)
+        print(
+            f"[{name}] first image {r['first_image_s']:.2f} s, {r['s_per_image']:.3f} s/image, "
+            f"run-to-run equal {r['run_to_run_equal']}",
+            flush=True,
+        )
         for reason in r.get("compile", {}).get("recompile_reasons", []):
             print(f"[{name}]   recompiled: {reason[:200]}", flush=True)
 
@@ -334,18 +381,33 @@ def main(argv: list[str] | None = None) -> int:
         r["bit_equal_to_" + base_name] = r["hashes"][0] == results[base_name]["hashes"][0]
 
     print()
-    print("| config | first image s | s/image | speed-up | run-to-run equal | = eager bits | TFLOP/s "
-          "| % of bf16 matmul | recompiles |")
+    print(
+        "| config | first image s | s/image | speed-up | run-to-run equal | = eager bits | TFLOP/s "
+        "| % of bf16 matmul | recompiles |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
         rec = r.get("compile", {}).get("recompiles", "-")
-        print(f"| {name} | {r['first_image_s']:.2f} | {r['s_per_image']:.3f} | {r['speedup_vs_' + base_name]:.2f}x | "
-              f"{r['run_to_run_equal']} | {r['bit_equal_to_' + base_name]} | {r['tflops']:.1f} | "
-              f"{r['pct_of_matmul_peak']:.1f}% | {rec} |")
-    summary = {"device": str(device), "device_name": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-               "torch": torch.__version__, "smoke": ns.smoke, "width": ns.width, "height": ns.height,
-               "steps": ns.steps, "images": ns.images, "text_tokens": ns.text_tokens, "parameters": params,
-               "bf16_matmul_flops": peak, "flops_per_image": flops_image, "configs": results}
+        print(
+            f"| {name} | {r['first_image_s']:.2f} | {r['s_per_image']:.3f} | {r['speedup_vs_' + base_name]:.2f}x | "
+            f"{r['run_to_run_equal']} | {r['bit_equal_to_' + base_name]} | {r['tflops']:.1f} | "
+            f"{r['pct_of_matmul_peak']:.1f}% | {rec} |"
+        )
+    summary = {
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "smoke": ns.smoke,
+        "width": ns.width,
+        "height": ns.height,
+        "steps": ns.steps,
+        "images": ns.images,
+        "text_tokens": ns.text_tokens,
+        "parameters": params,
+        "bf16_matmul_flops": peak,
+        "flops_per_image": flops_image,
+        "configs": results,
+    }
     if ns.json:
         Path(ns.json).write_text(json.dumps(summary, indent=1, default=str))
     print("\nJSON: " + json.dumps(summary, default=str), flush=True)

@@ -22,6 +22,7 @@ Usage::
 
 Needs a ComfyUI checkout (``COMFYUI_PATH``, default ``~/comfy/ComfyUI``).
 """
+
 from __future__ import annotations
 
 import argparse

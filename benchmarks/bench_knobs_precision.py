@@ -24,6 +24,7 @@ Usage::
 
     python benchmarks/bench_knobs_precision.py [--sizes 16] [--steps 3] [--rounds 3] [--max-rounds 3] [--wait-quiet 10]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,9 +78,19 @@ def build_configs(model: Any, names: list[str]) -> tuple[dict[str, Any], dict[st
     for name in names:
         precision, compile_, preset = CONFIGS[name]
         res = SteadfastOptimizeModel.execute(
-            model, qkv_fusion=False, channels_last=False, attention="auto", compile=compile_, backend="inductor",
-            mode="default", dynamic="auto", fullgraph=False, compile_cache="off", precision=precision,
-            inductor_preset=preset)
+            model,
+            qkv_fusion=False,
+            channels_last=False,
+            attention="auto",
+            compile=compile_,
+            backend="inductor",
+            mode="default",
+            dynamic="auto",
+            fullgraph=False,
+            compile_cache="off",
+            precision=precision,
+            inductor_preset=preset,
+        )
         out[name] = res.result[0]
         if compile_ != "off":
             records[name] = registry.REGISTRY.get(out[name].model)
@@ -98,12 +109,15 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         ckpt = _common.tiny_sd15_module().cached_tiny_sd15()
-        _common.print_header("bench_knobs_precision", {
-            "checkpoint": f"{ckpt.name} (tiny SD1.5 architecture, random seeded weights, fp32 weights on CPU)",
-            "sampling": f"euler / normal, {args.steps} steps, cfg {args.cfg} (UNet batch 2), seed {args.seed}",
-            "timing": f"{args.rounds} clean interleaved rounds per size wanted (at most {args.max_rounds})",
-            "inductor cache": "fresh empty dir (cold)",
-        })
+        _common.print_header(
+            "bench_knobs_precision",
+            {
+                "checkpoint": f"{ckpt.name} (tiny SD1.5 architecture, random seeded weights, fp32 weights on CPU)",
+                "sampling": f"euler / normal, {args.steps} steps, cfg {args.cfg} (UNet batch 2), seed {args.seed}",
+                "timing": f"{args.rounds} clean interleaved rounds per size wanted (at most {args.max_rounds})",
+                "inductor cache": "fresh empty dir (cold)",
+            },
+        )
         with torch.inference_mode():  # as ComfyUI's prompt executor runs nodes
             model, sample = bench_tiny_sd15.load_and_sampler(ckpt, args)
             configs, records = build_configs(model, names)
@@ -112,17 +126,34 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmp_cache, ignore_errors=True)
 
     print()
-    print(_common.markdown_table(
-        ["latent", "config", "first call s", "sample min s", "sample median s", "step min s",
-         "vs fp32 eager (sample min)", "vs fp32 eager (sample median)", "vs fp32 eager (step min)",
-         "bit-equal to fp32 eager", "max abs diff vs fp32 eager", "bit-equal to previous row (max abs diff)",
-         "rerun bit-equal"], rows))
+    print(
+        _common.markdown_table(
+            [
+                "latent",
+                "config",
+                "first call s",
+                "sample min s",
+                "sample median s",
+                "step min s",
+                "vs fp32 eager (sample min)",
+                "vs fp32 eager (sample median)",
+                "vs fp32 eager (step min)",
+                "bit-equal to fp32 eager",
+                "max abs diff vs fp32 eager",
+                "bit-equal to previous row (max abs diff)",
+                "rerun bit-equal",
+            ],
+            rows,
+        )
+    )
     print()
     print("- timings from: " + "; ".join(notes.pop("_rounds", [])))
     for name, lines in notes.items():
         print(f"- compile state of `{name}`: " + "; ".join(lines))
-    print("\nratio = fp32 eager time / config time (> 1 is faster); preset vs default compiled = the ratio of the "
-          "two regional rows. step min = fastest single sampler step (steps 2..N).")
+    print(
+        "\nratio = fp32 eager time / config time (> 1 is faster); preset vs default compiled = the ratio of the "
+        "two regional rows. step min = fastest single sampler step (steps 2..N)."
+    )
     _common.print_footer(t_start)
     return 0
 

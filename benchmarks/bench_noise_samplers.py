@@ -20,6 +20,7 @@ Usage::
 
     COMFYUI_PATH=~/comfy/ComfyUI-0.33.0 python benchmarks/bench_noise_samplers.py [--rounds 7] [--steps 20]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,13 +61,16 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     ckpt = _common.tiny_sd15_module().cached_tiny_sd15()
     t_start = time.perf_counter()
-    _common.print_header("Seeded Sampler noise vs KSampler (ComfyUI sampling, stand-in UNet)", {
-        "checkpoint": f"{ckpt.name}, diffusion_model replaced by `0.1 * x` (object patch)",
-        "sampling": f"{args.steps} steps, normal schedule, cfg 1.0, latent 1x4x{args.side}x{args.side}, "
-                    f"seed {args.seed}",
-        "timing": f"{args.rounds} interleaved rounds per case after one untimed call each",
-        "cpu_randn": randn_route.route_record(),
-    })
+    _common.print_header(
+        "Seeded Sampler noise vs KSampler (ComfyUI sampling, stand-in UNet)",
+        {
+            "checkpoint": f"{ckpt.name}, diffusion_model replaced by `0.1 * x` (object patch)",
+            "sampling": f"{args.steps} steps, normal schedule, cfg 1.0, latent 1x4x{args.side}x{args.side}, "
+            f"seed {args.seed}",
+            "timing": f"{args.rounds} interleaved rounds per case after one untimed call each",
+            "cpu_randn": randn_route.route_record(),
+        },
+    )
 
     class StandIn(torch.nn.Module):
         dtype = torch.float32  # ComfyUI reads diffusion_model.dtype
@@ -85,20 +89,29 @@ def main(argv: list[str] | None = None) -> int:
 
         def run(name: str, mode: str, seeded: bool) -> torch.Tensor:
             sampler = comfy.samplers.sampler_object(name)
-            ks = comfy.samplers.KSampler(model, steps=args.steps, device=model.load_device, sampler=name,
-                                         scheduler="normal", denoise=1.0, model_options=model.model_options)
+            ks = comfy.samplers.KSampler(
+                model,
+                steps=args.steps,
+                device=model.load_device,
+                sampler=name,
+                scheduler="normal",
+                denoise=1.0,
+                model_options=model.model_options,
+            )
             if not seeded:
                 x0 = comfy.sample.prepare_noise(latent, args.seed)
-                return comfy.sample.sample_custom(model, x0, 1.0, sampler, ks.sigmas, cond, cond, latent,
-                                                  disable_pbar=True, seed=args.seed)
+                return comfy.sample.sample_custom(
+                    model, x0, 1.0, sampler, ks.sigmas, cond, cond, latent, disable_pbar=True, seed=args.seed
+                )
             draw = comfy_noise.comfy_draw(latent.dtype, sf_noise.draw)[0] if mode == "comfy" else None
             x0 = sf_noise.seeded_noise(tuple(latent.shape), args.seed, mode=mode, dtype=latent.dtype, draw_dtype=draw)
             ns, _ = comfy_noise.per_step_noise(sampler, latent, ks.sigmas, args.seed, mode, model.load_device)
             if ns is not None:
                 sampler.extra_options = {**sampler.extra_options, "noise_sampler": ns}
             with randn_route.portable_generator_randn():
-                out = comfy.sample.sample_custom(model, x0, 1.0, sampler, ks.sigmas, cond, cond, latent,
-                                                 disable_pbar=True, seed=args.seed)
+                out = comfy.sample.sample_custom(
+                    model, x0, 1.0, sampler, ks.sigmas, cond, cond, latent, disable_pbar=True, seed=args.seed
+                )
             if isinstance(ns, sf_noise.CPUNoiseSampler):
                 ns.close()
             return out
@@ -114,11 +127,35 @@ def main(argv: list[str] | None = None) -> int:
                         times[s].append(time.perf_counter() - t0)
                 (smin, smed), (omin, omed) = _common.summarize(times[False]), _common.summarize(times[True])
                 same = torch.equal(outs[False].view(torch.int32), outs[True].view(torch.int32))
-                rows.append([name, mode, f"{smed:.3f}", f"{smin:.3f}", f"{omed:.3f}", f"{omin:.3f}",
-                             f"{omed / smed:.3f}", f"{omin / smin:.3f}", "yes" if same else "no"])
-    print(_common.markdown_table(["sampler", "seed mode", "KSampler median s", "KSampler min s",
-                                  "Seeded median s", "Seeded min s", "ratio median", "ratio min",
-                                  "bit-identical"], rows))
+                rows.append(
+                    [
+                        name,
+                        mode,
+                        f"{smed:.3f}",
+                        f"{smin:.3f}",
+                        f"{omed:.3f}",
+                        f"{omin:.3f}",
+                        f"{omed / smed:.3f}",
+                        f"{omin / smin:.3f}",
+                        "yes" if same else "no",
+                    ]
+                )
+    print(
+        _common.markdown_table(
+            [
+                "sampler",
+                "seed mode",
+                "KSampler median s",
+                "KSampler min s",
+                "Seeded median s",
+                "Seeded min s",
+                "ratio median",
+                "ratio min",
+                "bit-identical",
+            ],
+            rows,
+        )
+    )
     print()
     _common.print_footer(t_start)
     return 0

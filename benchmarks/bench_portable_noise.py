@@ -13,6 +13,7 @@ No ComfyUI needed. Usage::
 
     python benchmarks/bench_portable_noise.py [--rounds 30] [--seed 42] [--threads 1] [--profile]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,11 +31,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=30, help="interleaved timed rounds per case")
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--profile", action="store_true",
-                   help="also print where the numpy path's time goes at 1x4x128x128 (min of --rounds per part)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch intra-op threads (1: on a shared 2-core machine OpenMP spin-waiting made the "
-                        "per-item torch.cat 80 ms with 2 threads); both draws are single-threaded anyway")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="also print where the numpy path's time goes at 1x4x128x128 (min of --rounds per part)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (1: on a shared 2-core machine OpenMP spin-waiting made the "
+        "per-item torch.cat 80 ms with 2 threads); both draws are single-threaded anyway",
+    )
     return p.parse_args(argv)
 
 
@@ -48,7 +56,7 @@ def _profile(rounds: int, seed: int) -> str:
     n = 4 * 128 * 128
     uniforms = torch.rand(n, generator=torch.Generator().manual_seed(seed)).numpy().reshape(-1, 16)
     rows = pr._BLOCK_ROWS
-    blocks = [uniforms[i:i + rows] for i in range(0, uniforms.shape[0], rows)]
+    blocks = [uniforms[i : i + rows] for i in range(0, uniforms.shape[0], rows)]
     calls = {"n": 0}
 
     class Counting(pr._FastFMA):
@@ -63,11 +71,13 @@ def _profile(rounds: int, seed: int) -> str:
         "uniforms (torch.rand)": lambda: torch.rand(n, generator=torch.Generator().manual_seed(seed)),
         "log256 (all blocks)": lambda: [pr._log256(pr._ONE - b[:, :8], pr._FastFMA((b.shape[0], 8))) for b in blocks],
         "log256 without its FMAs": lambda: [pr._log256(pr._ONE - b[:, :8], no_fma) for b in blocks],
-        "sincos256 (all blocks)": lambda: [pr._sincos256(b[:, 8:] * pr._TWO_PI, pr._FastFMA((b.shape[0], 8)))
-                                           for b in blocks],
+        "sincos256 (all blocks)": lambda: [
+            pr._sincos256(b[:, 8:] * pr._TWO_PI, pr._FastFMA((b.shape[0], 8))) for b in blocks
+        ],
         "sincos256 without its FMAs": lambda: [pr._sincos256(b[:, 8:] * pr._TWO_PI, no_fma) for b in blocks],
-        "whole numpy draw": lambda: pr.portable_randn((1, 4, 128, 128), torch.Generator().manual_seed(seed),
-                                                      backend="numpy"),
+        "whole numpy draw": lambda: pr.portable_randn(
+            (1, 4, 128, 128), torch.Generator().manual_seed(seed), backend="numpy"
+        ),
         "torch.randn": lambda: torch.randn((1, 4, 128, 128), generator=torch.Generator().manual_seed(seed)),
     }
     with np.errstate(all="ignore"):  # the no-FMA variants compute garbage on purpose
@@ -82,9 +92,11 @@ def _profile(rounds: int, seed: int) -> str:
                 fn()
                 best[name] = min(best.get(name, math.inf), time.perf_counter() - t0)
     out = [[name, f"{sec * 1e3:.3f}", f"{sec / best['torch.randn']:.1f}"] for name, sec in best.items()]
-    return (f"numpy path profile, 1x4x128x128 ({len(blocks)} blocks of {rows} rows; fused multiply-adds emulated "
-            f"per lane: {log_calls} in log256, {sincos_calls} in sincos256):\n\n"
-            + _common.markdown_table(["part", "min ms", "x torch.randn"], out))
+    return (
+        f"numpy path profile, 1x4x128x128 ({len(blocks)} blocks of {rows} rows; fused multiply-adds emulated "
+        f"per lane: {log_calls} in log256, {sincos_calls} in sincos256):\n\n"
+        + _common.markdown_table(["part", "min ms", "x torch.randn"], out)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,9 +127,11 @@ def main(argv: list[str] | None = None) -> int:
         return portable_randn(shape, gen, backend="numpy")
 
     print(f"draw method here (float32): {draw_method(torch.float32)}\n")
-    cases = [("1x4x128x128 (SDXL latent), one draw", one, (1, 4, 128, 128)),
-             ("1x16x128x128, one draw", one, (1, 16, 128, 128)),
-             ("4x16x128x128, 4 per-item draws (incremental mode)", per_item, (4, 16, 128, 128))]
+    cases = [
+        ("1x4x128x128 (SDXL latent), one draw", one, (1, 4, 128, 128)),
+        ("1x16x128x128, one draw", one, (1, 16, 128, 128)),
+        ("4x16x128x128, 4 per-item draws (incremental mode)", per_item, (4, 16, 128, 128)),
+    ]
     rows = []
     for name, make, shape in cases:
         fns = {"auto": make(portable_randn, shape), "numpy": make(numpy_draw, shape), "torch": make(torch_draw, shape)}
@@ -131,15 +145,39 @@ def main(argv: list[str] | None = None) -> int:
                 times[k].append(time.perf_counter() - t0)
         med = {k: statistics.median(v) for k, v in times.items()}
         low = {k: min(v) for k, v in times.items()}
-        rows.append([name, f"{med['auto'] * 1e3:.2f}", f"{med['numpy'] * 1e3:.2f}", f"{low['numpy'] * 1e3:.2f}",
-                     f"{med['torch'] * 1e3:.2f}", f"{low['torch'] * 1e3:.2f}",
-                     f"{med['auto'] / med['torch']:.2f}", f"{med['numpy'] / med['torch']:.1f}",
-                     f"{low['numpy'] / low['torch']:.1f}",
-                     "yes" if equal["auto"] else "NO", "yes" if equal["numpy"] else "NO"])
-    print(_common.markdown_table(["case", "portable (auto) median ms", "numpy path median ms", "numpy path min ms",
-                                  "torch.randn median ms", "torch.randn min ms", "auto/torch (median)",
-                                  "numpy/torch (median)", "numpy/torch (min)", "auto bytes = torch",
-                                  "numpy bytes = torch"], rows))
+        rows.append(
+            [
+                name,
+                f"{med['auto'] * 1e3:.2f}",
+                f"{med['numpy'] * 1e3:.2f}",
+                f"{low['numpy'] * 1e3:.2f}",
+                f"{med['torch'] * 1e3:.2f}",
+                f"{low['torch'] * 1e3:.2f}",
+                f"{med['auto'] / med['torch']:.2f}",
+                f"{med['numpy'] / med['torch']:.1f}",
+                f"{low['numpy'] / low['torch']:.1f}",
+                "yes" if equal["auto"] else "NO",
+                "yes" if equal["numpy"] else "NO",
+            ]
+        )
+    print(
+        _common.markdown_table(
+            [
+                "case",
+                "portable (auto) median ms",
+                "numpy path median ms",
+                "numpy path min ms",
+                "torch.randn median ms",
+                "torch.randn min ms",
+                "auto/torch (median)",
+                "numpy/torch (median)",
+                "numpy/torch (min)",
+                "auto bytes = torch",
+                "numpy bytes = torch",
+            ],
+            rows,
+        )
+    )
     if args.profile:
         print()
         print(_profile(args.rounds, args.seed))

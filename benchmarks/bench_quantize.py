@@ -24,6 +24,7 @@ Usage::
     python benchmarks/bench_quantize.py [--hidden 512] [--double 2] [--single 4] [--rounds 9] [--threads 0]
         [--wait-quiet 15] [--max-others 0.25]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,11 +69,21 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    params = dict(bcl.flux_params(args.double, args.single), hidden_size=args.hidden, num_heads=args.hidden // 64,
-                  vec_in_dim=args.hidden, context_in_dim=args.hidden)
-    info = _common.print_header("bench_quantize: int8-dynamic (torchao) vs fp32, eager and regional inductor", {
-        "torchao": torchao.__version__, "model": f"Flux (ComfyUI), hidden {args.hidden}, {args.double} double + "
-        f"{args.single} single blocks, 1024 image + 32 text tokens, fp32 CPU"})
+    params = dict(
+        bcl.flux_params(args.double, args.single),
+        hidden_size=args.hidden,
+        num_heads=args.hidden // 64,
+        vec_in_dim=args.hidden,
+        context_in_dim=args.hidden,
+    )
+    info = _common.print_header(
+        "bench_quantize: int8-dynamic (torchao) vs fp32, eager and regional inductor",
+        {
+            "torchao": torchao.__version__,
+            "model": f"Flux (ComfyUI), hidden {args.hidden}, {args.double} double + "
+            f"{args.single} single blocks, 1024 image + 32 text tokens, fp32 CPU",
+        },
+    )
     del info
     fp32 = bcl.build_flux(params)
     int8 = bcl.build_flux(params)
@@ -91,10 +102,12 @@ def main(argv: list[str] | None = None) -> int:
         return lambda m: m(x, t, ctx, y=y, transformer_options={"optimized_attention_override": attn})
 
     call = call_for(fp32)
-    runners = {"eager fp32": bcl.make_runner(fp32, call, "eager"),
-               "eager int8": bcl.make_runner(int8, call, "eager"),
-               "regional fp32": bcl.make_runner(fp32, call, "regional"),
-               "regional int8": bcl.make_runner(int8, call, "regional")}
+    runners = {
+        "eager fp32": bcl.make_runner(fp32, call, "eager"),
+        "eager int8": bcl.make_runner(int8, call, "eager"),
+        "regional fp32": bcl.make_runner(fp32, call, "regional"),
+        "regional int8": bcl.make_runner(int8, call, "regional"),
+    }
     outs: dict[str, Any] = {}
     first: dict[str, float] = {}
     same: dict[str, bool] = {}
@@ -127,18 +140,45 @@ def main(argv: list[str] | None = None) -> int:
         med = statistics.median(times[name])
         d = (outs[name] - ref).abs().max().item()
         rel = ((outs[name] - ref).norm() / ref.norm()).item()
-        rows.append([name, _common.fmt_s(med), _common.fmt_s(min(times[name])), f"{base / med:.2f}x",
-                     f"{first[name]:.1f}", "yes" if same[name] else "NO", _common.fmt_d(d), f"{rel:.2e}"])
+        rows.append(
+            [
+                name,
+                _common.fmt_s(med),
+                _common.fmt_s(min(times[name])),
+                f"{base / med:.2f}x",
+                f"{first[name]:.1f}",
+                "yes" if same[name] else "NO",
+                _common.fmt_d(d),
+                f"{rel:.2e}",
+            ]
+        )
     print()
-    print(_common.markdown_table(["variant", "median s/step", "min s/step", "speed vs eager fp32", "first call s",
-                                  "run-to-run bit-equal", "max |d| vs eager fp32", "rel. L2 vs eager fp32"], rows))
+    print(
+        _common.markdown_table(
+            [
+                "variant",
+                "median s/step",
+                "min s/step",
+                "speed vs eager fp32",
+                "first call s",
+                "run-to-run bit-equal",
+                "max |d| vs eager fp32",
+                "rel. L2 vs eager fp32",
+            ],
+            rows,
+        )
+    )
     r = {n: statistics.median(times[n]) for n in runners}
-    print(f"\nint8 / fp32 time: eager {r['eager int8'] / r['eager fp32']:.2f}, regional inductor "
-          f"{r['regional int8'] / r['regional fp32']:.2f}; quantized layers {n_q}")
+    print(
+        f"\nint8 / fp32 time: eager {r['eager int8'] / r['eager fp32']:.2f}, regional inductor "
+        f"{r['regional int8'] / r['regional fp32']:.2f}; quantized layers {n_q}"
+    )
     if others:
-        print(f"others' CPU share per round: {', '.join(f'{s:.0%}' for s in others)}; "
-              f"{len(clean)} of {len(rounds)} rounds <= {args.max_others:.0%} (clean); timings from "
-              f"{'the clean rounds' if used is clean else 'ALL rounds (fewer than 3 clean)'}")
+        print(
+            f"others' CPU share per round: {', '.join(f'{s:.0%}' for s in others)}; "
+            f"{len(clean)} of {len(rounds)} rounds <= {args.max_others:.0%} (clean); timings from "
+            f"{'the clean rounds' if used is clean else 'ALL rounds (fewer than 3 clean)'}"
+        )
     _common.print_footer(t_start)
     return 0
 

@@ -46,6 +46,7 @@ Usage::
 
     python benchmarks/bench_tiny_sd15.py [--sizes 16,32] [--steps 4] [--rounds 5] [--wait-quiet 60]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,24 +76,45 @@ CONFIGS: dict[str, tuple[bool, bool, str, str] | None] = {
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", default="16,32",
-                   help="latent sides, comma separated (latent 16 = 128x128 px image, 32 = 256x256 px)")
+    p.add_argument(
+        "--sizes",
+        default="16,32",
+        help="latent sides, comma separated (latent 16 = 128x128 px image, 32 = 256x256 px)",
+    )
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--cfg", type=float, default=7.0)
     p.add_argument("--rounds", type=int, default=5, help="clean interleaved timed rounds wanted per size")
-    p.add_argument("--max-rounds", type=int, default=15, help="stop after this many rounds per size even if "
-                   "fewer were clean (then all rounds are used and the table says so)")
-    p.add_argument("--max-others", type=float, default=0.10,
-                   help="a round is clean when other processes used at most this share of the cores during it")
+    p.add_argument(
+        "--max-rounds",
+        type=int,
+        default=15,
+        help="stop after this many rounds per size even if "
+        "fewer were clean (then all rounds are used and the table says so)",
+    )
+    p.add_argument(
+        "--max-others",
+        type=float,
+        default=0.10,
+        help="a round is clean when other processes used at most this share of the cores during it",
+    )
     p.add_argument("--warmup", type=int, default=1, help="untimed calls per config after its first call")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--configs", default=",".join(CONFIGS),
-                   help="comma-separated subset of: " + ", ".join(CONFIGS) + " (the first is the baseline)")
-    p.add_argument("--wait-quiet", type=float, default=60.0,
-                   help="before each round, wait up to this many seconds until other processes use < 5%% of the "
-                        "cores (0: never)")
-    p.add_argument("--cache-dir", default=None,
-                   help="TORCHINDUCTOR_CACHE_DIR to use (default: a fresh temporary one, i.e. cold compiles)")
+    p.add_argument(
+        "--configs",
+        default=",".join(CONFIGS),
+        help="comma-separated subset of: " + ", ".join(CONFIGS) + " (the first is the baseline)",
+    )
+    p.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=60.0,
+        help="before each round, wait up to this many seconds until other processes use < 5%% of the cores (0: never)",
+    )
+    p.add_argument(
+        "--cache-dir",
+        default=None,
+        help="TORCHINDUCTOR_CACHE_DIR to use (default: a fresh temporary one, i.e. cold compiles)",
+    )
     return p.parse_args(argv)
 
 
@@ -112,8 +134,16 @@ def build_configs(model: Any, names: list[str], cache_dir: str) -> tuple[dict[st
             out[name] = model
             continue
         qkv_fusion, channels_last, attention, compile_ = spec
-        kwargs = dict(qkv_fusion=qkv_fusion, channels_last=channels_last, attention=attention, compile=compile_,
-                      backend="inductor", mode="default", dynamic="auto", fullgraph=False)
+        kwargs = dict(
+            qkv_fusion=qkv_fusion,
+            channels_last=channels_last,
+            attention=attention,
+            compile=compile_,
+            backend="inductor",
+            mode="default",
+            dynamic="auto",
+            fullgraph=False,
+        )
         if "compile_cache" in inspect.signature(SteadfastOptimizeModel.execute).parameters:
             kwargs["compile_cache"] = "off"  # no managed cache: this run's TORCHINDUCTOR_CACHE_DIR (cold) applies
         res = SteadfastOptimizeModel.execute(model, **kwargs)
@@ -136,8 +166,9 @@ def compile_note(record: Any) -> str:
     return text
 
 
-def run_size(side: int, configs: dict[str, Any], records: dict[str, Any], sample: Callable[..., Any],
-             args: argparse.Namespace) -> tuple[list[list[Any]], dict[str, str]]:
+def run_size(
+    side: int, configs: dict[str, Any], records: dict[str, Any], sample: Callable[..., Any], args: argparse.Namespace
+) -> tuple[list[list[Any]], dict[str, str]]:
     """Warm up and time every config at latent ``side`` x ``side``; returns table rows and compile notes."""
     from steadfast.core.record.compare import compare_outputs
 
@@ -177,9 +208,11 @@ def run_size(side: int, configs: dict[str, Any], records: dict[str, Any], sample
         n_clean += rnd["clean"]
         rounds.append(rnd)
         share = "n/a" if meter.share is None else f"{meter.share:.0%}"
-        print(f"  size {side}: round {len(rounds)} (others' CPU {share}, "
-              f"{'clean' if rnd['clean'] else 'contended'}): "
-              + ", ".join(f"{n} {rnd['times'][n]:.3f}" for n in names), flush=True)
+        print(
+            f"  size {side}: round {len(rounds)} (others' CPU {share}, "
+            f"{'clean' if rnd['clean'] else 'contended'}): " + ", ".join(f"{n} {rnd['times'][n]:.3f}" for n in names),
+            flush=True,
+        )
     used = [r for r in rounds if r["clean"]]
     if len(used) < min(3, args.rounds):
         used = rounds
@@ -190,7 +223,8 @@ def run_size(side: int, configs: dict[str, Any], records: dict[str, Any], sample
     steps = {n: [t for r in used for t in r["steps"][n]] for n in names}
     others = [r["others"] for r in used if r["others"] is not None]
     how += f" (clean: others' CPU <= {args.max_others:.0%}; mean others' CPU in the rounds used " + (
-        f"{sum(others) / len(others):.0%})" if others else "n/a)")
+        f"{sum(others) / len(others):.0%})" if others else "n/a)"
+    )
 
     base = names[0]
     bmin, bmed = _common.summarize(times[base])
@@ -202,13 +236,23 @@ def run_size(side: int, configs: dict[str, Any], records: dict[str, Any], sample
         smin = min(steps[name])
         par = compare_outputs(ref[base], ref[name])
         prev = compare_outputs(ref[names[i - 1]], ref[name]) if i else par
-        rows.append([
-            f"{side}x{side}", name, _common.fmt_s(first[name], 2), _common.fmt_s(tmin), _common.fmt_s(tmed),
-            _common.fmt_s(smin), f"{bmin / tmin:.2f}x", f"{bmed / tmed:.2f}x", f"{bstep / smin:.2f}x",
-            "yes" if par.bit_equal else "no", _common.fmt_d(par.max_abs),
-            "-" if not i else ("yes" if prev.bit_equal else f"no ({_common.fmt_d(prev.max_abs)})"),
-            "yes" if rerun_equal[name] else "NO",
-        ])
+        rows.append(
+            [
+                f"{side}x{side}",
+                name,
+                _common.fmt_s(first[name], 2),
+                _common.fmt_s(tmin),
+                _common.fmt_s(tmed),
+                _common.fmt_s(smin),
+                f"{bmin / tmin:.2f}x",
+                f"{bmed / tmed:.2f}x",
+                f"{bstep / smin:.2f}x",
+                "yes" if par.bit_equal else "no",
+                _common.fmt_d(par.max_abs),
+                "-" if not i else ("yes" if prev.bit_equal else f"no ({_common.fmt_d(prev.max_abs)})"),
+                "yes" if rerun_equal[name] else "NO",
+            ]
+        )
         text = compile_note(records.get(name))
         if text:
             notes[name] = text
@@ -234,13 +278,31 @@ def load_and_sampler(ckpt: Path, args: argparse.Namespace) -> tuple[Any, Callabl
         latent = torch.zeros(1, 4, side, side)
         noise = comfy.sample.prepare_noise(latent, args.seed)
         callback = None if marks is None else (lambda *_: marks.append(time.perf_counter()))
-        return comfy.sample.sample(patcher, noise, args.steps, args.cfg, "euler", "normal", pos, neg,
-                                   latent, seed=args.seed, disable_pbar=True, callback=callback)
+        return comfy.sample.sample(
+            patcher,
+            noise,
+            args.steps,
+            args.cfg,
+            "euler",
+            "normal",
+            pos,
+            neg,
+            latent,
+            seed=args.seed,
+            disable_pbar=True,
+            callback=callback,
+        )
+
     return model, sample
 
 
-def run_sizes(sizes: list[int], configs: dict[str, Any], records: dict[str, Any], sample: Callable[..., Any],
-              args: argparse.Namespace) -> tuple[list[list[Any]], dict[str, list[str]]]:
+def run_sizes(
+    sizes: list[int],
+    configs: dict[str, Any],
+    records: dict[str, Any],
+    sample: Callable[..., Any],
+    args: argparse.Namespace,
+) -> tuple[list[list[Any]], dict[str, list[str]]]:
     """:func:`run_size` for each latent side: the table rows and the notes (timing rounds, compile states)."""
     rows: list[list[Any]] = []
     notes: dict[str, list[str]] = {}
@@ -277,14 +339,17 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         ckpt = _common.tiny_sd15_module().cached_tiny_sd15()
-        _common.print_header("bench_tiny_sd15", {
-            "checkpoint": f"{ckpt.name} (tiny SD1.5 architecture, random seeded weights, UNet fp32 on CPU)",
-            "sampling": f"euler / normal, {args.steps} steps, cfg {args.cfg} (UNet batch 2), seed {args.seed}",
-            "timing": f"{args.rounds} clean interleaved rounds per size wanted (at most {args.max_rounds}; clean = "
-                      f"other processes used <= {args.max_others:.0%} of the cores) after 1 first call + "
-                      f"{args.warmup} warm-up call(s)",
-            "inductor cache": "fresh empty dir (cold)" if tmp_cache else os.environ["TORCHINDUCTOR_CACHE_DIR"],
-        })
+        _common.print_header(
+            "bench_tiny_sd15",
+            {
+                "checkpoint": f"{ckpt.name} (tiny SD1.5 architecture, random seeded weights, UNet fp32 on CPU)",
+                "sampling": f"euler / normal, {args.steps} steps, cfg {args.cfg} (UNet batch 2), seed {args.seed}",
+                "timing": f"{args.rounds} clean interleaved rounds per size wanted (at most {args.max_rounds}; "
+                f"clean = other processes used <= {args.max_others:.0%} of the cores) after 1 first call + "
+                f"{args.warmup} warm-up call(s)",
+                "inductor cache": "fresh empty dir (cold)" if tmp_cache else os.environ["TORCHINDUCTOR_CACHE_DIR"],
+            },
+        )
         with torch.inference_mode():  # as ComfyUI's prompt executor runs nodes
             model, sample = load_and_sampler(ckpt, args)
             configs, records = build_configs(model, names, os.environ["TORCHINDUCTOR_CACHE_DIR"])
@@ -294,18 +359,35 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(tmp_cache, ignore_errors=True)
 
     print()
-    print(_common.markdown_table(
-        ["latent", "config", "first call s", "sample min s", "sample median s", "step min s",
-         "speedup (sample min)", "speedup (sample median)", "speedup (step min)", "bit-equal to baseline",
-         "max abs diff vs baseline", "bit-equal to previous row (max abs diff)", "rerun bit-equal"],
-        rows))
+    print(
+        _common.markdown_table(
+            [
+                "latent",
+                "config",
+                "first call s",
+                "sample min s",
+                "sample median s",
+                "step min s",
+                "speedup (sample min)",
+                "speedup (sample median)",
+                "speedup (step min)",
+                "bit-equal to baseline",
+                "max abs diff vs baseline",
+                "bit-equal to previous row (max abs diff)",
+                "rerun bit-equal",
+            ],
+            rows,
+        )
+    )
     print()
     print("- timings from: " + "; ".join(notes.pop("_rounds", [])))
     for name, lines in notes.items():
         print(f"- compile state of `{name}`: " + "; ".join(lines))
-    print("\nspeedup = baseline time / config time (> 1 is faster). sample = one comfy.sample.sample call; "
-          "step min = fastest single sampler step (steps 2..N of every timed sample, from the sampler callback; "
-          "one UNet call on batch 2 plus the euler update), the least load-sensitive number.")
+    print(
+        "\nspeedup = baseline time / config time (> 1 is faster). sample = one comfy.sample.sample call; "
+        "step min = fastest single sampler step (steps 2..N of every timed sample, from the sampler callback; "
+        "one UNet call on batch 2 plus the euler update), the least load-sensitive number."
+    )
     _common.print_footer(t_start)
     return 0
 

@@ -25,6 +25,7 @@ auto, the persistent compile cache). The first sampling call is split with Dynam
 Usage: ``python benchmarks/bench_warm_breakdown.py [--repeats 3] [--steps 4] [--side 64]``; run it with each
 ComfyUI row's venv and ``COMFYUI_PATH``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -127,10 +128,18 @@ print("RESULT " + json.dumps({"start": t_start, "start_gc_frozen": start_state.g
 
 def one(config: str, caches: Path, ckpt: Path, steps: int, side: int) -> dict[str, Any]:
     """One fresh process; its RESULT dict (seconds)."""
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
-           "STEADFAST_COMPILE_CACHE": str(caches / "steadfast")}
-    out = subprocess.run([sys.executable, "-c", CHILD, str(Path(__file__).resolve().parent), config, str(ckpt),
-                          str(steps), str(side)], env=env, capture_output=True, text=True, timeout=1200)
+    env = {
+        **os.environ,
+        "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
+        "STEADFAST_COMPILE_CACHE": str(caches / "steadfast"),
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(Path(__file__).resolve().parent), config, str(ckpt), str(steps), str(side)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
     if out.returncode != 0 or line is None:
         raise RuntimeError(f"{config} child failed ({out.returncode}):\n{out.stderr[-3000:]}")
@@ -144,8 +153,10 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     t_start = time.perf_counter()
-    _common.print_header("Where a warm first run spends its time (tiny SD1.5, in-process ComfyUI)",
-                         {"steps": args.steps, "side": args.side, "repeats": args.repeats})
+    _common.print_header(
+        "Where a warm first run spends its time (tiny SD1.5, in-process ComfyUI)",
+        {"steps": args.steps, "side": args.side, "repeats": args.repeats},
+    )
     ckpt = _common.tiny_sd15_module().cached_tiny_sd15(in_subprocess=True)
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for _ in range(args.repeats):
@@ -162,22 +173,59 @@ def main() -> int:
     for (config, state), rs in runs.items():
         med = {k: statistics.median(float(r[k]) for r in rs) for k in rs[0] if k != "preloaded"}
         rest = med["first"] - med["trace"] - med["backend"] - med["pre_load"] - med["pre_save"] - med["second"]
-        rows.append([config, state, f"{med['start']:.2f}", f"{med['first']:.2f}", f"{med['first'] / eager_first:.1f}",
-                     f"{med['gc']:.2f} ({int(med['gc_full'])})", f"{med['optimize']:.2f}", f"{med['import']:.2f}",
-                     f"{int(med['frames'])}", f"{med['trace']:.2f}",
-                     f"{med['backend']:.2f}", f"{med['pre_load']:.2f}", f"{med['pre_save']:.2f}",
-                     f"{int(med['pre_hits'])}",
-                     f"{rest:.2f}", f"{med['second']:.2f}", f"{int(med['fx_cache_hits'])}"])
+        rows.append(
+            [
+                config,
+                state,
+                f"{med['start']:.2f}",
+                f"{med['first']:.2f}",
+                f"{med['first'] / eager_first:.1f}",
+                f"{med['gc']:.2f} ({int(med['gc_full'])})",
+                f"{med['optimize']:.2f}",
+                f"{med['import']:.2f}",
+                f"{int(med['frames'])}",
+                f"{med['trace']:.2f}",
+                f"{med['backend']:.2f}",
+                f"{med['pre_load']:.2f}",
+                f"{med['pre_save']:.2f}",
+                f"{int(med['pre_hits'])}",
+                f"{rest:.2f}",
+                f"{med['second']:.2f}",
+                f"{int(med['fx_cache_hits'])}",
+            ]
+        )
     print()
-    print(_common.markdown_table(["config", "cache", "at start s", "first sampling s", "/ eager first",
-                                  "gc s (full)", "Optimize node s",
-                                  "import s", "frames", "trace s", "backend s", "precompiled load s", "save s",
-                                  "precompiled hits", "rest s", "steady s", "fx cache hits"], rows))
-    print("\nmedians of the repeats; at start = the pack's preload (core.compile.preload: the compile stack's "
-          "import, inductor's CPU ISA pick, the heap frozen), done where a server loads the pack; first sampling = "
-          "the first comfy.sample.sample call after the checkpoint load (what is left of the compile stack's import "
-          "is timed before it, alone); gc = the garbage collector's pauses inside the first sampling (full "
-          "collections); rest = first - trace - backend - precompiled load - save - steady.")
+    print(
+        _common.markdown_table(
+            [
+                "config",
+                "cache",
+                "at start s",
+                "first sampling s",
+                "/ eager first",
+                "gc s (full)",
+                "Optimize node s",
+                "import s",
+                "frames",
+                "trace s",
+                "backend s",
+                "precompiled load s",
+                "save s",
+                "precompiled hits",
+                "rest s",
+                "steady s",
+                "fx cache hits",
+            ],
+            rows,
+        )
+    )
+    print(
+        "\nmedians of the repeats; at start = the pack's preload (core.compile.preload: the compile stack's "
+        "import, inductor's CPU ISA pick, the heap frozen), done where a server loads the pack; first sampling = "
+        "the first comfy.sample.sample call after the checkpoint load (what is left of the compile stack's import "
+        "is timed before it, alone); gc = the garbage collector's pauses inside the first sampling (full "
+        "collections); rest = first - trace - backend - precompiled load - save - steady."
+    )
     _common.print_footer(t_start)
     return 0
 

@@ -29,6 +29,7 @@ Each output is compared with eager (max |d|) and with ``jit cold``.
 (ComfyUI's ``transformer_options``, with its patches) are baked in and NOT checked at call time; the pack does not
 use it (docs/benchmarks.md section 8 says why). Usage: ``python benchmarks/bench_warm_start.py [--hidden 256]``
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,10 +46,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 
-ROWS = [("jit cold", "jit", "A", True), ("jit warm", "jit", "A", False), ("mega-cache", "mega", "B", False),
-        ("precompile cold", "pre-cold", "C", False), ("precompile load", "pre-load", "C", False),
-        ("precompile load, empty", "pre-load", "D", False), ("pack cold (jit + save)", "pack", "E", False),
-        ("pack precompiled warm", "pack", "E", False)]
+ROWS = [
+    ("jit cold", "jit", "A", True),
+    ("jit warm", "jit", "A", False),
+    ("mega-cache", "mega", "B", False),
+    ("precompile cold", "pre-cold", "C", False),
+    ("precompile load", "pre-load", "C", False),
+    ("precompile load, empty", "pre-load", "D", False),
+    ("pack cold (jit + save)", "pack", "E", False),
+    ("pack precompiled warm", "pack", "E", False),
+]
 
 
 def child(mode: str, work: Path, hidden: int, save_mega: bool) -> dict[str, Any]:
@@ -64,13 +71,19 @@ def child(mode: str, work: Path, hidden: int, save_mega: bool) -> dict[str, Any]
     params = dict(bcl.flux_params(1, 1), hidden_size=hidden, vec_in_dim=hidden, context_in_dim=hidden)
     model = bcl.build_flux(params)
     captured: dict[str, Any] = {}
+
     def keep(module: Any, args: tuple, kwargs: dict) -> None:
         captured.setdefault("kwargs", dict(kwargs))
 
     hook = model.double_blocks[0].register_forward_pre_hook(keep, with_kwargs=True)
     with torch.no_grad():
-        model(bcl._randn((1, 16, 32, 32), "x"), torch.tensor([0.5]), bcl._randn((1, 16, hidden), "ctx"),
-              y=bcl._randn((1, hidden), "y"), transformer_options={})
+        model(
+            bcl._randn((1, 16, 32, 32), "x"),
+            torch.tensor([0.5]),
+            bcl._randn((1, 16, hidden), "ctx"),
+            y=bcl._randn((1, hidden), "y"),
+            transformer_options={},
+        )
     hook.remove()
     inputs = tuple(captured["kwargs"][k].detach().clone() for k in ("img", "txt", "vec", "pe"))
     block = model.double_blocks[0]
@@ -84,6 +97,7 @@ def child(mode: str, work: Path, hidden: int, save_mega: bool) -> dict[str, Any]
 
     artifact = work / "precompiled.pkl"
     from steadfast.core.compile import preload
+
     t0 = time.perf_counter()  # a server's start-up work (core.compile.preload), before any row's timed first call
     sf.core.torch_compat.import_compile_stack()
     sf.core.torch_compat.pick_cpu_isa()
@@ -107,8 +121,9 @@ def child(mode: str, work: Path, hidden: int, save_mega: bool) -> dict[str, Any]
             if not state.enabled:
                 raise RuntimeError(f"the precompiled route is off here: {state.reason}")
             cache = compile_cache.open_cache(work / "E-root", "bench", device="cpu")
-            wrapped = compile_blocks(model, ["double_blocks.0"], CompileOptions(), comfy_guard_filter(),
-                                     precompiled=state)["double_blocks.0"]
+            wrapped = compile_blocks(
+                model, ["double_blocks.0"], CompileOptions(), comfy_guard_filter(), precompiled=state
+            )["double_blocks.0"]
             with cache.activate(), state.call_scope():
                 out = call(wrapped, *fresh())
         elif mode == "pre-cold":
@@ -138,8 +153,13 @@ def child(mode: str, work: Path, hidden: int, save_mega: bool) -> dict[str, Any]
         raise RuntimeError("the block's output equals its input: the benchmark would compare nothing")
     name = work / f"out-{mode}-{os.getpid()}.pt"
     torch.save(tuple(out), name)
-    return {"seconds": seconds, "start_seconds": start_seconds, "out": str(name), **extra,
-            "vs_eager": max(float((o - e).abs().max()) for o, e in zip(out, eager))}
+    return {
+        "seconds": seconds,
+        "start_seconds": start_seconds,
+        "out": str(name),
+        **extra,
+        "vs_eager": max(float((o - e).abs().max()) for o, e in zip(out, eager)),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,8 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
-    _common.print_header("Warm start of one regional unit (Flux DoubleStreamBlock)",
-                         {"hidden": args.hidden})
+    _common.print_header("Warm start of one regional unit (Flux DoubleStreamBlock)", {"hidden": args.hidden})
     work = Path(tempfile.mkdtemp(prefix="steadfast-warm-"))
     results: dict[str, dict[str, Any]] = {}
     rows_run = [r for r in ROWS if not (r[1].startswith("pre-") and not hasattr(torch.compiler, "precompile"))]
@@ -163,8 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     for label, mode, folder, save_mega in rows_run:
         env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(work / folder), TRITON_CACHE_DIR=str(work / folder / "t"))
         spec = json.dumps({"mode": mode, "work": str(work), "save_mega": save_mega})
-        proc = subprocess.run([sys.executable, __file__, "--hidden", str(args.hidden), "--child", spec], env=env,
-                              capture_output=True, text=True, timeout=1800)
+        proc = subprocess.run(
+            [sys.executable, __file__, "--hidden", str(args.hidden), "--child", spec],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"{label} failed:\n{proc.stderr[-3000:]}")
         results[label] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -179,14 +203,34 @@ def main(argv: list[str] | None = None) -> int:
         same = all(torch.equal(a, b) for a, b in zip(out, ref))
         if label == "pack precompiled warm" and r["precompiled"]["hits"] == 0:
             raise RuntimeError(f"the pack's warm row was not answered by a precompiled block: {r['precompiled']}")
-        rows.append([label, _common.fmt_s(r["start_seconds"], 2), _common.fmt_s(r["seconds"], 2),
-                     f"{r['seconds'] / cold:.3f}", f"{(r['seconds'] + r['start_seconds']) / cold_total:.3f}",
-                     _common.fmt_d(r["vs_eager"]),
-                     "yes" if same else "no", f"{r['save_seconds']:.2f}" if "save_seconds" in r else "-"])
+        rows.append(
+            [
+                label,
+                _common.fmt_s(r["start_seconds"], 2),
+                _common.fmt_s(r["seconds"], 2),
+                f"{r['seconds'] / cold:.3f}",
+                f"{(r['seconds'] + r['start_seconds']) / cold_total:.3f}",
+                _common.fmt_d(r["vs_eager"]),
+                "yes" if same else "no",
+                f"{r['save_seconds']:.2f}" if "save_seconds" in r else "-",
+            ]
+        )
     print()
-    print(_common.markdown_table(["route", "at start s", "first call s", "/ jit cold", "with start / jit cold's",
-                                  "max |d| vs eager",
-                                  "bit-equal to jit cold", "save s"], rows))
+    print(
+        _common.markdown_table(
+            [
+                "route",
+                "at start s",
+                "first call s",
+                "/ jit cold",
+                "with start / jit cold's",
+                "max |d| vs eager",
+                "bit-equal to jit cold",
+                "save s",
+            ],
+            rows,
+        )
+    )
     print(f"\nload average at end: {_common.loadavg()}")
     return 0
 

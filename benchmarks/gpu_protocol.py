@@ -50,6 +50,7 @@ Usage::
 ``COMFYUI_PATH`` names the ComfyUI checkout (``benchmarks/gpu_protocol_prepare.sh`` unpacks one into
 ``.gpu/ComfyUI`` for the device machine).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -85,8 +86,13 @@ SECTIONS: list[tuple[str, int, int]] = [
     ("first_load", 60, 120),  # the first sampling after a model load under Dynamic VRAM
 ]
 MIN_START_S = 10  # a section with less than this left is skipped
-SAMPLER_FAMILIES = {"default": "euler", "ancestral": "euler_ancestral", "sde": "dpmpp_sde",
-                    "gpu": "dpmpp_2m_sde_gpu", "cfg_pp": "euler_cfg_pp"}
+SAMPLER_FAMILIES = {
+    "default": "euler",
+    "ancestral": "euler_ancestral",
+    "sde": "dpmpp_sde",
+    "gpu": "dpmpp_2m_sde_gpu",
+    "cfg_pp": "euler_cfg_pp",
+}
 SMOKE_FAMILIES = ("ancestral", "sde")  # --smoke: two families at batch 3 (the CPU in CI is slow)
 SEED_MODES = ("incremental", "comfy")
 CKPT = "steadfast_tiny_sd15.safetensors"
@@ -111,10 +117,18 @@ class Section:
             out = fn()
             status, detail, extra = (*out, {})[:3] if isinstance(out, tuple) else ("pass", str(out), {})
         except Exception as e:  # noqa: BLE001 - isolation is the point
-            status, detail, extra = "error", f"{type(e).__name__}: {str(e)[:400]}", {
-                "traceback": traceback.format_exc()[-2000:]}
-        entry = {"case": name, "status": status, "detail": detail, "seconds": round(time.perf_counter() - t0, 3),
-                 **extra}
+            status, detail, extra = (
+                "error",
+                f"{type(e).__name__}: {str(e)[:400]}",
+                {"traceback": traceback.format_exc()[-2000:]},
+            )
+        entry = {
+            "case": name,
+            "status": status,
+            "detail": detail,
+            "seconds": round(time.perf_counter() - t0, 3),
+            **extra,
+        }
         self.cases.append(entry)
         print(f"[{self.name}] {name}: {status} ({detail[:160]})", flush=True)
         if self.save_to is not None:  # after every case: a section killed at its budget keeps what it finished
@@ -138,12 +152,14 @@ def _helpers() -> tuple[Any, Any]:
             sys.path.insert(0, str(p))
     import comfy_server
     import steadfast_workflows
+
     return comfy_server, steadfast_workflows
 
 
 def tiny_ckpt(work: Path) -> Path:
     """The tiny SD1.5 checkpoint (``$STEADFAST_CACHE`` or ``~/.cache/steadfast``; built once, in a child process)."""
     import _common
+
     return _common.tiny_sd15_module().cached_tiny_sd15(in_subprocess=True)
 
 
@@ -155,8 +171,13 @@ def server(section: Section, extra_args: list[str], **kw: Any) -> Any:
     fe = section.work / "frontend"  # an empty web root: the protocol needs no frontend package
     fe.mkdir(exist_ok=True)
     (fe / "index.html").write_text("<html></html>")
-    srv = comfy_server.ComfyServer({CKPT: tiny_ckpt(section.work)}, extra_args=[*args, "--front-end-root", str(fe)],
-                                   startup_timeout=180, cpu=False, **kw)
+    srv = comfy_server.ComfyServer(
+        {CKPT: tiny_ckpt(section.work)},
+        extra_args=[*args, "--front-end-root", str(fe)],
+        startup_timeout=180,
+        cpu=False,
+        **kw,
+    )
     return srv.start()
 
 
@@ -170,15 +191,36 @@ def base_graph(side: int, batch: int) -> dict[str, Any]:
 
 
 def sampler_inputs(model: list, seed: int, steps: int, sampler: str) -> dict[str, Any]:
-    return {"model": model, "seed": seed, "steps": steps, "cfg": 5.0, "sampler_name": sampler, "scheduler": "normal",
-            "positive": ["pos", 0], "negative": ["neg", 0], "latent_image": ["lat", 0], "denoise": 1.0}
+    return {
+        "model": model,
+        "seed": seed,
+        "steps": steps,
+        "cfg": 5.0,
+        "sampler_name": sampler,
+        "scheduler": "normal",
+        "positive": ["pos", 0],
+        "negative": ["neg", 0],
+        "latent_image": ["lat", 0],
+        "denoise": 1.0,
+    }
 
 
-def optimize(model: list, compile_: str = "off", attention: str = "auto", quantize: str | None = None,
-             backend: str = "inductor") -> dict[str, Any]:
-    inputs = {"model": model, "qkv_fusion": False, "channels_last": False, "attention": attention,
-              "compile": compile_, "backend": backend, "mode": "default", "dynamic": "auto", "fullgraph": False,
-              "strict_recompiles": False, "compile_cache": "off"}
+def optimize(
+    model: list, compile_: str = "off", attention: str = "auto", quantize: str | None = None, backend: str = "inductor"
+) -> dict[str, Any]:
+    inputs = {
+        "model": model,
+        "qkv_fusion": False,
+        "channels_last": False,
+        "attention": attention,
+        "compile": compile_,
+        "backend": backend,
+        "mode": "default",
+        "dynamic": "auto",
+        "fullgraph": False,
+        "strict_recompiles": False,
+        "compile_cache": "off",
+    }
     if quantize is not None:
         inputs["quantize"] = quantize
     return {"class_type": "SteadfastOptimizeModel", "inputs": inputs}
@@ -193,19 +235,33 @@ def sec_env(s: Section) -> None:
     import platform
 
     import torch
-    s.metrics.update({"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-                      "cuda_available": torch.cuda.is_available(), "smoke": s.smoke})
+
+    s.metrics.update(
+        {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "cuda_available": torch.cuda.is_available(),
+            "smoke": s.smoke,
+        }
+    )
     if torch.cuda.is_available():
         s.metrics["device_name"] = torch.cuda.get_device_name()
         s.metrics["capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
         s.metrics["memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
     try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20, check=False)
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
         s.metrics["nvidia_smi"] = smi.stdout.strip() or smi.stderr.strip()[:200]
     except (OSError, subprocess.SubprocessError) as e:
         s.metrics["nvidia_smi"] = f"unavailable ({type(e).__name__})"
     from importlib.metadata import PackageNotFoundError, version
+
     for dist in ("diffusers", "transformers", "torchao", "triton", "comfy-kitchen", "comfy-aimdo", "torchsde", "av"):
         try:
             s.metrics[f"pkg {dist}"] = version(dist)
@@ -213,15 +269,20 @@ def sec_env(s: Section) -> None:
             s.metrics[f"pkg {dist}"] = "absent"
     try:  # gpu_protocol_prepare.sh carries comfy-kitchen without its CUDA/HIP binaries (size): say which backends run
         import comfy_kitchen
-        s.metrics["comfy_kitchen backends"] = {k: bool(v.get("available"))
-                                               for k, v in comfy_kitchen.list_backends().items()}
+
+        s.metrics["comfy_kitchen backends"] = {
+            k: bool(v.get("available")) for k, v in comfy_kitchen.list_backends().items()
+        }
     except Exception as e:  # noqa: BLE001 - informational
         s.metrics["comfy_kitchen backends"] = f"unavailable ({type(e).__name__})"
     import _common
+
     s.metrics["comfyui"] = _common.comfyui_version()
     s.metrics["compiler_off_flag"] = compiler_off_flag()
-    s.case("cuda or smoke", lambda: check(torch.cuda.is_available() or s.smoke,
-                                          s.metrics.get("device_name", "cpu (smoke)")))
+    s.case(
+        "cuda or smoke",
+        lambda: check(torch.cuda.is_available() or s.smoke, s.metrics.get("device_name", "cpu (smoke)")),
+    )
 
 
 def _cli_args_text() -> str:
@@ -258,18 +319,23 @@ def _nodes(s: Section, extra_args: list[str]) -> None:
             s.metrics["first_prompt_ksampler"] = hashes
             return ("pass" if len(set(hashes)) == 1 else "info"), (
                 f"stock KSampler, euler batch 1, first three prompts of a fresh server: {len(set(hashes))} distinct "
-                f"hash(es) {[h[:12] for h in hashes]}")
+                f"hash(es) {[h[:12] for h in hashes]}"
+            )
+
         s.case("first prompt of a fresh server: KSampler alone, three runs", first_prompt_case)
 
         # every sampler family x batch: Seeded (incremental, comfy) and KSampler in one prompt, run twice
         families = {f: n for f, n in SAMPLER_FAMILIES.items() if not s.smoke or f in SMOKE_FAMILIES}
         for fam, sampler in families.items():
             for batch in (3,) if s.smoke else (1, 3):
+
                 def family_case(sampler=sampler, batch=batch) -> tuple:
                     wf = base_graph(side, batch)
                     for mode in SEED_MODES:
-                        wf[f"s_{mode}"] = {"class_type": "SteadfastSeededSampler", "inputs": {
-                            **sampler_inputs(["ckpt", 0], 7, steps, sampler), "batch_seed_mode": mode}}
+                        wf[f"s_{mode}"] = {
+                            "class_type": "SteadfastSeededSampler",
+                            "inputs": {**sampler_inputs(["ckpt", 0], 7, steps, sampler), "batch_seed_mode": mode},
+                        }
                         wf[f"h_{mode}"] = {"class_type": "SteadfastHash", "inputs": {"latent": [f"s_{mode}", 0]}}
                     wf["k"] = {"class_type": "KSampler", "inputs": sampler_inputs(["ckpt", 0], 7, steps, sampler)}
                     wf["hk"] = {"class_type": "SteadfastHash", "inputs": {"latent": ["k", 0]}}
@@ -278,27 +344,53 @@ def _nodes(s: Section, extra_args: list[str]) -> None:
                     h2 = {m: sw.hash_of(b, f"h_{m}") for m in SEED_MODES}
                     k, k2 = sw.hash_of(a, "hk"), sw.hash_of(b, "hk")
                     ok = h == h2 and h["comfy"] == k
-                    return check(ok, f"run-to-run equal {h == h2}; comfy == KSampler {h['comfy'] == k}; "
-                                     f"KSampler run-to-run equal {k == k2}; "
-                                     f"incremental != comfy {h['incremental'] != h['comfy']}",
-                                 {"hashes": h, "hashes_run2": h2, "ksampler": k, "ksampler_run2": k2})
+                    return check(
+                        ok,
+                        f"run-to-run equal {h == h2}; comfy == KSampler {h['comfy'] == k}; "
+                        f"KSampler run-to-run equal {k == k2}; "
+                        f"incremental != comfy {h['incremental'] != h['comfy']}",
+                        {"hashes": h, "hashes_run2": h2, "ksampler": k, "ksampler_run2": k2},
+                    )
+
                 s.case(f"sampler {fam} ({sampler}) batch {batch}, both seed modes", family_case)
 
         def optimize_chain(det: bool, compile_: str, batch: int, seed: int = 3) -> dict[str, Any]:
             wf = base_graph(side, batch)
             model = ["ckpt", 0]
             if det:
-                wf["det"] = {"class_type": "SteadfastDeterminismSetup", "inputs": {
-                    "model": model, "strict": True, "allow_tf32": False, "num_threads": 0, "batch_invariant": True}}
+                wf["det"] = {
+                    "class_type": "SteadfastDeterminismSetup",
+                    "inputs": {
+                        "model": model,
+                        "strict": True,
+                        "allow_tf32": False,
+                        "num_threads": 0,
+                        "batch_invariant": True,
+                    },
+                }
                 model = ["det", 0]
             wf["opt"] = optimize(model, compile_)
-            wf["warm"] = {"class_type": "SteadfastWarmup", "inputs": {
-                "model": ["opt", 0], "width": side, "height": side, "batch_size": batch, "cfg": 5.0,
-                "positive": ["pos", 0], "negative": ["neg", 0], "sizes": ""}}
-            wf["samp"] = {"class_type": "SteadfastSeededSampler", "inputs": {
-                **sampler_inputs(["warm", 0], seed, steps, "euler"), "batch_seed_mode": "incremental"}}
-            wf["first"] = {"class_type": "LatentFromBatch", "inputs": {"samples": ["samp", 0], "batch_index": 0,
-                                                                       "length": 1}}
+            wf["warm"] = {
+                "class_type": "SteadfastWarmup",
+                "inputs": {
+                    "model": ["opt", 0],
+                    "width": side,
+                    "height": side,
+                    "batch_size": batch,
+                    "cfg": 5.0,
+                    "positive": ["pos", 0],
+                    "negative": ["neg", 0],
+                    "sizes": "",
+                },
+            }
+            wf["samp"] = {
+                "class_type": "SteadfastSeededSampler",
+                "inputs": {**sampler_inputs(["warm", 0], seed, steps, "euler"), "batch_seed_mode": "incremental"},
+            }
+            wf["first"] = {
+                "class_type": "LatentFromBatch",
+                "inputs": {"samples": ["samp", 0], "batch_index": 0, "length": 1},
+            }
             wf["hfirst"] = {"class_type": "SteadfastHash", "inputs": {"latent": ["first", 0]}}
             wf["dec"] = {"class_type": "SteadfastVAEDecode", "inputs": {"samples": ["samp", 0], "vae": ["ckpt", 2]}}
             wf["dec2"] = {"class_type": "VAEDecode", "inputs": {"samples": ["samp", 0], "vae": ["ckpt", 2]}}
@@ -307,6 +399,7 @@ def _nodes(s: Section, extra_args: list[str]) -> None:
             return wf
 
         for compile_ in ("off",) if s.smoke else ("off", "regional"):
+
             def det_case(compile_=compile_) -> tuple:
                 one = sw.run(srv, optimize_chain(True, compile_, 1))
                 three = sw.run(srv, optimize_chain(True, compile_, 3))
@@ -314,22 +407,31 @@ def _nodes(s: Section, extra_args: list[str]) -> None:
                 h1, h3 = sw.hash_of(one, "hfirst"), sw.hash_of(three, "hfirst")
                 r3, r3b = sw.hash_of(three, "himg"), sw.hash_of(again, "himg")
                 cmp = sw.compare_of(three, "cmp")
-                return check(h1 == h3 and r3 == r3b,
-                             f"batch invariance (item 0 of 3 == single) {h1 == h3}; run-to-run {r3 == r3b}; "
-                             f"Compare(VAE Decode Steadfast, VAEDecode) identical={cmp.get('identical')}",
-                             {"compare": {k: cmp.get(k) for k in ("identical", "verdict", "psnr_db", "max_abs_diff")}})
-            s.case(f"Determinism Setup + Optimize compile={compile_} + Warmup + Seeded + VAE Decode/Hash/Compare",
-                   det_case)
+                return check(
+                    h1 == h3 and r3 == r3b,
+                    f"batch invariance (item 0 of 3 == single) {h1 == h3}; run-to-run {r3 == r3b}; "
+                    f"Compare(VAE Decode Steadfast, VAEDecode) identical={cmp.get('identical')}",
+                    {"compare": {k: cmp.get(k) for k in ("identical", "verdict", "psnr_db", "max_abs_diff")}},
+                )
+
+            s.case(
+                f"Determinism Setup + Optimize compile={compile_} + Warmup + Seeded + VAE Decode/Hash/Compare",
+                det_case,
+            )
 
         def lora_quantize() -> tuple:
             out = {}
             for strength in (0.0, 1.0):
                 wf = base_graph(side, 1)
-                wf["lora"] = {"class_type": "LoraLoaderModelOnly", "inputs": {
-                    "model": ["ckpt", 0], "lora_name": LORA, "strength_model": strength}}
+                wf["lora"] = {
+                    "class_type": "LoraLoaderModelOnly",
+                    "inputs": {"model": ["ckpt", 0], "lora_name": LORA, "strength_model": strength},
+                }
                 wf["opt"] = optimize(["lora", 0], "off", quantize="int8-dynamic")
-                wf["samp"] = {"class_type": "SteadfastSeededSampler", "inputs": {
-                    **sampler_inputs(["opt", 0], 5, steps, "euler"), "batch_seed_mode": "incremental"}}
+                wf["samp"] = {
+                    "class_type": "SteadfastSeededSampler",
+                    "inputs": {**sampler_inputs(["opt", 0], 5, steps, "euler"), "batch_seed_mode": "incremental"},
+                }
                 wf["h"] = {"class_type": "SteadfastHash", "inputs": {"latent": ["samp", 0]}}
                 try:
                     entry = sw.run(srv, wf)
@@ -340,31 +442,58 @@ def _nodes(s: Section, extra_args: list[str]) -> None:
                     raise
                 out[strength] = sw.hash_of(entry, "h")
             return check(out[0.0] != out[1.0], f"LoRA changes the quantized output: {out[0.0] != out[1.0]}")
+
         s.case("LoRA + quantize int8-dynamic", lora_quantize)
 
         def pipeline_beside() -> tuple:
             import torch  # noqa: F401
+
             pipe_dir = s.work / PIPE
             if not pipe_dir.exists():
-                code = ("import sys; sys.path.insert(0, sys.argv[1]); "
-                        "from _steadfast_import import import_steadfast; import_steadfast(); "
-                        "from steadfast.headless import tiny_pipelines as tiny; tiny.build_tiny_sd(sys.argv[2])")
-                subprocess.run([sys.executable, "-c", code,
-                                str(ROOT / "scripts"), str(pipe_dir)], check=True, capture_output=True, timeout=120)
+                code = (
+                    "import sys; sys.path.insert(0, sys.argv[1]); "
+                    "from _steadfast_import import import_steadfast; import_steadfast(); "
+                    "from steadfast.headless import tiny_pipelines as tiny; tiny.build_tiny_sd(sys.argv[2])"
+                )
+                subprocess.run(
+                    [sys.executable, "-c", code, str(ROOT / "scripts"), str(pipe_dir)],
+                    check=True,
+                    capture_output=True,
+                    timeout=120,
+                )
             srv.link_models("diffusers", {PIPE: pipe_dir})
             wf = base_graph(side, 1)
-            wf["samp"] = {"class_type": "SteadfastSeededSampler", "inputs": {
-                **sampler_inputs(["ckpt", 0], 5, steps, "euler"), "batch_seed_mode": "incremental"}}
+            wf["samp"] = {
+                "class_type": "SteadfastSeededSampler",
+                "inputs": {**sampler_inputs(["ckpt", 0], 5, steps, "euler"), "batch_seed_mode": "incremental"},
+            }
             wf["hs"] = {"class_type": "SteadfastHash", "inputs": {"latent": ["samp", 0]}}
-            wf["pl"] = {"class_type": "SteadfastLoadDiffusersPipeline", "inputs": {"pipeline_name": PIPE,
-                                                                                 "dtype": "fp32"}}
-            wf["ps"] = {"class_type": "SteadfastPipelineSampler", "inputs": {
-                "pipeline": ["pl", 0], "prompt": "a lighthouse", "negative_prompt": "", "seed": 1, "steps": 2,
-                "cfg": 5.0, "width": 64, "height": 64, "batch_size": 1}}
+            wf["pl"] = {
+                "class_type": "SteadfastLoadDiffusersPipeline",
+                "inputs": {"pipeline_name": PIPE, "dtype": "fp32"},
+            }
+            wf["ps"] = {
+                "class_type": "SteadfastPipelineSampler",
+                "inputs": {
+                    "pipeline": ["pl", 0],
+                    "prompt": "a lighthouse",
+                    "negative_prompt": "",
+                    "seed": 1,
+                    "steps": 2,
+                    "cfg": 5.0,
+                    "width": 64,
+                    "height": 64,
+                    "batch_size": 1,
+                },
+            }
             wf["hp"] = {"class_type": "SteadfastHash", "inputs": {"image": ["ps", 0]}}
             a, b = sw.run(srv, wf, timeout=300), sw.run(srv, wf, timeout=300)
-            return check(sw.hash_of(a, "hp") == sw.hash_of(b, "hp"), "pipeline + ComfyUI model in one prompt; "
-                         f"pipeline run-to-run equal {sw.hash_of(a, 'hp') == sw.hash_of(b, 'hp')}")
+            return check(
+                sw.hash_of(a, "hp") == sw.hash_of(b, "hp"),
+                "pipeline + ComfyUI model in one prompt; "
+                f"pipeline run-to-run equal {sw.hash_of(a, 'hp') == sw.hash_of(b, 'hp')}",
+            )
+
         s.case("pipeline nodes beside a ComfyUI model", pipeline_beside)
 
         s.metrics["steady"] = steady_timing(s, srv, sw, side, steps)
@@ -374,6 +503,7 @@ def steady_timing(s: Section, srv: Any, sw: Any, side: int, steps: int, rounds: 
     """Median wall seconds of regional compile + Seeded Sampler vs eager KSampler (interleaved, new seed each),
     plus the Seeded output hash at seed 1000 (for cross-server bit equality)."""
     import statistics
+
     rounds = rounds or (1 if s.smoke else 5)
     backend = "eager" if s.smoke else "inductor"  # smoke: Dynamo only, no C++ compiler run
 
@@ -383,8 +513,10 @@ def steady_timing(s: Section, srv: Any, sw: Any, side: int, steps: int, rounds: 
             g["k"] = {"class_type": "KSampler", "inputs": sampler_inputs(["ckpt", 0], seed, steps, "euler")}
         else:
             g["opt"] = optimize(["ckpt", 0], "regional", backend=backend)
-            g["samp"] = {"class_type": "SteadfastSeededSampler", "inputs": {
-                **sampler_inputs(["opt", 0], seed, steps, "euler"), "batch_seed_mode": "incremental"}}
+            g["samp"] = {
+                "class_type": "SteadfastSeededSampler",
+                "inputs": {**sampler_inputs(["opt", 0], seed, steps, "euler"), "batch_seed_mode": "incremental"},
+            }
             g["h"] = {"class_type": "SteadfastHash", "inputs": {"latent": ["samp", 0]}}
         if kind == "ksampler":
             g["h"] = {"class_type": "SteadfastHash", "inputs": {"latent": ["k", 0]}}
@@ -397,9 +529,16 @@ def steady_timing(s: Section, srv: Any, sw: Any, side: int, steps: int, rounds: 
         for kind, seen in times.items():
             seen.append(sw.run(srv, wf(kind, 2000 + i), timeout=300)["seconds"])
     med = {k: statistics.median(v) for k, v in times.items()}
-    return {"ksampler_s": med["ksampler"], "steadfast_s": med["steadfast"],
-            "ratio": med["steadfast"] / med["ksampler"], "hash_seed1000": sw.hash_of(ref, "h"),
-            "backend": backend, "side": side, "steps": steps, "rounds": rounds}
+    return {
+        "ksampler_s": med["ksampler"],
+        "steadfast_s": med["steadfast"],
+        "ratio": med["steadfast"] / med["ksampler"],
+        "hash_seed1000": sw.hash_of(ref, "h"),
+        "backend": backend,
+        "side": side,
+        "steps": steps,
+        "rounds": rounds,
+    }
 
 
 def sec_nodes_on(s: Section) -> None:
@@ -424,18 +563,29 @@ def sec_first_load(s: Section) -> None:
         if kind == "ksampler":
             wf["x"] = {"class_type": "KSampler", "inputs": sampler_inputs(["ckpt", 0], seed, sz["steps"], "euler")}
         else:
-            wf["x"] = {"class_type": "SteadfastSeededSampler", "inputs": {
-                **sampler_inputs(["ckpt", 0], seed, sz["steps"], "euler"), "batch_seed_mode": "comfy"}}
+            wf["x"] = {
+                "class_type": "SteadfastSeededSampler",
+                "inputs": {**sampler_inputs(["ckpt", 0], seed, sz["steps"], "euler"), "batch_seed_mode": "comfy"},
+            }
         wf["h"] = {"class_type": "SteadfastHash", "inputs": {"latent": ["x", 0]}}
         return wf
 
     plans = {  # (label, kind, seed, free caches only / unload the model too, before the prompt)
-        "on": [("seeded 7, first load", "seeded", 7, None), ("ksampler 7", "ksampler", 7, "caches"),
-               ("seeded 7 again", "seeded", 7, "caches"), ("ksampler 8, after unload", "ksampler", 8, "unload"),
-               ("seeded 8", "seeded", 8, "caches"), ("ksampler 8 again", "ksampler", 8, "caches"),
-               ("ksampler 7, after unload", "ksampler", 7, "unload"), ("ksampler 7 again", "ksampler", 7, "caches")],
-        "off": [("ksampler 7, first load", "ksampler", 7, None), ("ksampler 8", "ksampler", 8, "caches"),
-                ("seeded 7", "seeded", 7, "caches")],
+        "on": [
+            ("seeded 7, first load", "seeded", 7, None),
+            ("ksampler 7", "ksampler", 7, "caches"),
+            ("seeded 7 again", "seeded", 7, "caches"),
+            ("ksampler 8, after unload", "ksampler", 8, "unload"),
+            ("seeded 8", "seeded", 8, "caches"),
+            ("ksampler 8 again", "ksampler", 8, "caches"),
+            ("ksampler 7, after unload", "ksampler", 7, "unload"),
+            ("ksampler 7 again", "ksampler", 7, "caches"),
+        ],
+        "off": [
+            ("ksampler 7, first load", "ksampler", 7, None),
+            ("ksampler 8", "ksampler", 8, "caches"),
+            ("seeded 7", "seeded", 7, "caches"),
+        ],
     }
     for mode, plan in plans.items():
         args = [] if mode == "on" else ["--disable-dynamic-vram"]
@@ -443,12 +593,14 @@ def sec_first_load(s: Section) -> None:
             continue
         with server(s, args) as srv:
             for label, kind, seed, before in plan:
+
                 def run_one(kind=kind, seed=seed, before=before, mode=mode, label=label) -> tuple:
                     if before is not None:
                         srv.free(unload_models=before == "unload", free_memory=True)
                     h = sw.hash_of(sw.run(srv, one(kind, seed), timeout=300), "h")
                     s.metrics[f"{mode}: {label}"] = h
                     return "info", h[:16]
+
                 s.case(f"Dynamic VRAM {mode}: {label}", run_one)
 
 
@@ -456,16 +608,27 @@ def sec_issue24(s: Section) -> None:
     _, sw = _helpers()
     sz = sizes(s)
     with server(s, ["--fp8_e4m3fn-unet", "--fp32-vae"]) as srv:
+
         def run_attention(attention: str, strict: bool | None) -> tuple:
             wf = base_graph(sz["side"], 1)
             model = ["ckpt", 0]
             if strict is not None:
-                wf["det"] = {"class_type": "SteadfastDeterminismSetup", "inputs": {
-                    "model": model, "strict": strict, "allow_tf32": False, "num_threads": 0, "batch_invariant": False}}
+                wf["det"] = {
+                    "class_type": "SteadfastDeterminismSetup",
+                    "inputs": {
+                        "model": model,
+                        "strict": strict,
+                        "allow_tf32": False,
+                        "num_threads": 0,
+                        "batch_invariant": False,
+                    },
+                }
                 model = ["det", 0]
             wf["opt"] = optimize(model, "off", attention=attention)
-            wf["samp"] = {"class_type": "SteadfastSeededSampler", "inputs": {
-                **sampler_inputs(["opt", 0], 4, sz["steps"], "euler"), "batch_seed_mode": "incremental"}}
+            wf["samp"] = {
+                "class_type": "SteadfastSeededSampler",
+                "inputs": {**sampler_inputs(["opt", 0], 4, sz["steps"], "euler"), "batch_seed_mode": "incremental"},
+            }
             wf["dec"] = {"class_type": "SteadfastVAEDecode", "inputs": {"samples": ["samp", 0], "vae": ["ckpt", 2]}}
             wf["h"] = {"class_type": "SteadfastHash", "inputs": {"image": ["dec", 0]}}
             comfy_server, _ = _helpers()
@@ -479,11 +642,14 @@ def sec_issue24(s: Section) -> None:
                 started = "SteadfastSeededSampler" in text or "SteadfastVAEDecode" in text
                 return ("fail" if started else refused), text[:300]
             return "pass", f"ran; image {sw.hash_of(entry, 'h')[:12]}"
+
         s.case("fp8 weights + Optimize attention=auto", lambda: run_attention("auto", None))
         for backend in ("flash", "math") if s.smoke else ("flash", "efficient", "cudnn", "math"):
             for strict in (None,) if s.smoke else (None, True):
-                s.case(f"fp8 weights, fp32 VAE, attention={backend}, Determinism strict={bool(strict)}",
-                       lambda backend=backend, strict=strict: run_attention(backend, strict))
+                s.case(
+                    f"fp8 weights, fp32 VAE, attention={backend}, Determinism strict={bool(strict)}",
+                    lambda backend=backend, strict=strict: run_attention(backend, strict),
+                )
 
 
 #: the files holding ``@pytest.mark.gpu`` tests (collecting the whole suite takes longer than the section's budget
@@ -493,15 +659,34 @@ GPU_TEST_FILES = ["tests/comfy/test_gpu_correctness.py", "tests/core/test_noise_
 
 def sec_pytest_gpu(s: Section) -> None:
     import xml.etree.ElementTree as ET
+
     xml = s.work / "pytest_gpu.xml"
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
-           "--continue-on-collection-errors", *GPU_TEST_FILES]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-m",
+        "gpu",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={xml}",
+        "--continue-on-collection-errors",
+        *GPU_TEST_FILES,
+    ]
     fe = s.work / "frontend"  # the tests' servers: an empty web root (the device image has no frontend package)
     fe.mkdir(exist_ok=True)
     (fe / "index.html").write_text("<html></html>")
     env = dict(os.environ, STEADFAST_FRONT_END_ROOT=str(fe))
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                          timeout=max(10, s.metrics.get("limit", 55) - 8), check=False, env=env)
+    proc = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=max(10, s.metrics.get("limit", 55) - 8),
+        check=False,
+        env=env,
+    )
     s.metrics["pytest_rc"] = proc.returncode
     s.metrics["pytest_tail"] = (proc.stdout + proc.stderr)[-1500:]
     if not xml.exists():
@@ -527,6 +712,7 @@ def _image_of(srv: Any, entry: dict[str, Any], node: str) -> Any:
     import numpy as np
     import torch
     from PIL import Image
+
     img = entry["outputs"][node]["images"][0]
     arr = np.asarray(Image.open(_io.BytesIO(srv.view(img))).convert("RGB"), dtype=np.float32) / 255.0
     return torch.from_numpy(arr)[None]
@@ -536,8 +722,10 @@ def sec_cpu_vs_gpu(s: Section) -> None:
     _, sw = _helpers()
     sz = sizes(s)
     wf = base_graph(sz["side"], 1)
-    wf["samp"] = {"class_type": "SteadfastSeededSampler", "inputs": {
-        **sampler_inputs(["ckpt", 0], 11, sz["steps"], "euler"), "batch_seed_mode": "incremental"}}
+    wf["samp"] = {
+        "class_type": "SteadfastSeededSampler",
+        "inputs": {**sampler_inputs(["ckpt", 0], 11, sz["steps"], "euler"), "batch_seed_mode": "incremental"},
+    }
     wf["dec"] = {"class_type": "SteadfastVAEDecode", "inputs": {"samples": ["samp", 0], "vae": ["ckpt", 2]}}
     wf["prev"] = {"class_type": "PreviewImage", "inputs": {"images": ["dec", 0]}}
     wf["h"] = {"class_type": "SteadfastHash", "inputs": {"latent": ["samp", 0]}}
@@ -556,13 +744,21 @@ def sec_cpu_vs_gpu(s: Section) -> None:
     def verdict() -> tuple:
         sys.path.insert(0, str(ROOT / "scripts"))
         from _steadfast_import import import_steadfast
+
         import_steadfast()
         from steadfast.core.record import verdict as v
+
         res = v.grade_tensors(images["cpu"], images["gpu"], "image")
-        d = {"verdict": res.level, "psnr_db": res.psnr, "max_abs": res.max_abs, "why": res.why,
-             "latent_bit_equal": hashes["cpu"] == hashes["gpu"]}
+        d = {
+            "verdict": res.level,
+            "psnr_db": res.psnr,
+            "max_abs": res.max_abs,
+            "why": res.why,
+            "latent_bit_equal": hashes["cpu"] == hashes["gpu"],
+        }
         s.metrics.update(d)
         return "info", f"{d['verdict']}; PSNR {d['psnr_db']}; latent bit-equal {d['latent_bit_equal']}", d
+
     s.case("graded verdict, same workflow CPU vs GPU", verdict)
 
 
@@ -572,12 +768,14 @@ def sec_syncs(s: Section) -> None:
 
     import _common
     import torch
+
     cuda = torch.cuda.is_available() and not s.smoke
     _common.import_pack(cpu=not cuda)
     import comfy.sd
     import nodes as comfy_nodes
 
     from steadfast.nodes.sampler_node import SteadfastSeededSampler
+
     model, clip, _vae = comfy.sd.load_checkpoint_guess_config(str(tiny_ckpt(s.work)))[:3]
     enc = comfy_nodes.CLIPTextEncode()
     pos, neg = enc.encode(clip, "a lighthouse")[0], enc.encode(clip, "")[0]
@@ -585,11 +783,13 @@ def sec_syncs(s: Section) -> None:
     steps = 2 if s.smoke else 6
     for sampler in ("euler",) if s.smoke else ("euler", "euler_ancestral"):
         for who in ("ksampler", "seeded"):
+
             def count(sampler=sampler, who=who) -> tuple:
                 def go():
                     if who == "ksampler":
                         return comfy_nodes.common_ksampler(model, 1, steps, 5.0, sampler, "normal", pos, neg, latent)
                     return SteadfastSeededSampler.execute(model, 1, steps, 5.0, sampler, "normal", pos, neg, latent)
+
                 go()  # load, warm
                 if not cuda:
                     return "info", "n/a on CPU (smoke: the code path ran)"
@@ -602,8 +802,12 @@ def sec_syncs(s: Section) -> None:
                     finally:
                         torch.cuda.set_sync_debug_mode("default")
                 n = sum("synchroniz" in str(w.message) for w in caught)
-                return "info", f"{n} sync(s) in {steps} steps = {n / steps:.2f} per step", {"syncs": n,
-                                                                                            "per_step": n / steps}
+                return (
+                    "info",
+                    f"{n} sync(s) in {steps} steps = {n / steps:.2f} per step",
+                    {"syncs": n, "per_step": n / steps},
+                )
+
             s.case(f"syncs per step: {who} {sampler}", count)
 
 
@@ -616,8 +820,12 @@ def sec_memory_modes(s: Section) -> None:
     off, low = "Dynamic VRAM off (--disable-dynamic-vram)", "lowvram partial (--novram --disable-dynamic-vram)"
     compiler_off = f"Comfy Compiler off ({compiler_off_flag()})"
     baseline = {off: "default", low: off, compiler_off: "default"}
-    for label, args in (("default", []), (off, ["--disable-dynamic-vram"]),
-                        (low, ["--novram", "--disable-dynamic-vram"]), (compiler_off, [compiler_off_flag()])):
+    for label, args in (
+        ("default", []),
+        (off, ["--disable-dynamic-vram"]),
+        (low, ["--novram", "--disable-dynamic-vram"]),
+        (compiler_off, [compiler_off_flag()]),
+    ):
         if s.smoke and label != "default":  # --cpu excludes --novram (one argparse group); no CUDA graphs on a CPU
             s.case(label, lambda: ("skipped", "smoke: a CPU server has no VRAM modes and no CUDA graphs"))
             continue
@@ -627,6 +835,7 @@ def sec_memory_modes(s: Section) -> None:
                 runs[label] = steady_timing(s, srv, sw, sz["side"], sz["steps"], rounds=1 if s.smoke else 3)
             r = runs[label]
             return "info", f"regional+Seeded {r['steadfast_s']:.3f} s, KSampler {r['ksampler_s']:.3f} s", r
+
         s.case(label, one)
     for label, r in runs.items():
         base = baseline.get(label)
@@ -636,8 +845,10 @@ def sec_memory_modes(s: Section) -> None:
         def compare(r=r, base=base, label=label) -> tuple:
             same = r["hash_seed1000"] == runs[base]["hash_seed1000"]
             status = "info" if label == off else ("pass" if same else "fail")  # on vs off: ComfyUI's, recorded
-            return status, (f"bit-equal {same}; steadfast time ratio vs {base} "
-                            f"{r['steadfast_s'] / runs[base]['steadfast_s']:.3f}")
+            return status, (
+                f"bit-equal {same}; steadfast time ratio vs {base} {r['steadfast_s'] / runs[base]['steadfast_s']:.3f}"
+            )
+
         s.case(f"{label}: bit-equal to {base}", compare)
 
 
@@ -646,46 +857,58 @@ def sec_quantize(s: Section) -> None:
     import statistics
 
     import torch
+
     cuda = torch.cuda.is_available() and not s.smoke
     import _common
+
     _common.import_pack(cpu=not cuda)
     import bench_gpu_flux as bgf
 
     from steadfast.nodes.optimize_node import SteadfastOptimizeModel
+
     device = torch.device("cuda" if cuda else "cpu")
     cfg = bgf.SMOKE if s.smoke else {**bgf.FLUX_DEV, "depth": 4, "depth_single_blocks": 8}
     base = bgf.build_flux(cfg, device, torch.bfloat16, 0)
     import comfy.sample
+
     hw = 8 if s.smoke else 64
     tokens, steps = (8, 2) if s.smoke else (256, 4)
     cond = bgf.conditioning(cfg, tokens, 0)
     x0 = torch.randn(1, 16, hw, hw, generator=torch.Generator().manual_seed(0))
     latent = torch.zeros_like(x0)
     outs: dict[str, Any] = {}
-    choices = ["off", "int8-dynamic"] + (["fp8-dynamic"] if cuda and torch.cuda.get_device_capability() >= (8, 9)
-                                         else [])
+    choices = ["off", "int8-dynamic"] + (
+        ["fp8-dynamic"] if cuda and torch.cuda.get_device_capability() >= (8, 9) else []
+    )
     for q in choices:
+
         def one(q=q) -> tuple:
             # through sampling: the quantized copy is built at ON_PRE_RUN (nodes/patches/quantize.py)
-            m = SteadfastOptimizeModel.execute(base, False, False, "auto", "off", "inductor", "default", "auto",
-                                               False, quantize=q).result[0]
+            m = SteadfastOptimizeModel.execute(
+                base, False, False, "auto", "off", "inductor", "default", "auto", False, quantize=q
+            ).result[0]
             times = []
             for _ in range(3):
                 if cuda:
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                out = comfy.sample.sample(m, x0, steps, 1.0, "euler", "simple", cond, cond, latent, denoise=1.0,
-                                          disable_pbar=True, seed=0)
+                out = comfy.sample.sample(
+                    m, x0, steps, 1.0, "euler", "simple", cond, cond, latent, denoise=1.0, disable_pbar=True, seed=0
+                )
                 if cuda:
                     torch.cuda.synchronize()
                 times.append(time.perf_counter() - t0)
             outs[q] = out.float().cpu()
-            d = {"s_per_sample": statistics.median(times[1:]), "steps": steps,
-                 "max_abs_vs_off": float((outs[q] - outs["off"]).abs().max()) if "off" in outs else None}
+            d = {
+                "s_per_sample": statistics.median(times[1:]),
+                "steps": steps,
+                "max_abs_vs_off": float((outs[q] - outs["off"]).abs().max()) if "off" in outs else None,
+            }
             if q != "off" and d["max_abs_vs_off"] == 0.0:
                 return "fail", "quantized output equals off: quantize did not apply", d
             text = f"{d['s_per_sample'] * 1000:.1f} ms per {steps}-step sample; max|d| vs off {d['max_abs_vs_off']}"
             return "info", text, d
+
         s.case(f"quantize {q}", one)
 
 
@@ -693,27 +916,50 @@ def sec_compile_flux(s: Section) -> None:
     """Regional vs full, cold and warm, at Flux-dev depth: ``bench_compile_latency``'s Flux and its child runner."""
     import bench_compile_latency as bcl
     import torch
+
     cuda = torch.cuda.is_available() and not s.smoke
     depth, single = (1, 2) if s.smoke else (19, 38)
     for mode in ("regional", "full"):
         cache = s.work / f"inductor_{mode}"
         for state in ("cold", "warm"):
+
             def one(mode=mode, state=state, cache=cache) -> tuple:
                 out_dir = s.work / "compile_flux_out"
                 out_dir.mkdir(exist_ok=True)
-                spec = {"kind": "first", "model": "flux", "mode": mode, "temp": state, "sd15_side": 32,
-                        "flux_depth": [depth, single], "out_dir": str(out_dir), "wait_quiet": 0.0,
-                        "device": "cuda" if cuda else "cpu", "backend": "eager" if s.smoke else "inductor",
-                        "steady_calls": 3}
+                spec = {
+                    "kind": "first",
+                    "model": "flux",
+                    "mode": mode,
+                    "temp": state,
+                    "sd15_side": 32,
+                    "flux_depth": [depth, single],
+                    "out_dir": str(out_dir),
+                    "wait_quiet": 0.0,
+                    "device": "cuda" if cuda else "cpu",
+                    "backend": "eager" if s.smoke else "inductor",
+                    "steady_calls": 3,
+                }
                 r = bcl.run_child(spec, cache, timeout=max(20.0, s.metrics.get("limit", 60) / 2.5))
                 keep = {k: r.get(k) for k in ("first_s", "steady_s", "sha256", "rerun_bit_equal", "params_m")}
                 s.metrics[f"{mode} {state}"] = keep
-                return "info", (f"first call {keep['first_s']:.2f} s, steady {keep['steady_s']:.4f} s/call, "
-                                f"rerun bit-equal {keep['rerun_bit_equal']}, {keep['params_m']} M params"), keep
+                return (
+                    "info",
+                    (
+                        f"first call {keep['first_s']:.2f} s, steady {keep['steady_s']:.4f} s/call, "
+                        f"rerun bit-equal {keep['rerun_bit_equal']}, {keep['params_m']} M params"
+                    ),
+                    keep,
+                )
+
             s.case(f"{mode} {state}", one)
     if "regional cold" in s.metrics and "full cold" in s.metrics:
-        s.case("regional == full bits", lambda: ("info", "bit-equal: " + str(
-            s.metrics["regional cold"]["sha256"] == s.metrics["full cold"]["sha256"])))
+        s.case(
+            "regional == full bits",
+            lambda: (
+                "info",
+                "bit-equal: " + str(s.metrics["regional cold"]["sha256"] == s.metrics["full cold"]["sha256"]),
+            ),
+        )
 
 
 def sec_steady_flux(s: Section) -> None:
@@ -724,34 +970,61 @@ def sec_steady_flux(s: Section) -> None:
     configs = ["eager", "steadfast", "core"]
     results: dict[str, Any] = {}
     for i, name in enumerate(configs):
+
         def one(name=name, i=i) -> tuple:
             out = s.work / f"steady_flux_{name}.json"
             args = [sys.executable, str(HERE / "bench_gpu_flux.py"), "--json", str(out), "--configs", name]
             args += ["--smoke", "--backend", "eager"] if s.smoke else ["--steps", "4", "--images", "2"]
             left = t_end - time.monotonic()
-            proc = subprocess.run(args, capture_output=True, text=True, timeout=max(5.0, left / (len(configs) - i)),
-                                  check=False, cwd=ROOT)
+            proc = subprocess.run(
+                args,
+                capture_output=True,
+                text=True,
+                timeout=max(5.0, left / (len(configs) - i)),
+                check=False,
+                cwd=ROOT,
+            )
             if proc.returncode != 0 or not out.exists():
                 return "error", f"rc {proc.returncode}: {(proc.stdout + proc.stderr)[-400:]}"
             r = json.loads(out.read_text())["configs"][name]
             results[name] = r
-            keep = {k: r.get(k) for k in ("s_per_image", "first_image_s", "run_to_run_equal", "hashes",
-                                           "tflops", "pct_of_matmul_peak", "peak_memory_gib")}
+            keep = {
+                k: r.get(k)
+                for k in (
+                    "s_per_image",
+                    "first_image_s",
+                    "run_to_run_equal",
+                    "hashes",
+                    "tflops",
+                    "pct_of_matmul_peak",
+                    "peak_memory_gib",
+                )
+            }
             if "eager" in results and name != "eager":
                 keep["speedup_vs_eager"] = results["eager"]["s_per_image"] / r["s_per_image"]
                 keep["bit_equal_to_eager"] = r["hashes"][0] == results["eager"]["hashes"][0]
-            text = (f"{r['s_per_image']:.3f} s/image, first {r['first_image_s']:.1f} s, "
-                    f"x{keep.get('speedup_vs_eager', 1.0):.2f} vs eager, run-to-run {r['run_to_run_equal']}")
+            text = (
+                f"{r['s_per_image']:.3f} s/image, first {r['first_image_s']:.1f} s, "
+                f"x{keep.get('speedup_vs_eager', 1.0):.2f} vs eager, run-to-run {r['run_to_run_equal']}"
+            )
             return "info", text, keep
+
         s.case(f"steady bf16 {name}", one)
 
 
 RUNNERS: dict[str, Callable[[Section], None]] = {
-    "env": sec_env, "first_load": sec_first_load, "nodes_dynamic_vram_on": sec_nodes_on,
+    "env": sec_env,
+    "first_load": sec_first_load,
+    "nodes_dynamic_vram_on": sec_nodes_on,
     "nodes_dynamic_vram_off": sec_nodes_off,
-    "issue24_defects": sec_issue24, "pytest_gpu": sec_pytest_gpu, "cpu_vs_gpu": sec_cpu_vs_gpu,
-    "syncs_per_step": sec_syncs, "memory_modes": sec_memory_modes, "quantize": sec_quantize,
-    "compile_flux": sec_compile_flux, "steady_flux": sec_steady_flux,
+    "issue24_defects": sec_issue24,
+    "pytest_gpu": sec_pytest_gpu,
+    "cpu_vs_gpu": sec_cpu_vs_gpu,
+    "syncs_per_step": sec_syncs,
+    "memory_modes": sec_memory_modes,
+    "quantize": sec_quantize,
+    "compile_flux": sec_compile_flux,
+    "steady_flux": sec_steady_flux,
 }
 
 
@@ -762,15 +1035,23 @@ def child(name: str, smoke: bool, work: Path, limit: float) -> int:
     try:
         RUNNERS[name](s)
     except Exception as e:  # noqa: BLE001 - recorded, never lost
-        s.case("section setup", lambda e=e: ("error", f"{type(e).__name__}: {str(e)[:400]}",
-                                             {"traceback": traceback.format_exc()[-2000:]}))
+        s.case(
+            "section setup",
+            lambda e=e: (
+                "error",
+                f"{type(e).__name__}: {str(e)[:400]}",
+                {"traceback": traceback.format_exc()[-2000:]},
+            ),
+        )
     s.save(work / f"section_{name}.json")
     return 0
 
 
 def render_markdown(results: dict[str, Any]) -> str:
-    head = (f"- started: {results['started_utc']}; total {results.get('total_s', 0):.0f} s of a "
-            f"{results['budget_s']} s budget")
+    head = (
+        f"- started: {results['started_utc']}; total {results.get('total_s', 0):.0f} s of a "
+        f"{results['budget_s']} s budget"
+    )
     lines = [f"# GPU protocol ({'smoke, CPU' if results['smoke'] else 'GPU'})", "", head, ""]
     env = results["sections"].get("env", {}).get("metrics", {})
     if env:
@@ -778,8 +1059,10 @@ def render_markdown(results: dict[str, Any]) -> str:
     lines += ["| section | case | status | s | detail |", "|---|---|---|---|---|"]
     for name, sec in results["sections"].items():
         if sec.get("status") and sec["status"] != "ran":
-            lines.append(f"| {name} | - | {sec['status']} | {sec.get('seconds', 0):.0f} | "
-                         f"{str(sec.get('error', ''))[:200].replace('|', '/')} |")
+            lines.append(
+                f"| {name} | - | {sec['status']} | {sec.get('seconds', 0):.0f} | "
+                f"{str(sec.get('error', ''))[:200].replace('|', '/')} |"
+            )
         for c in sec.get("cases", []):
             detail = str(c.get("detail", "")).replace("|", "/").replace("\n", " ")[:220]
             lines.append(f"| {name} | {c['case']} | {c['status']} | {c.get('seconds', 0):.1f} | {detail} |")
@@ -821,9 +1104,13 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown sections {unknown}; choose from {list(RUNNERS)}")
     import datetime
-    results: dict[str, Any] = {"smoke": ns.smoke, "budget_s": budget, "sections": {},
-                               "started_utc": datetime.datetime.now(datetime.timezone.utc).strftime(
-                                   "%Y-%m-%d %H:%M UTC")}
+
+    results: dict[str, Any] = {
+        "smoke": ns.smoke,
+        "budget_s": budget,
+        "sections": {},
+        "started_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     for name, gpu_s, smoke_s in SECTIONS:
         if name not in chosen:
@@ -836,14 +1123,25 @@ def main(argv: list[str] | None = None) -> int:
             continue
         limit = min(want, left - 2)
         t0 = time.monotonic()
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--out", str(out), "--work", str(work),
-               "--limit", str(limit)] + (["--smoke"] if ns.smoke else [])
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--child",
+            name,
+            "--out",
+            str(out),
+            "--work",
+            str(work),
+            "--limit",
+            str(limit),
+        ] + (["--smoke"] if ns.smoke else [])
         entry: dict[str, Any] = {"status": "ran", "budget_s": want}
         log_path = work / f"section_{name}.log"
         with log_path.open("w") as log:
             try:
-                entry["rc"] = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=limit, env=env,
-                                             check=False).returncode
+                entry["rc"] = subprocess.run(
+                    cmd, stdout=log, stderr=subprocess.STDOUT, timeout=limit, env=env, check=False
+                ).returncode
             except subprocess.TimeoutExpired:
                 entry["status"] = f"error: over its {limit:.0f} s budget (killed; finished cases kept)"
         log_tail = log_path.read_text(errors="replace")[-3000:]
@@ -859,9 +1157,12 @@ def main(argv: list[str] | None = None) -> int:
         results["sections"][name] = entry
         results["total_s"] = time.monotonic() - t_start
         write(out, results)
-        print(f"== {name}: {entry['status']} in {entry['seconds']:.0f} s; "
-              f"{sum(c['status'] == 'pass' for c in entry.get('cases', []))} pass, "
-              f"{sum(c['status'] in ('fail', 'error') for c in entry.get('cases', []))} fail/error", flush=True)
+        print(
+            f"== {name}: {entry['status']} in {entry['seconds']:.0f} s; "
+            f"{sum(c['status'] == 'pass' for c in entry.get('cases', []))} pass, "
+            f"{sum(c['status'] in ('fail', 'error') for c in entry.get('cases', []))} fail/error",
+            flush=True,
+        )
     results["total_s"] = time.monotonic() - t_start
     write(out, results)
     print((out / "gpu_protocol.md").read_text())

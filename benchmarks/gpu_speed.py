@@ -65,6 +65,7 @@ Usage::
 The device call (ComfyUI and the missing wheels carried as for the protocol, ``benchmarks/gpu_protocol_prepare.sh``)
 is in docs/benchmarks.md, "GPU speed call (issue 35)". ``COMFYUI_PATH`` names the ComfyUI checkout.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -93,8 +94,12 @@ MODELS: dict[str, str] = {
 ROWS = ("eager", "steadfast", "steadfast+det", "core", "warm")
 #: relative share of the time left that each process gets: (model, "cold" | "warm")
 WEIGHTS: dict[tuple[str, str], float] = {
-    ("flux", "cold"): 40, ("flux", "warm"): 12, ("sdxl-b1", "cold"): 14, ("sdxl-b1", "warm"): 5,
-    ("sdxl-b4", "cold"): 21, ("sdxl-b4", "warm"): 8,
+    ("flux", "cold"): 40,
+    ("flux", "warm"): 12,
+    ("sdxl-b1", "cold"): 14,
+    ("sdxl-b1", "warm"): 5,
+    ("sdxl-b4", "cold"): 21,
+    ("sdxl-b4", "warm"): 8,
 }
 DEFAULT_STEPS, FALLBACK_STEPS, SMOKE_STEPS = 28, 20, 1
 FIT_SHARE = 0.4  # 28 steps when sampling alone (compiles not counted) is estimated at most this share of the time
@@ -106,8 +111,8 @@ SMOKE_MODELS = ("flux", "sdxl-b1")
 #: breaks), a third of the smoke; the protocol's smoke already traces core on the tiny Flux (its steady_flux section,
 #: through the same bench_gpu_flux.make_configs), so the speed call's smoke records core as skipped
 SMOKE_SKIPS: dict[tuple[str, str], str] = {
-    (m, "core"): "skipped: smoke (core's whole-model trace is smoke-tested by gpu_protocol.py --smoke)"
-    for m in MODELS}
+    (m, "core"): "skipped: smoke (core's whole-model trace is smoke-tested by gpu_protocol.py --smoke)" for m in MODELS
+}
 JSON_NAME, MD_NAME = "gpu_speed.json", "gpu_speed.md"
 
 
@@ -138,8 +143,22 @@ def _model_entry(results: dict[str, Any], model: str) -> dict[str, Any]:
     return results["models"].setdefault(model, {"meta": {}, "rows": {}})
 
 
-HEADERS = ("model", "row", "s/image", "first call s", "x eager", "run-to-run equal", "max abs d vs eager", "TFLOP/s",
-           "% bf16 matmul", "peak GiB", "recompiles", "graphs first/timed", "precompiled hits/fallbacks", "status")
+HEADERS = (
+    "model",
+    "row",
+    "s/image",
+    "first call s",
+    "x eager",
+    "run-to-run equal",
+    "max abs d vs eager",
+    "TFLOP/s",
+    "% bf16 matmul",
+    "peak GiB",
+    "recompiles",
+    "graphs first/timed",
+    "precompiled hits/fallbacks",
+    "status",
+)
 
 
 def table_row(model: str, row: str, r: dict[str, Any]) -> list[str]:
@@ -153,35 +172,62 @@ def table_row(model: str, row: str, r: dict[str, Any]) -> list[str]:
 
     d = r.get("max_abs_diff_vs_eager")
     pre = (r.get("compile") or {}).get("precompiled") or {}
-    return [model, row, f"{r['s_per_image']:.3f} (n={len(r.get('times_s', []))})", num("first_image_s", ".2f"),
-            num("speedup_vs_eager", ".2f"), str(r.get("run_to_run_equal")),
-            "-" if d is None else ("0" if d == 0 else f"{d:.2e}"), num("tflops", ".1f"), num("pct_of_matmul", ".1f"),
-            num("peak_memory_gib", ".2f"), str(r.get("recompiles", "-")),
-            f"{r.get('dynamo_graphs_first', '-')}/{r.get('dynamo_graphs_timed', '-')}",
-            f"{pre['hits']}/{pre['fallbacks']}" if pre else "-",
-            str(r.get("status", "ok")) + ("" if "bit_equal_to_steadfast" not in r
-                                          else f"; = cold steadfast bits: {r['bit_equal_to_steadfast']}")]
+    return [
+        model,
+        row,
+        f"{r['s_per_image']:.3f} (n={len(r.get('times_s', []))})",
+        num("first_image_s", ".2f"),
+        num("speedup_vs_eager", ".2f"),
+        str(r.get("run_to_run_equal")),
+        "-" if d is None else ("0" if d == 0 else f"{d:.2e}"),
+        num("tflops", ".1f"),
+        num("pct_of_matmul", ".1f"),
+        num("peak_memory_gib", ".2f"),
+        str(r.get("recompiles", "-")),
+        f"{r.get('dynamo_graphs_first', '-')}/{r.get('dynamo_graphs_timed', '-')}",
+        f"{pre['hits']}/{pre['fallbacks']}" if pre else "-",
+        str(r.get("status", "ok"))
+        + ("" if "bit_equal_to_steadfast" not in r else f"; = cold steadfast bits: {r['bit_equal_to_steadfast']}"),
+    ]
 
 
 def render(results: dict[str, Any]) -> str:
     """The results as markdown: the machine, each model's configuration, one table with every row."""
     env = results.get("env", {})
-    lines = [f"# GPU speed call ({'smoke, CPU' if results.get('smoke') else 'GPU'})", "",
-             f"- started {results.get('started_utc')}; {results.get('total_s', 0):.0f} s of a "
-             f"{results.get('budget_s')} s budget",
-             "- card: " + ", ".join(f"{k} {env[k]}" for k in ("device_name", "capability", "memory_gib", "driver",
-                                                               "cuda", "cudnn", "torch", "comfyui", "pack_commit")
-                                     if k in env)]
+    lines = [
+        f"# GPU speed call ({'smoke, CPU' if results.get('smoke') else 'GPU'})",
+        "",
+        f"- started {results.get('started_utc')}; {results.get('total_s', 0):.0f} s of a "
+        f"{results.get('budget_s')} s budget",
+        "- card: "
+        + ", ".join(
+            f"{k} {env[k]}"
+            for k in (
+                "device_name",
+                "capability",
+                "memory_gib",
+                "driver",
+                "cuda",
+                "cudnn",
+                "torch",
+                "comfyui",
+                "pack_commit",
+            )
+            if k in env
+        ),
+    ]
     if env.get("bf16_matmul_tflops"):
         lines.append(f"- measured bf16 matmul rate: {env['bf16_matmul_tflops']} TFLOP/s (per process)")
     for model, entry in results.get("models", {}).items():
         m = entry.get("meta", {})
         if m:
-            lines.append(f"- {model}: {m.get('description')}; {m.get('parameters', 0) / 1e9:.2f} B parameters, "
-                         f"{m.get('width')}x{m.get('height')}, {m.get('steps')} steps"
-                         f"{' (' + m['steps_note'] + ')' if m.get('steps_note') else ''}, "
-                         f"{m.get('flops_per_image', 0) / 1e12:.2f} TFLOP/image, input sensitivity "
-                         f"{m.get('input_sensitivity', {}).get('relative', '-')}")
+            lines.append(
+                f"- {model}: {m.get('description')}; {m.get('parameters', 0) / 1e9:.2f} B parameters, "
+                f"{m.get('width')}x{m.get('height')}, {m.get('steps')} steps"
+                f"{' (' + m['steps_note'] + ')' if m.get('steps_note') else ''}, "
+                f"{m.get('flops_per_image', 0) / 1e12:.2f} TFLOP/image, input sensitivity "
+                f"{m.get('input_sensitivity', {}).get('relative', '-')}"
+            )
     lines += ["", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
     for model, entry in results.get("models", {}).items():
         for row in ROWS:
@@ -218,8 +264,11 @@ def _sensitivity(call: Callable[[dict[str, Any]], Any], a: dict[str, Any], b: di
         ya, yb = call(a).float(), call(b).float()
     diff = float((ya - yb).abs().max())
     scale = float(ya.abs().max())
-    return {"max_abs_diff": diff, "relative": diff / scale if scale > 0 else float("nan"),
-            "finite": bool(torch.isfinite(ya).all() and torch.isfinite(yb).all())}
+    return {
+        "max_abs_diff": diff,
+        "relative": diff / scale if scale > 0 else float("nan"),
+        "finite": bool(torch.isfinite(ya).all() and torch.isfinite(yb).all()),
+    }
 
 
 def flux_bench(smoke: bool, device: Any, seed: int) -> Bench:
@@ -241,8 +290,9 @@ def flux_bench(smoke: bool, device: Any, seed: int) -> Bench:
 
     def sample(model: Any, steps: int) -> Any:
         with torch.inference_mode():
-            return comfy.sample.sample(model, x0, steps, 1.0, "euler", "simple", cond, cond, latent, denoise=1.0,
-                                       disable_pbar=True, seed=seed)
+            return comfy.sample.sample(
+                model, x0, steps, 1.0, "euler", "simple", cond, cond, latent, denoise=1.0, disable_pbar=True, seed=seed
+            )
 
     def sensitivity() -> dict[str, Any]:
         comfy.model_management.load_models_gpu([base])
@@ -250,11 +300,13 @@ def flux_bench(smoke: bool, device: Any, seed: int) -> Bench:
 
         def inputs(k: int) -> dict[str, Any]:
             g = torch.Generator().manual_seed(seed * 1000 + k)
-            return {"x": torch.randn(shape, generator=g).to(device, dt),
-                    "timestep": torch.tensor([0.5], device=device, dtype=dt),
-                    "context": torch.randn(1, tokens, config["context_in_dim"], generator=g).to(device, dt),
-                    "y": torch.randn(1, config["vec_in_dim"], generator=g).to(device, dt),
-                    "guidance": torch.tensor([3.5], device=device, dtype=dt)}
+            return {
+                "x": torch.randn(shape, generator=g).to(device, dt),
+                "timestep": torch.tensor([0.5], device=device, dtype=dt),
+                "context": torch.randn(1, tokens, config["context_in_dim"], generator=g).to(device, dt),
+                "y": torch.randn(1, config["vec_in_dim"], generator=g).to(device, dt),
+                "guidance": torch.tensor([3.5], device=device, dtype=dt),
+            }
 
         a, b = inputs(1), inputs(2)
         b = {**a, "x": b["x"]}  # only the latent differs
@@ -284,8 +336,20 @@ def sdxl_bench(smoke: bool, device: Any, seed: int, batch: int) -> Bench:
 
     def sample(model: Any, steps: int) -> Any:
         with torch.inference_mode():
-            return comfy.sample.sample(model, x0, steps, sdxl.CFG, "euler", "normal", positive, negative, latent,
-                                       denoise=1.0, disable_pbar=True, seed=seed)
+            return comfy.sample.sample(
+                model,
+                x0,
+                steps,
+                sdxl.CFG,
+                "euler",
+                "normal",
+                positive,
+                negative,
+                latent,
+                denoise=1.0,
+                disable_pbar=True,
+                seed=seed,
+            )
 
     def sensitivity() -> dict[str, Any]:
         comfy.model_management.load_models_gpu([base])
@@ -317,8 +381,14 @@ def _sync(device: Any) -> None:
 def _env(device: Any) -> dict[str, Any]:
     import _common
     import torch
-    env: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0],
-                           "comfyui": _common.comfyui_version(), "device": str(device)}
+
+    env: dict[str, Any] = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": sys.version.split()[0],
+        "comfyui": _common.comfyui_version(),
+        "device": str(device),
+    }
     if device.type == "cuda":
         env["device_name"] = torch.cuda.get_device_name()
         env["capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
@@ -335,6 +405,7 @@ def _peak_gib(device: Any) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated() / 2**30
     import resource
+
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
@@ -348,8 +419,17 @@ def _flops_per_call(bench: Bench) -> float:
     return float(counter.get_total_flops())
 
 
-def _finish_row(row: str, r: dict[str, Any], bench: Bench, meta: dict[str, Any], output: Any,
-                ref: Any, eager: dict[str, Any] | None, rate: float, recompiles_before: int) -> dict[str, Any]:
+def _finish_row(
+    row: str,
+    r: dict[str, Any],
+    bench: Bench,
+    meta: dict[str, Any],
+    output: Any,
+    ref: Any,
+    eager: dict[str, Any] | None,
+    rate: float,
+    recompiles_before: int,
+) -> dict[str, Any]:
     """Add the per-image numbers, the comparison with eager and the row's own recompiles to ``r`` (in place)."""
     import torch
 
@@ -397,6 +477,7 @@ def _mark(out: Path, model: str, row: str, status: str) -> None:
         rows = _model_entry(res, model)["rows"]
         if "s_per_image" not in rows.get(row, {}):
             rows[row] = {"status": status}
+
     update(out, change)
     print(f"[{model}] {row}: {status}", flush=True)
 
@@ -420,6 +501,7 @@ def child(part: str, models: list[str], rows: list[str], ns: argparse.Namespace,
     def note_env(res: dict[str, Any]) -> None:
         res["env"].update(env)
         res["env"].setdefault("bf16_matmul_tflops", []).append(round(rate / 1e12, 2))
+
     update(out, note_env)
     for model in models:
         if time.time() > deadline - 5:
@@ -439,8 +521,16 @@ def child(part: str, models: list[str], rows: list[str], ns: argparse.Namespace,
     return 0
 
 
-def _cold(model: str, rows: list[str], ns: argparse.Namespace, device: Any, rate: float, out: Path, work: Path,
-          deadline: float) -> None:
+def _cold(
+    model: str,
+    rows: list[str],
+    ns: argparse.Namespace,
+    device: Any,
+    rate: float,
+    out: Path,
+    work: Path,
+    deadline: float,
+) -> None:
     import bench_gpu_flux as bgf
     import torch
 
@@ -460,17 +550,35 @@ def _cold(model: str, rows: list[str], ns: argparse.Namespace, device: Any, rate
         est = len(rows) * (1 + ns.images) * steps * step_s
         left = deadline - time.time()
         if est > FIT_SHARE * left:
-            note = (f"{FALLBACK_STEPS} steps, not {DEFAULT_STEPS}: {len(rows)} rows x {1 + ns.images} calls at "
-                    f"{DEFAULT_STEPS} steps estimated {est:.0f} s (eager {step_s:.3f} s/step), over "
-                    f"{FIT_SHARE:.0%} of the {left:.0f} s this process had")
+            note = (
+                f"{FALLBACK_STEPS} steps, not {DEFAULT_STEPS}: {len(rows)} rows x {1 + ns.images} calls at "
+                f"{DEFAULT_STEPS} steps estimated {est:.0f} s (eager {step_s:.3f} s/step), over "
+                f"{FIT_SHARE:.0%} of the {left:.0f} s this process had"
+            )
             steps = FALLBACK_STEPS
-    meta = {"description": MODELS[model], "parameters": bench.parameters, "dtype": bench.dtype,
-            "width": bench.width, "height": bench.height, "batch": bench.batch, "steps": steps, "steps_note": note,
-            "images": ns.images, "build_s": build_s, "eager_step_s": step_s, "flops_per_call_step": flops_call,
-            "flops_per_image": flops_call * steps / bench.batch, "input_sensitivity": sens, "backend": ns.backend}
+    meta = {
+        "description": MODELS[model],
+        "parameters": bench.parameters,
+        "dtype": bench.dtype,
+        "width": bench.width,
+        "height": bench.height,
+        "batch": bench.batch,
+        "steps": steps,
+        "steps_note": note,
+        "images": ns.images,
+        "build_s": build_s,
+        "eager_step_s": step_s,
+        "flops_per_call_step": flops_call,
+        "flops_per_image": flops_call * steps / bench.batch,
+        "input_sensitivity": sens,
+        "backend": ns.backend,
+    }
     update(out, lambda res: _model_entry(res, model)["meta"].update(meta))
-    print(f"[{model}] {bench.parameters / 1e9:.3f} B parameters built in {build_s:.1f} s; {steps} steps"
-          f"{' (' + note + ')' if note else ''}; input sensitivity {sens}", flush=True)
+    print(
+        f"[{model}] {bench.parameters / 1e9:.3f} B parameters built in {build_s:.1f} s; {steps} steps"
+        f"{' (' + note + ')' if note else ''}; input sensitivity {sens}",
+        flush=True,
+    )
 
     ref, eager = None, None
     for row in rows:
@@ -510,11 +618,13 @@ def _record(model: Any, row: str) -> Any:
     if not row.startswith("steadfast"):
         return None
     from steadfast.core.compile.registry import REGISTRY
+
     return REGISTRY.get(model.model)
 
 
-def _warm(model: str, ns: argparse.Namespace, device: Any, rate: float, out: Path, work: Path,
-          deadline: float) -> None:
+def _warm(
+    model: str, ns: argparse.Namespace, device: Any, rate: float, out: Path, work: Path, deadline: float
+) -> None:
     import bench_gpu_flux as bgf
     import torch
 
@@ -539,8 +649,13 @@ def _warm(model: str, ns: argparse.Namespace, device: Any, rate: float, out: Pat
 # ------------------------------------------------------------------------------------------------ the parent
 def _nvidia_smi() -> str:
     try:
-        p = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                           capture_output=True, text=True, timeout=20, check=False)
+        p = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
         return p.stdout.strip() or p.stderr.strip()[:200]
     except (OSError, subprocess.SubprocessError) as e:
         return f"unavailable ({type(e).__name__})"
@@ -548,8 +663,9 @@ def _nvidia_smi() -> str:
 
 def _git_commit() -> str:
     try:
-        p = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                           timeout=10, check=False)
+        p = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10, check=False
+        )
         return p.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -574,12 +690,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="folder for gpu_speed.json / gpu_speed.md (e.g. $OUT)")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny models, 1 step, compile backend eager (CI)")
     p.add_argument("--budget", type=float, default=None, help="seconds for everything (default 540; smoke 600)")
-    p.add_argument("--models", default=None,
-                   help=f"subset of {', '.join(MODELS)} (default: all; smoke: {','.join(SMOKE_MODELS)})")
+    p.add_argument(
+        "--models", default=None, help=f"subset of {', '.join(MODELS)} (default: all; smoke: {','.join(SMOKE_MODELS)})"
+    )
     p.add_argument("--rows", default=",".join(ROWS), help="subset of " + ", ".join(ROWS))
-    p.add_argument("--steps", type=int, default=None,
-                   help=f"sampling steps (default {DEFAULT_STEPS}, or {FALLBACK_STEPS} when 28 are estimated not "
-                        f"to fit, recorded; smoke {SMOKE_STEPS})")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help=f"sampling steps (default {DEFAULT_STEPS}, or {FALLBACK_STEPS} when 28 are estimated not "
+        f"to fit, recorded; smoke {SMOKE_STEPS})",
+    )
     p.add_argument("--images", type=int, default=3, help="timed calls per row, at least 3 (default 3)")
     p.add_argument("--backend", default=None, help="torch.compile backend (default inductor; smoke eager)")
     p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
@@ -588,8 +709,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--child", default=None, choices=("cold", "warm"), help=argparse.SUPPRESS)
     p.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
     ns = p.parse_args(argv)
-    ns.models = [m.strip() for m in (ns.models or ",".join(SMOKE_MODELS if ns.smoke else MODELS)).split(",")
-                 if m.strip()]
+    ns.models = [
+        m.strip() for m in (ns.models or ",".join(SMOKE_MODELS if ns.smoke else MODELS)).split(",") if m.strip()
+    ]
     ns.rows = [r.strip() for r in ns.rows.split(",") if r.strip()]
     bad = [m for m in ns.models if m not in MODELS] + [r for r in ns.rows if r not in ROWS]
     if bad:
@@ -602,9 +724,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _child_argv(ns: argparse.Namespace, part: str, models: list[str], rows: list[str], deadline: float) -> list[str]:
-    argv = [sys.executable, str(Path(__file__).resolve()), "--child", part, "--out", ns.out, "--work", ns.work,
-            "--models", ",".join(models), "--rows", ",".join(rows), "--images", str(ns.images),
-            "--backend", ns.backend, "--seed", str(ns.seed), "--deadline", repr(deadline)]
+    argv = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        part,
+        "--out",
+        ns.out,
+        "--work",
+        ns.work,
+        "--models",
+        ",".join(models),
+        "--rows",
+        ",".join(rows),
+        "--images",
+        str(ns.images),
+        "--backend",
+        ns.backend,
+        "--seed",
+        str(ns.seed),
+        "--deadline",
+        repr(deadline),
+    ]
     argv += ["--smoke"] if ns.smoke else []
     argv += ["--steps", str(ns.steps)] if ns.steps is not None else []
     argv += ["--device", ns.device] if ns.device else []
@@ -626,16 +767,26 @@ def main(argv: list[str] | None = None) -> int:
     deadline = t_start + ns.budget
     smi = _nvidia_smi()
     results: dict[str, Any] = {
-        "smoke": ns.smoke, "budget_s": ns.budget, "models": {m: {"meta": {}, "rows": {}} for m in ns.models},
+        "smoke": ns.smoke,
+        "budget_s": ns.budget,
+        "models": {m: {"meta": {}, "rows": {}} for m in ns.models},
         "started_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "options": {k: getattr(ns, k) for k in ("models", "rows", "steps", "images", "backend", "seed")},
-        "env": {"nvidia_smi": smi, "driver": smi.split(",")[-1].strip() if "," in smi else "n/a",
-                "pack_commit": _git_commit()},
-        "children": []}
+        "env": {
+            "nvidia_smi": smi,
+            "driver": smi.split(",")[-1].strip() if "," in smi else "n/a",
+            "pack_commit": _git_commit(),
+        },
+        "children": [],
+    }
     save(out, results)
     print("| " + " | ".join(HEADERS) + " |\n|" + "---|" * len(HEADERS), flush=True)
-    env = dict(os.environ, PYTHONUNBUFFERED="1", STEADFAST_PRECOMPILED="1",
-               TORCHINDUCTOR_CACHE_DIR=str(Path(ns.work) / "inductor_core"))  # core's inductor cache: cold
+    env = dict(
+        os.environ,
+        PYTHONUNBUFFERED="1",
+        STEADFAST_PRECOMPILED="1",
+        TORCHINDUCTOR_CACHE_DIR=str(Path(ns.work) / "inductor_core"),
+    )  # core's inductor cache: cold
     todo = plan(ns.models, ns.rows, group=ns.smoke)
     for i, (part, models, rows) in enumerate(todo):
         name = f"{part} {','.join(models)}"
@@ -648,8 +799,9 @@ def main(argv: list[str] | None = None) -> int:
             # one compile cache per model, shared by its cold and warm processes (the warm one loads from it)
             env["STEADFAST_COMPILE_CACHE"] = str(Path(ns.work) / ("cache_" + "_".join(models)))
             t0 = time.monotonic()
-            proc = subprocess.Popen(_child_argv(ns, part, models, rows, time.time() + limit), env=env,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                _child_argv(ns, part, models, rows, time.time() + limit), env=env, start_new_session=True
+            )
             try:
                 rc = proc.wait(timeout=limit)
                 status = "ok" if rc == 0 else f"error: exit code {rc}"
@@ -667,6 +819,7 @@ def main(argv: list[str] | None = None) -> int:
                     if "s_per_image" not in done.get(r, {}) and "status" not in done.get(r, {}):
                         done[r] = {"status": "not run: " + status if status != "ok" else "not run"}
             res["total_s"] = time.monotonic() - t_start
+
         results = update(out, finish)
     print("\n" + render(results), flush=True)
     return 0

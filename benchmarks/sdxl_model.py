@@ -4,6 +4,7 @@ a tiny SDXL-shaped one for smoke runs), its conditioning and direct denoiser inp
 Used by the GPU speed call (``benchmarks/gpu_speed.py``, models ``sdxl-b1`` / ``sdxl-b4``), whose SDXL-only command
 line is ``benchmarks/bench_gpu_sdxl.py``. Needs ComfyUI importable (``_common``).
 """
+
 from __future__ import annotations
 
 import sys
@@ -14,18 +15,39 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 
 SDXL: dict[str, Any] = {
-    "use_checkpoint": False, "image_size": 32, "out_channels": 4, "use_spatial_transformer": True, "legacy": False,
-    "num_classes": "sequential", "adm_in_channels": 2816, "in_channels": 4, "model_channels": 320,
-    "num_res_blocks": [2, 2, 2], "transformer_depth": [0, 0, 2, 2, 10, 10], "channel_mult": [1, 2, 4],
-    "transformer_depth_middle": 10, "use_linear_in_transformer": True, "context_dim": 2048, "num_head_channels": 64,
-    "transformer_depth_output": [0, 0, 0, 2, 2, 2, 10, 10, 10], "use_temporal_attention": False,
+    "use_checkpoint": False,
+    "image_size": 32,
+    "out_channels": 4,
+    "use_spatial_transformer": True,
+    "legacy": False,
+    "num_classes": "sequential",
+    "adm_in_channels": 2816,
+    "in_channels": 4,
+    "model_channels": 320,
+    "num_res_blocks": [2, 2, 2],
+    "transformer_depth": [0, 0, 2, 2, 10, 10],
+    "channel_mult": [1, 2, 4],
+    "transformer_depth_middle": 10,
+    "use_linear_in_transformer": True,
+    "context_dim": 2048,
+    "num_head_channels": 64,
+    "transformer_depth_output": [0, 0, 0, 2, 2, 2, 10, 10, 10],
+    "use_temporal_attention": False,
     "use_temporal_resblock": False,
 }
 """SDXL 1.0 base, as ComfyUI's ``model_detection`` derives it from the checkpoint (``dtype`` is added at build)."""
 
-SMOKE: dict[str, Any] = {**SDXL, "model_channels": 32, "channel_mult": [1, 2], "num_res_blocks": [1, 1],
-                         "transformer_depth": [0, 1], "transformer_depth_middle": 1,
-                         "transformer_depth_output": [0, 0, 1, 1], "context_dim": 64, "num_head_channels": 16}
+SMOKE: dict[str, Any] = {
+    **SDXL,
+    "model_channels": 32,
+    "channel_mult": [1, 2],
+    "num_res_blocks": [1, 1],
+    "transformer_depth": [0, 1],
+    "transformer_depth_middle": 1,
+    "transformer_depth_output": [0, 0, 1, 1],
+    "context_dim": 64,
+    "num_head_channels": 16,
+}
 """A tiny SDXL-shaped UNet for ``--smoke`` on the CPU: the same classes and code paths (ResBlocks, a level without
 attention, linear-in SpatialTransformers with cross-attention, the middle block, ADM) at 32 / 64 channels, two
 levels, one resnet per level, one transformer layer where SDXL has some; the ADM input keeps SDXL's 2816 (pooled
@@ -71,15 +93,18 @@ def conditioning(config: dict[str, Any], tokens: int, seed: int, width: int, hei
     return out[0], out[1]
 
 
-def denoiser_inputs(config: dict[str, Any], latent_shape: tuple[int, ...], tokens: int, device: Any, dtype: Any,
-                    seed: int) -> dict[str, Any]:
+def denoiser_inputs(
+    config: dict[str, Any], latent_shape: tuple[int, ...], tokens: int, device: Any, dtype: Any, seed: int
+) -> dict[str, Any]:
     """Keyword inputs of one direct ``UNetModel`` call at ``latent_shape`` (``x``, ``timesteps``, ``context``,
     ``y``), drawn from ``seed``; for the check that the random-weight model's output depends on its input."""
     import torch
 
     b = latent_shape[0]
     g = _generator("cpu", seed, "denoiser inputs")
-    return {"x": torch.randn(latent_shape, generator=g).to(device, dtype),
-            "timesteps": torch.full((b,), 500.0, device=device),
-            "context": torch.randn(b, tokens, config["context_dim"], generator=g).to(device, dtype),
-            "y": torch.randn(b, config["adm_in_channels"], generator=g).to(device, dtype)}
+    return {
+        "x": torch.randn(latent_shape, generator=g).to(device, dtype),
+        "timesteps": torch.full((b,), 500.0, device=device),
+        "context": torch.randn(b, tokens, config["context_dim"], generator=g).to(device, dtype),
+        "y": torch.randn(b, config["adm_in_channels"], generator=g).to(device, dtype),
+    }

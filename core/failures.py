@@ -7,6 +7,7 @@ an accelerator error saying "out of memory") unloads every model and shows the m
 ComfyUI's interrupt is recognised by its qualified name (a ``BaseException`` in ComfyUI 0.33, an ``Exception``
 in 0.8.0).
 """
+
 from __future__ import annotations
 
 import torch

@@ -3,6 +3,7 @@
 No package of ``core`` should import all of its modules to hand on a few names: the pack's ``__init__`` imports
 ``core.determinism.cublas`` and ``.portable`` at start-up, and nothing else of that package should load with them.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -23,6 +24,7 @@ def lazy_face(package: str, names: Mapping[str, str]) -> Callable[[str], Any]:
     Raises:
         AttributeError: (from the returned function) for a name not in ``names``, as a module would.
     """
+
     def __getattr__(name: str) -> Any:
         if name in names:
             return getattr(importlib.import_module(names[name], package), name)

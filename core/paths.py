@@ -15,6 +15,7 @@ goes through :func:`redact`, in two passes:
 
 No ComfyUI imports: the node layer passes ComfyUI's folders as ``roots``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -29,7 +30,7 @@ Roots = Sequence[tuple[str, str]]
 
 _SEG = r"[\w.+@~%-]+"
 ABSOLUTE_PATH = re.compile(
-    rf"(?<![\w.:/\\~-])/{_SEG}(?:/{_SEG})+/?"           # POSIX: /a/b/c (not a URL, not a relative a/b)
+    rf"(?<![\w.:/\\~-])/{_SEG}(?:/{_SEG})+/?"  # POSIX: /a/b/c (not a URL, not a relative a/b)
     r"|(?<![\w])[A-Za-z]:[\\/](?:[^\\/\s'\":*?<>|]+(?: [^\\/\s'\":*?<>|]+)*[\\/])*"  # Windows: C:\a b\c
     r"[^\\/\s'\":*?<>|]*"
 )
@@ -64,10 +65,15 @@ def _candidates(roots: Roots) -> list[tuple[str, str, bool]]:
     the home folder."""
     given = sorted(roots, key=lambda rl: len(_norm(rl[0])), reverse=True)
     code = sorted(_code_roots(), key=lambda rl: len(_norm(rl[0])))
-    return [(r, lab, is_code) for r, lab, is_code in (*((r, lab, False) for r, lab in given),
-                                                       *((r, lab, True) for r, lab in code),
-                                                       *((r, lab, False) for r, lab in _home_roots()))
-            if r and _parts(r)]
+    return [
+        (r, lab, is_code)
+        for r, lab, is_code in (
+            *((r, lab, False) for r, lab in given),
+            *((r, lab, True) for r, lab in code),
+            *((r, lab, False) for r, lab in _home_roots()),
+        )
+        if r and _parts(r)
+    ]
 
 
 def _is_module_path(rel: str) -> bool:

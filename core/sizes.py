@@ -1,4 +1,5 @@
 """Parse target sizes such as ``"512x512, 768x512"`` (Warmup's ``sizes`` input). No ComfyUI imports."""
+
 from __future__ import annotations
 
 import re

@@ -3,6 +3,7 @@
 ``pyproject.toml`` repeats it as ``[project] version``, because the Comfy Registry reads that field statically;
 ``tests/repo`` holds the two equal.
 """
+
 from __future__ import annotations
 
 __version__ = "0.1.0"

@@ -9,6 +9,7 @@ else ``$STEADFAST_COMPILE_CACHE``, else ``<ComfyUI>/user/steadfast/compile_cache
 ``~/comfy/ComfyUI``). The warm state is made by running the workflow once (in ComfyUI, or ``steadfast run`` with
 ``$STEADFAST_COMPILE_CACHE`` set). Exit codes: 0 done; 2 refused or unusable (the message says why).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,18 +27,27 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``steadfast artifact`` parser (subcommands ``export``, ``import``, ``inspect``)."""
     from ..core.compile.presets import PRESET_NAMES
 
-    p = argparse.ArgumentParser(prog="steadfast artifact", description=__doc__.split("\n\n")[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="steadfast artifact",
+        description=__doc__.split("\n\n")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="command", required=True)
     e = sub.add_parser("export", help="write a compile cache as one artifact file")
     e.add_argument("--name", default="default", help="the compile cache name (Optimize Model's compile_cache)")
     e.add_argument("--cache-root", type=Path, metavar="DIR", help="the operator's compile-cache root")
-    e.add_argument("--device", choices=("cpu", "cuda"), help="what the kernels were built for (default: cuda when "
-                                                              "available, else cpu)")
+    e.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        help="what the kernels were built for (default: cuda when available, else cpu)",
+    )
     e.add_argument("--inductor-preset", default="none", choices=PRESET_NAMES, help="Optimize Model's inductor_preset")
     e.add_argument("--key", help="export this key folder (as listed when none matches this machine)")
-    e.add_argument("--no-gzip", action="store_true", help="a plain tar (default: gzipped, about 5x smaller on CPU "
-                                                          "caches, as fast to import)")
+    e.add_argument(
+        "--no-gzip",
+        action="store_true",
+        help="a plain tar (default: gzipped, about 5x smaller on CPU caches, as fast to import)",
+    )
     e.add_argument("-o", "--output", type=Path, required=True, metavar="FILE")
     i = sub.add_parser("import", help="check an artifact and move it into the compile cache")
     i.add_argument("file", type=Path)
@@ -83,8 +93,10 @@ def _forbidden() -> tuple[str, ...]:
 
 def _describe(fields: dict[str, Any]) -> str:
     extra = f", inductor {fields['inductor_options']}" if fields.get("inductor_options") else ""
-    return f"torch {fields.get('torch')}, {fields.get('python')}, {fields.get('device')}, pack {fields.get('pack')}" \
+    return (
+        f"torch {fields.get('torch')}, {fields.get('python')}, {fields.get('device')}, pack {fields.get('pack')}"
         + extra
+    )
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -110,16 +122,20 @@ def _export(args: argparse.Namespace) -> int:
                         found.append(f"  --key {d.name}: {_describe(body['fields'])}")
                     except (OSError, ValueError, KeyError, TypeError):
                         found.append(f"  --key {d.name}: (no readable manifest)")
-            raise _Unusable(f"compile cache {args.name!r} has no folder for this machine ({_describe(fields)}); "
-                            + ("it has:\n" + "\n".join(found) if found else "it is empty"))
+            raise _Unusable(
+                f"compile cache {args.name!r} has no folder for this machine ({_describe(fields)}); "
+                + ("it has:\n" + "\n".join(found) if found else "it is empty")
+            )
     else:
         key = args.key
         if cache_location.check_name(key) != key or not (named / key).is_dir():
             raise _Unusable(f"compile cache {args.name!r} has no key folder {key!r}")
     info = artifact.export_artifact(named / key, args.output, compress=not args.no_gzip)
-    print(f"wrote {args.output}: compile cache {info.name!r}, {info.files} files, {info.bytes} bytes "
-          f"({info.unrecorded} unrecorded and {info.changed} changed file(s) left out)\n"
-          f"made for: {_describe(info.fields)}\nsha256 {info.sha256}")
+    print(
+        f"wrote {args.output}: compile cache {info.name!r}, {info.files} files, {info.bytes} bytes "
+        f"({info.unrecorded} unrecorded and {info.changed} changed file(s) left out)\n"
+        f"made for: {_describe(info.fields)}\nsha256 {info.sha256}"
+    )
     return 0
 
 
@@ -127,12 +143,18 @@ def _import(args: argparse.Namespace) -> int:
     from ..core.compile import artifact
 
     t0 = time.perf_counter()
-    info = artifact.import_artifact(args.file, _root(args.cache_root), expected_sha256=args.sha256,
-                                    device=args.device, forbidden=_forbidden())
-    print(f"imported {args.file.name} into compile cache {info.name!r}: {info.files} files ({info.written} new), "
-          f"{info.bytes} bytes in {time.perf_counter() - t0:.2f} s"
-          + ("" if args.sha256 else "\nnot pinned: pass --sha256 (or $STEADFAST_COMPILE_ARTIFACT_SHA256) to refuse "
-                                    "a tampered file"))
+    info = artifact.import_artifact(
+        args.file, _root(args.cache_root), expected_sha256=args.sha256, device=args.device, forbidden=_forbidden()
+    )
+    print(
+        f"imported {args.file.name} into compile cache {info.name!r}: {info.files} files ({info.written} new), "
+        f"{info.bytes} bytes in {time.perf_counter() - t0:.2f} s"
+        + (
+            ""
+            if args.sha256
+            else "\nnot pinned: pass --sha256 (or $STEADFAST_COMPILE_ARTIFACT_SHA256) to refuse a tampered file"
+        )
+    )
     return 0
 
 
@@ -145,11 +167,13 @@ def _inspect(args: argparse.Namespace) -> int:
         return 0
     members = body.get("members", {})
     made = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(body.get("created") or 0))
-    print(f"{args.file.name}: Steadfast compile artifact (format {body.get('steadfast_artifact')})\n"
-          f"  cache name {body.get('name')!r}, key {body.get('key')}\n  made for {_describe(body['fields'])}\n"
-          f"  made by Steadfast {body.get('pack')} at {made} UTC\n"
-          f"  {len(members)} files, {sum(v[0] for v in members.values())} bytes; file {body['bytes']} bytes\n"
-          f"  sha256 {body['sha256']}")
+    print(
+        f"{args.file.name}: Steadfast compile artifact (format {body.get('steadfast_artifact')})\n"
+        f"  cache name {body.get('name')!r}, key {body.get('key')}\n  made for {_describe(body['fields'])}\n"
+        f"  made by Steadfast {body.get('pack')} at {made} UTC\n"
+        f"  {len(members)} files, {sum(v[0] for v in members.values())} bytes; file {body['bytes']} bytes\n"
+        f"  sha256 {body['sha256']}"
+    )
     return 0
 
 

@@ -15,6 +15,7 @@ nothing to grade them by, or batch items without a reference thumbnail whose byt
 failed run; 2 the workflow or a server could not be used, or portable mode refused a setting or a node whose
 bits free memory would decide (message says why).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,30 +34,59 @@ TINY_NAME = "steadfast_tiny_sd15.safetensors"
 
 
 def build_run_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="steadfast run", description=__doc__.split("\n\n")[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="steadfast run",
+        description=__doc__.split("\n\n")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("workflow", type=Path, help="API-format workflow JSON, or a PNG saved by ComfyUI")
-    p.add_argument("--server", action="append", default=[], metavar="URL",
-                   help="a running ComfyUI (repeatable: every run is done on every server); default: start one")
+    p.add_argument(
+        "--server",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a running ComfyUI (repeatable: every run is done on every server); default: start one",
+    )
     p.add_argument("--runs", type=int, default=2, help="runs per server (default 2)")
-    p.add_argument("--free-between", action="store_true",
-                   help="also unload the models between runs (every run recomputes every node anyway)")
+    p.add_argument(
+        "--free-between",
+        action="store_true",
+        help="also unload the models between runs (every run recomputes every node anyway)",
+    )
     p.add_argument("--restart", action="store_true", help="restart the started server and run once more")
-    p.add_argument("--pin", type=Path, metavar="OUT.json",
-                   help="write the workflow with the observed hashes and run records in its Hash nodes")
+    p.add_argument(
+        "--pin",
+        type=Path,
+        metavar="OUT.json",
+        help="write the workflow with the observed hashes and run records in its Hash nodes",
+    )
     p.add_argument("--json", type=Path, metavar="REPORT", help="write the report as JSON")
-    p.add_argument("--ckpt", action="append", default=[], type=Path, metavar="FILE",
-                   help="checkpoint for the started server (repeatable; the first is used by the workflow)")
+    p.add_argument(
+        "--ckpt",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE",
+        help="checkpoint for the started server (repeatable; the first is used by the workflow)",
+    )
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per prompt (default 1800)")
-    p.add_argument("--portable", action="store_true",
-                   help="portable CPU mode: start ComfyUI with every CPU setting that decides its code paths pinned "
-                        "(ATen AVX2 kernels, oneDNN off, MKL_CBWR=COMPATIBLE,STRICT, fixed threads), so any x86-64 "
-                        "CPU with AVX2 gives the same bytes; compile, quantize and bf16/fp16 are refused, and so is "
-                        "a workflow whose bits free memory would decide (stock samplers without Determinism "
-                        "Setup's batch_invariant, ComfyUI's VAE Decode / Encode) (core/determinism/portable.py, "
-                        "docs/reproducing.md)")
-    p.add_argument("--portable-threads", type=int, default=1, metavar="N",
-                   help="threads in portable mode (default 1; every machine must use the same N)")
+    p.add_argument(
+        "--portable",
+        action="store_true",
+        help="portable CPU mode: start ComfyUI with every CPU setting that decides its code paths pinned "
+        "(ATen AVX2 kernels, oneDNN off, MKL_CBWR=COMPATIBLE,STRICT, fixed threads), so any x86-64 "
+        "CPU with AVX2 gives the same bytes; compile, quantize and bf16/fp16 are refused, and so is "
+        "a workflow whose bits free memory would decide (stock samplers without Determinism "
+        "Setup's batch_invariant, ComfyUI's VAE Decode / Encode) (core/determinism/portable.py, "
+        "docs/reproducing.md)",
+    )
+    p.add_argument(
+        "--portable-threads",
+        type=int,
+        default=1,
+        metavar="N",
+        help="threads in portable mode (default 1; every machine must use the same N)",
+    )
     return p
 
 
@@ -77,6 +107,7 @@ def _start_server(prompt: dict[str, Any], ckpts: list[Path], env: dict[str, str]
                 node.setdefault("inputs", {})["ckpt_name"] = ckpts[0].name
     elif any(n.get("inputs", {}).get("ckpt_name") == TINY_NAME for n in prompt.values()):
         from .tiny_sd15 import cached_tiny_sd15
+
         files[TINY_NAME] = cached_tiny_sd15(in_subprocess=True)
         print(f"checkpoint: embedded tiny SD1.5-architecture model (seeded random weights) {files[TINY_NAME]}")
     server = ComfyServer(files, comfyui=comfy, env=env).start()
@@ -122,24 +153,29 @@ def run_main(argv: Sequence[str]) -> int:
         if args.ckpt and args.server:
             raise runner.WorkflowError("--ckpt is for the started server; a --server uses its own model folders")
         if args.portable and args.server:
-            raise runner.WorkflowError("--portable starts its own server with the pinned settings; a --server "
-                                       "was started by someone else (start it by the recipe in "
-                                       "docs/reproducing.md and its run records say whether it is portable)")
+            raise runner.WorkflowError(
+                "--portable starts its own server with the pinned settings; a --server "
+                "was started by someone else (start it by the recipe in "
+                "docs/reproducing.md and its run records say whether it is portable)"
+            )
         if args.portable:
             from ..core.determinism import portable
 
             refusals = portable.free_memory_refusals(prompt)
             if refusals:
-                raise runner.WorkflowError("portable CPU mode refuses this workflow: ComfyUI would let free memory "
-                                           "decide some of its bits:\n  " + "\n  ".join(refusals))
+                raise runner.WorkflowError(
+                    "portable CPU mode refuses this workflow: ComfyUI would let free memory "
+                    "decide some of its bits:\n  " + "\n  ".join(refusals)
+                )
         env = _portable_env(args.portable_threads) if args.portable else None
         if args.server:
             servers = [_remote(u) for u in args.server]
         else:
             started = _start_server(prompt, args.ckpt, env)
             servers = [started]
-        report = runner.run_all(prompt, servers, runs=args.runs, free_between=args.free_between,
-                                restart=args.restart, timeout=args.timeout)
+        report = runner.run_all(
+            prompt, servers, runs=args.runs, free_between=args.free_between, restart=args.restart, timeout=args.timeout
+        )
     except runner.WorkflowError as e:
         print(f"steadfast run: {e}", file=sys.stderr)
         return 2
@@ -171,18 +207,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_main(args[1:])
     if args and args[0] == "artifact":
         from .artifact_cli import main as artifact_main
+
         return artifact_main(args[1:])
     if not args or args[0] in ("-h", "--help"):
-        print("usage: steadfast {run,verify,artifact,tiny-pipeline} ...\n\n"
-              "  run     run a ComfyUI workflow headless and check its hashes (steadfast run --help)\n"
-              "  verify  self-consistency, parity and speed of optimizations on a diffusers pipeline "
-              "(steadfast verify --help)\n"
-              "  artifact  export/import/inspect a compile artifact: the warm compile cache as one file for a "
-              "fleet (steadfast artifact --help)\n"
-              "  tiny-pipeline  write a tiny random-weight diffusers pipeline folder, e.g. into models/diffusers "
-              "(steadfast tiny-pipeline --help)")
+        print(
+            "usage: steadfast {run,verify,artifact,tiny-pipeline} ...\n\n"
+            "  run     run a ComfyUI workflow headless and check its hashes (steadfast run --help)\n"
+            "  verify  self-consistency, parity and speed of optimizations on a diffusers pipeline "
+            "(steadfast verify --help)\n"
+            "  artifact  export/import/inspect a compile artifact: the warm compile cache as one file for a "
+            "fleet (steadfast artifact --help)\n"
+            "  tiny-pipeline  write a tiny random-weight diffusers pipeline folder, e.g. into models/diffusers "
+            "(steadfast tiny-pipeline --help)"
+        )
         return 0 if args else 2
     from .verify_cli import main as core_main
+
     return core_main(args)
 
 

@@ -14,6 +14,7 @@ Python on a free port, CPU only, with an in-memory database, the API nodes disab
 directory holding ``custom_nodes/ComfyUI-Steadfast`` (a symlink to this repo), ``models/checkpoints`` and
 ``models/loras`` (more model files can be linked into a running server with :meth:`ComfyServer.link_models`).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -117,6 +118,7 @@ def free_port() -> int:
         s.bind((HOST, 0))
         return int(s.getsockname()[1])
 
+
 class ComfyClient:
     """HTTP client of a running ComfyUI (``url`` like ``http://127.0.0.1:8188``): JSON GET/POST, uploads,
     prompts queued and waited for, ``/free``. :class:`ComfyServer` is the same client for a server it starts.
@@ -170,8 +172,12 @@ class ComfyClient:
 
         Returns ComfyUI's JSON answer (``{"name", "subfolder", "type"}``)."""
         boundary = uuid.uuid4().hex
-        parts = [("image", filename, data), ("subfolder", None, subfolder.encode()), ("type", None, kind.encode()),
-                 ("overwrite", None, b"true")]
+        parts = [
+            ("image", filename, data),
+            ("subfolder", None, subfolder.encode()),
+            ("type", None, kind.encode()),
+            ("overwrite", None, b"true"),
+        ]
         body = b""
         for name, fname, value in parts:
             disp = f'form-data; name="{name}"' + (f'; filename="{fname}"' if fname else "")
@@ -184,8 +190,11 @@ class ComfyClient:
 
     def view(self, image: Mapping[str, str]) -> bytes:
         """File bytes of one ``{"filename", "subfolder", "type"}`` entry of a node's ``images`` output."""
-        params = {"filename": image["filename"], "subfolder": image.get("subfolder", ""),
-                  "type": image.get("type", "output")}
+        params = {
+            "filename": image["filename"],
+            "subfolder": image.get("subfolder", ""),
+            "type": image.get("type", "output"),
+        }
         return self.get_bytes("/view", params)
 
     # ------------------------------------------------------------------ prompts
@@ -212,11 +221,15 @@ class ComfyClient:
         if answer.get("node_errors"):
             # ComfyUI answers 200 when at least one output node validates and runs only those: a workflow
             # whose Hash (or any other node) is invalid must not pass as a shorter, partial run.
-            raise PromptRejected({"type": "partially_rejected",
-                                  "message": "ComfyUI queued only the outputs that validated "
-                                             f"(prompt {answer.get('prompt_id')}); "
-                                             "fix the nodes named in node_errors"},
-                                 answer["node_errors"])
+            raise PromptRejected(
+                {
+                    "type": "partially_rejected",
+                    "message": "ComfyUI queued only the outputs that validated "
+                    f"(prompt {answer.get('prompt_id')}); "
+                    "fix the nodes named in node_errors",
+                },
+                answer["node_errors"],
+            )
         return str(answer["prompt_id"])
 
     def wait(self, prompt_id: str, timeout: float = 300.0, poll: float = 0.1) -> dict[str, Any]:
@@ -255,10 +268,13 @@ class ComfyClient:
         """
         self.post("/free", {"unload_models": unload_models, "free_memory": free_memory})
         marker = f"steadfast-free-{uuid.uuid4().hex}"
-        self.run({
-            "1": {"class_type": "PrimitiveString", "inputs": {"value": marker}},
-            "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}},
-        }, timeout=timeout)
+        self.run(
+            {
+                "1": {"class_type": "PrimitiveString", "inputs": {"value": marker}},
+                "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}},
+            },
+            timeout=timeout,
+        )
 
 
 class ComfyServer(ComfyClient):
@@ -383,11 +399,19 @@ class ComfyServer(ComfyClient):
     def command(self) -> list[str]:
         """The ``main.py`` command line (needs :attr:`base_dir` and :attr:`port`)."""
         return [
-            self.python, str(self.comfyui / "main.py"),
-            *(["--cpu"] if self.cpu else []), "--listen", HOST, "--port", str(self.port),
-            "--base-directory", str(self.base_dir),
-            "--disable-api-nodes", "--disable-auto-launch",
-            "--database-url", "sqlite:///:memory:",
+            self.python,
+            str(self.comfyui / "main.py"),
+            *(["--cpu"] if self.cpu else []),
+            "--listen",
+            HOST,
+            "--port",
+            str(self.port),
+            "--base-directory",
+            str(self.base_dir),
+            "--disable-api-nodes",
+            "--disable-auto-launch",
+            "--database-url",
+            "sqlite:///:memory:",
             *self.extra_args,
             *self._front_end_args(),
         ]
@@ -423,8 +447,13 @@ class ComfyServer(ComfyClient):
         self._log_file.write(f"$ {' '.join(self.command())}\n".encode())
         self._log_file.flush()
         self.process = subprocess.Popen(
-            self.command(), cwd=str(self.comfyui), env=env, stdin=subprocess.DEVNULL,
-            stdout=self._log_file, stderr=subprocess.STDOUT, start_new_session=True,
+            self.command(),
+            cwd=str(self.comfyui),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
             preexec_fn=_die_with_parent,
         )
         atexit.register(self.stop)

@@ -10,6 +10,7 @@ Servers are duck-typed: anything with ``label``, ``queue(prompt) -> id``, ``wait
 ``free()``, ``get(path)`` and, for ``--restart``, ``restart()`` (``headless.comfy_server.ComfyServer``).
 This module imports nothing from ComfyUI.
 """
+
 from __future__ import annotations
 
 import copy
@@ -22,8 +23,20 @@ from typing import Any, Protocol
 from ..core.record import verdict
 from ..core.record.explain import explain
 
-__all__ = ["HASH_NODE", "SAMPLER_NODES", "WorkflowError", "load_workflow", "hash_nodes", "missing_node_types",
-           "RunResult", "Report", "collect", "compare", "pin", "run_all"]
+__all__ = [
+    "HASH_NODE",
+    "SAMPLER_NODES",
+    "WorkflowError",
+    "load_workflow",
+    "hash_nodes",
+    "missing_node_types",
+    "RunResult",
+    "Report",
+    "collect",
+    "compare",
+    "pin",
+    "run_all",
+]
 
 HASH_NODE = "SteadfastHash"
 SAMPLER_NODES = ("SteadfastSeededSampler", "SteadfastPipelineSampler")
@@ -53,11 +66,14 @@ def load_workflow(path: str | Path) -> dict[str, Any]:
         raise WorkflowError(f"workflow file not found: {p}")
     if p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n":
         from PIL import Image
+
         with Image.open(p) as img:
             text = (getattr(img, "text", None) or img.info).get("prompt")
         if not text:
-            raise WorkflowError(f"{p.name}: this PNG has no embedded ComfyUI prompt (saved by SaveImage with "
-                                f"metadata? some sites strip it)")
+            raise WorkflowError(
+                f"{p.name}: this PNG has no embedded ComfyUI prompt (saved by SaveImage with "
+                f"metadata? some sites strip it)"
+            )
         source = f"{p.name} (embedded prompt)"
     else:
         text, source = p.read_text(encoding="utf-8"), p.name
@@ -78,8 +94,10 @@ def hash_nodes(prompt: Mapping[str, Any]) -> list[str]:
     """Ids of the Hash nodes. Raises WorkflowError when there is none (nothing to check)."""
     ids = sorted((k for k, v in prompt.items() if v.get("class_type") == HASH_NODE), key=str)
     if not ids:
-        raise WorkflowError(f"the workflow has no {HASH_NODE} node: add Hash (Steadfast) after what should be "
-                            f"reproducible (a LATENT or an IMAGE)")
+        raise WorkflowError(
+            f"the workflow has no {HASH_NODE} node: add Hash (Steadfast) after what should be "
+            f"reproducible (a LATENT or an IMAGE)"
+        )
     return ids
 
 
@@ -177,33 +195,50 @@ class Report:
         rows = [head]
         for r in self.results:
             cells = [(r.hashes.get(n, "-")[:16] + (" !" if r.checks.get(n) == "mismatch" else "")) for n in nodes]
-            rows.append(f"{r.server[:30]:<30} {r.run[:20]:<20} " + " ".join(f"{c:<20}" for c in cells)
-                        + (f"  ERROR: {r.error[:120]}" if r.error else ""))
+            rows.append(
+                f"{r.server[:30]:<30} {r.run[:20]:<20} "
+                + " ".join(f"{c:<20}" for c in cells)
+                + (f"  ERROR: {r.error[:120]}" if r.error else "")
+            )
         return "\n".join(rows)
 
     def as_text(self) -> str:
         lines = [self.table(), ""]
         lines += self.explanations
-        lines += [f"Hash node {g['node']}: {g['against']} -> {g['run']}: {g['text']}" for g in self.grades
-                  if g["level"] != "identical"]
+        lines += [
+            f"Hash node {g['node']}: {g['against']} -> {g['run']}: {g['text']}"
+            for g in self.grades
+            if g["level"] != "identical"
+        ]
         level = self.level
         lines += [("bytes differ: " if level == "same_picture" else "FAIL: ") + f for f in self.failures]
-        lines.append({"identical": "PASS: every run gave the same bytes",
-                      "same_picture": "SAME PICTURE: the bytes differ but every output is the same picture within "
-                                      "tolerance (exit 3)",
-                      "different_picture": "FAIL: DIFFERENT PICTURE (see above)",
-                      "ungraded": "FAIL: the bytes differ in batch items the reference has no thumbnail for "
-                                  f"(it keeps {verdict.MAX_ITEMS}): they were not graded (hash fewer items per "
-                                  "Hash node, or compare the outputs with Compare)",
-                      "unknown": "FAIL: the bytes differ and there is no reference to grade them by (pin one: "
-                                 "--pin writes expected_reference)",
-                      "failed": "FAIL: a run failed or a check could not be made (see above)"}[level])
+        lines.append(
+            {
+                "identical": "PASS: every run gave the same bytes",
+                "same_picture": "SAME PICTURE: the bytes differ but every output is the same picture within "
+                "tolerance (exit 3)",
+                "different_picture": "FAIL: DIFFERENT PICTURE (see above)",
+                "ungraded": "FAIL: the bytes differ in batch items the reference has no thumbnail for "
+                f"(it keeps {verdict.MAX_ITEMS}): they were not graded (hash fewer items per "
+                "Hash node, or compare the outputs with Compare)",
+                "unknown": "FAIL: the bytes differ and there is no reference to grade them by (pin one: "
+                "--pin writes expected_reference)",
+                "failed": "FAIL: a run failed or a check could not be made (see above)",
+            }[level]
+        )
         return "\n".join(lines)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "verdict": self.level, "exit_code": self.exit_code, "distinct": self.distinct,
-                "failures": self.failures, "explanations": self.explanations, "grades": self.grades,
-                "runs": [dataclasses.asdict(r) for r in self.results]}
+        return {
+            "ok": self.ok,
+            "verdict": self.level,
+            "exit_code": self.exit_code,
+            "distinct": self.distinct,
+            "failures": self.failures,
+            "explanations": self.explanations,
+            "grades": self.grades,
+            "runs": [dataclasses.asdict(r) for r in self.results],
+        }
 
 
 def compare(prompt: Mapping[str, Any], results: Sequence[RunResult]) -> Report:
@@ -212,8 +247,12 @@ def compare(prompt: Mapping[str, Any], results: Sequence[RunResult]) -> Report:
     ok_runs = [r for r in results if r.error is None]
     distinct = {n: list(dict.fromkeys(r.hashes[n] for r in ok_runs if n in r.hashes)) for n in nodes}
     failures = [f"{r.server} {r.run}: {r.error}" for r in results if r.error]
-    failures += [f"{r.server} {r.run}: Hash node {n} does not match its expected hash"
-                 for r in ok_runs for n, s in r.checks.items() if s == "mismatch"]
+    failures += [
+        f"{r.server} {r.run}: Hash node {n} does not match its expected hash"
+        for r in ok_runs
+        for n, s in r.checks.items()
+        if s == "mismatch"
+    ]
     failures += [f"Hash node {n} gave no output (not executed?)" for n, v in distinct.items() if not v and ok_runs]
     explanations: list[str] = []
     if ok_runs:
@@ -245,18 +284,48 @@ def _grades(prompt: Mapping[str, Any], ok_runs: Sequence[RunResult]) -> list[dic
         for r in ok_runs:
             if r.checks.get(n) == "mismatch":
                 v = verdict.Verdict.from_dict(r.verdicts[n]) if r.verdicts.get(n) else verdict.Verdict("unknown")
-                out.append({"node": n, "run": f"{r.server} {r.run}", "against": "pinned reference",
-                            "level": v.level, "text": v.as_text().replace("\n", "\n    "), "verdict": v.as_dict()})
+                out.append(
+                    {
+                        "node": n,
+                        "run": f"{r.server} {r.run}",
+                        "against": "pinned reference",
+                        "level": v.level,
+                        "text": v.as_text().replace("\n", "\n    "),
+                        "verdict": v.as_dict(),
+                    }
+                )
             elif r.checks.get(n) == "match":
-                out.append({"node": n, "run": f"{r.server} {r.run}", "against": "pinned reference",
-                            "level": "identical", "text": "identical bytes", "verdict": None})
+                out.append(
+                    {
+                        "node": n,
+                        "run": f"{r.server} {r.run}",
+                        "against": "pinned reference",
+                        "level": "identical",
+                        "text": "identical bytes",
+                        "verdict": None,
+                    }
+                )
             if r is ref or n not in r.hashes or n not in ref.hashes:
                 continue
             s = next((s for s in samplers if s in r.records and s in ref.records), None)
-            v = verdict.grade(r.hashes[n], ref.hashes[n], r.references.get(n), ref.references.get(n),
-                              record_now=r.records.get(s) if s else None, record_ref=ref.records.get(s) if s else None)
-            out.append({"node": n, "run": f"{r.server} {r.run}", "against": f"{ref.server} {ref.run}",
-                        "level": v.level, "text": v.as_text().replace("\n", "\n    "), "verdict": v.as_dict()})
+            v = verdict.grade(
+                r.hashes[n],
+                ref.hashes[n],
+                r.references.get(n),
+                ref.references.get(n),
+                record_now=r.records.get(s) if s else None,
+                record_ref=ref.records.get(s) if s else None,
+            )
+            out.append(
+                {
+                    "node": n,
+                    "run": f"{r.server} {r.run}",
+                    "against": f"{ref.server} {ref.run}",
+                    "level": v.level,
+                    "text": v.as_text().replace("\n", "\n    "),
+                    "verdict": v.as_dict(),
+                }
+            )
     return out
 
 
@@ -286,8 +355,16 @@ def _run_once(server: Server, prompt: Mapping[str, Any], run: str, timeout: floa
     return collect(server.label, run, entry)
 
 
-def run_all(prompt: Mapping[str, Any], servers: Iterable[Server], *, runs: int = 2, free_between: bool = False,
-            restart: bool = False, timeout: float = 1800.0, log: Callable[[str], None] = print) -> Report:
+def run_all(
+    prompt: Mapping[str, Any],
+    servers: Iterable[Server],
+    *,
+    runs: int = 2,
+    free_between: bool = False,
+    restart: bool = False,
+    timeout: float = 1800.0,
+    log: Callable[[str], None] = print,
+) -> Report:
     """Run ``prompt`` ``runs`` times on every server and :func:`compare` the results.
 
     Each run starts with ComfyUI's node cache dropped (``POST /free`` with ``free_memory``), so every node
@@ -303,8 +380,10 @@ def run_all(prompt: Mapping[str, Any], servers: Iterable[Server], *, runs: int =
     for s in servers:
         missing = missing_node_types(prompt, s.get("/object_info"))
         if missing:
-            raise WorkflowError(f"server {s.label} does not know node type(s) {', '.join(missing)} "
-                                f"(custom node pack missing or failed to import there)")
+            raise WorkflowError(
+                f"server {s.label} does not know node type(s) {', '.join(missing)} "
+                f"(custom node pack missing or failed to import there)"
+            )
     results: list[RunResult] = []
     for s in servers:
         for i in range(runs):
@@ -312,11 +391,15 @@ def run_all(prompt: Mapping[str, Any], servers: Iterable[Server], *, runs: int =
             s.free(unload_models=unload, free_memory=True)  # every node recomputes: a cached answer proves nothing
             label = f"run {i + 1}" + (" after unload" if unload else "")
             results.append(_run_once(s, prompt, label, timeout))
-            log(f"{s.label} {label}: " + (results[-1].error or ", ".join(
-                f"{n} {h[:16]}" for n, h in sorted(results[-1].hashes.items()))))
+            log(
+                f"{s.label} {label}: "
+                + (results[-1].error or ", ".join(f"{n} {h[:16]}" for n, h in sorted(results[-1].hashes.items())))
+            )
         if restart:
             s.restart()  # type: ignore[attr-defined]
             results.append(_run_once(s, prompt, "after restart", timeout))
-            log(f"{s.label} after restart: " + (results[-1].error or ", ".join(
-                f"{n} {h[:16]}" for n, h in sorted(results[-1].hashes.items()))))
+            log(
+                f"{s.label} after restart: "
+                + (results[-1].error or ", ".join(f"{n} {h[:16]}" for n, h in sorted(results[-1].hashes.items())))
+            )
     return compare(prompt, results)

@@ -18,6 +18,7 @@ Weights come from each module's default initialisation under ``torch.manual_seed
 depend on ``seed``, :data:`TINY_VERSION` and the torch/diffusers/transformers versions (their init code).
 The outputs are noise-like images, never meaningful ones. diffusers and transformers are imported lazily.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["TINY_KINDS", "TINY_VERSION", "build_tiny_pipeline", "build_tiny_sd", "build_tiny_flux",
-           "tiny_lora_state_dict", "save_tiny_lora"]
+__all__ = [
+    "TINY_KINDS",
+    "TINY_VERSION",
+    "build_tiny_pipeline",
+    "build_tiny_sd",
+    "build_tiny_flux",
+    "tiny_lora_state_dict",
+    "save_tiny_lora",
+]
 
 TINY_KINDS = ("sd", "flux")
 TINY_VERSION = "1"
@@ -78,9 +86,18 @@ def _clip_text_model(vocab_size: int) -> Any:
     from transformers import CLIPTextConfig, CLIPTextModel
 
     cfg = CLIPTextConfig(
-        vocab_size=vocab_size, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
-        num_attention_heads=4, max_position_embeddings=_MAX_LEN, projection_dim=32, hidden_act="gelu",
-        bos_token_id=0, eos_token_id=1, pad_token_id=1, layer_norm_eps=1e-5,
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=37,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=_MAX_LEN,
+        projection_dim=32,
+        hidden_act="gelu",
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+        layer_norm_eps=1e-5,
     )
     return CLIPTextModel(cfg).eval()
 
@@ -89,10 +106,16 @@ def _vae(latent_channels: int = 4, **extra: Any) -> Any:
     from diffusers import AutoencoderKL
 
     return AutoencoderKL(
-        in_channels=3, out_channels=3, block_out_channels=(32, 64), layers_per_block=1,
+        in_channels=3,
+        out_channels=3,
+        block_out_channels=(32, 64),
+        layers_per_block=1,
         down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
         up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
-        latent_channels=latent_channels, norm_num_groups=32, sample_size=32, **extra,
+        latent_channels=latent_channels,
+        norm_num_groups=32,
+        sample_size=32,
+        **extra,
     ).eval()
 
 
@@ -109,8 +132,9 @@ def _prepare(out_dir: str | Path) -> Path:
 
 def _save(pipe: Any, out: Path, kind: str, seed: int) -> Path:
     pipe.save_pretrained(str(out), safe_serialization=True)
-    (out / "steadfast_tiny.json").write_text(json.dumps(
-        {"kind": kind, "seed": seed, "version": TINY_VERSION, "torch": torch.version.__version__}, indent=1))
+    (out / "steadfast_tiny.json").write_text(
+        json.dumps({"kind": kind, "seed": seed, "version": TINY_VERSION, "torch": torch.version.__version__}, indent=1)
+    )
     return out
 
 
@@ -132,20 +156,39 @@ def build_tiny_sd(out_dir: str | Path, seed: int = 0) -> Path:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         unet = UNet2DConditionModel(
-            sample_size=32, in_channels=4, out_channels=4, layers_per_block=1,
-            block_out_channels=(32, 64), down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-            up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), cross_attention_dim=32,
-            attention_head_dim=8, norm_num_groups=32, transformer_layers_per_block=2,
+            sample_size=32,
+            in_channels=4,
+            out_channels=4,
+            layers_per_block=1,
+            block_out_channels=(32, 64),
+            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+            up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+            cross_attention_dim=32,
+            attention_head_dim=8,
+            norm_num_groups=32,
+            transformer_layers_per_block=2,
         ).eval()
         torch.manual_seed(seed + 1)
         vae = _vae(scaling_factor=0.18215)
         torch.manual_seed(seed + 2)
         text_encoder = _clip_text_model(len(tokenizer) + 486)
-    scheduler = EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
-                                       num_train_timesteps=1000, timestep_spacing="leading", steps_offset=1)
+    scheduler = EulerDiscreteScheduler(
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        num_train_timesteps=1000,
+        timestep_spacing="leading",
+        steps_offset=1,
+    )
     pipe = StableDiffusionPipeline(
-        vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet, scheduler=scheduler,
-        safety_checker=None, feature_extractor=None, requires_safety_checker=False,
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        unet=unet,
+        scheduler=scheduler,
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
     )
     return _save(pipe, out, "sd", seed)
 
@@ -168,23 +211,43 @@ def build_tiny_flux(out_dir: str | Path, seed: int = 0) -> Path:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         transformer = FluxTransformer2DModel(
-            patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=16,
-            num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
+            patch_size=1,
+            in_channels=16,
+            num_layers=2,
+            num_single_layers=2,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            joint_attention_dim=32,
+            pooled_projection_dim=32,
             axes_dims_rope=(4, 4, 8),
         ).eval()
         torch.manual_seed(seed + 1)
-        vae = _vae(use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0609,
-                   scaling_factor=1.5035)
+        vae = _vae(use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0609, scaling_factor=1.5035)
         torch.manual_seed(seed + 2)
         text_encoder = _clip_text_model(len(tokenizer) + 486)
         torch.manual_seed(seed + 3)
-        t5 = T5EncoderModel(T5Config(
-            vocab_size=len(tokenizer_2) + 56, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
-            relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
-        )).eval()
+        t5 = T5EncoderModel(
+            T5Config(
+                vocab_size=len(tokenizer_2) + 56,
+                d_model=32,
+                d_kv=8,
+                d_ff=37,
+                num_layers=2,
+                num_heads=4,
+                relative_attention_num_buckets=8,
+                pad_token_id=0,
+                eos_token_id=1,
+                decoder_start_token_id=0,
+            )
+        ).eval()
     pipe = FluxPipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
-        text_encoder_2=t5, tokenizer_2=tokenizer_2, transformer=transformer,
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        text_encoder_2=t5,
+        tokenizer_2=tokenizer_2,
+        transformer=transformer,
     )
     return _save(pipe, out, "flux", seed)
 
@@ -209,9 +272,15 @@ def build_tiny_pipeline(kind: str, out_dir: str | Path, seed: int = 0) -> Path:
 # --------------------------------------------------------------------------- LoRA
 
 
-def tiny_lora_state_dict(denoiser: torch.nn.Module, rank: int, seed: int = 0, *, prefix: str = "unet",
-                         targets: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0"),
-                         scale: float = 0.5) -> dict[str, torch.Tensor]:
+def tiny_lora_state_dict(
+    denoiser: torch.nn.Module,
+    rank: int,
+    seed: int = 0,
+    *,
+    prefix: str = "unet",
+    targets: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0"),
+    scale: float = 0.5,
+) -> dict[str, torch.Tensor]:
     """A random LoRA for ``denoiser`` in the diffusers/PEFT key format, ``{prefix}.{path}.lora_A/B.weight``.
 
     One pair per linear layer (``in_features``/``out_features``) whose dotted path ends with one of ``targets``:
@@ -232,8 +301,8 @@ def tiny_lora_state_dict(denoiser: torch.nn.Module, rank: int, seed: int = 0, *,
             continue  # Linear layers, and PEFT's LoRA wrappers around them (same features)
         if not any(path == t or path.endswith("." + t) for t in targets):
             continue
-        out[f"{prefix}.{path}.lora_A.weight"] = torch.randn(rank, n_in, generator=gen) * (scale / n_in ** 0.5)
-        out[f"{prefix}.{path}.lora_B.weight"] = torch.randn(n_out, rank, generator=gen) * (scale / rank ** 0.5)
+        out[f"{prefix}.{path}.lora_A.weight"] = torch.randn(rank, n_in, generator=gen) * (scale / n_in**0.5)
+        out[f"{prefix}.{path}.lora_B.weight"] = torch.randn(n_out, rank, generator=gen) * (scale / rank**0.5)
     if not out:
         raise ValueError(f"no Linear layer of {type(denoiser).__name__} ends with any of {targets}")
     return out

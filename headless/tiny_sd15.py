@@ -32,6 +32,7 @@ Usage::
 Needs ComfyUI importable (``COMFYUI_PATH``, default ``~/comfy/ComfyUI``) to build; a cached file
 (:func:`cached_tiny_sd15`) needs nothing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -269,7 +270,9 @@ def cached_tiny_sd15(
 
             subprocess.run(
                 [sys.executable, str(Path(__file__).resolve()), str(path), "--seed", str(seed)],
-                check=True, capture_output=True, text=True,
+                check=True,
+                capture_output=True,
+                text=True,
             )
         else:
             build_tiny_sd15(path, seed=seed)
@@ -317,7 +320,7 @@ def _verify(path: str | os.PathLike[str], steps: int, size: int) -> dict[str, An
     for msg in records.messages:
         low = msg.lower()
         if msg.startswith("clip missing: "):
-            keys = ast.literal_eval(msg[len("clip missing: "):])
+            keys = ast.literal_eval(msg[len("clip missing: ") :])
             assert all(k.endswith(allowed_missing) for k in keys), msg
         elif "missing" in low or "unexpected" in low or "left over" in low:
             raise AssertionError(f"load reported: {msg[:500]}")
@@ -339,7 +342,16 @@ def _verify(path: str | os.PathLike[str], steps: int, size: int) -> dict[str, An
         latent = torch.zeros(1, 4, size // 8, size // 8)
         noise = comfy.sample.prepare_noise(latent, seed)
         samples = comfy.sample.sample(
-            model, noise, steps, 7.0, "euler", "normal", cond(text), cond(""), latent, seed=seed,
+            model,
+            noise,
+            steps,
+            7.0,
+            "euler",
+            "normal",
+            cond(text),
+            cond(""),
+            latent,
+            seed=seed,
             disable_pbar=True,
         )
         return vae.decode(samples).float()
@@ -391,8 +403,11 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         path = build_tiny_sd15(path, seed=ns.seed)
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, sha256 {digest[:16]}) in "
-              f"{time.perf_counter() - t0:.1f} s", flush=True)
+        print(
+            f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, sha256 {digest[:16]}) in "
+            f"{time.perf_counter() - t0:.1f} s",
+            flush=True,
+        )
     if ns.verify or ns.check:
         t0 = time.perf_counter()
         info = verify_tiny_sd15(path)

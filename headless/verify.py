@@ -16,6 +16,7 @@ d. an interleaved benchmark: warm-up excluded, then ``rounds`` rounds of A B C .
 Every configuration gets its own freshly loaded pipeline (optimizations change pipelines in place), and
 all stay loaded for the interleaved benchmark: memory grows with the number of configurations.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,13 +48,20 @@ from ..core.record.environment import environment_fingerprint, fingerprint_diges
 from ..core.record.hashing import hash_image
 from .verify_render import format_table, write_grid
 
-__all__ = ["SCHEMA", "DEFAULT_CONFIGS", "VerifyConfig", "VerifySettings", "VerifyResult", "config_names",
-           "parse_configs", "run_verify"]
+__all__ = [
+    "SCHEMA",
+    "DEFAULT_CONFIGS",
+    "VerifyConfig",
+    "VerifySettings",
+    "VerifyResult",
+    "config_names",
+    "parse_configs",
+    "run_verify",
+]
 
 SCHEMA = "steadfast-verify/1"
 DEFAULT_CONFIGS = "baseline,qkv,channels_last,attn-math,vae-slicing,vae-tiling,compile-regional"
-_BASE_NAMES = ("baseline", "qkv", "channels_last", "vae-slicing", "vae-tiling", "compile-regional",
-               "compile-full")
+_BASE_NAMES = ("baseline", "qkv", "channels_last", "vae-slicing", "vae-tiling", "compile-regional", "compile-full")
 
 
 def config_names() -> list[str]:
@@ -63,8 +71,10 @@ def config_names() -> list[str]:
 
 def _options_for(part: str, backend: str, mode: str | None) -> OptimizeOptions:
     fixed = {
-        "baseline": OptimizeOptions(), "qkv": OptimizeOptions(qkv_fusion=True),
-        "channels_last": OptimizeOptions(channels_last=True), "vae-slicing": OptimizeOptions(vae_slicing=True),
+        "baseline": OptimizeOptions(),
+        "qkv": OptimizeOptions(qkv_fusion=True),
+        "channels_last": OptimizeOptions(channels_last=True),
+        "vae-slicing": OptimizeOptions(vae_slicing=True),
         "vae-tiling": OptimizeOptions(vae_tiling=True),
         "compile-regional": OptimizeOptions(scope="regional", compile=CompileOptions(backend=backend, mode=mode)),
         "compile-full": OptimizeOptions(scope="full", compile=CompileOptions(backend=backend, mode=mode)),
@@ -73,8 +83,10 @@ def _options_for(part: str, backend: str, mode: str | None) -> OptimizeOptions:
         return fixed[part]
     if part.startswith("attn-") and part[5:] in attention_names():
         return OptimizeOptions(attention=part[5:])
-    raise ValueError(f"unknown configuration {part!r}; known: {', '.join(_BASE_NAMES)}, attn-<backend> "
-                     f"(backends: {', '.join(attention_names())}), and '+' combinations")
+    raise ValueError(
+        f"unknown configuration {part!r}; known: {', '.join(_BASE_NAMES)}, attn-<backend> "
+        f"(backends: {', '.join(attention_names())}), and '+' combinations"
+    )
 
 
 def _expect_part(part: str, dtype: str, device: str, batch: int, backend: str) -> tuple[str, str]:
@@ -128,12 +140,23 @@ class VerifyConfig:
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON-safe dict."""
-        return {"name": self.name, "options": self.options.as_dict(), "expectation": self.expectation,
-                "reason": self.reason}
+        return {
+            "name": self.name,
+            "options": self.options.as_dict(),
+            "expectation": self.expectation,
+            "reason": self.reason,
+        }
 
 
-def parse_configs(spec: str | Sequence[str], *, dtype: str = "fp32", device: str = "cpu", batch: int = 1,
-                  compile_backend: str = "inductor", compile_mode: str | None = None) -> list[VerifyConfig]:
+def parse_configs(
+    spec: str | Sequence[str],
+    *,
+    dtype: str = "fp32",
+    device: str = "cpu",
+    batch: int = 1,
+    compile_backend: str = "inductor",
+    compile_mode: str | None = None,
+) -> list[VerifyConfig]:
     """Parse "baseline,qkv,attn-math,qkv+channels_last" into configurations; "baseline" is put first
     (added when missing, since parity is measured against it). Duplicates are dropped.
 
@@ -232,6 +255,7 @@ class _Progress:
         if enabled:
             try:
                 from tqdm.auto import tqdm
+
                 self._bar = tqdm(total=total, file=sys.stderr, unit="step", dynamic_ncols=True)
             except ImportError:
                 self._bar = None
@@ -260,14 +284,20 @@ def run_verify(settings: VerifySettings) -> VerifyResult:
     """
     settings.validate()
     t_start = time.perf_counter()
-    configs = parse_configs(settings.configs, dtype=settings.dtype, device=settings.device,
-                            batch=settings.batch, compile_backend=settings.compile_backend,
-                            compile_mode=settings.compile_mode)
+    configs = parse_configs(
+        settings.configs,
+        dtype=settings.dtype,
+        device=settings.device,
+        batch=settings.batch,
+        compile_backend=settings.compile_backend,
+        compile_mode=settings.compile_mode,
+    )
     out_dir = Path(settings.out_dir).expanduser()
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="steadfast-tiny-") as tmp:
         if settings.tiny is not None:
             from .tiny_pipelines import build_tiny_pipeline
+
             folder = build_tiny_pipeline(settings.tiny, Path(tmp) / settings.tiny, seed=0)
             source = {"kind": "tiny", "tiny": settings.tiny, "path": None}
             size = settings.size or (64, 64)
@@ -278,11 +308,26 @@ def run_verify(settings: VerifySettings) -> VerifyResult:
         return _run(settings, configs, folder, source, size, out_dir, t_start)
 
 
-def _run(s: VerifySettings, configs: list[VerifyConfig], folder: Path, source: dict[str, Any],
-         size: tuple[int, int] | None, out_dir: Path, t_start: float) -> VerifyResult:
-    width, height = (size if size is not None else (None, None))
-    gen_kw = dict(steps=s.steps, guidance=s.guidance, width=width, height=height, seed=s.seed, batch=s.batch,
-                  extra=s.extra, policy=s.policy)
+def _run(
+    s: VerifySettings,
+    configs: list[VerifyConfig],
+    folder: Path,
+    source: dict[str, Any],
+    size: tuple[int, int] | None,
+    out_dir: Path,
+    t_start: float,
+) -> VerifyResult:
+    width, height = size if size is not None else (None, None)
+    gen_kw = dict(
+        steps=s.steps,
+        guidance=s.guidance,
+        width=width,
+        height=height,
+        seed=s.seed,
+        batch=s.batch,
+        extra=s.extra,
+        policy=s.policy,
+    )
     progress = _Progress(len(configs) * (2 + s.runs) + s.rounds * len(configs), s.progress)
     entries: list[dict[str, Any]] = []
     pipes: dict[str, Any] = {}
@@ -298,8 +343,9 @@ def _run(s: VerifySettings, configs: list[VerifyConfig], folder: Path, source: d
                     source["pipeline"] = type(pipe).__name__
                 entry["optimize"] = optimize_pipeline(pipe, cfg.options).as_dict()
                 progress.step(f"warm-up {cfg.name}")
-                entry["warmup"] = warmup(pipe, width, height, s.batch, steps=s.steps, guidance=s.guidance,
-                                         extra=s.extra, policy=s.policy).as_dict()
+                entry["warmup"] = warmup(
+                    pipe, width, height, s.batch, steps=s.steps, guidance=s.guidance, extra=s.extra, policy=s.policy
+                ).as_dict()
                 raw, saved = [], []
                 for i in range(s.runs):
                     progress.step(f"run {i + 1}/{s.runs} {cfg.name}")
@@ -330,15 +376,33 @@ def _run(s: VerifySettings, configs: list[VerifyConfig], folder: Path, source: d
     ok = bool(ran) and ran[0]["name"] == "baseline" and all(e["self_consistent"] for e in ran)
     env = environment_fingerprint(verify_dtype=s.dtype, verify_device=s.device)
     report = {
-        "schema": SCHEMA, "ok": ok, "exit_code": 0 if ok else 1, "source": source,
-        "settings": {"configs": [c.name for c in configs], "runs": s.runs, "rounds": s.rounds,
-                     "steps": s.steps, "width": width, "height": height, "seed": s.seed, "batch": s.batch,
-                     "prompt": s.prompt, "negative_prompt": s.negative_prompt, "guidance": s.guidance,
-                     "dtype": s.dtype, "device": s.device, "compile_backend": s.compile_backend,
-                     "compile_mode": s.compile_mode, "extra": s.extra,
-                     "policy": s.policy.as_dict() if s.policy is not None else None},
+        "schema": SCHEMA,
+        "ok": ok,
+        "exit_code": 0 if ok else 1,
+        "source": source,
+        "settings": {
+            "configs": [c.name for c in configs],
+            "runs": s.runs,
+            "rounds": s.rounds,
+            "steps": s.steps,
+            "width": width,
+            "height": height,
+            "seed": s.seed,
+            "batch": s.batch,
+            "prompt": s.prompt,
+            "negative_prompt": s.negative_prompt,
+            "guidance": s.guidance,
+            "dtype": s.dtype,
+            "device": s.device,
+            "compile_backend": s.compile_backend,
+            "compile_mode": s.compile_mode,
+            "extra": s.extra,
+            "policy": s.policy.as_dict() if s.policy is not None else None,
+        },
         "self_consistency": {"ok": ok, "per_config": {e["name"]: e.get("self_consistent") for e in entries}},
-        "configs": entries, "environment": env, "environment_digest": fingerprint_digest(env),
+        "configs": entries,
+        "environment": env,
+        "environment_digest": fingerprint_digest(env),
     }
     grid = write_grid(entries, images, out_dir / "verify_grid.png") if images else None
     report["grid"] = str(grid) if grid is not None else None
@@ -357,11 +421,15 @@ def _refine_tiling(entry: dict[str, Any], cfg: VerifyConfig, width: int | None) 
     tile = (step or {}).get("details", {}).get("tile_sample_min_size")
     if isinstance(tile, int) and width is not None:
         if width > tile:
-            entry["expectation"], entry["reason"] = "differs", (
-                f"image {width} px > VAE tile {tile} px: tiles are decoded separately and blended")
+            entry["expectation"], entry["reason"] = (
+                "differs",
+                (f"image {width} px > VAE tile {tile} px: tiles are decoded separately and blended"),
+            )
         else:
-            entry["expectation"], entry["reason"] = "bit-equal", (
-                f"image {width} px <= VAE tile {tile} px: tiling does not engage")
+            entry["expectation"], entry["reason"] = (
+                "bit-equal",
+                (f"image {width} px <= VAE tile {tile} px: tiling does not engage"),
+            )
 
 
 def _parity(entries: list[dict[str, Any]], images: dict[str, torch.Tensor]) -> None:
@@ -386,8 +454,9 @@ def _parity(entries: list[dict[str, Any]], images: dict[str, torch.Tensor]) -> N
             e["status"] = "measured"
 
 
-def _benchmark(pipes: dict[str, Any], s: VerifySettings, gen_kw: dict[str, Any],
-               progress: _Progress) -> dict[str, dict[str, Any]]:
+def _benchmark(
+    pipes: dict[str, Any], s: VerifySettings, gen_kw: dict[str, Any], progress: _Progress
+) -> dict[str, dict[str, Any]]:
     samples: dict[str, list[float]] = {name: [] for name in pipes}
     for r in range(s.rounds):
         for name, pipe in pipes.items():
@@ -401,8 +470,11 @@ def _benchmark(pipes: dict[str, Any], s: VerifySettings, gen_kw: dict[str, Any],
     out = {}
     for name, xs in samples.items():
         med = statistics.median(xs)
-        out[name] = {"samples_s": [round(x, 6) for x in xs], "median_s": med, "min_s": min(xs),
-                     "ratio_vs_baseline": (med / base) if base else None,
-                     "speedup_vs_baseline": (base / med) if base and med > 0 else None}
+        out[name] = {
+            "samples_s": [round(x, 6) for x in xs],
+            "median_s": med,
+            "min_s": min(xs),
+            "ratio_vs_baseline": (med / base) if base else None,
+            "speedup_vs_baseline": (base / med) if base and med > 0 else None,
+        }
     return out
-

@@ -8,6 +8,7 @@ Entry point ``main(argv=None) -> int``. Runs as ``steadfast`` (console script), 
 Exit codes: 0 self-consistency held; 1 it did not (or the baseline failed); 2 bad arguments or a
 pipeline that cannot be loaded.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,16 +45,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="steadfast", description="Steadfast: fast and reproducible diffusion")
     sub = parser.add_subparsers(dest="command", required=True)
     v = sub.add_parser(
-        "verify", help="self-consistency, parity, grid and benchmark of optimization configs on a pipeline",
+        "verify",
+        help="self-consistency, parity, grid and benchmark of optimization configs on a pipeline",
         description="Run every configuration on a diffusers pipeline folder (or an embedded tiny one): "
-                    "N runs must give the same SHA-256; parity against the baseline is measured; a labelled "
-                    "grid PNG and a JSON report are written; configurations are benchmarked interleaved.")
+        "N runs must give the same SHA-256; parity against the baseline is measured; a labelled "
+        "grid PNG and a JSON report are written; configurations are benchmarked interleaved.",
+    )
     src = v.add_mutually_exclusive_group()
     src.add_argument("pipeline_dir", nargs="?", help="diffusers pipeline folder (with model_index.json)")
     src.add_argument("--tiny", choices=("sd", "flux"), help="build a tiny random-weight pipeline instead")
-    v.add_argument("--configs", default=None,
-                   help="comma-separated configurations, '+' combines them (default: baseline,qkv,"
-                        "channels_last,attn-math,vae-slicing,vae-tiling,compile-regional); see --list-configs")
+    v.add_argument(
+        "--configs",
+        default=None,
+        help="comma-separated configurations, '+' combines them (default: baseline,qkv,"
+        "channels_last,attn-math,vae-slicing,vae-tiling,compile-regional); see --list-configs",
+    )
     v.add_argument("--list-configs", action="store_true", help="print the known configuration names and exit")
     v.add_argument("--runs", type=int, default=3, help="runs per configuration for self-consistency (>= 2)")
     v.add_argument("--rounds", type=_positive, default=3, help="interleaved benchmark rounds (0: none)")
@@ -67,21 +73,27 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
     v.add_argument("--device", default="cpu")
     v.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for this process")
-    v.add_argument("--deterministic", action="store_true",
-                   help="run every generation under Steadfast's determinism policy (deterministic algorithms, "
-                        "no TF32; restored afterwards)")
+    v.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="run every generation under Steadfast's determinism policy (deterministic algorithms, "
+        "no TF32; restored afterwards)",
+    )
     v.add_argument("--compile-backend", default="inductor", help="torch.compile backend (inductor, eager ...)")
     v.add_argument("--compile-mode", default=None, help="torch.compile mode (inductor presets)")
-    v.add_argument("--max-sequence-length", type=int, default=None,
-                   help="text length for pipelines that take it (Flux T5)")
+    v.add_argument(
+        "--max-sequence-length", type=int, default=None, help="text length for pipelines that take it (Flux T5)"
+    )
     v.add_argument("--out", default="steadfast-verify", help="output folder (report JSON + grid PNG)")
     v.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
     v.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     t = sub.add_parser(
-        "tiny-pipeline", help="write a tiny random-weight diffusers pipeline folder (for the Diffusers template)",
+        "tiny-pipeline",
+        help="write a tiny random-weight diffusers pipeline folder (for the Diffusers template)",
         description="Write the tiny random-weight pipeline the tests use (seeded, a few MB, save_pretrained layout) "
-                    "to DIR, e.g. ComfyUI/models/diffusers/steadfast-tiny-sd: Load Diffusers Pipeline then lists "
-                    "it. Its images are noise; it shows that the workflow runs and is reproducible.")
+        "to DIR, e.g. ComfyUI/models/diffusers/steadfast-tiny-sd: Load Diffusers Pipeline then lists "
+        "it. Its images are noise; it shows that the workflow runs and is reproducible.",
+    )
     t.add_argument("out_dir", help="new or empty folder to write")
     t.add_argument("--kind", choices=("sd", "flux"), default="sd")
     t.add_argument("--seed", type=int, default=0)
@@ -139,12 +151,27 @@ def _verify(args: argparse.Namespace) -> int:
 
         policy = DeterminismPolicy(strict=True)
     settings = VerifySettings(
-        pipeline_dir=args.pipeline_dir, tiny=args.tiny, configs=args.configs or DEFAULT_CONFIGS,
-        runs=args.runs, rounds=args.rounds, steps=args.steps, size=args.size, seed=args.seed, batch=args.batch,
-        prompt=args.prompt, negative_prompt=args.negative_prompt, guidance=args.guidance, dtype=args.dtype,
-        device=args.device, compile_backend=args.compile_backend, compile_mode=args.compile_mode,
-        out_dir=args.out, progress=not args.no_progress, policy=policy,
-        extra={"max_sequence_length": args.max_sequence_length} if args.max_sequence_length else None)
+        pipeline_dir=args.pipeline_dir,
+        tiny=args.tiny,
+        configs=args.configs or DEFAULT_CONFIGS,
+        runs=args.runs,
+        rounds=args.rounds,
+        steps=args.steps,
+        size=args.size,
+        seed=args.seed,
+        batch=args.batch,
+        prompt=args.prompt,
+        negative_prompt=args.negative_prompt,
+        guidance=args.guidance,
+        dtype=args.dtype,
+        device=args.device,
+        compile_backend=args.compile_backend,
+        compile_mode=args.compile_mode,
+        out_dir=args.out,
+        progress=not args.no_progress,
+        policy=policy,
+        extra={"max_sequence_length": args.max_sequence_length} if args.max_sequence_length else None,
+    )
     try:
         result = run_verify(settings)
     except PipelineLoadError as e:

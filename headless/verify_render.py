@@ -1,4 +1,5 @@
 """Text table and labelled PNG grid for :mod:`.verify` reports (Pillow for the PNG)."""
+
 from __future__ import annotations
 
 import math
@@ -41,8 +42,9 @@ def format_table(report: dict[str, Any]) -> str:
     saved 8-bit PNGs are identical, self-consistency over the runs, warm-up seconds (includes
     compilation), benchmark median seconds and time relative to the baseline (< 1 is faster).
     """
-    rows = [("config", "expected", "measured vs baseline", "PNG", "status", "runs", "warm-up s",
-             "median s", "time/base")]
+    rows = [
+        ("config", "expected", "measured vs baseline", "PNG", "status", "runs", "warm-up s", "median s", "time/base")
+    ]
     runs = report["settings"]["runs"]
     for e in report["configs"]:
         if e.get("error"):
@@ -52,19 +54,34 @@ def format_table(report: dict[str, Any]) -> str:
         png = "-" if not p else ("same" if p.get("saved_identical") else "differs")
         n_same = f"{runs}/{runs} same" if e.get("self_consistent") else "MISMATCH"
         t = e.get("timing") or {}
-        rows.append((e["name"], e["expectation"], parity_label(e), png, e.get("status", ""), n_same,
-                     _fmt((e.get("warmup") or {}).get("seconds"), ".3f"), _fmt(t.get("median_s"), ".4f"),
-                     _fmt(t.get("ratio_vs_baseline"), ".2f")))
+        rows.append(
+            (
+                e["name"],
+                e["expectation"],
+                parity_label(e),
+                png,
+                e.get("status", ""),
+                n_same,
+                _fmt((e.get("warmup") or {}).get("seconds"), ".3f"),
+                _fmt(t.get("median_s"), ".4f"),
+                _fmt(t.get("ratio_vs_baseline"), ".2f"),
+            )
+        )
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     s = report["settings"]
     src = report["source"]
-    head = (f"steadfast verify: {src.get('pipeline', '?')} ({src.get('tiny') or src.get('path')}), "
-            f"{s['dtype']} on {s['device']}, {s['width'] or 'default'}x{s['height'] or 'default'}, "
-            f"{s['steps']} steps, seed {s['seed']}, batch {s['batch']}, {runs} runs, {s['rounds']} bench rounds")
-    verdict = ("SELF-CONSISTENT: every configuration gave identical digests over its runs" if report["ok"]
-               else "NOT SELF-CONSISTENT (or the baseline failed): see the runs column")
+    head = (
+        f"steadfast verify: {src.get('pipeline', '?')} ({src.get('tiny') or src.get('path')}), "
+        f"{s['dtype']} on {s['device']}, {s['width'] or 'default'}x{s['height'] or 'default'}, "
+        f"{s['steps']} steps, seed {s['seed']}, batch {s['batch']}, {runs} runs, {s['rounds']} bench rounds"
+    )
+    verdict = (
+        "SELF-CONSISTENT: every configuration gave identical digests over its runs"
+        if report["ok"]
+        else "NOT SELF-CONSISTENT (or the baseline failed): see the runs column"
+    )
     errors = [f"  {e['name']}: {e['error']}" for e in report["configs"] if e.get("error")]
     if errors:
         errors.insert(0, "configurations that could not run:")
@@ -127,10 +144,8 @@ def write_grid(entries: list[dict[str, Any]], images: dict[str, torch.Tensor], p
         hy = y + _LABEL_H + th + 2
         canvas.paste(_to_pil(heat, tile), (x, hy))
         same = bool(e.get("parity") and e["parity"]["identical"]) or name == "baseline"
-        draw.text((x + 3, hy + 2), "no difference" if same else "|diff| / its max", fill=(200, 200, 200),
-                  font=small)
+        draw.text((x + 3, hy + 2), "no difference" if same else "|diff| / its max", fill=(200, 200, 200), font=small)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     canvas.save(out, format="PNG")
     return out
-

@@ -1,4 +1,5 @@
 """ComfyUI V3 adapters for Steadfast (thin: ComfyUI types -> core calls -> outputs and UI)."""
+
 from __future__ import annotations
 
 from typing_extensions import override

@@ -1,6 +1,7 @@
 """What the samplers hand back the same way: the output, the run record as JSON text (the ``run_record`` output),
 and the node's UI (the record's summary line, and the record itself for the frontend's report box and Compare).
 """
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,5 @@
-"""Load Diffusers Pipeline: a diffusers pipeline folder of ComfyUI's models/diffusers -> DIFFUSERS_PIPELINE.
-"""
+"""Load Diffusers Pipeline: a diffusers pipeline folder of ComfyUI's models/diffusers -> DIFFUSERS_PIPELINE."""
+
 from __future__ import annotations
 
 import os
@@ -22,7 +22,8 @@ WHAT_TO_PUT = (
     f"stable-diffusion-v1-5/stable-diffusion-v1-5 --local-dir models/{FOLDER}/stable-diffusion-v1-5`; or, to try "
     f"the workflow in seconds, write the pack's tiny random-weight pipeline: `python custom_nodes/ComfyUI-Steadfast/"
     f"scripts/steadfast.py tiny-pipeline models/{FOLDER}/steadfast-tiny-sd` (run in the ComfyUI folder; its "
-    f"images are noise). Then refresh (R) and choose it in pipeline_name.")
+    f"images are noise). Then refresh (R) and choose it in pipeline_name."
+)
 
 
 def pipeline_folders() -> list[str]:
@@ -55,8 +56,10 @@ def resolve_folder(name: str) -> str:
         if os.path.isdir(path):
             return path
     searched = ", ".join(public(r) for r in roots)
-    raise PipelineLoadError(f"pipeline folder {name!r} not found in models/{FOLDER} (searched: {searched}); "
-                            f"available: {', '.join(pipeline_folders()) or 'none'}. {WHAT_TO_PUT}")
+    raise PipelineLoadError(
+        f"pipeline folder {name!r} not found in models/{FOLDER} (searched: {searched}); "
+        f"available: {', '.join(pipeline_folders()) or 'none'}. {WHAT_TO_PUT}"
+    )
 
 
 def _folder_signature(path: str) -> tuple:
@@ -79,22 +82,32 @@ class SteadfastLoadDiffusersPipeline(io.ComfyNode):
             display_name="Load Diffusers Pipeline (Steadfast)",
             category="Steadfast",
             description="Loads a diffusers pipeline folder (save_pretrained layout) from models/diffusers, from "
-                        "disk only. The Pipeline nodes (Optimize, Determinism Setup, Warmup, Sampler) take the result "
-                        "and never modify it.",
+            "disk only. The Pipeline nodes (Optimize, Determinism Setup, Warmup, Sampler) take the result "
+            "and never modify it.",
             inputs=[
-                io.Combo.Input("pipeline_name", options=pipeline_folders(),
-                               tooltip="A folder in models/diffusers holding model_index.json and one sub-folder "
-                                       "per component (what DiffusionPipeline.save_pretrained writes). None yet? "
-                                       "`python custom_nodes/ComfyUI-Steadfast/scripts/steadfast.py tiny-pipeline "
-                                       "models/diffusers/steadfast-tiny-sd` writes a tiny one (noise images), or "
-                                       "download one, e.g. stable-diffusion-v1-5 in diffusers format."),
-                io.Combo.Input("dtype", options=list(DTYPES), default="fp32",
-                               tooltip="Weight dtype of every model component. fp32 is the reproducible reference; "
-                                       "bf16/fp16 halve memory and change the output bits."),
+                io.Combo.Input(
+                    "pipeline_name",
+                    options=pipeline_folders(),
+                    tooltip="A folder in models/diffusers holding model_index.json and one sub-folder "
+                    "per component (what DiffusionPipeline.save_pretrained writes). None yet? "
+                    "`python custom_nodes/ComfyUI-Steadfast/scripts/steadfast.py tiny-pipeline "
+                    "models/diffusers/steadfast-tiny-sd` writes a tiny one (noise images), or "
+                    "download one, e.g. stable-diffusion-v1-5 in diffusers format.",
+                ),
+                io.Combo.Input(
+                    "dtype",
+                    options=list(DTYPES),
+                    default="fp32",
+                    tooltip="Weight dtype of every model component. fp32 is the reproducible reference; "
+                    "bf16/fp16 halve memory and change the output bits.",
+                ),
             ],
-            outputs=[DiffusersPipeline.Output(display_name="PIPELINE",
-                                              tooltip="The loaded pipeline (on ComfyUI's torch device)."),
-                     io.String.Output(display_name="report", tooltip="Pipeline class, components, dtype, device.")],
+            outputs=[
+                DiffusersPipeline.Output(
+                    display_name="PIPELINE", tooltip="The loaded pipeline (on ComfyUI's torch device)."
+                ),
+                io.String.Output(display_name="report", tooltip="Pipeline class, components, dtype, device."),
+            ],
         )
 
     @classmethod
@@ -125,10 +138,16 @@ class SteadfastLoadDiffusersPipeline(io.ComfyNode):
         pipe = load_pipeline(path, dtype=dtype, device=device, keep_on_cpu=on_gpu)
         handle = PipelineHandle(pipe, source=pipeline_name, dtype=dtype)
         den = denoiser_of(pipe)[0]
-        comps = ", ".join(f"{k} {type(m).__name__} ({count_params(m) / 1e6:.2f} M)"
-                          for k, m in module_components(pipe).items())
-        where = (f"runs on {device}: kept on the CPU, moved to {device} for each call after ComfyUI frees room, "
-                 "and back after it" if on_gpu else f"{device}")
-        report = (f"{type(pipe).__name__} from models/{FOLDER}/{pipeline_name} ({dtype}, {where}); "
-                  f"denoiser: {den}\n{comps}")
+        comps = ", ".join(
+            f"{k} {type(m).__name__} ({count_params(m) / 1e6:.2f} M)" for k, m in module_components(pipe).items()
+        )
+        where = (
+            f"runs on {device}: kept on the CPU, moved to {device} for each call after ComfyUI frees room, "
+            "and back after it"
+            if on_gpu
+            else f"{device}"
+        )
+        report = (
+            f"{type(pipe).__name__} from models/{FOLDER}/{pipeline_name} ({dtype}, {where}); denoiser: {den}\n{comps}"
+        )
         return io.NodeOutput(handle, report, ui=ui.PreviewText(report))

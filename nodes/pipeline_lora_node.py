@@ -1,6 +1,7 @@
 """Pipeline LoRA: DIFFUSERS_PIPELINE -> DIFFUSERS_PIPELINE carrying a LoRA, declared here and loaded when the
 pipeline runs (into a copy; hot-swapped into a compiled pipeline without recompiling).
 """
+
 from __future__ import annotations
 
 import os
@@ -22,20 +23,29 @@ class SteadfastPipelineLoRA(io.ComfyNode):
             display_name="Pipeline LoRA (Steadfast)",
             category="Steadfast",
             description="Adds a LoRA to a diffusers pipeline. It is loaded when the pipeline runs, into a copy (the "
-                        "input is unchanged). Put this node BEFORE Pipeline Optimize: the compiled pipeline is then "
-                        "prepared for max_rank, and choosing another LoRA hot-swaps its weights without recompiling.",
+            "input is unchanged). Put this node BEFORE Pipeline Optimize: the compiled pipeline is then "
+            "prepared for max_rank, and choosing another LoRA hot-swaps its weights without recompiling.",
             inputs=[
                 DiffusersPipeline.Input("pipeline", tooltip="The pipeline to add the LoRA to (not modified)."),
-                io.Combo.Input("lora_name", options=folder_paths.get_filename_list("loras"),
-                               tooltip="A diffusers/PEFT-format LoRA .safetensors file in models/loras."),
-                io.Int.Input("max_rank", default=64, min=1, max=4096,
-                             tooltip="The largest LoRA rank you will swap in. A compiled pipeline is prepared for "
-                                     "this rank (smaller LoRAs are zero-padded), so swapping LoRAs never "
-                                     "recompiles. Changing it makes Pipeline Optimize build and compile a new copy."),
+                io.Combo.Input(
+                    "lora_name",
+                    options=folder_paths.get_filename_list("loras"),
+                    tooltip="A diffusers/PEFT-format LoRA .safetensors file in models/loras.",
+                ),
+                io.Int.Input(
+                    "max_rank",
+                    default=64,
+                    min=1,
+                    max=4096,
+                    tooltip="The largest LoRA rank you will swap in. A compiled pipeline is prepared for "
+                    "this rank (smaller LoRAs are zero-padded), so swapping LoRAs never "
+                    "recompiles. Changing it makes Pipeline Optimize build and compile a new copy.",
+                ),
             ],
-            outputs=[DiffusersPipeline.Output(display_name="PIPELINE", tooltip="The pipeline carrying the LoRA."),
-                     io.String.Output(display_name="report",
-                                      tooltip="The LoRA, its rank, and how it will be applied.")],
+            outputs=[
+                DiffusersPipeline.Output(display_name="PIPELINE", tooltip="The pipeline carrying the LoRA."),
+                io.String.Output(display_name="report", tooltip="The LoRA, its rank, and how it will be applied."),
+            ],
         )
 
     @classmethod
@@ -57,7 +67,9 @@ class SteadfastPipelineLoRA(io.ComfyNode):
             lines.append(f"replaces the upstream LoRA {handle.lora.name} (one LoRA per pipeline)")
         state = peek_state(handle.pipe)
         if compile_record(handle.pipe) is not None and (state is None or state.hotswap_rank is None):
-            lines.append("WARNING: the pipeline is already compiled without LoRA hot-swap preparation; put this "
-                         "node before Pipeline Optimize, or a LoRA change may recompile")
+            lines.append(
+                "WARNING: the pipeline is already compiled without LoRA hot-swap preparation; put this "
+                "node before Pipeline Optimize, or a LoRA change may recompile"
+            )
         report = "\n".join(lines)
         return io.NodeOutput(handle.replace(lora=spec), report, ui=ui.PreviewText(report))

@@ -6,6 +6,7 @@ and may give one output to several nodes, so no node changes a handle it receive
 weight-sharing copy, and a LoRA is only *declared* (Pipeline LoRA) and made active right before the pipeline runs
 (Pipeline Sampler / Pipeline Warmup), hot-swapped into a compiled pipeline without recompiling.
 """
+
 from __future__ import annotations
 
 import comfy.model_management
@@ -20,8 +21,9 @@ DiffusersPipeline = io.Custom("DIFFUSERS_PIPELINE")
 def as_handle(value, node: str) -> PipelineHandle:
     """``value`` if it is a DIFFUSERS_PIPELINE, else a ``TypeError`` naming ``node`` and what it got."""
     if not isinstance(value, PipelineHandle):
-        raise TypeError(f"{node}: expected a DIFFUSERS_PIPELINE (from Load Diffusers Pipeline), got "
-                        f"{type(value).__name__}")
+        raise TypeError(
+            f"{node}: expected a DIFFUSERS_PIPELINE (from Load Diffusers Pipeline), got {type(value).__name__}"
+        )
     return value
 
 

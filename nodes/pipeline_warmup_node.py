@@ -1,6 +1,7 @@
 """Pipeline Warmup: a throw-away run of a DIFFUSERS_PIPELINE per size, so that the compile happens before the first
 real image.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -28,20 +29,30 @@ class SteadfastPipelineWarmup(io.ComfyNode):
             display_name="Pipeline Warmup (Steadfast)",
             category="Steadfast",
             description="Runs one short throw-away generation per target size (with the pipeline's LoRA and "
-                        "determinism policy active) so a compiled pipeline compiles here. Sizes it is already warm "
-                        "for are skipped. Shows compile seconds, graphs and recompiles.",
+            "determinism policy active) so a compiled pipeline compiles here. Sizes it is already warm "
+            "for are skipped. Shows compile seconds, graphs and recompiles.",
             inputs=[
                 DiffusersPipeline.Input("pipeline", tooltip="The (optimized) pipeline to warm up."),
                 *size_inputs(),
-                io.Float.Input("cfg", default=7.0, min=0.0, max=100.0, step=0.1,
-                               tooltip="Use the cfg of the real run: guidance on/off changes the batch the denoiser "
-                                       "sees."),
-                io.String.Input("sizes", default="", optional=True,
-                                tooltip="More target sizes to warm up, e.g. '512x512, 768x512' (pixels, width x "
-                                        "height)."),
+                io.Float.Input(
+                    "cfg",
+                    default=7.0,
+                    min=0.0,
+                    max=100.0,
+                    step=0.1,
+                    tooltip="Use the cfg of the real run: guidance on/off changes the batch the denoiser sees.",
+                ),
+                io.String.Input(
+                    "sizes",
+                    default="",
+                    optional=True,
+                    tooltip="More target sizes to warm up, e.g. '512x512, 768x512' (pixels, width x height).",
+                ),
             ],
-            outputs=[DiffusersPipeline.Output(display_name="PIPELINE", tooltip="The same pipeline, now warm."),
-                     io.String.Output(display_name="report", tooltip="Compile seconds, graphs, recompiles.")],
+            outputs=[
+                DiffusersPipeline.Output(display_name="PIPELINE", tooltip="The same pipeline, now warm."),
+                io.String.Output(display_name="report", tooltip="Compile seconds, graphs, recompiles."),
+            ],
         )
 
     @classmethod
@@ -65,6 +76,7 @@ class SteadfastPipelineWarmup(io.ComfyNode):
 
             def step(done: int, _total: int) -> None:
                 on_step(offset[0] + done, WARMUP_STEPS * len(todo))
+
             try:
                 with on_run_device(pipe, make_room) if todo else contextlib.nullcontext():
                     for w, h in targets:
@@ -72,11 +84,20 @@ class SteadfastPipelineWarmup(io.ComfyNode):
                         if (w, h) not in todo:
                             lines.append(f"already warm for {list(target)} (batch, height, width): nothing to do")
                             continue
-                        res = core_warmup(pipe, w, h, batch_size, steps=WARMUP_STEPS, guidance=cfg,
-                                          policy=handle.determinism, on_step=step)
+                        res = core_warmup(
+                            pipe,
+                            w,
+                            h,
+                            batch_size,
+                            steps=WARMUP_STEPS,
+                            guidance=cfg,
+                            policy=handle.determinism,
+                            on_step=step,
+                        )
                         offset[0] += WARMUP_STEPS
-                        lines.append(f"warm-up generation at {list(target)} (batch, height, width): "
-                                     f"{res.seconds:.2f} s")
+                        lines.append(
+                            f"warm-up generation at {list(target)} (batch, height, width): {res.seconds:.2f} s"
+                        )
             finally:
                 if rec is not None:
                     REGISTRY.set_strict(rec, strict)

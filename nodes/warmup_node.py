@@ -1,4 +1,5 @@
 """Steadfast Warmup: run the model once at the target size so compilation happens here, not in the timed run."""
+
 from __future__ import annotations
 
 import time
@@ -25,8 +26,10 @@ def _zero_conditioning(model, batch: int) -> list:
     cfg = getattr(model.model.model_config, "unet_config", {}) or {}
     context_dim = cfg.get("context_dim")
     if not context_dim:
-        raise ValueError("Warmup: cannot build conditioning for this model type from its config; "
-                         "connect the 'positive' and 'negative' inputs.")
+        raise ValueError(
+            "Warmup: cannot build conditioning for this model type from its config; "
+            "connect the 'positive' and 'negative' inputs."
+        )
     extra = {}
     adm = cfg.get("adm_in_channels")
     if adm:  # SDXL-style pooled output; the rest of the ADM vector is derived from width/height
@@ -43,31 +46,46 @@ class SteadfastWarmup(io.ComfyNode):
             display_name="Warmup (Steadfast)",
             category="Steadfast",
             description="Runs one sampling step at the target size so torch.compile compiles here. A model already "
-                        "warm at this size is not run again. Shows compile seconds, graphs, recompiles and cache "
-                        "state.",
+            "warm at this size is not run again. Shows compile seconds, graphs, recompiles and cache "
+            "state.",
             inputs=[
-                io.Model.Input("model", tooltip="The (optimized) MODEL to warm up. Diffusers pipelines: use "
-                                                "Pipeline Warmup."),
+                io.Model.Input(
+                    "model", tooltip="The (optimized) MODEL to warm up. Diffusers pipelines: use Pipeline Warmup."
+                ),
                 io.Int.Input("width", default=512, min=16, max=16384, step=8, tooltip="Target image width in pixels."),
-                io.Int.Input("height", default=512, min=16, max=16384, step=8,
-                             tooltip="Target image height in pixels."),
+                io.Int.Input(
+                    "height", default=512, min=16, max=16384, step=8, tooltip="Target image height in pixels."
+                ),
                 io.Int.Input("batch_size", default=1, min=1, max=4096, tooltip="Target batch size."),
-                io.Float.Input("cfg", default=8.0, min=0.0, max=100.0, step=0.1,
-                               tooltip="Use the cfg of the real run: cfg 1.0 skips the negative pass, which changes "
-                                       "the batch the model sees."),
-                io.Conditioning.Input("positive", optional=True,
-                                      tooltip="Optional conditioning; zeros of the model's context shape when "
-                                              "absent."),
+                io.Float.Input(
+                    "cfg",
+                    default=8.0,
+                    min=0.0,
+                    max=100.0,
+                    step=0.1,
+                    tooltip="Use the cfg of the real run: cfg 1.0 skips the negative pass, which changes "
+                    "the batch the model sees.",
+                ),
+                io.Conditioning.Input(
+                    "positive",
+                    optional=True,
+                    tooltip="Optional conditioning; zeros of the model's context shape when absent.",
+                ),
                 io.Conditioning.Input("negative", optional=True, tooltip="Optional negative conditioning."),
-                io.String.Input("sizes", default="", optional=True,
-                                tooltip="More target sizes to warm up, e.g. '512x512, 768x512' (pixels; width x "
-                                        "height also used). With Optimize dynamic=true one graph serves every size; "
-                                        "with dynamic=auto the second size makes the graph dynamic (one recompile "
-                                        "here)."),
+                io.String.Input(
+                    "sizes",
+                    default="",
+                    optional=True,
+                    tooltip="More target sizes to warm up, e.g. '512x512, 768x512' (pixels; width x "
+                    "height also used). With Optimize dynamic=true one graph serves every size; "
+                    "with dynamic=auto the second size makes the graph dynamic (one recompile "
+                    "here).",
+                ),
             ],
-            outputs=[io.Model.Output(display_name="MODEL", tooltip="The same model, now warm."),
-                     io.String.Output(display_name="report",
-                                      tooltip="Compile seconds, graphs, recompiles, cache state.")],
+            outputs=[
+                io.Model.Output(display_name="MODEL", tooltip="The same model, now warm."),
+                io.String.Output(display_name="report", tooltip="Compile seconds, graphs, recompiles, cache state."),
+            ],
         )
 
     @classmethod
@@ -76,8 +94,9 @@ class SteadfastWarmup(io.ComfyNode):
         return check_sizes(sizes)
 
     @classmethod
-    def execute(cls, model, width: int, height: int, batch_size: int, cfg: float,
-                positive=None, negative=None, sizes: str = "") -> io.NodeOutput:
+    def execute(
+        cls, model, width: int, height: int, batch_size: int, cfg: float, positive=None, negative=None, sizes: str = ""
+    ) -> io.NodeOutput:
         latent_format = model.get_model_object("latent_format")
         channels = latent_format.latent_channels
         down = getattr(latent_format, "spacial_downscale_ratio", 8)
@@ -143,13 +162,16 @@ def _warm_one(model, shape: tuple[int, ...], cfg: float, positive, negative) -> 
     latent = torch.zeros(shape)
     noise = torch.zeros(shape)
     t0 = time.perf_counter()
-    comfy.sample.sample(model, noise, 1, cfg, "euler", "normal", positive, negative, latent,
-                        denoise=1.0, disable_pbar=True, seed=0)
+    comfy.sample.sample(
+        model, noise, 1, cfg, "euler", "normal", positive, negative, latent, denoise=1.0, disable_pbar=True, seed=0
+    )
     seconds = time.perf_counter() - t0
     record = REGISTRY.get(model.model)
     if record is None:
-        return positive, negative, (f"warmup step at latent {list(shape)}: {seconds:.2f} s "
-                                    "(model is not compiled by Steadfast)")
+        return (
+            positive,
+            negative,
+            (f"warmup step at latent {list(shape)}: {seconds:.2f} s (model is not compiled by Steadfast)"),
+        )
     REGISTRY.mark_warm(record, shape)
     return positive, negative, f"warmup step at latent {list(shape)}: {seconds:.2f} s\n{record.as_text()}"
-

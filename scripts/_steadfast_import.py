@@ -5,6 +5,7 @@ installed package, so tests, benchmarks and ``scripts/steadfast.py`` load it und
 ComfyUI itself loads it under its folder name; everything inside uses relative imports, so both work.
 ``scripts/`` is not a package: callers put it on ``sys.path`` and ``import _steadfast_import``.
 """
+
 from __future__ import annotations
 
 import importlib.util

@@ -10,6 +10,7 @@ appears after a run (our info box, image previews), so nothing overlaps::
     python scripts/api_to_ui.py http://127.0.0.1:8188 example_workflows/api/X.json example_workflows/X.json
     python scripts/api_to_ui.py --all     # start a server, regenerate every template from its API twin
 """
+
 from __future__ import annotations
 
 import json
@@ -37,7 +38,8 @@ _TINY_NOTE = (
     "pack's headless check (steadfast run) builds for itself; its pictures are noise, and it is not in your models "
     "folder. Any SD1.5 checkpoint you have will do (e.g. v1-5-pruned-emaonly-fp16.safetensors, which ComfyUI's own "
     "SD1.5 template offers to download): the check compares this run with another run or a pinned hash, never with "
-    "a fixed picture.")
+    "a fixed picture."
+)
 TEMPLATE_NOTES = {
     "determinism_check": _TINY_NOTE,
     "optimized_vs_baseline": _TINY_NOTE,
@@ -54,7 +56,8 @@ TEMPLATE_NOTES = {
         "download) into models/diffusers.\n"
         "These defaults (256x256, 4 steps, no compile) are for a first try: on a 2-core CPU they finish in under a "
         "minute with a small pipeline. For real use raise width/height (Warmup and Sampler alike) to 512, steps to "
-        "20-30, and set Pipeline Optimize compile=regional (inductor), best on a GPU."),
+        "20-30, and set Pipeline Optimize compile=regional (inductor), best on a GPU."
+    ),
 }
 NOTE_WIDTH, NOTE_HEIGHT = 320, 300
 
@@ -67,6 +70,7 @@ def ui_template_name(api_name: str) -> str:
 def api_template_name(ui_name: str) -> str:
     """The API twin's stem for a UI template stem (inverse of :func:`ui_template_name`)."""
     return next((k for k, v in TEMPLATE_TITLES.items() if v == ui_name), ui_name)
+
 
 # Layout, in canvas pixels, matching ComfyUI frontend 1.35's LGraphNode.computeSize() (measured): a slot row is
 # 20, a widget 24 (a multi-line text box 54), plus 6 / 8 margins; the title bar (30) sits above ``pos``.
@@ -122,8 +126,11 @@ def convert(api: dict, object_info: dict, note: str | None = None) -> dict:
 
     def d(nid: str) -> int:
         if nid not in depth:
-            srcs = [v[0] for v in api[nid]["inputs"].values()
-                    if isinstance(v, list) and len(v) == 2 and isinstance(v[0], str)]
+            srcs = [
+                v[0]
+                for v in api[nid]["inputs"].values()
+                if isinstance(v, list) and len(v) == 2 and isinstance(v[0], str)
+            ]
             depth[nid] = 1 + max((d(s) for s in srcs), default=-1)
         return depth[nid]
 
@@ -156,29 +163,68 @@ def convert(api: dict, object_info: dict, note: str | None = None) -> dict:
                 if len(spec) > 1 and isinstance(spec[1], dict) and spec[1].get("control_after_generate"):
                     widgets.append("fixed")
         col = d(nid)
-        n_multiline = sum(1 for name in names if is_widget(specs[name]) and len(specs[name]) > 1
-                          and isinstance(specs[name][1], dict) and specs[name][1].get("multiline"))
+        n_multiline = sum(
+            1
+            for name in names
+            if is_widget(specs[name])
+            and len(specs[name]) > 1
+            and isinstance(specs[name][1], dict)
+            and specs[name][1].get("multiline")
+        )
         height = node_height(info, len(widgets), n_multiline)
         y = column_y.get(col, 40 + TITLE_HEIGHT)
         column_y[col] = y + height + after_run_room(node["class_type"], info) + TITLE_HEIGHT + ROW_GAP
-        nodes.append({
-            "id": int(nid), "type": node["class_type"], "pos": [40 + COLUMN_STEP * col, y],
-            "size": [NODE_WIDTH, height],
-            "flags": {}, "order": order, "mode": 0, "inputs": inputs, "outputs": [],
-            "properties": {"Node name for S&R": node["class_type"]}, "widgets_values": widgets,
-            **({"title": node["_meta"]["title"]} if node.get("_meta", {}).get("title") else {}),
-        })
+        nodes.append(
+            {
+                "id": int(nid),
+                "type": node["class_type"],
+                "pos": [40 + COLUMN_STEP * col, y],
+                "size": [NODE_WIDTH, height],
+                "flags": {},
+                "order": order,
+                "mode": 0,
+                "inputs": inputs,
+                "outputs": [],
+                "properties": {"Node name for S&R": node["class_type"]},
+                "widgets_values": widgets,
+                **({"title": node["_meta"]["title"]} if node.get("_meta", {}).get("title") else {}),
+            }
+        )
     for n in nodes:
         info = object_info[n["type"]]
-        n["outputs"] = [{"name": name, "type": t, "links": out_links.get((str(n["id"]), i), []), "slot_index": i}
-                        for i, (t, name) in enumerate(zip(info["output"], info["output_name"]))]
+        n["outputs"] = [
+            {"name": name, "type": t, "links": out_links.get((str(n["id"]), i), []), "slot_index": i}
+            for i, (t, name) in enumerate(zip(info["output"], info["output_name"]))
+        ]
     if note:
-        nodes.append({"id": max(int(i) for i in ids) + 1, "type": "Note", "pos": [40, 40 + TITLE_HEIGHT],
-                      "size": [NOTE_WIDTH, NOTE_HEIGHT], "flags": {}, "order": len(nodes), "mode": 0, "inputs": [],
-                      "outputs": [], "title": "Before you run", "properties": {"text": ""}, "widgets_values": [note],
-                      "color": "#432", "bgcolor": "#653"})
-    return {"last_node_id": max(n["id"] for n in nodes), "last_link_id": len(links), "nodes": nodes, "links": links,
-            "groups": [], "config": {}, "extra": {}, "version": 0.4}
+        nodes.append(
+            {
+                "id": max(int(i) for i in ids) + 1,
+                "type": "Note",
+                "pos": [40, 40 + TITLE_HEIGHT],
+                "size": [NOTE_WIDTH, NOTE_HEIGHT],
+                "flags": {},
+                "order": len(nodes),
+                "mode": 0,
+                "inputs": [],
+                "outputs": [],
+                "title": "Before you run",
+                "properties": {"text": ""},
+                "widgets_values": [note],
+                "color": "#432",
+                "bgcolor": "#653",
+            }
+        )
+    return {
+        "last_node_id": max(n["id"] for n in nodes),
+        "last_link_id": len(links),
+        "nodes": nodes,
+        "links": links,
+        "groups": [],
+        "config": {},
+        "extra": {},
+        "version": 0.4,
+    }
 
 
 def regenerate_all() -> list[Path]:

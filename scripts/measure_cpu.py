@@ -10,6 +10,7 @@ hardware- and build-dependent, so it is measured and printed here rather than as
 
 Runs in a few seconds; needs no ComfyUI. Restores the thread count and the deterministic flag.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,10 @@ def thread_rows() -> list[str]:
             one, two = _at_threads(1, fn), _at_threads(2, fn)
         equal = torch.equal(one.view(torch.int32), two.view(torch.int32))
         diff = float((one.double() - two.double()).abs().max())
-        rows.append(f"| threads | fp32 {name}: 1 vs 2 threads | {'bit-equal' if equal else 'differ'}, "
-                    f"max abs diff {diff:.2g} |")
+        rows.append(
+            f"| threads | fp32 {name}: 1 vs 2 threads | {'bit-equal' if equal else 'differ'}, "
+            f"max abs diff {diff:.2g} |"
+        )
     return rows
 
 
@@ -72,16 +75,21 @@ def fill_row(mib: int = 256, repeats: int = 5) -> str:
         filled = bool(torch.isnan(torch.empty(8)).all())
     finally:
         torch.use_deterministic_algorithms(was)
-    return (f"| fill | torch.empty {mib} MiB fp32, deterministic algorithms off / on | {off:.2g} s / {on:.2g} s"
-            f"{' (NaN-filled)' if filled else ''} |")
+    return (
+        f"| fill | torch.empty {mib} MiB fp32, deterministic algorithms off / on | {off:.2g} s / {on:.2g} s"
+        f"{' (NaN-filled)' if filled else ''} |"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
     cpu = platform.processor() or "unknown CPU"
     if Path("/proc/cpuinfo").exists():
-        names = [ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                 if ln.startswith("model name")]
+        names = [
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ]
         cpu = names[0] if names else cpu
     print(f"torch {torch.__version__}, {cpu}, {torch.get_num_threads()} threads by default\n")
     print("| fact | what | result |\n|---|---|---|")

@@ -8,6 +8,7 @@ prints one Markdown row per variant: the ops whose bytes differ, with max |delta
 quotes the output. On an AVX2-only CPU the AVX512 caps are no-ops (the CPU cannot go higher); the script says
 which ISA flags the CPU has.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,10 @@ VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
     "default threads=1": ("default", {"OMP_NUM_THREADS": "1"}),
     "portable": ("portable", {}),
     "portable onednn=SSE41": ("portable", {"ONEDNN_MAX_CPU_ISA": "SSE41", "DNNL_MAX_CPU_ISA": "SSE41"}),
-    "portable onednn=AVX512_CORE_AMX": ("portable", {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX",
-                                                     "DNNL_MAX_CPU_ISA": "AVX512_CORE_AMX"}),
+    "portable onednn=AVX512_CORE_AMX": (
+        "portable",
+        {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX", "DNNL_MAX_CPU_ISA": "AVX512_CORE_AMX"},
+    ),
     "portable mkl_instr=SSE4_2": ("portable", {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}),
     "portable mkl_instr=AVX512": ("portable", {"MKL_ENABLE_INSTRUCTIONS": "AVX512"}),
     "portable aten=default (a CPU without AVX2: refused)": ("portable-raw", {"ATEN_CPU_CAPABILITY": "default"}),
@@ -47,6 +50,7 @@ def child(out: str) -> None:
     mode = os.environ.get("MEASURE_MODE", "default")
     if mode == "portable":
         from core.determinism.portable import apply_in_process
+
         apply_in_process()
     elif mode == "portable-raw":  # the in-process part without the environment check
         torch.backends.mkldnn.enabled = False
@@ -62,14 +66,21 @@ def child(out: str) -> None:
     q, k, v = r(1, 8, 1024, 40), r(1, 8, 77, 40), r(1, 8, 77, 40)
     img, cw = r(1, 64, 32, 32), r(64, 64, 3, 3) / 24
     outs = {
-        "linear": F.linear(x, w), "bmm": torch.bmm(r(8, 256, 64), r(8, 64, 256)),
-        "conv2d": F.conv2d(img, cw, padding=1), "group_norm": F.group_norm(img, 32),
-        "layer_norm": F.layer_norm(x, (320,)), "softmax": torch.softmax(r(8, 1024, 77) * 4, -1),
-        "sdpa": F.scaled_dot_product_attention(q, k, v), "gelu": F.gelu(x), "silu": F.silu(x),
-        "exp": torch.exp(x), "sum": r(1 << 20).sum().reshape(1),
+        "linear": F.linear(x, w),
+        "bmm": torch.bmm(r(8, 256, 64), r(8, 64, 256)),
+        "conv2d": F.conv2d(img, cw, padding=1),
+        "group_norm": F.group_norm(img, 32),
+        "layer_norm": F.layer_norm(x, (320,)),
+        "softmax": torch.softmax(r(8, 1024, 77) * 4, -1),
+        "sdpa": F.scaled_dot_product_attention(q, k, v),
+        "gelu": F.gelu(x),
+        "silu": F.silu(x),
+        "exp": torch.exp(x),
+        "sum": r(1 << 20).sum().reshape(1),
         "randn": torch.randn(16384, generator=torch.Generator().manual_seed(42)),
     }
     from core.determinism.portable import cpu_settings
+
     torch.save({"outs": outs, "settings": cpu_settings()}, out)
 
 
@@ -81,8 +92,11 @@ def run_variant(name: str, tmp: Path) -> dict:
     from core.determinism.portable import portable_env
 
     mode, over = VARIANTS[name]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ATEN_", "ONEDNN_", "DNNL_", "MKL_", "OMP_",
-                                                                      "STEADFAST_PORTABLE"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ATEN_", "ONEDNN_", "DNNL_", "MKL_", "OMP_", "STEADFAST_PORTABLE"))
+    }
     env.update(portable_env() if mode.startswith("portable") else {})
     env.update(over, MEASURE_MODE=mode)
     out = tmp / (str(abs(hash(name))) + ".pt")
@@ -121,8 +135,10 @@ def main(argv: list[str] | None = None) -> int:
                     bad.append(f"{op} {float((t - t0).abs().max()):.2g}")
             diffs = ", ".join(bad) or "none (all bit-equal)"
         s = cur["settings"]
-        used = (f"aten {s['aten_capability']}, oneDNN {'on' if s['mkldnn_enabled'] else 'off'}, "
-                f"MKL {s['mkl_cbwr']}, {s['threads']} thr")
+        used = (
+            f"aten {s['aten_capability']}, oneDNN {'on' if s['mkldnn_enabled'] else 'off'}, "
+            f"MKL {s['mkl_cbwr']}, {s['threads']} thr"
+        )
         rows.append({"variant": n, "reference": ref_name, "settings": s, "differ": diffs})
         print(f"| {n} | {ref_name} | {used} | {diffs} |")
     flags = results[names[0]]["settings"]["cpu_flags"]

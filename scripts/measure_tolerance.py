@@ -8,6 +8,7 @@ PSNR and max |delta|. Prints one Markdown row per variant, then the portable vs 
 ``--repeat`` prompts, the sampler's own seconds and the prompt's wall time). ``docs/reproducing.md`` quotes it.
 Needs ComfyUI (``COMFYUI_PATH``); takes a few minutes on 2 cores.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -101,8 +102,10 @@ def cost(rounds: int) -> int:
             s.close()
     print("| server | prompt wall s (median, min) | sampler s (median, min) |\n|---|---|---|")
     for n in servers:
-        print(f"| {n} | {statistics.median(walls[n]):.2f}, {min(walls[n]):.2f} | "
-              f"{statistics.median(secs[n]):.2f}, {min(secs[n]):.2f} |")
+        print(
+            f"| {n} | {statistics.median(walls[n]):.2f}, {min(walls[n]):.2f} | "
+            f"{statistics.median(secs[n]):.2f}, {min(secs[n]):.2f} |"
+        )
     print("\n| variant | verdict vs default | PSNR (dB) | max abs delta |\n|---|---|---|---|")
     for n, item in others.items():
         v = verdict.grade(item["hash"], ref["hash"], item["reference"], ref["reference"])

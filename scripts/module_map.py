@@ -8,6 +8,7 @@ redocumenting a module run::
     python scripts/module_map.py          # rewrites the table in docs/architecture.md
     python scripts/module_map.py --check  # exit 1 (and print the rows) when the table is stale
 """
+
 from __future__ import annotations
 
 import ast
@@ -23,8 +24,13 @@ _ORDER = {"core": 1, "headless": 2, "nodes": 3}
 
 def modules() -> list[str]:
     """Tracked (and new, not ignored) ``.py`` files of the shipped tree, root ``__init__.py`` first."""
-    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "__init__.py", "core", "headless", "nodes"],
-                         cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "__init__.py", "core", "headless", "nodes"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     files = {f for f in out if f.endswith(".py") and (ROOT / f).is_file()}
     return sorted(files, key=lambda f: (_ORDER.get(f.split("/")[0], 0) if "/" in f else 0, f))
 

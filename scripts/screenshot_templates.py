@@ -18,6 +18,7 @@ the one that ComfyUI pins: put first on ``PYTHONPATH`` as ``scripts/test_newer_f
 Tiny random-weight models, so the pictures are noise. Needs Debian's ``chromium`` and the ``playwright`` package
 (no browser download).
 """
+
 from __future__ import annotations
 
 import base64
@@ -52,8 +53,11 @@ def _frontend_label(comfyui: Path) -> str:
     import importlib.metadata as md
 
     served = md.version("comfyui-frontend-package")
-    pins = [line.split("==", 1)[1].strip() for line in (comfyui / "requirements.txt").read_text().splitlines()
-            if line.startswith("comfyui-frontend-package==")]
+    pins = [
+        line.split("==", 1)[1].strip()
+        for line in (comfyui / "requirements.txt").read_text().splitlines()
+        if line.startswith("comfyui-frontend-package==")
+    ]
     return "" if served in pins else f"-frontend-{served}"
 
 
@@ -106,11 +110,13 @@ def write_thumbnail(page, server: ComfyServer, entry: dict, out: Path) -> str:
     if saved is not None:
         pic = Image.open(io.BytesIO(server.view(saved))).convert("RGB")
         card.paste(pic.resize((side, side), Image.NEAREST), (16, 16))
-    data = page.evaluate("() => { const c = window.app.canvas; c.draw(true, true);"
-                         " return c.canvas.toDataURL('image/png') }")
+    data = page.evaluate(
+        "() => { const c = window.app.canvas; c.draw(true, true); return c.canvas.toDataURL('image/png') }"
+    )
     graph = Image.open(io.BytesIO(base64.b64decode(data.split(",", 1)[1]))).convert("RGB")
     bg = Image.new("RGB", graph.size, graph.getpixel((0, 0)))
     from PIL import ImageChops
+
     box = ImageChops.difference(graph, bg).convert("L").point(lambda v: 255 if v > 16 else 0).getbbox()
     graph = graph.crop(box) if box else graph
     # beside the picture; a template that saves no picture (Optimized vs baseline compares two) gets the whole card
@@ -131,6 +137,7 @@ def main() -> int:
     from _steadfast_import import import_steadfast
     from PIL import Image
     from playwright.sync_api import sync_playwright
+
     import_steadfast()
     from steadfast.headless import tiny_pipelines as tiny
 
@@ -141,8 +148,11 @@ def main() -> int:
     version = _version(comfyui) + _frontend_label(comfyui)
     OUT.mkdir(parents=True, exist_ok=True)
     ckpt = tiny_sd15.cached_tiny_sd15(tiny_sd15.default_cache_dir(), in_subprocess=True)
-    with tempfile.TemporaryDirectory() as tmp, \
-            ComfyServer({tiny_sd15.CHECKPOINT_NAME: ckpt}, comfyui=comfyui) as server, sync_playwright() as pw:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        ComfyServer({tiny_sd15.CHECKPOINT_NAME: ckpt}, comfyui=comfyui) as server,
+        sync_playwright() as pw,
+    ):
         server.link_models("diffusers", {TINY_PIPELINE: tiny.build_tiny_sd(Path(tmp) / "sd")})
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
         # a large page: FitView then stays above the zoom at which the frontend stops drawing text
@@ -151,27 +161,37 @@ def main() -> int:
         page.wait_for_function("() => !!(window.app && window.app.graph && window.app.canvas)", timeout=60_000)
         page.keyboard.press("Escape")
         for setting in ("Comfy.Minimap.Visible", "Comfy.Graph.CanvasInfo"):
-            page.evaluate("async (k) => { try { await window.app.extensionManager.setting.set(k, false) }"
-                          " catch (e) {} }", setting)
+            page.evaluate(
+                "async (k) => { try { await window.app.extensionManager.setting.set(k, false) } catch (e) {} }",
+                setting,
+            )
         args = sys.argv[1:]
         thumbs = "--thumbnails" in args
         only = {a for a in args if not a.startswith("--")}
-        has_vue = page.evaluate("() => { try { window.app.extensionManager.setting.get('Comfy.VueNodes.Enabled');"
-                                " return true } catch (e) { return false } }")
+        has_vue = page.evaluate(
+            "() => { try { window.app.extensionManager.setting.get('Comfy.VueNodes.Enabled');"
+            " return true } catch (e) { return false } }"
+        )
         renderers = ("canvas", "nodes2") if has_vue else ("canvas",)
         problems: list[str] = []
         if "--nodes2-only" in args:
             renderers = tuple(r for r in renderers if r == "nodes2")
         for renderer in renderers:
-            page.evaluate("async (on) => { try { await window.app.extensionManager.setting.set("
-                          "'Comfy.VueNodes.Enabled', on) } catch (e) {} }", renderer == "nodes2")
+            page.evaluate(
+                "async (on) => { try { await window.app.extensionManager.setting.set("
+                "'Comfy.VueNodes.Enabled', on) } catch (e) {} }",
+                renderer == "nodes2",
+            )
             for api_name, title in api_to_ui.TEMPLATE_TITLES.items():
                 if only and api_name not in only:
                     continue
                 wf = json.loads((ROOT / "example_workflows" / f"{title}.json").read_text(encoding="utf-8"))
                 page.evaluate("async (wf) => { await window.app.loadGraphData(wf) }", wf)
-                page.evaluate("(name) => { for (const n of window.app.graph.nodes) for (const w of n.widgets ?? [])"
-                              " if (w.name === 'pipeline_name') w.value = name }", TINY_PIPELINE)
+                page.evaluate(
+                    "(name) => { for (const n of window.app.graph.nodes) for (const w of n.widgets ?? [])"
+                    " if (w.name === 'pipeline_name') w.value = name }",
+                    TINY_PIPELINE,
+                )
                 server.free()  # every node runs: the wall time is a first run's
                 start = time.monotonic()
                 entry = _run_from_page(page, server)
@@ -179,20 +199,24 @@ def main() -> int:
                 status = entry["status"]["status_str"]
                 page.wait_for_timeout(1500)  # the reports reach the page
                 # dialogs and any full-page dimming layer (the template browser's, in either frontend)
-                page.evaluate("() => { document.querySelectorAll('[role=dialog], .p-dialog-mask')"
-                              ".forEach(d => d.remove());"
-                              " document.querySelectorAll('body *').forEach(e => { const s = getComputedStyle(e);"
-                              " if (s.position === 'fixed' && e.offsetWidth >= innerWidth"
-                              " && e.offsetHeight >= innerHeight"
-                              " && !e.querySelector('canvas') && s.backgroundColor !== 'rgba(0, 0, 0, 0)')"
-                              " e.remove() }) }")
+                page.evaluate(
+                    "() => { document.querySelectorAll('[role=dialog], .p-dialog-mask')"
+                    ".forEach(d => d.remove());"
+                    " document.querySelectorAll('body *').forEach(e => { const s = getComputedStyle(e);"
+                    " if (s.position === 'fixed' && e.offsetWidth >= innerWidth"
+                    " && e.offsetHeight >= innerHeight"
+                    " && !e.querySelector('canvas') && s.backgroundColor !== 'rgba(0, 0, 0, 0)')"
+                    " e.remove() }) }"
+                )
                 page.evaluate("() => window.app.extensionManager.command.execute('Comfy.Canvas.FitView')")
                 page.wait_for_timeout(1500)
                 reported = [i for i, o in entry["outputs"].items() if o.get("text")]
                 seen = page.evaluate(CHECK_JS, [renderer, reported])
                 if seen["overlaps"] or seen["unshown"]:
-                    problems.append(f"{api_name} {renderer}: overlapping nodes {seen['overlaps']}, reports not "
-                                    f"shown {seen['unshown']}")
+                    problems.append(
+                        f"{api_name} {renderer}: overlapping nodes {seen['overlaps']}, reports not "
+                        f"shown {seen['unshown']}"
+                    )
                 shot = Path(tmp) / "shot.png"
                 page.screenshot(path=str(shot))
                 img = Image.open(shot).convert("RGB")
@@ -201,9 +225,17 @@ def main() -> int:
                 suffix = "-nodes2" if renderer == "nodes2" else ""
                 out = OUT / f"{api_name}-comfyui-{version}{suffix}.png"
                 img.quantize(colors=128).save(out, optimize=True)
-                print(out.relative_to(ROOT), renderer, status, f"run {seconds:.1f} s", img.size, out.stat().st_size,
-                      "bytes", f"reports shown {len(reported) - len(seen['unshown'])}/{len(reported)}",
-                      f"overlapping node pairs {len(seen['overlaps'])}")
+                print(
+                    out.relative_to(ROOT),
+                    renderer,
+                    status,
+                    f"run {seconds:.1f} s",
+                    img.size,
+                    out.stat().st_size,
+                    "bytes",
+                    f"reports shown {len(reported) - len(seen['unshown'])}/{len(reported)}",
+                    f"overlapping node pairs {len(seen['overlaps'])}",
+                )
                 if thumbs and renderer == "canvas":
                     print(write_thumbnail(page, server, entry, ROOT / "example_workflows" / f"{title}.jpg"))
         browser.close()

@@ -4,6 +4,7 @@
 Registers the repository root as the package ``steadfast`` (:mod:`_steadfast_import`) and calls
 ``steadfast.headless.cli.main`` (``run`` and ``verify``); installed packs get the ``steadfast`` console script instead.
 """
+
 from __future__ import annotations
 
 import sys

@@ -5,6 +5,7 @@ Tests by kind: ``tests/core`` (the engine, plain torch), ``tests/comfy`` (needs 
 (the application: ``steadfast`` CLI, runner, verify), ``tests/repo`` (the repository itself: sources, docs,
 packaging). Nothing under ``tests/`` is shipped.
 """
+
 from __future__ import annotations
 
 import sys

@@ -9,6 +9,7 @@ them in for one call (:mod:`.swap`), Dynamo guard filters (:mod:`.guards`), the 
 
 The face below is lazy (PEP 562): importing the package compiles nothing and imports no submodule.
 """
+
 from __future__ import annotations
 
 from ..lazy_face import lazy_face

@@ -10,6 +10,7 @@ a staging folder, never ``extractall``), and only then moves the files into the 
 unpickled or loaded.
 No ComfyUI imports.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,9 +34,22 @@ from ..version import __version__
 from . import cache as cc
 from .cache_location import CacheRefused, check_location, check_name
 
-__all__ = ["ARTIFACT_FORMAT", "MANIFEST_MEMBER", "ARTIFACT_ENV", "ARTIFACT_SHA_ENV", "MAX_BYTES_ENV", "ArtifactInfo",
-           "ArtifactRefused", "export_artifact", "import_artifact", "inspect_artifact", "load_from_env",
-           "loaded_artifacts", "cache_note", "file_sha256"]
+__all__ = [
+    "ARTIFACT_FORMAT",
+    "MANIFEST_MEMBER",
+    "ARTIFACT_ENV",
+    "ARTIFACT_SHA_ENV",
+    "MAX_BYTES_ENV",
+    "ArtifactInfo",
+    "ArtifactRefused",
+    "export_artifact",
+    "import_artifact",
+    "inspect_artifact",
+    "load_from_env",
+    "loaded_artifacts",
+    "cache_note",
+    "file_sha256",
+]
 
 log = logging.getLogger("steadfast.compile_cache")
 
@@ -93,9 +107,17 @@ class ArtifactInfo:
     def as_dict(self) -> dict[str, Any]:
         """What clients may see: file name, digest, cache name, counts, torch and device fields; never the key or a
         path."""
-        return {"file": self.file, "sha256": self.sha256, "name": self.name, "files": self.files,
-                "bytes": self.bytes, "written": self.written, "torch": self.fields.get("torch"),
-                "device": self.fields.get("device"), "created": self.created}
+        return {
+            "file": self.file,
+            "sha256": self.sha256,
+            "name": self.name,
+            "files": self.files,
+            "bytes": self.bytes,
+            "written": self.written,
+            "torch": self.fields.get("torch"),
+            "device": self.fields.get("device"),
+            "created": self.created,
+        }
 
 
 class _HashingReader(io.RawIOBase):
@@ -136,16 +158,22 @@ def _read_manifest(key_dir: Path) -> dict[str, Any]:
     try:
         body = json.loads((key_dir / cc.MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise ArtifactRefused(f"not a Steadfast compile-cache folder (its {cc.MANIFEST} is missing or unreadable: "
-                              f"{type(e).__name__})") from None
-    if (not isinstance(body, dict) or body.get("steadfast_compile_cache") != cc.CACHE_FORMAT
-            or not isinstance(body.get("fields"), dict) or body.get("key") != key_dir.name):
+        raise ArtifactRefused(
+            f"not a Steadfast compile-cache folder (its {cc.MANIFEST} is missing or unreadable: {type(e).__name__})"
+        ) from None
+    if (
+        not isinstance(body, dict)
+        or body.get("steadfast_compile_cache") != cc.CACHE_FORMAT
+        or not isinstance(body.get("fields"), dict)
+        or body.get("key") != key_dir.name
+    ):
         raise ArtifactRefused(f"{cc.MANIFEST} of another format, or of another folder")
     return body
 
 
-def export_artifact(cache: cc.CompileCache | str | os.PathLike[str], out_path: str | os.PathLike[str], *,
-                    compress: bool = True) -> ArtifactInfo:
+def export_artifact(
+    cache: cc.CompileCache | str | os.PathLike[str], out_path: str | os.PathLike[str], *, compress: bool = True
+) -> ArtifactInfo:
     """Write the compile cache ``cache`` as one artifact file ``out_path`` (a tar, written to a temporary file next
     to it, then renamed).
 
@@ -191,11 +219,20 @@ def export_artifact(cache: cc.CompileCache | str | os.PathLike[str], out_path: s
             continue
         members[rel] = [f.stat().st_size, digest]
     if not members:
-        raise ArtifactRefused(f"compile cache {name!r} holds no recorded files to carry (run the workflow once with "
-                              f"this cache first; {unrecorded} unrecorded, {changed} changed)")
+        raise ArtifactRefused(
+            f"compile cache {name!r} holds no recorded files to carry (run the workflow once with "
+            f"this cache first; {unrecorded} unrecorded, {changed} changed)"
+        )
     created = time.time()
-    manifest = {"steadfast_artifact": ARTIFACT_FORMAT, "name": name, "key": key_dir.name, "fields": body["fields"],
-                "pack": __version__, "created": created, "members": members}
+    manifest = {
+        "steadfast_artifact": ARTIFACT_FORMAT,
+        "name": name,
+        "key": key_dir.name,
+        "fields": body["fields"],
+        "pack": __version__,
+        "created": created,
+        "members": members,
+    }
     data = json.dumps(manifest, indent=1, sort_keys=True).encode()
     out = Path(out_path).expanduser().absolute()
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
@@ -217,10 +254,27 @@ def export_artifact(cache: cc.CompileCache | str | os.PathLike[str], out_path: s
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
     total = sum(size for size, _ in members.values())
-    log.info("compile artifact %s: %d files, %d bytes from cache %r (%d unrecorded, %d changed left out)",
-             out.name, len(members), total, name, unrecorded, changed)
-    return ArtifactInfo(file=out.name, sha256=file_sha256(out), name=name, key=key_dir.name, fields=body["fields"],
-                        files=len(members), bytes=total, unrecorded=unrecorded, changed=changed, created=created)
+    log.info(
+        "compile artifact %s: %d files, %d bytes from cache %r (%d unrecorded, %d changed left out)",
+        out.name,
+        len(members),
+        total,
+        name,
+        unrecorded,
+        changed,
+    )
+    return ArtifactInfo(
+        file=out.name,
+        sha256=file_sha256(out),
+        name=name,
+        key=key_dir.name,
+        fields=body["fields"],
+        files=len(members),
+        bytes=total,
+        unrecorded=unrecorded,
+        changed=changed,
+        created=created,
+    )
 
 
 def _open_manifest(tar: tarfile.TarFile) -> tuple[dict[str, Any], tarfile.TarInfo]:
@@ -236,13 +290,21 @@ def _open_manifest(tar: tarfile.TarFile) -> tuple[dict[str, Any], tarfile.TarInf
     except ValueError:
         raise ArtifactRefused("its manifest is not JSON") from None
     if not isinstance(body, dict) or body.get("steadfast_artifact") != ARTIFACT_FORMAT:
-        raise ArtifactRefused(f"an artifact of another format ({str(body.get('steadfast_artifact'))[:20]!r}; "
-                              f"this pack reads format {ARTIFACT_FORMAT})" if isinstance(body, dict)
-                              else "its manifest is not an object")
+        raise ArtifactRefused(
+            f"an artifact of another format ({str(body.get('steadfast_artifact'))[:20]!r}; "
+            f"this pack reads format {ARTIFACT_FORMAT})"
+            if isinstance(body, dict)
+            else "its manifest is not an object"
+        )
     members = body.get("members")
-    if (not isinstance(body.get("fields"), dict) or not isinstance(members, dict)
-            or not all(isinstance(v, list) and len(v) == 2 and isinstance(v[0], int) and isinstance(v[1], str)
-                       for v in members.values())):
+    if (
+        not isinstance(body.get("fields"), dict)
+        or not isinstance(members, dict)
+        or not all(
+            isinstance(v, list) and len(v) == 2 and isinstance(v[0], int) and isinstance(v[1], str)
+            for v in members.values()
+        )
+    ):
         raise ArtifactRefused("its manifest is malformed (fields or members)")
     return body, first
 
@@ -251,8 +313,13 @@ class _BudgetedInfo(tarfile.TarInfo):
     """A tar header whose extended headers (PAX, GNU long names) are refused past :data:`MAX_HEADER_BYTES`, before
     tarfile reads them into memory (it reads an extended header whole)."""
 
-    _EXTENDED = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
-                 tarfile.GNUTYPE_LONGLINK)
+    _EXTENDED = (
+        tarfile.XHDTYPE,
+        tarfile.XGLTYPE,
+        tarfile.SOLARIS_XHDTYPE,
+        tarfile.GNUTYPE_LONGNAME,
+        tarfile.GNUTYPE_LONGLINK,
+    )
 
     def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
         if self.type in self._EXTENDED and self.size > MAX_HEADER_BYTES:
@@ -304,8 +371,15 @@ def _check_member(m: tarfile.TarInfo, listed: Mapping[str, list[Any]], seen: set
     rel = PurePosixPath(name)
     if not (m.isreg() and m.type in (tarfile.REGTYPE, tarfile.AREGTYPE)) or m.issparse():
         raise ArtifactRefused(f"member {name[:120]!r} is not a regular file (a link, device or folder)")
-    if (not name or rel.is_absolute() or "\\" in name or any(p in ("..", ".", "") for p in name.split("/"))
-            or name.split("/")[0].endswith(":") or rel.as_posix() != name or "\0" in name):
+    if (
+        not name
+        or rel.is_absolute()
+        or "\\" in name
+        or any(p in ("..", ".", "") for p in name.split("/"))
+        or name.split("/")[0].endswith(":")
+        or rel.as_posix() != name
+        or "\0" in name
+    ):
         raise ArtifactRefused(f"member {name[:120]!r} is not a plain relative path")
     if name in (cc.MANIFEST, cc.FILES, MANIFEST_MEMBER) or name not in listed:
         raise ArtifactRefused(f"member {name[:120]!r} is not listed in the manifest")
@@ -343,9 +417,15 @@ def _check_size(total: int, root: Path) -> None:
         raise ArtifactRefused(f"it lists {total} bytes and the compile cache's disk has {free} free")
 
 
-def import_artifact(path: str | os.PathLike[str], root: str | os.PathLike[str], name: str | None = None, *,
-                    expected_sha256: str | None = None, device: torch.device | str | None = None,
-                    forbidden: tuple[str | os.PathLike[str], ...] = ()) -> ArtifactInfo:
+def import_artifact(
+    path: str | os.PathLike[str],
+    root: str | os.PathLike[str],
+    name: str | None = None,
+    *,
+    expected_sha256: str | None = None,
+    device: torch.device | str | None = None,
+    forbidden: tuple[str | os.PathLike[str], ...] = (),
+) -> ArtifactInfo:
     """Check an artifact and move its files into ``<root>/<name>/<key>``, recorded so that
     :func:`core.compile.cache.open_cache` trusts them.
 
@@ -382,12 +462,19 @@ def import_artifact(path: str | os.PathLike[str], root: str | os.PathLike[str], 
     except CacheRefused as e:
         raise ArtifactRefused(f"artifact {label}: {e}") from None
     except (OSError, tarfile.TarError, EOFError) as e:  # torn file, full disk
-        raise ArtifactRefused(paths.redact(f"artifact {label}: could not be read or written ({type(e).__name__}: "
-                                           f"{e})", roots)) from None
+        raise ArtifactRefused(
+            paths.redact(f"artifact {label}: could not be read or written ({type(e).__name__}: {e})", roots)
+        ) from None
 
 
-def _import(p: Path, root: Path, name: str | None, expected_sha256: str | None,
-            device: torch.device | str | None, forbidden: tuple[str | os.PathLike[str], ...]) -> ArtifactInfo:
+def _import(
+    p: Path,
+    root: Path,
+    name: str | None,
+    expected_sha256: str | None,
+    device: torch.device | str | None,
+    forbidden: tuple[str | os.PathLike[str], ...],
+) -> ArtifactInfo:
     if not p.is_file():
         raise ArtifactRefused("no such file")
     with p.open("rb") as fh, contextlib.ExitStack() as stack:  # one open file: the bytes pinned are the bytes read
@@ -396,8 +483,10 @@ def _import(p: Path, root: Path, name: str | None, expected_sha256: str | None,
             h.update(chunk)
         digest = h.hexdigest()
         if expected_sha256 is not None and digest != expected_sha256.strip().lower():
-            raise ArtifactRefused(f"SHA-256 {digest[:16]}... is not the pinned {expected_sha256.strip()[:16]}...; "
-                                  "refused (a tampered or other file)")
+            raise ArtifactRefused(
+                f"SHA-256 {digest[:16]}... is not the pinned {expected_sha256.strip()[:16]}...; "
+                "refused (a tampered or other file)"
+            )
         fh.seek(0)
         tar = stack.enter_context(_tar(p, fh))
         body, first = _open_manifest(tar)
@@ -415,7 +504,7 @@ def _import(p: Path, root: Path, name: str | None, expected_sha256: str | None,
             raise ArtifactRefused(f"made for {theirs.get('device')}, this machine has no CUDA device")
         ours = cc.cache_key_fields(device, theirs.get("inductor_options"))
         ours_json = json.loads(json.dumps(ours, default=str))
-        if (diff := _field_differences(theirs, ours_json)):
+        if diff := _field_differences(theirs, ours_json):
             raise ArtifactRefused("made for another machine: " + "; ".join(diff))
         key = cc.cache_key(ours)
         if body.get("key") != key:
@@ -446,8 +535,7 @@ def _import(p: Path, root: Path, name: str | None, expected_sha256: str | None,
                         n += len(chunk)
                         out.write(chunk)
                 if n != listed[rel][0] or h.hexdigest() != listed[rel][1]:
-                    raise ArtifactRefused(f"member {rel[:120]!r} does not match its checksum (corrupted or "
-                                          "tampered)")
+                    raise ArtifactRefused(f"member {rel[:120]!r} does not match its checksum (corrupted or tampered)")
             if missing := sorted(set(listed) - seen):
                 raise ArtifactRefused(f"{len(missing)} listed member(s) missing (e.g. {missing[0][:120]!r})")
             info = _move_in(staging, root, name, key, theirs, listed, device, forbidden)
@@ -457,10 +545,24 @@ def _import(p: Path, root: Path, name: str | None, expected_sha256: str | None,
     return info
 
 
-def _move_in(staging: Path, root: Path, name: str, key: str, fields: dict[str, Any], listed: dict[str, list[Any]],
-             device: torch.device | str, forbidden: tuple[str | os.PathLike[str], ...]) -> ArtifactInfo:
-    cache = cc.open_cache(root, name, device=device, inductor_options=fields.get("inductor_options"),
-                          source="compile artifact", forbidden=forbidden)
+def _move_in(
+    staging: Path,
+    root: Path,
+    name: str,
+    key: str,
+    fields: dict[str, Any],
+    listed: dict[str, list[Any]],
+    device: torch.device | str,
+    forbidden: tuple[str | os.PathLike[str], ...],
+) -> ArtifactInfo:
+    cache = cc.open_cache(
+        root,
+        name,
+        device=device,
+        inductor_options=fields.get("inductor_options"),
+        source="compile artifact",
+        forbidden=forbidden,
+    )
     if cache is None:
         raise ArtifactRefused(f"compile cache {name!r} could not be opened (see the server log)")
     if cache.key != key:
@@ -477,18 +579,26 @@ def _move_in(staging: Path, root: Path, name: str, key: str, fields: dict[str, A
         else:
             new[rel] = digest
     if clashes:
-        raise ArtifactRefused(f"compile cache {name!r} already holds other bytes at {len(clashes)} of its paths "
-                              f"(e.g. {min(clashes)[:120]!r}); nothing imported, the existing cache is used as it is "
-                              "(remove that cache folder to start from the artifact)")
+        raise ArtifactRefused(
+            f"compile cache {name!r} already holds other bytes at {len(clashes)} of its paths "
+            f"(e.g. {min(clashes)[:120]!r}); nothing imported, the existing cache is used as it is "
+            "(remove that cache folder to start from the artifact)"
+        )
     cache.adopt({rel: staging / rel for rel in new}, {rel: listed[rel][1] for rel in listed})
     total = sum(size for size, _ in listed.values())
-    return ArtifactInfo(file="", sha256="", name=name, key=key, fields=fields, files=len(listed), bytes=total,
-                        written=len(new))
+    return ArtifactInfo(
+        file="", sha256="", name=name, key=key, fields=fields, files=len(listed), bytes=total, written=len(new)
+    )
 
 
-def load_from_env(root: str | os.PathLike[str] | None, *, device: torch.device | str | None = None,
-                  forbidden: tuple[str | os.PathLike[str], ...] = (), root_note: str = "",
-                  environ: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+def load_from_env(
+    root: str | os.PathLike[str] | None,
+    *,
+    device: torch.device | str | None = None,
+    forbidden: tuple[str | os.PathLike[str], ...] = (),
+    root_note: str = "",
+    environ: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:
     """Import the artifacts named in ``$STEADFAST_COMPILE_ARTIFACT`` (paths separated by ``os.pathsep``), each
     checked against its digest in ``$STEADFAST_COMPILE_ARTIFACT_SHA256`` (comma-separated, one per file, in order).
     An artifact without a digest is refused unless ``$STEADFAST_COMPILE_ARTIFACT_UNPINNED`` is 1 (then imported with
@@ -517,25 +627,39 @@ def load_from_env(root: str | os.PathLike[str] | None, *, device: torch.device |
             if pins and len(pins) != len(raw):
                 raise ArtifactRefused(f"${ARTIFACT_SHA_ENV} has {len(pins)} digest(s) for {len(raw)} artifact(s)")
             if pins and not pins[i]:
-                raise ArtifactRefused(f"its entry in ${ARTIFACT_SHA_ENV} is empty (give its sha256: `steadfast "
-                                      "artifact inspect` prints it)")
+                raise ArtifactRefused(
+                    f"its entry in ${ARTIFACT_SHA_ENV} is empty (give its sha256: `steadfast "
+                    "artifact inspect` prints it)"
+                )
             if not pins and not unpinned_ok:
-                raise ArtifactRefused(f"it is not pinned: set ${ARTIFACT_SHA_ENV} to its sha256 (`steadfast artifact "
-                                      f"inspect` prints it), or ${UNPINNED_ENV}=1 to import it unchecked")
+                raise ArtifactRefused(
+                    f"it is not pinned: set ${ARTIFACT_SHA_ENV} to its sha256 (`steadfast artifact "
+                    f"inspect` prints it), or ${UNPINNED_ENV}=1 to import it unchecked"
+                )
             if root is None:
                 raise ArtifactRefused(f"the compile cache is off ({root_note or 'no root'})")
             if not pins:
-                log.warning("Steadfast compile artifact %s: imported WITHOUT a pinned digest ($%s=1)", label,
-                            UNPINNED_ENV)
-            for what, path in (("the artifact", Path(item)), ("the artifact's folder", Path(item).parent),
-                               ("the compile cache root", Path(root))):
+                log.warning(
+                    "Steadfast compile artifact %s: imported WITHOUT a pinned digest ($%s=1)", label, UNPINNED_ENV
+                )
+            for what, path in (
+                ("the artifact", Path(item)),
+                ("the artifact's folder", Path(item).parent),
+                ("the compile cache root", Path(root)),
+            ):
                 if (note := paths.world_writable(path)) is not None:
                     log.warning("Steadfast compile artifact %s: %s %s", label, what, note)
-            info = import_artifact(item, root, expected_sha256=pins[i] if pins else None, device=device,
-                                   forbidden=forbidden)
+            info = import_artifact(
+                item, root, expected_sha256=pins[i] if pins else None, device=device, forbidden=forbidden
+            )
             entry = {"status": "imported", **info.as_dict()}
-            log.info("Steadfast compile artifact %s: imported %d files (%d new) into compile cache %r",
-                     label, info.files, info.written, info.name)
+            log.info(
+                "Steadfast compile artifact %s: imported %d files (%d new) into compile cache %r",
+                label,
+                info.files,
+                info.written,
+                info.name,
+            )
         except Exception as e:  # a refusal never stops the server
             reason = str(e) if isinstance(e, ArtifactRefused) else paths.redact(f"{type(e).__name__}: {e}")
             if not reason.startswith("artifact "):

@@ -4,6 +4,7 @@
 ``_repeated_blocks`` idea, by class *name*: no ComfyUI imports), else class names or auto-discovery. Swapping a
 compiled block in (:func:`core.compile.swap.swap_in`) is only correct when its parent calls it generically (an
 ``OptimizedModule`` fails ``isinstance``): every choice passes :func:`safe_to_swap`."""
+
 from __future__ import annotations
 
 import ast
@@ -103,11 +104,13 @@ NON_GENERIC_PARENTS: dict[str, str] = {
     "StageB": "cascade/stage_b.py _down_encode/_up_decode dispatch on isinstance(block, ResBlock/AttnBlock/...)",
 }
 #: Models whose repeated blocks cannot be swapped: ``{model class: reason}``.
-REGIONAL_UNSUPPORTED = {k: f"Stable Cascade: {NON_GENERIC_PARENTS[k]} (compile it whole)"
-                        for k in ("StageC", "StageB")}
+REGIONAL_UNSUPPORTED = {
+    k: f"Stable Cascade: {NON_GENERIC_PARENTS[k]} (compile it whole)" for k in ("StageC", "StageB")
+}
 REGIONAL_UNSUPPORTED["WanAnimate2Model"] = (  # ComfyUI 0.33.0 wan/model_animate2.py
     "Wan Animate 2: forward_orig calls its blocks only through methods (block.forward_gen, block.forward_pose, "
-    "block.kv_from_input), never block(...): a swapped compiled block would never run (compile it whole)")
+    "block.kv_from_input), never block(...): a swapped compiled block would never run (compile it whole)"
+)
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict)  # never called themselves; their owner iterates them
 _source = functools.lru_cache(maxsize=256)(inspect.getsource)  # of another pack's caller module, scanned per block
 
@@ -154,10 +157,14 @@ def isinstance_dispatch(caller: type, block: type) -> list[str]:
         src = ""
     if not src:
         return []
-    pattern = re.compile(r"isinstance\(\s*[^,()]+,\s*(?:\([^)]*)?\b(?:[\w.]+\.)?("
-                         + "|".join(re.escape(n) for n in names) + r")\b")
-    return [f"{caller.__module__}:{n}: isinstance(..., {m.group(1)})" for n, line in enumerate(src.splitlines(), 1)
-            if not line.lstrip().startswith("#") and (m := pattern.search(line))]
+    pattern = re.compile(
+        r"isinstance\(\s*[^,()]+,\s*(?:\([^)]*)?\b(?:[\w.]+\.)?(" + "|".join(re.escape(n) for n in names) + r")\b"
+    )
+    return [
+        f"{caller.__module__}:{n}: isinstance(..., {m.group(1)})"
+        for n, line in enumerate(src.splitlines(), 1)
+        if not line.lstrip().startswith("#") and (m := pattern.search(line))
+    ]
 
 
 def swap_refusal(root: nn.Module, path: str) -> str | None:
@@ -179,8 +186,10 @@ def swap_refusal(root: nn.Module, path: str) -> str | None:
         ValueError: an empty or unknown ``path``.
     """
     block, parts = submodule(root, path), path.split(".")
-    cut = next((c for c in range(len(parts) - 1, -1, -1)
-                if type(root.get_submodule(".".join(parts[:c]))) not in _CONTAINERS), 0)
+    cut = next(
+        (c for c in range(len(parts) - 1, -1, -1) if type(root.get_submodule(".".join(parts[:c]))) not in _CONTAINERS),
+        0,
+    )
     caller_path, caller = ".".join(parts[:cut]), root.get_submodule(".".join(parts[:cut]))
     where = f"{type(caller).__name__} ({caller_path or 'root'})"
     if type(caller).__name__ in NON_GENERIC_PARENTS:
@@ -202,15 +211,22 @@ def safe_to_swap(root: nn.Module, paths: Sequence[str], *, recompile_limit: int 
     for block in map(root.get_submodule, safe):  # structure: child types, parameter shapes, attributes that are
         mods = list(block.named_modules())  # bool/str/float/None (not ints: ids like ``layer_id`` are rarely read)
         params = tuple((n, tuple(p.shape)) for n, p in block.named_parameters())
-        attrs = tuple((n, k, v) for n, m in mods for k, v in vars(m).items()
-                      if not k.startswith("_") and k != "training"
-                      and (isinstance(v, (bool, str, float)) or v is None))
+        attrs = tuple(
+            (n, k, v)
+            for n, m in mods
+            for k, v in vars(m).items()
+            if not k.startswith("_") and k != "training" and (isinstance(v, (bool, str, float)) or v is None)
+        )
         sigs.setdefault(type(block).__name__, set()).add(
-            (tuple((n, type(m).__name__) for n, m in mods), params, attrs))
+            (tuple((n, type(m).__name__) for n, m in mods), params, attrs)
+        )
     variants = {k: len(v) for k, v in sigs.items()}
     limit = torch_compat.recompile_limit() if recompile_limit is None else recompile_limit
-    warnings = [f"{n} structurally different {k} blocks > recompile_limit={limit}: Dynamo would run the "
-                f"surplus ones eagerly" for k, n in variants.items() if n > limit]
+    warnings = [
+        f"{n} structurally different {k} blocks > recompile_limit={limit}: Dynamo would run the surplus ones eagerly"
+        for k, n in variants.items()
+        if n > limit
+    ]
     return SwapCheck(safe=safe, refused=refused, variants=variants, warnings=warnings)
 
 
@@ -245,9 +261,13 @@ def _discover(root: nn.Module, min_repeats: int, min_param_share: float) -> Disc
     refused ones (:func:`swap_refusal`) searched inside; 3. a pure wrapper (one non-container child, no own
     parameters/buffers, ``forward`` only ``return self.<child>(...)``: HiDream's ``HiDreamImageBlock``) gives way
     to its child; 4. class groups under ``min_param_share`` of the parameters are dropped (Chroma's approximator)."""
-    cands = [(f"{path}.{name}" if path else name, child) for path, mod in root.named_modules()
-             if isinstance(mod, _CONTAINERS) for name, child in mod.named_children()
-             if not isinstance(child, _CONTAINERS)]
+    cands = [
+        (f"{path}.{name}" if path else name, child)
+        for path, mod in root.named_modules()
+        if isinstance(mod, _CONTAINERS)
+        for name, child in mod.named_children()
+        if not isinstance(child, _CONTAINERS)
+    ]
     counts = Counter(type(m).__name__ for _, m in cands)
     chosen: list[str] = []
     refused: dict[str, str] = {}
@@ -260,15 +280,22 @@ def _discover(root: nn.Module, min_repeats: int, min_param_share: float) -> Disc
     groups: dict[str, list[str]] = {}
     for path in chosen:
         mod = root.get_submodule(path)
-        while ((kids := list(mod.named_children())) and len(kids) == 1 and not isinstance(kids[0][1], _CONTAINERS)
-               and not [*mod.parameters(recurse=False), *mod.buffers(recurse=False)]
-               and _forward_only_calls(type(mod)) == kids[0][0]
-               and swap_refusal(root, f"{path}.{kids[0][0]}") is None):
+        while (
+            (kids := list(mod.named_children()))
+            and len(kids) == 1
+            and not isinstance(kids[0][1], _CONTAINERS)
+            and not [*mod.parameters(recurse=False), *mod.buffers(recurse=False)]
+            and _forward_only_calls(type(mod)) == kids[0][0]
+            and swap_refusal(root, f"{path}.{kids[0][0]}") is None
+        ):
             path, mod = f"{path}.{kids[0][0]}", kids[0][1]
         groups.setdefault(type(mod).__name__, []).append(path)
     total = sum(p.numel() for p in root.parameters())
-    shares = {c: sum(t.numel() for p in ps for t in root.get_submodule(p).parameters()) / total
-              for c, ps in groups.items()} if total > 0 and min_param_share > 0 else {}
+    shares = (
+        {c: sum(t.numel() for p in ps for t in root.get_submodule(p).parameters()) / total for c, ps in groups.items()}
+        if total > 0 and min_param_share > 0
+        else {}
+    )
     dropped = {c: round(share, 4) for c, share in shares.items() if share < min_param_share}
     groups = {c: ps for c, ps in groups.items() if c not in dropped}
     order = {p: i for i, (p, _) in enumerate(root.named_modules())}
@@ -296,25 +323,36 @@ class BlockChoice:
         lines = [f"{len(self.paths)} blocks ({self.how}): " + ", ".join(f"{n} x {k}" for k, n in self.classes.items())]
         if self.check is not None:
             lines += [f"  refused {p}: {r}" for p, r in self.check.refused.items()]
-            lines += [f"  {n} structural variants of {k} (one graph each)"
-                      for k, n in self.check.variants.items() if n > 1]
+            lines += [
+                f"  {n} structural variants of {k} (one graph each)" for k, n in self.check.variants.items() if n > 1
+            ]
             lines += [f"  warning: {w}" for w in self.check.warnings]
         if self.discovery is not None and self.discovery.dropped:
-            lines.append("  small repeated groups left eager: "
-                         + ", ".join(f"{k} ({v:.1%} of params)" for k, v in self.discovery.dropped.items()))
+            lines.append(
+                "  small repeated groups left eager: "
+                + ", ".join(f"{k} ({v:.1%} of params)" for k, v in self.discovery.dropped.items())
+            )
         return "\n".join(lines + ([f"  note: {self.reason}"] if self.reason else []))
 
 
-def choose_blocks(root: nn.Module, *, classes: Sequence[str] | None = None, discover: bool = False,
-                  min_repeats: int = 2, min_param_share: float = 0.05) -> BlockChoice:
+def choose_blocks(
+    root: nn.Module,
+    *,
+    classes: Sequence[str] | None = None,
+    discover: bool = False,
+    min_repeats: int = 2,
+    min_param_share: float = 0.05,
+) -> BlockChoice:
     """The blocks of ``root`` (a diffusion model) to compile regionally: by default :func:`declaration`'s (outermost
     matches); a declared model where none is found (renamed in a newer ComfyUI) or an unknown one is auto-discovered;
     a :data:`REGIONAL_UNSUPPORTED` one gets ``how="unsupported"``. ``classes`` (e.g. diffusers' ``_repeated_blocks``)
     replaces the table, without fallback; ``discover=True`` ignores it. Paths :func:`safe_to_swap` refuses are left
     out. ``ValueError``: ``classes`` with ``discover``, ``min_repeats < 1``, ``min_param_share`` not in [0, 1]."""
     if (classes is not None and discover) or min_repeats < 1 or not 0.0 <= min_param_share <= 1.0:
-        raise ValueError(f"choose_blocks: classes or discover=True, not both (got {classes!r}, {discover}); "
-                         f"min_repeats >= 1 (got {min_repeats}); min_param_share in [0, 1] (got {min_param_share})")
+        raise ValueError(
+            f"choose_blocks: classes or discover=True, not both (got {classes!r}, {discover}); "
+            f"min_repeats >= 1 (got {min_repeats}); min_param_share in [0, 1] (got {min_param_share})"
+        )
     declared, unsupported = (None, None) if (classes is not None or discover) else declaration(type(root))
     if declared == ():
         return BlockChoice(paths=[], how="unsupported", classes={}, reason=unsupported)

@@ -5,6 +5,7 @@ one turns a cold start into a warm one (docs/benchmarks.md). One directory per w
 *key*, ``<root>/<name>/<key>`` (:mod:`core.compile.cache_location`), with a manifest of the key fields; a foreign
 or unreadable one, or a corrupt ``.so`` failing a compile, is moved aside (never deleted). No ComfyUI imports.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -55,8 +56,9 @@ def _triton_version() -> str | None:
     return None
 
 
-def cache_key_fields(device: torch.device | str | None = None,
-                     inductor_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def cache_key_fields(
+    device: torch.device | str | None = None, inductor_options: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """What compiled artifacts depend on: ``{"format", "torch" (with its CUDA build), "triton" (None without),
     "python" (implementation major.minor), "device", "pack" (version)}``, plus ``"inductor_options"`` (sorted) when
     given and not empty (an inductor preset, :mod:`core.compile.presets`: one directory per preset; caches made
@@ -71,9 +73,14 @@ def cache_key_fields(device: torch.device | str | None = None,
         described = f"cuda {torch.cuda.get_device_name(index)} sm{major}{minor}"
     cuda, py = torch.version.cuda, platform.python_version_tuple()
     pack = __version__
-    fields = {"format": CACHE_FORMAT, "torch": torch.version.__version__ + (f" cuda{cuda}" if cuda else ""),
-              "triton": _triton_version(), "python": f"{platform.python_implementation()} {py[0]}.{py[1]}",
-              "device": described, "pack": str(pack)}
+    fields = {
+        "format": CACHE_FORMAT,
+        "torch": torch.version.__version__ + (f" cuda{cuda}" if cuda else ""),
+        "triton": _triton_version(),
+        "python": f"{platform.python_implementation()} {py[0]}.{py[1]}",
+        "device": described,
+        "pack": str(pack),
+    }
     if inductor_options:
         fields["inductor_options"] = {k: inductor_options[k] for k in sorted(inductor_options)}
     return fields
@@ -276,6 +283,7 @@ def _os_lock(fd: int, take: bool) -> None:
         import fcntl
     except ImportError:  # Windows
         import msvcrt
+
         os.lseek(fd, 0, os.SEEK_SET)
         msvcrt.locking(fd, msvcrt.LK_LOCK if take else msvcrt.LK_UNLCK, 1)
         return
@@ -419,9 +427,11 @@ def _files_problem(cache: CompileCache) -> str | None:
     if new != old:
         _save_files(cache, new)
     if foreign:
-        cache.messages.append(f"compile cache {cache.name!r}: {len(foreign)} file(s) not written while Steadfast "
-                              f"watched (e.g. {min(foreign)}): not checked; remove the cache folder to start "
-                              "clean")
+        cache.messages.append(
+            f"compile cache {cache.name!r}: {len(foreign)} file(s) not written while Steadfast "
+            f"watched (e.g. {min(foreign)}): not checked; remove the cache folder to start "
+            "clean"
+        )
         log.warning("%s", cache.messages[-1])
     return None
 
@@ -440,14 +450,23 @@ def _manifest_problem(cache: CompileCache) -> str | None:
     stored, wanted = body.get("fields"), json.loads(json.dumps(cache.fields, default=str))
     if stored == wanted:
         return None
-    diff = (sorted(k for k in {*stored, *wanted} if stored.get(k) != wanted.get(k))
-            if isinstance(stored, dict) else ["fields"])
+    diff = (
+        sorted(k for k in {*stored, *wanted} if stored.get(k) != wanted.get(k))
+        if isinstance(stored, dict)
+        else ["fields"]
+    )
     return f"made for another environment (differs in {', '.join(diff)})"
 
 
-def open_cache(root: str | os.PathLike[str], name: str = DEFAULT_NAME, *, device: torch.device | str | None = None,
-               inductor_options: Mapping[str, Any] | None = None, source: str = "",
-               forbidden: tuple[str | os.PathLike[str], ...] = ()) -> CompileCache | None:
+def open_cache(
+    root: str | os.PathLike[str],
+    name: str = DEFAULT_NAME,
+    *,
+    device: torch.device | str | None = None,
+    inductor_options: Mapping[str, Any] | None = None,
+    source: str = "",
+    forbidden: tuple[str | os.PathLike[str], ...] = (),
+) -> CompileCache | None:
     """Open (create) ``<root>/<name>/<key>`` (:func:`cache_key_fields` of ``device``, ``inductor_options``),
     ``root`` the operator's, ``name`` the workflow's. :class:`CacheRefused`, before creating anything: not a plain
     name, a root overlapping a ``forbidden`` folder (HTTP clients write there), a name that is a link, a file or
@@ -479,9 +498,13 @@ def open_cache(root: str | os.PathLike[str], name: str = DEFAULT_NAME, *, device
     return cache
 
 
-def existing_cache(root: str | os.PathLike[str], name: str = DEFAULT_NAME, *,
-                   device: torch.device | str | None = None,
-                   forbidden: tuple[str | os.PathLike[str], ...] = ()) -> CompileCache | None:
+def existing_cache(
+    root: str | os.PathLike[str],
+    name: str = DEFAULT_NAME,
+    *,
+    device: torch.device | str | None = None,
+    forbidden: tuple[str | os.PathLike[str], ...] = (),
+) -> CompileCache | None:
     """``<root>/<name>/<key>`` (:func:`cache_key_fields` of ``device``, no inductor preset) when it exists and checks
     out, read only: its manifest fits and every recorded file that remains has its recorded bytes. Nothing is
     created, recorded or moved aside: a compile's :func:`open_cache` does that, with its message in the run record.
@@ -512,8 +535,9 @@ def existing_cache(root: str | os.PathLike[str], name: str = DEFAULT_NAME, *,
     return cache
 
 
-def run_cached(cache: CompileCache | None, fn: Callable[[], T], *,
-               retry_if: Callable[[BaseException], bool] = lambda e: True) -> T:
+def run_cached(
+    cache: CompileCache | None, fn: Callable[[], T], *, retry_if: Callable[[BaseException], bool] = lambda e: True
+) -> T:
     """``fn()`` with ``cache`` active (plain ``fn()`` for None). When it raises an exception for which
     ``retry_if(e)`` holds (adapters pass "is a compile error") and that, or an exception in its cause/context chain,
     names a file inside the cache (e.g. ``BackendCompilerFailed`` wrapping ``ImportError: <cache>/xx/yy.so: file
@@ -531,8 +555,10 @@ def run_cached(cache: CompileCache | None, fn: Callable[[], T], *,
             link = link.__cause__ or link.__context__
         if not (retry_if(e) and any(marker in str(x) or any(marker in str(a) for a in x.args) for x in chain)):
             raise
-        cache.quarantine(f"compile failed on a cached file ({type(e).__name__}: {cache.redact(str(e))[:300]}); "
-                         "compiled again in this process, which on torch 2.11 was measured not bit-equal to a fresh "
-                         "process's compile: restart ComfyUI for those bits")
+        cache.quarantine(
+            f"compile failed on a cached file ({type(e).__name__}: {cache.redact(str(e))[:300]}); "
+            "compiled again in this process, which on torch 2.11 was measured not bit-equal to a fresh "
+            "process's compile: restart ComfyUI for those bits"
+        )
     with cache.activate():
         return fn()

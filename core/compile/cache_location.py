@@ -6,6 +6,7 @@ operator's and a workflow only picks a *name* under it, never a path; refused: a
 clients can write, a name that is a link or a file or resolves outside the root. Messages never contain an absolute
 path (they reach HTTP clients). Tests: ``tests/core/test_compile_cache_security.py``, ``tests/comfy/test_security.py``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -36,7 +37,8 @@ def check_name(value: str | None) -> str | None:
         raise CacheRefused(
             f"compile_cache must be a cache NAME (letters, digits, '.', '_', '-'; at most 64; e.g. 'default' or "
             f"'flux'), or 'off'; got {text[:80]!r}. Paths are refused: the cache root is set by the server's "
-            f"operator (${CACHE_ENV}), not by a workflow.")
+            f"operator (${CACHE_ENV}), not by a workflow."
+        )
     return text or DEFAULT_NAME
 
 
@@ -52,8 +54,12 @@ def resolve_root(user_dir: str | os.PathLike[str] | None = None) -> tuple[Path |
     return Path(user_dir).expanduser() / "steadfast" / "compile_cache", "ComfyUI user directory"
 
 
-def client_writable(input_dir: str | os.PathLike[str], output_dir: str | os.PathLike[str],
-                    temp_dir: str | os.PathLike[str], user_dir: str | os.PathLike[str]) -> tuple[str, ...]:
+def client_writable(
+    input_dir: str | os.PathLike[str],
+    output_dir: str | os.PathLike[str],
+    temp_dir: str | os.PathLike[str],
+    user_dir: str | os.PathLike[str],
+) -> tuple[str, ...]:
     """The folders ComfyUI's HTTP API lets clients write, given its four folders: input (``/upload/*``), output,
     temp, and the per-user folders under the user folder (``/userdata``: ``default`` and every existing one but the
     pack's ``steadfast``). A compile-cache root may never overlap them (:func:`check_location`).
@@ -77,8 +83,10 @@ def check_location(root: Path, name: str, forbidden: tuple[Path, ...]) -> Path:
     for real in (Path(os.path.realpath(f)) for f in forbidden):
         if real_root.is_relative_to(real) or real.is_relative_to(real_root):
             log.error("compile cache root %s overlaps %s (a folder clients can write): refused", real_root, real)
-            raise CacheRefused("the compile-cache root set by the operator overlaps a folder that HTTP clients can "
-                               "write (ComfyUI's input/output/temp or a user folder); refused (see the server log)")
+            raise CacheRefused(
+                "the compile-cache root set by the operator overlaps a folder that HTTP clients can "
+                "write (ComfyUI's input/output/temp or a user folder); refused (see the server log)"
+            )
     target = root / name
     if target.is_symlink() or (target.exists() and not target.is_dir()):
         log.error("compile cache %s is a symlink or not a directory: refused", target)

@@ -36,6 +36,7 @@ from those syntax trees (:func:`_checker`), which reads each shared prefix (``se
 ``G['__import_<module>']`` is that module (Dynamo's alias for the globals of inlined functions from other
 modules). No ComfyUI imports.
 """
+
 from __future__ import annotations
 
 import ast
@@ -55,16 +56,39 @@ import torch
 
 from .. import torch_compat
 
-__all__ = ["GUARD_KINDS", "NotDescribable", "CarriedGuard", "carry", "Binder", "Matched", "match",
-           "describe_callable", "code_digest"]
+__all__ = [
+    "GUARD_KINDS",
+    "NotDescribable",
+    "CarriedGuard",
+    "carry",
+    "Binder",
+    "Matched",
+    "match",
+    "describe_callable",
+    "code_digest",
+]
 
 #: Dynamo guard type -> what the carried guard compares.
 GUARD_KINDS: dict[str, str] = {
-    "ID_MATCH": "is", "FUNCTION_MATCH": "is", "BUILTIN_MATCH": "is", "MODULE_MATCH": "is", "CLASS_MATCH": "is",
-    "CLOSURE_MATCH": "code", "TYPE_MATCH": "type", "CONSTANT_MATCH": "eq", "EQUALS_MATCH": "eq",
-    "SEQUENCE_LENGTH": "len", "LIST_LENGTH": "len", "DICT_LENGTH": "len", "EMPTY_NN_MODULE_HOOKS_DICT": "len",
-    "LENGTH_CHECK": "len", "DICT_KEYS": "keys", "DICT_KEYS_MATCH": "keys", "DUPLICATE_INPUT": "same",
-    "DICT_CONTAINS": "contains", "DICT_NOT_CONTAINS": "contains",  # torch 2.11 / 2.14 names
+    "ID_MATCH": "is",
+    "FUNCTION_MATCH": "is",
+    "BUILTIN_MATCH": "is",
+    "MODULE_MATCH": "is",
+    "CLASS_MATCH": "is",
+    "CLOSURE_MATCH": "code",
+    "TYPE_MATCH": "type",
+    "CONSTANT_MATCH": "eq",
+    "EQUALS_MATCH": "eq",
+    "SEQUENCE_LENGTH": "len",
+    "LIST_LENGTH": "len",
+    "DICT_LENGTH": "len",
+    "EMPTY_NN_MODULE_HOOKS_DICT": "len",
+    "LENGTH_CHECK": "len",
+    "DICT_KEYS": "keys",
+    "DICT_KEYS_MATCH": "keys",
+    "DUPLICATE_INPUT": "same",
+    "DICT_CONTAINS": "contains",
+    "DICT_NOT_CONTAINS": "contains",  # torch 2.11 / 2.14 names
 }
 _SIMPLE = (str, int, float, bool, type(None))
 _IMPORT_ALIAS = "__import_"
@@ -104,8 +128,10 @@ def describe_callable(fn: Any) -> str:
             a describable callable; or a callable of another kind (a callable object).
     """
     if isinstance(fn, functools.partial):
-        return (f"partial({describe_callable(fn.func)}, {describe_value(fn.args)}, "
-                f"{describe_value(sorted(fn.keywords.items()))})")
+        return (
+            f"partial({describe_callable(fn.func)}, {describe_value(fn.args)}, "
+            f"{describe_value(sorted(fn.keywords.items()))})"
+        )
     if isinstance(fn, types.MethodType):
         return f"method({describe_callable(fn.__func__)}, {describe_value(fn.__self__)})"
     if isinstance(fn, types.BuiltinFunctionType | types.BuiltinMethodType):
@@ -179,7 +205,7 @@ class _Globals:
 
     def __getitem__(self, name: str) -> Any:
         if name.startswith(_IMPORT_ALIAS):
-            return sys.modules[name[len(_IMPORT_ALIAS):].replace("_dot_", ".")]
+            return sys.modules[name[len(_IMPORT_ALIAS) :].replace("_dot_", ".")]
         if name.startswith(_BUILTINS_ALIAS):
             return builtins.__dict__
         return self.g[name]
@@ -209,16 +235,25 @@ def _reader(source: str) -> Callable[[Mapping[str, Any]], Any]:
             except ValueError as e:
                 raise NotDescribable(f"guard source {source!r}: a subscript that is not a constant") from e
             return lambda env: inner(env)[index]
-        if (isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], ast.Is)
-                and len(n.comparators) == 1):
+        if isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], ast.Is) and len(n.comparators) == 1:
             left, right = build(n.left), build(n.comparators[0])
             return lambda env: left(env) is right(env)
-        if (isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], ast.In)
-                and isinstance(n.left, ast.Constant) and len(n.comparators) == 1):
+        if (
+            isinstance(n, ast.Compare)
+            and len(n.ops) == 1
+            and isinstance(n.ops[0], ast.In)
+            and isinstance(n.left, ast.Constant)
+            and len(n.comparators) == 1
+        ):
             key, container = n.left.value, build(n.comparators[0])
             return lambda env: key in container(env)
-        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("type", "dict")
-                and len(n.args) == 1 and not n.keywords):
+        if (
+            isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Name)
+            and n.func.id in ("type", "dict")
+            and len(n.args) == 1
+            and not n.keywords
+        ):
             inner = build(n.args[0])
             if n.func.id == "dict":  # dict(type(x).__dict__)[...]: read the mapping as it is, no copy
                 return inner
@@ -253,7 +288,7 @@ class Binder:
             else:
                 extra[k] = v
         if self.varargs is not None:
-            env[self.varargs] = tuple(values[len(self.positional):])
+            env[self.varargs] = tuple(values[len(self.positional) :])
         if self.varkw is not None:
             env[self.varkw] = extra
         env["G"] = self.globals
@@ -312,8 +347,9 @@ def _read_back(source: str, gtype: str, name: str, env: Mapping[str, Any]) -> An
     except NotDescribable:
         raise
     except Exception as ex:
-        raise NotDescribable(f"guard {gtype} on {name}: the source does not read back "
-                             f"({type(ex).__name__}: {ex})") from ex
+        raise NotDescribable(
+            f"guard {gtype} on {name}: the source does not read back ({type(ex).__name__}: {ex})"
+        ) from ex
 
 
 def _carry_one(e: Any, gtype: str, name: str, env: Mapping[str, Any]) -> CarriedGuard:
@@ -369,9 +405,14 @@ def _same(v: Any) -> Any:
 #: What :meth:`Matched.still` compares per guard kind: the value it takes of ``v`` (the source's value now) and
 #: whether by equality (else identity), as :func:`_now` describes it
 _STILL: dict[str, tuple[Callable[[Any], Any], bool]] = {
-    "code": (operator.attrgetter("__code__"), False), "type": (type, False), "len": (len, True),
-    "keys": (lambda v: tuple(v.keys()), True), "eq": (lambda v: (type(v), v), True), "same": (_same, True),
-    "contains": (_same, True)}
+    "code": (operator.attrgetter("__code__"), False),
+    "type": (type, False),
+    "len": (len, True),
+    "keys": (lambda v: tuple(v.keys()), True),
+    "eq": (lambda v: (type(v), v), True),
+    "same": (_same, True),
+    "contains": (_same, True),
+}
 _NAME, _APPLY, _IS, _CHECK = range(4)  # the step kinds of a _checker plan
 
 
@@ -411,18 +452,27 @@ def _checker(guards: tuple[tuple[str, str], ...]) -> Callable[[Mapping[str, Any]
                 raise NotDescribable(f"guard source {source!r}: a subscript that is not a constant") from e
             key = f"{inner}[{item!r}]"
             return step(key, _APPLY, operator.itemgetter(item), at), key
-        if (isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], ast.Is)
-                and len(n.comparators) == 1):
+        if isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], ast.Is) and len(n.comparators) == 1:
             (left, lk), (right, rk) = plan(n.left, source), plan(n.comparators[0], source)
             return step(f"({lk} is {rk})", _IS, left, right), f"({lk} is {rk})"
-        if (isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], ast.In)
-                and isinstance(n.left, ast.Constant) and len(n.comparators) == 1):
+        if (
+            isinstance(n, ast.Compare)
+            and len(n.ops) == 1
+            and isinstance(n.ops[0], ast.In)
+            and isinstance(n.left, ast.Constant)
+            and len(n.comparators) == 1
+        ):
             at, inner = plan(n.comparators[0], source)
             member = n.left.value
             key = f"({member!r} in {inner})"
             return step(key, _APPLY, lambda container: member in container, at), key
-        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("type", "dict")
-                and len(n.args) == 1 and not n.keywords):
+        if (
+            isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Name)
+            and n.func.id in ("type", "dict")
+            and len(n.args) == 1
+            and not n.keywords
+        ):
             at, inner = plan(n.args[0], source)
             if n.func.id == "dict":  # read the mapping as it is, no copy (as _reader)
                 return at, inner
@@ -459,6 +509,7 @@ def _checker(guards: tuple[tuple[str, str], ...]) -> Callable[[Mapping[str, Any]
         except Exception:  # noqa: BLE001 (a source that no longer reads: the guard does not hold)
             return False
         return True
+
     return check
 
 

@@ -3,6 +3,7 @@
 Passed as ``torch.compile(options={"guard_filter_fn": f})``. ComfyUI hands every block a ``transformer_options``
 dict whose entries (sigmas, block indices, uuids) change every step; guarding on them recompiles every step.
 Filters are frozen dataclasses: equal settings compare equal, so the registry can reuse compiled blocks."""
+
 from __future__ import annotations
 
 import dataclasses

@@ -4,6 +4,7 @@ choices.
 Both paths hold one :class:`CompileOptions` whole (:class:`core.optimize.plan.OptimizeOptions` ``compile``) and name
 where it applies with a scope from :data:`COMPILE_SCOPES` (the nodes' ``compile`` widget offers exactly these).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,17 +49,24 @@ class CompileOptions:
             if not torch_compat.supports_guard_filter_fn():
                 raise torch_compat.TorchAPIMissing(
                     f"torch {torch.version.__version__} does not take torch.compile(options={{'guard_filter_fn': "
-                    "...}); Steadfast's guard filters need torch >= 2.8")
+                    "...}); Steadfast's guard filters need torch >= 2.8"
+                )
             options["guard_filter_fn"] = guard_filter_fn
         mode = self.mode
         if mode is not None and options:
             if self.backend != "inductor":
                 raise ValueError(
                     f"torch.compile takes either mode or options; cannot merge mode={mode!r} into options "
-                    f"for backend {self.backend!r} (only inductor modes are known config presets)")
+                    f"for backend {self.backend!r} (only inductor modes are known config presets)"
+                )
             options, mode = {**torch_compat.inductor_mode_options(mode, self.dynamic), **options}, None
-        return {"backend": self.backend, "mode": mode, "dynamic": self.dynamic, "fullgraph": self.fullgraph,
-                "options": options or None}
+        return {
+            "backend": self.backend,
+            "mode": mode,
+            "dynamic": self.dynamic,
+            "fullgraph": self.fullgraph,
+            "options": options or None,
+        }
 
     def as_text(self) -> str:
         """One readable line for reports, e.g. ``backend eager, mode default, dynamic auto, fullgraph off;
@@ -68,10 +76,15 @@ class CompileOptions:
             the settings as words (``dynamic`` None is "auto"; contiguous_inputs / specialize_ints named only
             when off); inductor options as ``name=value`` pairs, sorted.
         """
-        dyn = {None: "auto", True: "on (dynamic shapes)", False: "off (one graph per shape)"}.get(self.dynamic,
-                                                                                                 str(self.dynamic))
-        parts = [f"backend {self.backend}", f"mode {self.mode or 'default'}", f"dynamic {dyn}",
-                 f"fullgraph {'on' if self.fullgraph else 'off'}"]
+        dyn = {None: "auto", True: "on (dynamic shapes)", False: "off (one graph per shape)"}.get(
+            self.dynamic, str(self.dynamic)
+        )
+        parts = [
+            f"backend {self.backend}",
+            f"mode {self.mode or 'default'}",
+            f"dynamic {dyn}",
+            f"fullgraph {'on' if self.fullgraph else 'off'}",
+        ]
         parts += [f"{name} off" for name in ("contiguous_inputs", "specialize_ints") if not getattr(self, name)]
         text = ", ".join(parts)
         if self.options:
@@ -82,6 +95,12 @@ class CompileOptions:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-serialisable view (option values that are not JSON scalars become their ``repr``)."""
-        opts = None if self.options is None else {
-            k: v if isinstance(v, (str, int, float, bool, type(None))) else repr(v) for k, v in self.options.items()}
+        opts = (
+            None
+            if self.options is None
+            else {
+                k: v if isinstance(v, (str, int, float, bool, type(None))) else repr(v)
+                for k, v in self.options.items()
+            }
+        )
         return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, "options": opts}

@@ -20,6 +20,7 @@ What decides that an artifact answers a call, all of it checked before each use:
 Anything else runs the jit path, with the reason recorded once per key (:class:`PrecompiledState`); a call whose
 configuration has no artifact yet queues one. No ComfyUI imports.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -50,8 +51,16 @@ from .guards import GuardFilterFn
 from .options import CompileOptions
 from .recompiles import guarded_flags
 
-__all__ = ["PRECOMPILED_DIR", "PrecompiledState", "PrecompiledBlock", "call_key", "describe_callable",
-           "block_fingerprint", "host_versions", "MAX_VARIANTS"]
+__all__ = [
+    "PRECOMPILED_DIR",
+    "PrecompiledState",
+    "PrecompiledBlock",
+    "call_key",
+    "describe_callable",
+    "block_fingerprint",
+    "host_versions",
+    "MAX_VARIANTS",
+]
 
 log = logging.getLogger("steadfast.precompiled")
 
@@ -122,8 +131,9 @@ def _describe(v: Any, code_key: bool) -> Any:
 def _transformer_options(v: Mapping[str, Any], code_keys: Sequence[str]) -> Any:
     for k in ("patches", "patches_replace"):
         if _has_leaf(v.get(k)):
-            raise _NotDescribable(f"transformer_options[{k!r}] is not empty (the jit keeps every guard then: a graph "
-                                  "per value)")
+            raise _NotDescribable(
+                f"transformer_options[{k!r}] is not empty (the jit keeps every guard then: a graph per value)"
+            )
     return ("TO", tuple((str(k), _describe(v[k], k in code_keys)) for k in v))
 
 
@@ -165,9 +175,11 @@ def block_fingerprint(module: nn.Module) -> dict[str, Any]:
                 continue
             mod = sys.modules.get(base.__module__)
             files[base.__module__] = _file_digest(getattr(mod, "__file__", None))
-    return {"class": f"{type(module).__module__}.{type(module).__qualname__}",
-            "modules": [[n, f"{type(m).__module__}.{type(m).__qualname__}"] for n, m in module.named_modules()],
-            "files": files}
+    return {
+        "class": f"{type(module).__module__}.{type(module).__qualname__}",
+        "modules": [[n, f"{type(m).__module__}.{type(m).__qualname__}"] for n, m in module.named_modules()],
+        "files": files,
+    }
 
 
 def host_versions() -> dict[str, str | None]:
@@ -193,16 +205,24 @@ def static_fields(options: CompileOptions, guard_filter_fn: GuardFilterFn | None
     dataclasses) and :func:`host_versions`."""
     env = compile_cache.cache_key_fields("cpu")
     env.pop("device", None)  # the call's devices are in the call description; the cache folder's key has the ISA
-    return {"format": KEY_FORMAT, "env": env, "options": options.as_dict(), "guard_filter": repr(guard_filter_fn),
-            "host": host_versions()}
+    return {
+        "format": KEY_FORMAT,
+        "env": env,
+        "options": options.as_dict(),
+        "guard_filter": repr(guard_filter_fn),
+        "host": host_versions(),
+    }
 
 
 def flags_text() -> str:
     """The global torch flags compiled code depends on (:func:`core.compile.recompiles.guarded_flags`, the determinism
     flags among them), inductor's ``deterministic`` setting and the digest of Dynamo's and inductor's config
     (:func:`core.torch_compat.compile_config_digest`), as canonical JSON. Cost: docs/benchmarks.md section 21."""
-    return json.dumps([guarded_flags(), torch_compat.inductor_deterministic(load=True),
-                       torch_compat.compile_config_digest()], sort_keys=True, default=str)
+    return json.dumps(
+        [guarded_flags(), torch_compat.inductor_deterministic(load=True), torch_compat.compile_config_digest()],
+        sort_keys=True,
+        default=str,
+    )
 
 
 def module_digest(name: str) -> str:
@@ -233,8 +253,13 @@ def hooks_reason(module: nn.Module) -> str | None:
     while stack:
         m = stack.pop()
         d = m.__dict__
-        if d["_forward_hooks"] or d["_forward_pre_hooks"] or d["_backward_hooks"] or d["_backward_pre_hooks"] \
-                or "forward" in d:
+        if (
+            d["_forward_hooks"]
+            or d["_forward_pre_hooks"]
+            or d["_backward_hooks"]
+            or d["_backward_pre_hooks"]
+            or "forward" in d
+        ):
             return _hook_text(module, m)
         stack.extend(d["_modules"].values())
     return None
@@ -253,9 +278,14 @@ def _global_hooks() -> tuple[dict, ...]:
     return torch_compat.module_hook_dicts()
 
 
-def call_key(fingerprint: Mapping[str, Any], static: Mapping[str, Any], args: Sequence[Any],
-             kwargs: Mapping[str, Any], code_keys: Sequence[str] = ("optimized_attention_override",),
-             flags: str | None = None) -> tuple:
+def call_key(
+    fingerprint: Mapping[str, Any],
+    static: Mapping[str, Any],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    code_keys: Sequence[str] = ("optimized_attention_override",),
+    flags: str | None = None,
+) -> tuple:
     """The hashable in-memory key of one block call (hash it with :func:`key_digest` for the file name).
 
     Args:
@@ -270,13 +300,17 @@ def call_key(fingerprint: Mapping[str, Any], static: Mapping[str, Any], args: Se
     Raises:
         _NotDescribable: a value the key cannot describe (patched ``transformer_options``, a callable object...).
     """
+
     def one(name: Any, v: Any) -> Any:
         if isinstance(v, dict) and (name == "transformer_options" or "optimized_attention_override" in v):
             return _transformer_options(v, code_keys)
         return _describe(v, True)  # an argument of the block: the jit keeps its guards
 
-    desc = (tuple(one(i, a) for i, a in enumerate(args)), tuple((k, one(k, v)) for k, v in kwargs.items()),
-            flags if flags is not None else flags_text())
+    desc = (
+        tuple(one(i, a) for i, a in enumerate(args)),
+        tuple((k, one(k, v)) for k, v in kwargs.items()),
+        flags if flags is not None else flags_text(),
+    )
     return (id(fingerprint), id(static), desc)
 
 
@@ -296,6 +330,7 @@ def aot_guard_filter(jit_filter: GuardFilterFn | None, dropped: list[Any] | None
         dropped: when given, the entries the jit keeps and the artifact cannot are appended to it (the pack carries
             them: :mod:`core.compile.carried_guards`).
     """
+
     def keep(entries: Sequence[Any]) -> list[bool]:
         jit = [True] * len(entries) if jit_filter is None else list(jit_filter(entries))
         out = []
@@ -305,6 +340,7 @@ def aot_guard_filter(jit_filter: GuardFilterFn | None, dropped: list[Any] | None
                 dropped.append(e)
             out.append(ok)
         return out
+
     return keep
 
 
@@ -411,12 +447,20 @@ class PrecompiledState:
         the per-call checks of the carried guards, summed over every call; ``calls``: block calls through the route;
         ``split_seconds``: their wall seconds per phase, :data:`SPLIT_PHASES`)."""
         with self.lock:
-            return {"enabled": self.enabled, "reason": self.reason, "hits": self.hits, "loads": self.loads,
-                    "saves": self.saves, "fallbacks": self.fallbacks, "save_seconds": round(self.save_seconds, 3),
-                    "load_seconds": round(self.load_seconds, 3),
-                    "check_seconds": round(self.check_seconds, 6), "calls": self.calls,
-                    "split_seconds": {k: round(v, 6) for k, v in self.split_seconds.items()},
-                    "reasons": dict(self.reasons)}
+            return {
+                "enabled": self.enabled,
+                "reason": self.reason,
+                "hits": self.hits,
+                "loads": self.loads,
+                "saves": self.saves,
+                "fallbacks": self.fallbacks,
+                "save_seconds": round(self.save_seconds, 3),
+                "load_seconds": round(self.load_seconds, 3),
+                "check_seconds": round(self.check_seconds, 6),
+                "calls": self.calls,
+                "split_seconds": {k: round(v, 6) for k, v in self.split_seconds.items()},
+                "reasons": dict(self.reasons),
+            }
 
 
 class PrecompiledBlock(nn.Module):
@@ -429,10 +473,16 @@ class PrecompiledBlock(nn.Module):
     ``guard_check`` passes answers the call; otherwise the jit answers, and a new key queues a save
     (:meth:`PrecompiledState.flush`). Any failure is recorded and the jit answers."""
 
-    def __init__(self, module: nn.Module, jit: nn.Module, options: CompileOptions,
-                 guard_filter_fn: GuardFilterFn | None, state: PrecompiledState,
-                 contexts: Sequence[Callable[[], Any]] = (),
-                 prepare: Callable[[tuple, dict], tuple[tuple, dict]] | None = None) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        jit: nn.Module,
+        options: CompileOptions,
+        guard_filter_fn: GuardFilterFn | None,
+        state: PrecompiledState,
+        contexts: Sequence[Callable[[], Any]] = (),
+        prepare: Callable[[tuple, dict], tuple[tuple, dict]] | None = None,
+    ) -> None:
         super().__init__()
         self._orig_mod = module
         self.jit = jit
@@ -449,8 +499,12 @@ class PrecompiledBlock(nn.Module):
         if not state.enabled or cache is None:
             return self.jit(*args, **kwargs)
         if not state.explicit and (device := untried_device(args)) is not None:
-            state.count("fallbacks", device, f"the precompiled route has not passed its checks on {device} yet: "
-                        f"opt in with ${torch_compat.PRECOMPILED_ENV}=1 (the jit answers)")
+            state.count(
+                "fallbacks",
+                device,
+                f"the precompiled route has not passed its checks on {device} yet: "
+                f"opt in with ${torch_compat.PRECOMPILED_ENV}=1 (the jit answers)",
+            )
             return self.jit(*args, **kwargs)
         t0 = time.perf_counter()
         why = hooks_reason(self._orig_mod)
@@ -507,8 +561,10 @@ class PrecompiledBlock(nn.Module):
             except Exception as e:  # noqa: BLE001 (any failure: the jit answers)
                 ok, why = False, f"guard_check raised {type(e).__name__}: {cache.redact(str(e))[:200]}"
             else:
-                why = ("torch's guard_check failed: an input or a module attribute differs from what the artifact "
-                       "was traced for")
+                why = (
+                    "torch's guard_check failed: an input or a module attribute differs from what the artifact "
+                    "was traced for"
+                )
             split["guard_check"] += time.perf_counter() - t0
             if ok:
                 t0 = time.perf_counter()
@@ -533,13 +589,15 @@ class PrecompiledBlock(nn.Module):
             with state.lock:
                 if len(state.pending) < MAX_PENDING:
                     state.pending.append(
-                        lambda: self._save(cache, fingerprint, static, key, tuple(args), saved_kwargs, modes))
+                        lambda: self._save(cache, fingerprint, static, key, tuple(args), saved_kwargs, modes)
+                    )
         elif kind == "jit":
             state.count("fallbacks")
         return out
 
-    def _resolve(self, cache: compile_cache.CompileCache, fingerprint: dict, static: dict, key: tuple,
-                 env: Mapping[str, Any]) -> tuple[str, Any]:
+    def _resolve(
+        self, cache: compile_cache.CompileCache, fingerprint: dict, static: dict, key: tuple, env: Mapping[str, Any]
+    ) -> tuple[str, Any]:
         """The entry for a call: ``("aot", (fn, Matched))`` for the first variant of the key whose traced sources
         and carried guards read the same now, ``("new", None)`` when there is none (the reason recorded when the
         key has variants), ``("jit", None)`` for an untrusted record, a refused configuration or a failed load."""
@@ -560,8 +618,12 @@ class PrecompiledBlock(nn.Module):
             fn = self._load(cache, variant["artifact"])
             return ("aot", (fn, matched)) if fn is not None else ("jit", None)
         if reasons:
-            state.count("fallbacks", digest[:12], f"precompiled for another configuration ({reasons[0]}): the jit "
-                        "answers and this configuration is saved too")
+            state.count(
+                "fallbacks",
+                digest[:12],
+                f"precompiled for another configuration ({reasons[0]}): the jit "
+                "answers and this configuration is saved too",
+            )
         return "new", None
 
     def _load(self, cache: compile_cache.CompileCache, artifact: str) -> Any:
@@ -586,8 +648,16 @@ class PrecompiledBlock(nn.Module):
         state.loaded[memo] = fn
         return fn
 
-    def _save(self, cache: compile_cache.CompileCache, fingerprint: dict, static: dict, key: tuple,
-              args: tuple, kwargs: dict, modes: tuple[bool, bool] = (False, False)) -> None:
+    def _save(
+        self,
+        cache: compile_cache.CompileCache,
+        fingerprint: dict,
+        static: dict,
+        key: tuple,
+        args: tuple,
+        kwargs: dict,
+        modes: tuple[bool, bool] = (False, False),
+    ) -> None:
         """Trace and save the artifact of ``key`` under the call's grad and inference modes (``modes``: flush may
         run outside the ``no_grad`` / ``inference_mode`` block of the call that queued it), with its variant: the
         traced modules' source digests and the carried guards. A guard the pack cannot carry saves a refusal
@@ -600,14 +670,19 @@ class PrecompiledBlock(nn.Module):
                 stack.enter_context(torch.set_grad_enabled(modes[0]))
                 for context in (*self._contexts, torch_compat.aot_compile_enabled, torch_compat.portable_guard_state):
                     stack.enter_context(context())
-                compiled = torch.compile(type(module).forward, **{
-                    **self._options.to_kwargs(aot_guard_filter(self._jit_filter, dropped)), "fullgraph": True})
+                compiled = torch.compile(
+                    type(module).forward,
+                    **{**self._options.to_kwargs(aot_guard_filter(self._jit_filter, dropped)), "fullgraph": True},
+                )
                 aot = compiled.aot_compile(((module, *args), kwargs))
                 sources = {m: module_digest(m) for m in sorted(torch_compat.traced_modules(aot))}
                 guards, problems = carried_guards.carry(dropped, self._binder(module, args, kwargs))
                 if problems:  # recorded with the guards it could carry: that configuration runs the jit
-                    add_variant(cache, digest, {"sources": sources, "guards": [g.as_list() for g in guards],
-                                                "refused": problems[0]})
+                    add_variant(
+                        cache,
+                        digest,
+                        {"sources": sources, "guards": [g.as_list() for g in guards], "refused": problems[0]},
+                    )
                     self._state.count("fallbacks", digest[:12], f"not precompiled: {problems[0]}")
                     return
                 variant = {"sources": sources, "guards": [g.as_list() for g in guards]}
@@ -641,8 +716,13 @@ def read_variants(cache: compile_cache.CompileCache, digest: str) -> tuple[list[
         return [], problem
     try:
         body = json.loads(data)
-        variants = [v for v in body["variants"] if isinstance(v.get("sources"), dict)
-                    and isinstance(v.get("guards"), list) and ("artifact" in v or "refused" in v)]
+        variants = [
+            v
+            for v in body["variants"]
+            if isinstance(v.get("sources"), dict)
+            and isinstance(v.get("guards"), list)
+            and ("artifact" in v or "refused" in v)
+        ]
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         return [], f"unreadable variant record ({type(e).__name__})"
     return variants, None
@@ -659,8 +739,9 @@ def add_variant(cache: compile_cache.CompileCache, digest: str, variant: dict) -
         cache.write_recorded(rel, json.dumps({"format": KEY_FORMAT, "variants": kept}, sort_keys=True).encode())
 
 
-def match_variant(variant: Mapping[str, Any], env: Mapping[str, Any]) -> tuple[carried_guards.Matched | None,
-                                                                                  str | None]:
+def match_variant(
+    variant: Mapping[str, Any], env: Mapping[str, Any]
+) -> tuple[carried_guards.Matched | None, str | None]:
     """Whether a variant is what the jit would trace now: every traced module's source has the recorded digest
     and every carried guard reads the recorded value. Returns ``(Matched, None)`` or ``(None, reason)``."""
     for name, want in variant["sources"].items():
@@ -673,9 +754,14 @@ def match_variant(variant: Mapping[str, Any], env: Mapping[str, Any]) -> tuple[c
     return carried_guards.match(guards, env)
 
 
-def wrap(module: nn.Module, jit: nn.Module, options: CompileOptions, guard_filter_fn: GuardFilterFn | None,
-         state: PrecompiledState, contexts: Sequence[Callable[[], Any]] = (),
-         prepare: Callable[[tuple, dict], tuple[tuple, dict]] | None = None) -> PrecompiledBlock:
+def wrap(
+    module: nn.Module,
+    jit: nn.Module,
+    options: CompileOptions,
+    guard_filter_fn: GuardFilterFn | None,
+    state: PrecompiledState,
+    contexts: Sequence[Callable[[], Any]] = (),
+    prepare: Callable[[tuple, dict], tuple[tuple, dict]] | None = None,
+) -> PrecompiledBlock:
     """:class:`PrecompiledBlock` for ``module`` in front of ``jit`` (see there)."""
     return PrecompiledBlock(module, jit, options, guard_filter_fn, state, contexts, prepare)
-

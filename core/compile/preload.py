@@ -8,6 +8,7 @@ process), and then freezes the heap it holds (:func:`freeze_heap`) so that the g
 stop walking it. ``$STEADFAST_PRELOAD_COMPILE``: ``1`` always, ``0`` never, unset/``auto`` when the cache root holds a
 compiled file; ``$STEADFAST_GC_FREEZE=0`` leaves the heap unfrozen. No ComfyUI imports.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,8 +28,15 @@ log = logging.getLogger("steadfast.compile_cache")
 
 PRELOAD_ENV = "STEADFAST_PRELOAD_COMPILE"
 GC_FREEZE_ENV = "STEADFAST_GC_FREEZE"
-_state: dict[str, Any] = {"compile_stack_preloaded": False, "seconds": None, "reason": "not decided yet",
-                          "cpu_isa": None, "cpu_isa_cache": None, "cpu_isa_seconds": None, "gc_frozen": None}
+_state: dict[str, Any] = {
+    "compile_stack_preloaded": False,
+    "seconds": None,
+    "reason": "not decided yet",
+    "cpu_isa": None,
+    "cpu_isa_cache": None,
+    "cpu_isa_seconds": None,
+    "gc_frozen": None,
+}
 _lock = threading.Lock()
 
 
@@ -81,8 +89,9 @@ def freeze_heap() -> int | None:
     return gc.get_freeze_count()
 
 
-def isa_cache(root: Path | None, device: Any = None,
-              forbidden: tuple[str | os.PathLike[str], ...] = ()) -> CompileCache | None:
+def isa_cache(
+    root: Path | None, device: Any = None, forbidden: tuple[str | os.PathLike[str], ...] = ()
+) -> CompileCache | None:
     """The managed compile cache inductor's ISA pick at start runs in: the first cache name under ``root``
     (``default`` first, then by name) whose folder for this machine's key (no inductor preset) checks out
     (:func:`core.compile.cache.existing_cache`: read only; a bad one is left for the first compile to move aside,
@@ -109,8 +118,13 @@ def isa_cache(root: Path | None, device: Any = None,
     return None
 
 
-def preload(root: Path | None, *, device: Any = None, forbidden: tuple[str | os.PathLike[str], ...] = (),
-            isa_in_cache: bool = True) -> dict[str, Any]:
+def preload(
+    root: Path | None,
+    *,
+    device: Any = None,
+    forbidden: tuple[str | os.PathLike[str], ...] = (),
+    isa_in_cache: bool = True,
+) -> dict[str, Any]:
     """Import the compile stack now when :func:`decide` says so (once per process), then pick inductor's CPU ISA
     inside :func:`isa_cache` (``device``, ``forbidden``: as there; ``isa_in_cache`` False: in inductor's own folder)
     and freeze the heap; returns :func:`state`.
@@ -138,9 +152,16 @@ def preload(root: Path | None, *, device: Any = None, forbidden: tuple[str | os.
                 _state["cpu_isa"] = f"not picked at start: {type(e).__name__}: {e}"
             _state["cpu_isa_seconds"] = round(time.perf_counter() - t0, 3)
             _state["gc_frozen"] = freeze_heap()
-            log.info("Steadfast: compile stack imported at start in %.2f s, CPU ISA %r picked in %.2f s, %s objects "
-                     "frozen (%s; $%s=0 turns this off)", _state["seconds"], _state["cpu_isa"],
-                     _state["cpu_isa_seconds"], _state["gc_frozen"], why, PRELOAD_ENV)
+            log.info(
+                "Steadfast: compile stack imported at start in %.2f s, CPU ISA %r picked in %.2f s, %s objects "
+                "frozen (%s; $%s=0 turns this off)",
+                _state["seconds"],
+                _state["cpu_isa"],
+                _state["cpu_isa_seconds"],
+                _state["gc_frozen"],
+                why,
+                PRELOAD_ENV,
+            )
         else:
             _state["seconds"] = 0.0
         return dict(_state)

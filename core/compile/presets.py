@@ -7,6 +7,7 @@ coordinate-descent tuning of generated kernels (checking all directions), no epi
 tuning tunes Triton (GPU) kernels; on CPU the preset mostly changes how convolutions lower (docs/benchmarks.md
 measures it, bits included: a preset changes generated code, so compare, never assume). No ComfyUI imports.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -16,15 +17,19 @@ from typing import Any
 __all__ = ["PRESETS", "PRESET_NAMES", "NONE", "preset_options"]
 
 NONE = "none"
-PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
-    NONE: MappingProxyType({}),
-    "diffusers-fast": MappingProxyType({
-        "conv_1x1_as_mm": True,
-        "coordinate_descent_tuning": True,
-        "epilogue_fusion": False,
-        "coordinate_descent_check_all_directions": True,
-    }),
-})
+PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {
+        NONE: MappingProxyType({}),
+        "diffusers-fast": MappingProxyType(
+            {
+                "conv_1x1_as_mm": True,
+                "coordinate_descent_tuning": True,
+                "epilogue_fusion": False,
+                "coordinate_descent_check_all_directions": True,
+            }
+        ),
+    }
+)
 PRESET_NAMES: tuple[str, ...] = tuple(PRESETS)
 
 
@@ -35,6 +40,8 @@ def preset_options(name: str, backend: str) -> dict[str, Any]:
     if name not in PRESETS:
         raise ValueError(f"inductor_preset must be one of {', '.join(PRESET_NAMES)}, got {name!r}")
     if name != NONE and backend != "inductor":
-        raise ValueError(f"inductor_preset {name!r} sets inductor's config and needs backend 'inductor', "
-                         f"got backend {backend!r}; use inductor_preset 'none' with this backend")
+        raise ValueError(
+            f"inductor_preset {name!r} sets inductor's config and needs backend 'inductor', "
+            f"got backend {backend!r}; use inductor_preset 'none' with this backend"
+        )
     return dict(PRESETS[name])

@@ -4,6 +4,7 @@ Dynamo's ``GLOBAL_STATE`` guard names a changed flag but not its values: :func:`
 (``"global flag changed since compile: deterministic_algorithms False -> True"``). ComfyUI applies LoRA with a new
 ``nn.Parameter`` unless ``weight_inplace_update`` is set (:class:`ParamIdentity` sees it). No ComfyUI imports.
 """
+
 from __future__ import annotations
 
 import re
@@ -41,10 +42,13 @@ def guarded_flags() -> dict[str, Any]:
     state.pop("inductor_deterministic", None)
     dyn = torch_compat.dynamo_global_state()
     autocast = dyn.get("autocast_state", {})
-    state.update(grad_mode=torch.is_grad_enabled(), inference_mode=torch.is_inference_mode_enabled(),
-                 default_dtype=str(torch.get_default_dtype()),
-                 autocast=[i for i, on in enumerate(autocast.get("enabled", [])) if on] if autocast else None,
-                 torch_function=[dyn.get("torch_function"), dyn.get("torch_function_all_disabled")] if dyn else None)
+    state.update(
+        grad_mode=torch.is_grad_enabled(),
+        inference_mode=torch.is_inference_mode_enabled(),
+        default_dtype=str(torch.get_default_dtype()),
+        autocast=[i for i, on in enumerate(autocast.get("enabled", [])) if on] if autocast else None,
+        torch_function=[dyn.get("torch_function"), dyn.get("torch_function_all_disabled")] if dyn else None,
+    )
     return state
 
 
@@ -67,8 +71,12 @@ class ParamIdentity:
 
 
 def _tensors(modules: Mapping[str, nn.Module]) -> dict[str, torch.Tensor]:
-    return {f"{prefix}.{name}": t for prefix, mod in modules.items()
-            for name, t in [*mod.named_parameters(), *mod.named_buffers()] if t is not None}
+    return {
+        f"{prefix}.{name}": t
+        for prefix, mod in modules.items()
+        for name, t in [*mod.named_parameters(), *mod.named_buffers()]
+        if t is not None
+    }
 
 
 def code_of(module: Any) -> Any:
@@ -96,12 +104,16 @@ def parse_limit_hit(message: str) -> dict[str, Any]:
     """Dynamo's recompile-limit warning (the frame then runs eagerly) as
     ``{"kind": "recompile_limit", "limit": first line, "function", "reason"}``."""
     lines = [ln.strip() for ln in message.splitlines()]
-    field = {k: ln.split(":", 1)[1].strip() for ln in lines for k in ("function", "last reason")
-             if ln.startswith(k + ":")}
+    field = {
+        k: ln.split(":", 1)[1].strip() for ln in lines for k in ("function", "last reason") if ln.startswith(k + ":")
+    }
     reason = field.get("last reason", "")
-    return {"kind": "recompile_limit", "limit": lines[0] if lines else message,
-            "function": redact(field.get("function", "")),
-            "reason": _REASON_LINE.sub(r"\1", "- " + reason) if reason else message}
+    return {
+        "kind": "recompile_limit",
+        "limit": lines[0] if lines else message,
+        "function": redact(field.get("function", "")),
+        "reason": _REASON_LINE.sub(r"\1", "- " + reason) if reason else message,
+    }
 
 
 def explain_recompile(event: dict[str, Any], known: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -118,12 +130,20 @@ def explain_recompile(event: dict[str, Any], known: Sequence[Mapping[str, Any]])
         changed = {k for k, _, _ in closest}
         derived = {f for n in names for f in DYNAMO_GUARDED.get(n, ("",))[1:] if DYNAMO_GUARDED[n][0] in changed}
         texts = [f"{k} {before} -> {after}" for k, before, after in closest if k not in derived]
-        event.update(cause="global_flag", guard=event["reason"], flag_changes=texts,
-                     reason="global flag changed since compile: " + ", ".join(texts or names))
+        event.update(
+            cause="global_flag",
+            guard=event["reason"],
+            flag_changes=texts,
+            reason="global flag changed since compile: " + ", ".join(texts or names),
+        )
     elif (m := _TYPE_ID.search(event["reason"])) is not None:
         cls = m.group("cls").rsplit(".", 1)[-1]
-        event.update(cause="module_type", guard=event["reason"], reason=f"submodule {m.group('path').strip()} changed "
-                     f"type since compile (compiled for {cls}): an object patch (e.g. QKV fusion) swapped it")
+        event.update(
+            cause="module_type",
+            guard=event["reason"],
+            reason=f"submodule {m.group('path').strip()} changed "
+            f"type since compile (compiled for {cls}): an object patch (e.g. QKV fusion) swapped it",
+        )
     return event
 
 
@@ -148,18 +168,24 @@ def graph_break_message(error: BaseException, label: str) -> str:
     lines = [ln.strip() for ln in text.splitlines()]
     first = next((ln for ln in lines if ln), type(error).__name__)
     explanation = next((ln.removeprefix("Explanation:").strip() for ln in lines if ln.startswith("Explanation:")), "")
-    frames = [f"{m['fn']} ({redact(m['file'])}:{m['line']})"
-              for m in _USER_FRAME.finditer(text.partition("from user code:")[2])]
+    frames = [
+        f"{m['fn']} ({redact(m['file'])}:{m['line']})"
+        for m in _USER_FRAME.finditer(text.partition("from user code:")[2])
+    ]
     where = " -> ".join(frames[-5:]) if frames else "not reported by Dynamo"
     cause = f"{first}: {explanation}" if explanation else first
-    avoid = ("attention=comfy (ComfyUI's own attention, sub-quadratic on CPU) breaks the graph: choose an SDPA "
-             "attention (auto, math ...) on Optimize Model, or turn on Determinism Setup's batch_invariant"
-             if any("attention_sub_quad" in f or "get_free_memory" in f for f in frames)
-             else "change the code the 'where' line names")
-    return (f"{label}: graph break under fullgraph=True. fullgraph requires each compiled block to trace as ONE "
-            f"graph, and Dynamo could not trace this:\n"
-            f"  cause: {cause}\n"
-            f"  where (innermost last): {where}\n"
-            f"What to do: switch `fullgraph` off on the Optimize node that compiled this model (Optimize Model or "
-            f"Pipeline Optimize): the block then runs as several graphs (counted as graph_breaks in "
-            f"GET /steadfast/compile_state). Or {avoid}.")
+    avoid = (
+        "attention=comfy (ComfyUI's own attention, sub-quadratic on CPU) breaks the graph: choose an SDPA "
+        "attention (auto, math ...) on Optimize Model, or turn on Determinism Setup's batch_invariant"
+        if any("attention_sub_quad" in f or "get_free_memory" in f for f in frames)
+        else "change the code the 'where' line names"
+    )
+    return (
+        f"{label}: graph break under fullgraph=True. fullgraph requires each compiled block to trace as ONE "
+        f"graph, and Dynamo could not trace this:\n"
+        f"  cause: {cause}\n"
+        f"  where (innermost last): {where}\n"
+        f"What to do: switch `fullgraph` off on the Optimize node that compiled this model (Optimize Model or "
+        f"Pipeline Optimize): the block then runs as several graphs (counted as graph_breaks in "
+        f"GET /steadfast/compile_state). Or {avoid}."
+    )

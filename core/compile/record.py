@@ -3,6 +3,7 @@
 Other settings make a new record; ``record.stats`` is written only by :class:`core.compile.registry.CompileRegistry`
 (``tests/core/test_registry.py`` greps for writes elsewhere). No ComfyUI imports; no global state.
 """
+
 from __future__ import annotations
 
 import json
@@ -88,8 +89,11 @@ class CompileRecord:
     def cache_entries(self) -> dict[str, int]:
         """``{"Class.forward": Dynamo cache entries}`` per distinct compiled ``forward``, process-wide (all records
         and backends share them; the recompile limit applies to this number)."""
-        return {f"{type(m).__name__}.{code.co_name}": torch_compat.cache_entry_count(code)
-                for m in self.block_modules().values() if (code := code_of(m)) is not None}
+        return {
+            f"{type(m).__name__}.{code.co_name}": torch_compat.cache_entry_count(code)
+            for m in self.block_modules().values()
+            if (code := code_of(m)) is not None
+        }
 
     def is_warm_for(self, target: tuple) -> bool:
         """Warm, not disabled, and warmed up at ``target`` (e.g. a latent shape)."""
@@ -99,15 +103,25 @@ class CompileRecord:
     def summary(self) -> dict[str, Any]:
         """Short JSON view for run records and node badges (this run's graphs and recompiles included)."""
         s, run = self.stats, self.stats.last_run or {}
-        return {"label": self.label, "status": s.status, "blocks": len(self.blocks),
-                "backend": self.options.get("backend"), "first_call_seconds": s.first_call_seconds,
-                "graphs": s.graphs, "recompiles": len(s.recompiles),
-                "last_recompile": s.recompiles[-1]["reason"] if s.recompiles else None,
-                "disabled": s.disabled, "strict": s.strict, "run": run.get("run"),
-                "graphs_this_run": run.get("graphs"), "recompiles_this_run": run.get("recompiles"),
-                "recompile_reasons_this_run": list(run.get("reasons", [])),
-                "params_replaced_this_run": run.get("params_replaced"), "warnings": s.warnings[-3:],
-                **({} if self.precompiled is None else {"precompiled": self.precompiled.as_dict()})}
+        return {
+            "label": self.label,
+            "status": s.status,
+            "blocks": len(self.blocks),
+            "backend": self.options.get("backend"),
+            "first_call_seconds": s.first_call_seconds,
+            "graphs": s.graphs,
+            "recompiles": len(s.recompiles),
+            "last_recompile": s.recompiles[-1]["reason"] if s.recompiles else None,
+            "disabled": s.disabled,
+            "strict": s.strict,
+            "run": run.get("run"),
+            "graphs_this_run": run.get("graphs"),
+            "recompiles_this_run": run.get("recompiles"),
+            "recompile_reasons_this_run": list(run.get("reasons", [])),
+            "params_replaced_this_run": run.get("params_replaced"),
+            "warnings": s.warnings[-3:],
+            **({} if self.precompiled is None else {"precompiled": self.precompiled.as_dict()}),
+        }
 
     def as_dict(self) -> dict[str, Any]:
         """Everything, JSON-serialisable (a copy; shapes as sorted lists, times as unix seconds)."""
@@ -119,22 +133,37 @@ class CompileRecord:
                 out[k] = sorted(out[k], key=repr)
         if self.precompiled is not None:
             out["precompiled"] = self.precompiled.as_dict()
-        out.update(label=self.label, blocks=self.blocks, block_count=len(self.blocks), in_place=self.in_place,
-                   options=self.options, created=self.created, cache_entries=self.cache_entries(),
-                   recompile_limit=torch_compat.recompile_limit())
+        out.update(
+            label=self.label,
+            blocks=self.blocks,
+            block_count=len(self.blocks),
+            in_place=self.in_place,
+            options=self.options,
+            created=self.created,
+            cache_entries=self.cache_entries(),
+            recompile_limit=torch_compat.recompile_limit(),
+        )
         return json.loads(json.dumps(out))
 
     def as_text(self) -> str:
         """One-line human summary: blocks, first call, graphs, recompiles (+ last reason), status."""
         s, run = self.stats, self.stats.last_run or {}
         reason = s.recompiles[-1]["reason"] if s.recompiles else ""
-        parts = [(True, f"{self.label}: {len(self.blocks)} block(s) compiled ({self.options.get('backend')})"),
-                 (True, s.status), (s.first_call_seconds is not None, f"first call {s.first_call_seconds or 0:.1f} s"),
-                 (True, f"{s.graphs} graph(s)"), (True, f"{len(s.recompiles)} recompile(s)" + (
-                     f" (last: {reason[:117] + '...' if len(reason) > 120 else reason})" if s.recompiles else "")),
-                 (run, f"run {run.get('run')}: {run.get('recompiles')} recompile(s), {run.get('graphs')} graph(s)"),
-                 (s.strict, "strict (a recompile after warm-up is an error)"),
-                 (s.graph_breaks, f"{sum(s.graph_breaks.values())} graph break(s)"),
-                 (s.fallbacks, f"{len(s.fallbacks)} fallback(s) to eager"), (s.disabled, "DISABLED (running eager)")]
+        parts = [
+            (True, f"{self.label}: {len(self.blocks)} block(s) compiled ({self.options.get('backend')})"),
+            (True, s.status),
+            (s.first_call_seconds is not None, f"first call {s.first_call_seconds or 0:.1f} s"),
+            (True, f"{s.graphs} graph(s)"),
+            (
+                True,
+                f"{len(s.recompiles)} recompile(s)"
+                + (f" (last: {reason[:117] + '...' if len(reason) > 120 else reason})" if s.recompiles else ""),
+            ),
+            (run, f"run {run.get('run')}: {run.get('recompiles')} recompile(s), {run.get('graphs')} graph(s)"),
+            (s.strict, "strict (a recompile after warm-up is an error)"),
+            (s.graph_breaks, f"{sum(s.graph_breaks.values())} graph break(s)"),
+            (s.fallbacks, f"{len(s.fallbacks)} fallback(s) to eager"),
+            (s.disabled, "DISABLED (running eager)"),
+        ]
         text = "; ".join(t for on, t in parts if on)
         return text + ("\nWARNING: " + s.warnings[-1] if s.warnings else "")

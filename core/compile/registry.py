@@ -8,6 +8,7 @@ Recompile reasons and limit fallbacks come from Dynamo's log messages (a log tap
 breaks and cache hits from Dynamo's counters, to the innermost ``with REGISTRY.track(record)`` of the thread.
 Caveat: the counters are process-global (a compile in another thread meanwhile counts too). No ComfyUI imports.
 """
+
 from __future__ import annotations
 
 import collections
@@ -63,8 +64,11 @@ class _Frame:
 
     def finish(self, parent: _Frame | None) -> dict[str, int]:
         """This call's own counter increases; they are not ``parent``'s own (its baseline moves up by them)."""
-        delta = {k: v - self.before.get(k, 0) for k, v in torch_compat.dynamo_counters().items()
-                 if v > self.before.get(k, 0)}  # increases only: counters.clear() inside must not go negative
+        delta = {
+            k: v - self.before.get(k, 0)
+            for k, v in torch_compat.dynamo_counters().items()
+            if v > self.before.get(k, 0)
+        }  # increases only: counters.clear() inside must not go negative
         if parent is not None:
             for k, v in delta.items():
                 parent.before[k] = parent.before.get(k, 0) + v
@@ -84,9 +88,18 @@ class CompileRegistry:
         self._released: collections.deque[dict[str, Any]] = collections.deque(maxlen=RELEASED_KEPT)
         self._finalizers: dict[int, weakref.finalize] = {}  # id(record) -> called when its key is collected
 
-    def get_or_create(self, model: torch.nn.Module, options: CompileOptions, blocks: Sequence[str], *,
-                      key: Any = None, label: str | None = None, guard_filter_fn: GuardFilterFn | None = None,
-                      strict: bool = False, in_place: bool = False) -> tuple[CompileRecord, bool]:
+    def get_or_create(
+        self,
+        model: torch.nn.Module,
+        options: CompileOptions,
+        blocks: Sequence[str],
+        *,
+        key: Any = None,
+        label: str | None = None,
+        guard_filter_fn: GuardFilterFn | None = None,
+        strict: bool = False,
+        in_place: bool = False,
+    ) -> tuple[CompileRecord, bool]:
         """``(record, created)`` for ``key`` (weak-referenceable, default ``model``), compiling ``blocks`` of
         ``model`` if needed: reused (nothing compiled, ``strict`` updated) when made for this ``model`` object with
         equal ``options``, ``blocks``, guard filter and ``in_place`` (the model compiled itself, e.g. diffusers'
@@ -102,10 +115,18 @@ class CompileRegistry:
             pre = None if in_place or options.backend != "inductor" else PrecompiledState.detect()
             compiled = {} if in_place else compile_blocks(model, blocks, options, guard_filter_fn, pre)
             opts = {**options.as_dict(), "guard_filter": None if guard_filter_fn is None else repr(guard_filter_fn)}
-            rec = CompileRecord(label=label or type(model).__name__, blocks=tuple(blocks), options=opts,
-                                compiled=compiled, compile_options=options, guard_filter=guard_filter_fn,
-                                model_ref=weakref.ref(model), in_place=in_place, stats=CompileStats(strict=strict),
-                                precompiled=pre)
+            rec = CompileRecord(
+                label=label or type(model).__name__,
+                blocks=tuple(blocks),
+                options=opts,
+                compiled=compiled,
+                compile_options=options,
+                guard_filter=guard_filter_fn,
+                model_ref=weakref.ref(model),
+                in_place=in_place,
+                stats=CompileStats(strict=strict),
+                precompiled=pre,
+            )
             if previous is not None and (old := self._finalizers.pop(id(previous), None)) is not None:
                 old.detach()  # replaced while its model lives: not a release
             self._records[k] = rec
@@ -121,8 +142,13 @@ class CompileRegistry:
         try:
             view = released_view(record)
         except Exception as e:  # noqa: BLE001 - a finalizer must not raise; keep what is known
-            view = {"label": record.label, "created": record.created, "status": "released", "released": time.time(),
-                    "error": f"the record could not be read at release: {type(e).__name__}: {e}"[:500]}
+            view = {
+                "label": record.label,
+                "created": record.created,
+                "status": "released",
+                "released": time.time(),
+                "error": f"the record could not be read at release: {type(e).__name__}: {e}"[:500],
+            }
         with self._lock:
             self._finalizers.pop(id(record), None)
             self._released.append(view)
@@ -149,8 +175,9 @@ class CompileRegistry:
     def disable(self, record: CompileRecord, reason: str) -> None:
         """Adapter fallback to eager: ``stats.disabled`` and a ``kind="disabled"`` fallback with ``reason``."""
         with self._lock:
-            record.stats.fallbacks.append({"kind": "disabled", "reason": reason, "time": time.time(),
-                                           "run": record.stats.runs})
+            record.stats.fallbacks.append(
+                {"kind": "disabled", "reason": reason, "time": time.time(), "run": record.stats.runs}
+            )
             record.stats.disabled = True
 
     def mark_warm(self, record: CompileRecord, target: tuple) -> None:
@@ -158,8 +185,9 @@ class CompileRegistry:
         with self._lock:
             record.stats.warm_targets = record.stats.warm_targets | {tuple(target)}
 
-    def note_compile_cache(self, record: CompileRecord, cache_view: Mapping[str, Any],
-                           messages: Sequence[str] = ()) -> None:
+    def note_compile_cache(
+        self, record: CompileRecord, cache_view: Mapping[str, Any], messages: Sequence[str] = ()
+    ) -> None:
         """The compile cache used (its client view) and ``messages`` about it (as warnings)."""
         with self._lock:
             record.stats.warnings.extend(messages)
@@ -180,18 +208,30 @@ class CompileRegistry:
             self._local.runs = outer
             s = record.stats
             replaced = s.params.replaced(record.block_modules()) if s.params is not None else []
-            text = (f"{record.label}: {len(replaced)} parameter(s) of the compiled blocks were replaced by new tensor "
+            text = (
+                (
+                    f"{record.label}: {len(replaced)} parameter(s) of the compiled blocks were replaced by new tensor "
                     f"objects in run {number} (e.g. {replaced[0]}); weight patches without in-place update "
-                    f"(ModelPatcher.weight_inplace_update) can recompile") if replaced else None
+                    f"(ModelPatcher.weight_inplace_update) can recompile"
+                )
+                if replaced
+                else None
+            )
             with self._lock:
                 if replaced:  # count each replacement once
                     s.params = ParamIdentity.capture(record.block_modules())
                     s.params_replaced += len(replaced)
                     s.warnings.append(text)
                 events = [r for r in s.recompiles if r.get("run") == number]
-                s.last_run = {"run": number, "calls": s.calls - before[0], "graphs": s.graphs - before[1],
-                              "recompiles": len(events), "reasons": [r["reason"] for r in events],
-                              "params_replaced": len(replaced), "time": time.time()}
+                s.last_run = {
+                    "run": number,
+                    "calls": s.calls - before[0],
+                    "graphs": s.graphs - before[1],
+                    "recompiles": len(events),
+                    "reasons": [r["reason"] for r in events],
+                    "params_replaced": len(replaced),
+                    "time": time.time(),
+                }
                 s.run_log = [*s.run_log, s.last_run][-50:]
             if text:
                 log.warning(text)
@@ -235,20 +275,35 @@ class CompileRegistry:
             failed = True
             if not is_interrupt(e):  # the user's Cancel or Ctrl-C is not a failure of the compiled model
                 with self._lock:
-                    s.errors.append({"error": f"{type(e).__name__}: {e}"[:2000], "time": time.time(),
-                                     "run": self._local.runs[id(record)], "call": s.calls})
-            if (getattr(record.compile_options, "fullgraph", False) and not passes_through(e)
-                    and torch_compat.is_graph_break(e)):
+                    s.errors.append(
+                        {
+                            "error": f"{type(e).__name__}: {e}"[:2000],
+                            "time": time.time(),
+                            "run": self._local.runs[id(record)],
+                            "call": s.calls,
+                        }
+                    )
+            if (
+                getattr(record.compile_options, "fullgraph", False)
+                and not passes_through(e)
+                and torch_compat.is_graph_break(e)
+            ):
                 raise FullgraphBreakError(graph_break_message(e, record.label)) from e
             raise
         finally:
             stack.pop()
-            self._apply(record, frame.finish(stack[-1] if stack else None), time.perf_counter() - t0,
-                        not started_warm and not failed)
+            self._apply(
+                record,
+                frame.finish(stack[-1] if stack else None),
+                time.perf_counter() - t0,
+                not started_warm and not failed,
+            )
         if (s.strict if strict is None else strict) and started_warm and frame.recompiles:
             r = frame.recompiles[0]
-            raise RecompileError(f"{record.label}: recompiled after warm-up ({len(frame.recompiles)}x) in "
-                                 f"{r['function'] or 'a compiled block'}: {r['reason']}")
+            raise RecompileError(
+                f"{record.label}: recompiled after warm-up ({len(frame.recompiles)}x) in "
+                f"{r['function'] or 'a compiled block'}: {r['reason']}"
+            )
 
     def _apply(self, record: CompileRecord, own: dict[str, int], seconds: float, first: bool) -> None:
         s, graphs = record.stats, own.get("unique_graphs", 0)
@@ -280,9 +335,11 @@ class CompileRegistry:
         with self._lock:
             if n < limit - 2 or name in record.stats.warned_functions:
                 return
-            text = (f"{record.label}: {name} {what}, {torch_compat.RECOMPILE_LIMIT_SETTING}={limit}; "
-                    f"{max(0, limit - n)} more and Dynamo runs it EAGERLY (different numerics) or fails with "
-                    f"fullgraph. Last reason: {last_reason}")
+            text = (
+                f"{record.label}: {name} {what}, {torch_compat.RECOMPILE_LIMIT_SETTING}={limit}; "
+                f"{max(0, limit - n)} more and Dynamo runs it EAGERLY (different numerics) or fails with "
+                f"fullgraph. Last reason: {last_reason}"
+            )
             record.stats.warned_functions.add(name)
             record.stats.warnings.append(text)
         log.warning(text)
@@ -329,8 +386,13 @@ class CompileRegistry:
         with self._lock:
             note = self._tap.note if self._tap else "not installed (installed by the first tracked call)"
             records = sorted([*(r.as_dict() for r in self.records()), *self._released], key=lambda r: r["created"])
-            return {"torch": torch.version.__version__, "recompile_limit": torch_compat.recompile_limit(),
-                    "recompile_logging": note, "released_kept": RELEASED_KEPT, "records": records}
+            return {
+                "torch": torch.version.__version__,
+                "recompile_limit": torch_compat.recompile_limit(),
+                "recompile_logging": note,
+                "released_kept": RELEASED_KEPT,
+                "records": records,
+            }
 
 
 def next_run(record: CompileRecord) -> tuple[bool, bool, str]:
@@ -345,24 +407,47 @@ def next_run(record: CompileRecord) -> tuple[bool, bool, str]:
     """
     s, backend = record.stats, record.options.get("backend")
     if s.disabled:
-        return False, False, ("cold: the compile failed and the model ran eager; a reloaded model with the same "
-                              "options compiles again from the start")
+        return (
+            False,
+            False,
+            (
+                "cold: the compile failed and the model ran eager; a reloaded model with the same "
+                "options compiles again from the start"
+            ),
+        )
     if not s.graphs and s.status != "warm":
         return False, False, "cold: nothing was compiled before the model was released"
     entries = sum(record.cache_entries().values())
     here = entries > 0 or record.in_place
-    text = (f"in this process: warm, Dynamo's compiled code of the blocks stays ({entries} cache entr"
-            f"{'y' if entries == 1 else 'ies'}): a reloaded model with the same options compiles nothing unless a "
-            "guard differs (then the recompile and its reason are recorded)" if here else
-            "in this process: cold (no compiled code of the blocks is left)")
+    text = (
+        f"in this process: warm, Dynamo's compiled code of the blocks stays ({entries} cache entr"
+        f"{'y' if entries == 1 else 'ies'}): a reloaded model with the same options compiles nothing unless a "
+        "guard differs (then the recompile and its reason are recorded)"
+        if here
+        else "in this process: cold (no compiled code of the blocks is left)"
+    )
     if backend != "inductor":
         return here, False, text + f"; after a restart: cold (backend {backend!r} keeps no compiled code on disk)"
     if s.compile_cache is not None:
-        return here, True, text + (f"; after a restart: warm from the compile cache {s.compile_cache.get('name')!r} "
-                                   "(Dynamo traces again, inductor's kernels are read from the cache, no C++ "
-                                   "compile)")
-    return here, False, text + ("; after a restart: no Steadfast compile cache was used (compile_cache off), so "
-                                "only inductor's own temporary directory may still hold the kernels")
+        return (
+            here,
+            True,
+            text
+            + (
+                f"; after a restart: warm from the compile cache {s.compile_cache.get('name')!r} "
+                "(Dynamo traces again, inductor's kernels are read from the cache, no C++ "
+                "compile)"
+            ),
+        )
+    return (
+        here,
+        False,
+        text
+        + (
+            "; after a restart: no Steadfast compile cache was used (compile_cache off), so "
+            "only inductor's own temporary directory may still hold the kernels"
+        ),
+    )
 
 
 def released_view(record: CompileRecord) -> dict[str, Any]:
@@ -378,10 +463,17 @@ def released_view(record: CompileRecord) -> dict[str, Any]:
     """
     view = record.as_dict()
     here, cached, text = next_run(record)
-    view.update(status="released", status_at_release=record.stats.status, released=time.time(),
-                compile_seconds=record.stats.first_call_seconds, recompile_count=len(record.stats.recompiles),
-                recompile_reasons=[r.get("reason") for r in record.stats.recompiles],
-                warm_in_this_process=here, warm_from_compile_cache=cached, next_run=text)
+    view.update(
+        status="released",
+        status_at_release=record.stats.status,
+        released=time.time(),
+        compile_seconds=record.stats.first_call_seconds,
+        recompile_count=len(record.stats.recompiles),
+        recompile_reasons=[r.get("reason") for r in record.stats.recompiles],
+        warm_in_this_process=here,
+        warm_from_compile_cache=cached,
+        next_run=text,
+    )
     return view
 
 

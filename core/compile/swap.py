@@ -4,6 +4,7 @@ Regional compilation (diffusers' ``compile_repeated_blocks``) compiles each repe
 share one ``forward`` code object, hence one Dynamo graph, and the first call is faster than a full compile
 (docs/benchmarks.md section 2). A "full" compile is one block: the model as a path of its parent. :func:`swap_in`
 installs the lazy wrappers for one call only (as ComfyUI's ``apply_torch_compile_wrapper``)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -24,7 +25,7 @@ from .precompiled import wrap as precompiled_wrap
 def _contiguous(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         # is_contiguous() ignores strides of size-1 dims, Dynamo's guards do not: compare all strides
-        dense = tuple(math.prod(max(s, 1) for s in value.shape[i + 1:]) for i in range(value.dim()))
+        dense = tuple(math.prod(max(s, 1) for s in value.shape[i + 1 :]) for i in range(value.dim()))
         if value.layout is not torch.strided or value.stride() == dense:
             return value
         if any(st == 0 and sz > 1 for st, sz in zip(value.stride(), value.shape)):
@@ -58,6 +59,7 @@ def _under(fn: Callable[..., Any], contexts: Sequence[Callable[[], Any]]) -> Cal
     def call(*args: Any, **kwargs: Any) -> Any:
         with torch_compat.while_compiling(contexts):
             return fn(*args, **kwargs)
+
     return call
 
 
@@ -72,9 +74,13 @@ def submodule(root: nn.Module, path: str) -> nn.Module:
         raise ValueError(f"{type(root).__name__} has no submodule {path!r}: {e}") from e
 
 
-def compile_blocks(root: nn.Module, paths: Sequence[str], options: CompileOptions,
-                   guard_filter_fn: GuardFilterFn | None = None,
-                   precompiled: PrecompiledState | None = None) -> dict[str, Callable[..., Any]]:
+def compile_blocks(
+    root: nn.Module,
+    paths: Sequence[str],
+    options: CompileOptions,
+    guard_filter_fn: GuardFilterFn | None = None,
+    precompiled: PrecompiledState | None = None,
+) -> dict[str, Callable[..., Any]]:
     """``{path: torch.compile(root.get_submodule(path), **options.to_kwargs(guard_filter_fn))}``, lazy; ``root`` is
     not modified; inductor blocks compile under :func:`core.torch_compat.trusted_cpu_isa` (and
     :func:`core.torch_compat.specialize_int` with ``options.specialize_ints``), both held only while a call compiles
@@ -95,8 +101,9 @@ def compile_blocks(root: nn.Module, paths: Sequence[str], options: CompileOption
             compiled.forward = _under(compiled.forward, contexts)
         if precompiled is not None and options.backend == "inductor":
             prepare = _prepare if options.contiguous_inputs else None
-            compiled = precompiled_wrap(submodule(root, path), compiled, options, guard_filter_fn, precompiled,
-                                        contexts, prepare)
+            compiled = precompiled_wrap(
+                submodule(root, path), compiled, options, guard_filter_fn, precompiled, contexts, prepare
+            )
         out[path] = compiled
     return out
 

@@ -6,6 +6,7 @@ path (``core/pipelines/optimize.py``, diffusers' in-place ``compile_repeated_blo
 calls through :meth:`Compiled.run` (the cache active, the call tracked, a corrupt cached file moved aside and the call
 retried once). The host (ComfyUI) says where caches live through a :class:`CacheChoice`; nothing here reads it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -54,8 +55,11 @@ class CacheChoice:
     forbidden: tuple[str, ...] = ()
 
 
-def open_compile_cache(backend: str, choice: CacheChoice | None, inductor_options: dict | None = None,
-                       ) -> tuple[compile_cache.CompileCache | None, str]:
+def open_compile_cache(
+    backend: str,
+    choice: CacheChoice | None,
+    inductor_options: dict | None = None,
+) -> tuple[compile_cache.CompileCache | None, str]:
     """The persistent compile cache for ``backend`` and a line for the node report (never an absolute path).
 
     Args:
@@ -78,11 +82,18 @@ def open_compile_cache(backend: str, choice: CacheChoice | None, inductor_option
         return None, "compile cache: off (node input); inductor's default directory applies"
     if choice.root is None:
         return None, f"compile cache: off ({choice.source}); inductor's default directory applies"
-    cache = compile_cache.open_cache(choice.root, chosen, device=choice.device, inductor_options=inductor_options,
-                                     source=choice.source, forbidden=choice.forbidden)
+    cache = compile_cache.open_cache(
+        choice.root,
+        chosen,
+        device=choice.device,
+        inductor_options=inductor_options,
+        source=choice.source,
+        forbidden=choice.forbidden,
+    )
     if cache is None:
-        return None, (f"compile cache {chosen!r} is not usable (see the server log); "
-                      "inductor's default directory applies")
+        return None, (
+            f"compile cache {chosen!r} is not usable (see the server log); inductor's default directory applies"
+        )
     line = f"compile cache: {chosen!r} ({choice.source})"
     if (note := compile_artifact.cache_note(chosen)) is not None:
         line += f"; {note}"
@@ -108,9 +119,15 @@ class Compiled:
     cache: compile_cache.CompileCache | None
     lines: list[str] = field(default_factory=list)
 
-    def run(self, call: Callable[[], T], *, shape: Any = None, strict: bool | None = None,
-            around: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-            eager: Callable[[], T] | None = None) -> T:
+    def run(
+        self,
+        call: Callable[[], T],
+        *,
+        shape: Any = None,
+        strict: bool | None = None,
+        around: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+        eager: Callable[[], T] | None = None,
+    ) -> T:
         """One call of the compiled model: ``call()`` with the cache active, tracked by the registry (compiles,
         recompiles with reasons), inside ``around()`` (the MODEL path swaps its compiled blocks in there) and, with
         the precompiled route, one flags reading per call and the queued saves flushed after it.
@@ -156,9 +173,17 @@ class Compiled:
                 REGISTRY.note_compile_cache(record, cache.as_dict(), cache.messages[n_messages:])
 
 
-def compile_use(model: torch.nn.Module, options: CompileOptions, blocks: Sequence[str], *, label: str,
-                cache: CacheChoice | None, guard_filter_fn: GuardFilterFn | None = None, strict: bool = False,
-                in_place: bool = False) -> Compiled:
+def compile_use(
+    model: torch.nn.Module,
+    options: CompileOptions,
+    blocks: Sequence[str],
+    *,
+    label: str,
+    cache: CacheChoice | None,
+    guard_filter_fn: GuardFilterFn | None = None,
+    strict: bool = False,
+    in_place: bool = False,
+) -> Compiled:
     """Compile ``blocks`` of ``model`` (lazily: Dynamo compiles at the first call) and open the compile cache.
 
     Args:
@@ -178,15 +203,18 @@ def compile_use(model: torch.nn.Module, options: CompileOptions, blocks: Sequenc
         ValueError: unknown block paths.
         core.compile.cache_location.CacheRefused: a cache name that is a path, or a root overlapping client folders.
     """
-    record, created = REGISTRY.get_or_create(model, options, blocks, label=label, guard_filter_fn=guard_filter_fn,
-                                             strict=strict, in_place=in_place)
+    record, created = REGISTRY.get_or_create(
+        model, options, blocks, label=label, guard_filter_fn=guard_filter_fn, strict=strict, in_place=in_place
+    )
     opened, line = open_compile_cache(options.backend, cache, dict(options.options or {}))
     lines = [line]
     if opened is not None:  # with what opening it said (a cache moved aside at open: foreign, or an artifact changed)
         REGISTRY.note_compile_cache(record, opened.as_dict(), opened.messages)
         if record.precompiled is not None:
             pre = record.precompiled
-            lines.append(f"  precompiled blocks: {'on' if pre.enabled else 'off'}, {pre.reason} (loaded from and "
-                         "saved to this cache; any difference from what a block was precompiled for runs the jit, "
-                         "with the reason in the compile state)")
+            lines.append(
+                f"  precompiled blocks: {'on' if pre.enabled else 'off'}, {pre.reason} (loaded from and "
+                "saved to this cache; any difference from what a block was precompiled for runs the jit, "
+                "with the reason in the compile state)"
+            )
     return Compiled(record, created, opened, lines)

@@ -10,6 +10,7 @@ process-wide route into code the pack does not own (:mod:`.randn_route`), and po
 The face below is lazy (PEP 562): importing this package imports none of its modules (the pack's ``__init__``
 imports only :mod:`.cublas` and :mod:`.portable`, at start-up).
 """
+
 from __future__ import annotations
 
 from ..lazy_face import lazy_face

@@ -12,6 +12,7 @@ FX-graph cache key (toggling it recompiles); ``fill_uninitialized_memory`` (torc
 ``torch.empty`` while deterministic algorithms are on, at a cost proportional to the memory allocated: the policy's
 default switches it off for the run (``DeterminismPolicy.fill_uninitialized_memory``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -53,8 +54,11 @@ def apply_policy(policy: DeterminismPolicy) -> TorchGlobalState:
     if not tf32 and torch_compat.has_fp32_precision_api():  # nothing may inherit TF32 from a parent setting
         set_fp32_precision_values({f"{b}.{o}": "ieee" for b, o in FP32_LEAVES})
     matmul = torch.backends.cuda.matmul
-    for name in ("allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction",
-                 "allow_fp16_accumulation"):
+    for name in (
+        "allow_fp16_reduced_precision_reduction",
+        "allow_bf16_reduced_precision_reduction",
+        "allow_fp16_accumulation",
+    ):
         with contextlib.suppress(AttributeError, RuntimeError):
             setattr(matmul, name, False)
     if policy.fill_uninitialized_memory is not None:
@@ -101,8 +105,11 @@ def deterministic(policy: DeterminismPolicy | None = None) -> Iterator[Determini
 
 
 def _save_rng() -> dict[str, Any]:
-    saved: dict[str, Any] = {"random": random.getstate(), "numpy": np.random.get_state(),
-                             "torch": torch.get_rng_state()}
+    saved: dict[str, Any] = {
+        "random": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_initialized():
         saved["cuda"] = torch.cuda.get_rng_state_all()
     return saved

@@ -9,6 +9,7 @@ in CUDA memory, and its workspace comes from the same allocator). The pack's ``_
 :func:`ensure_cublas_workspace_config` at import, the earliest point it can act (docs/architecture.md, "Process-wide
 changes"). The only global change here is that environment variable, never unset. No ComfyUI imports.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,8 +17,15 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["CUBLAS_DETERMINISTIC_VALUES", "CublasConfigRecord", "ensure_cublas_workspace_config",
-           "cublas_config_record", "cublas_config_effective", "cublas_problem", "cuda_memory_ever_allocated"]
+__all__ = [
+    "CUBLAS_DETERMINISTIC_VALUES",
+    "CublasConfigRecord",
+    "ensure_cublas_workspace_config",
+    "cublas_config_record",
+    "cublas_config_effective",
+    "cublas_problem",
+    "cuda_memory_ever_allocated",
+]
 
 #: Values of ``CUBLAS_WORKSPACE_CONFIG`` that PyTorch accepts as deterministic.
 CUBLAS_DETERMINISTIC_VALUES = (":4096:8", ":16:8")
@@ -50,8 +58,11 @@ def cuda_memory_ever_allocated() -> bool:
             return False
         for device in range(torch.cuda.device_count()):
             stats = torch.cuda.memory_stats(device)
-            if (stats.get("allocated_bytes.all.allocated", 0) or stats.get("allocated_bytes.all.peak", 0)
-                    or torch.cuda.max_memory_allocated(device)):
+            if (
+                stats.get("allocated_bytes.all.allocated", 0)
+                or stats.get("allocated_bytes.all.peak", 0)
+                or torch.cuda.max_memory_allocated(device)
+            ):
                 return True
     except (RuntimeError, AssertionError):  # a build or allocator without statistics: assume the worst
         return True
@@ -119,9 +130,13 @@ def cublas_problem() -> str | None:
     if value is None:
         return "CUBLAS_WORKSPACE_CONFIG is not set: cuBLAS matmuls may be nondeterministic"
     if value not in CUBLAS_DETERMINISTIC_VALUES:
-        return (f"CUBLAS_WORKSPACE_CONFIG={value!r} is not a deterministic value "
-                f"({' or '.join(CUBLAS_DETERMINISTIC_VALUES)})")
+        return (
+            f"CUBLAS_WORKSPACE_CONFIG={value!r} is not a deterministic value "
+            f"({' or '.join(CUBLAS_DETERMINISTIC_VALUES)})"
+        )
     if not cublas_config_effective():
-        return ("CUBLAS_WORKSPACE_CONFIG set after CUDA memory was first allocated: a cuBLAS call may have run "
-                "before, and the setting may not take effect in this process")
+        return (
+            "CUBLAS_WORKSPACE_CONFIG set after CUDA memory was first allocated: a cuBLAS call may have run "
+            "before, and the setting may not take effect in this process"
+        )
     return None

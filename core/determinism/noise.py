@@ -15,6 +15,7 @@ seed gives the same noise on a Mac as on a PC, and on x86 the same as ``torch.ra
 torch's own kernel gives those bytes (x86 AVX2/AVX512, checked once per process) the draw is ``torch.randn``
 itself, so reproducibility costs nothing there.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -107,8 +108,9 @@ def _check_batch_index(batch_index: Sequence[int] | None, batch: int) -> list[in
     return inds
 
 
-def item_seeds(seed: int, batch: int, mode: str = "incremental",
-               batch_index: Sequence[int] | None = None) -> list[int]:
+def item_seeds(
+    seed: int, batch: int, mode: str = "incremental", batch_index: Sequence[int] | None = None
+) -> list[int]:
     """The seed of each batch item: the pack's one "item ``i`` = ``seed + i``".
 
     Used wherever a batch derives its seeds: initial noise (:func:`seeded_noise`), per-step noise
@@ -252,8 +254,9 @@ class CPUNoiseSampler:
         TypeError / ValueError: bad ``x_like`` or ``seed`` (or ``seed + i`` above ``2**64 - 1``).
     """
 
-    def __init__(self, x_like: torch.Tensor, seed: int, *, per_item: bool = False,
-                 prefetch: bool | None = None) -> None:
+    def __init__(
+        self, x_like: torch.Tensor, seed: int, *, per_item: bool = False, prefetch: bool | None = None
+    ) -> None:
         if not isinstance(x_like, torch.Tensor):
             raise TypeError(f"x_like must be a torch.Tensor, got {type(x_like).__name__}")
         self.seed = check_seed(seed)

@@ -7,6 +7,7 @@ flags back after applying and lists what is still not guaranteed (thread count n
 "Reproducibility" notes, diffusers ``enable_full_determinism``; figures in ``docs/measurements.md``. No ComfyUI
 imports; changes nothing.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -80,8 +81,7 @@ class DeterminismReport:
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON-safe dict with keys ``applied``, ``not_guaranteed`` and ``notes``."""
-        return {"applied": dict(self.applied), "not_guaranteed": list(self.not_guaranteed),
-                "notes": list(self.notes)}
+        return {"applied": dict(self.applied), "not_guaranteed": list(self.not_guaranteed), "notes": list(self.notes)}
 
     def as_text(self) -> str:
         """Multi-line human summary."""
@@ -104,8 +104,10 @@ def _policy_limits(policy: DeterminismPolicy) -> list[str]:
     if not policy.strict:
         ng.append("warn_only mode: ops without a deterministic implementation only warn (strict=False)")
     if policy.num_threads is None:
-        ng.append(f"thread count not pinned (currently {torch.get_num_threads()}); fp32 CPU results "
-                  "can differ between thread counts")
+        ng.append(
+            f"thread count not pinned (currently {torch.get_num_threads()}); fp32 CPU results "
+            "can differ between thread counts"
+        )
     if policy.allow_tf32:
         ng.append("TF32 allowed: GPU fp32 matmul/conv results depend on the GPU generation")
     if torch.cuda.is_available():
@@ -121,27 +123,36 @@ def describe_policy(policy: DeterminismPolicy) -> str:
     For a node that applies the policy later (around sampling); the report of the actual application
     comes from :func:`deterministic` / :func:`make_report`.
     """
-    threads = (f"pinned to {policy.num_threads}" if policy.num_threads is not None
-               else f"not pinned (currently {torch.get_num_threads()})")
+    threads = (
+        f"pinned to {policy.num_threads}"
+        if policy.num_threads is not None
+        else f"not pinned (currently {torch.get_num_threads()})"
+    )
     lines = [
         "Determinism policy (applied around sampling, restored after):",
         f"  torch.use_deterministic_algorithms(True, warn_only={not policy.strict})",
         "  cudnn.deterministic=True, cudnn.benchmark=False, mkldnn.deterministic=True",
-        "  TF32: " + ("allowed (float32_matmul_precision=high)" if policy.allow_tf32
-                     else "off (float32_matmul_precision=highest, per-backend fp32 precision ieee)")
+        "  TF32: "
+        + (
+            "allowed (float32_matmul_precision=high)"
+            if policy.allow_tf32
+            else "off (float32_matmul_precision=highest, per-backend fp32 precision ieee)"
+        )
         + ("" if torch.cuda.is_available() else "; no effect here (no CUDA device)"),
         "  fp16/bf16 reduced-precision reductions and fp16 accumulation: off",
         f"  threads: {threads}",
         f"  seed: {policy.seed if policy.seed is not None else 'not set by the policy'}",
-        "  fill_uninitialized_memory: " + ("unchanged" if policy.fill_uninitialized_memory is None
-                                           else str(policy.fill_uninitialized_memory)),
+        "  fill_uninitialized_memory: "
+        + ("unchanged" if policy.fill_uninitialized_memory is None else str(policy.fill_uninitialized_memory)),
         f"  CUBLAS_WORKSPACE_CONFIG: {os.environ.get('CUBLAS_WORKSPACE_CONFIG')}",
     ]
     limits = _policy_limits(policy)
     lines.append("Not guaranteed:" if limits else "Not guaranteed: nothing known")
     lines += [f"  - {item}" for item in limits]
-    lines.append("Note: switching deterministic algorithms on changes torch.compile's cache key "
-                 f"({torch_compat.INDUCTOR_DETERMINISTIC_SETTING}), so compiled graphs recompile once.")
+    lines.append(
+        "Note: switching deterministic algorithms on changes torch.compile's cache key "
+        f"({torch_compat.INDUCTOR_DETERMINISTIC_SETTING}), so compiled graphs recompile once."
+    )
     return "\n".join(lines)
 
 
@@ -158,10 +169,15 @@ def make_report(policy: DeterminismPolicy, previous: TorchGlobalState | None = N
     applied["CUBLAS_WORKSPACE_CONFIG"] = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     report = DeterminismReport(applied=applied, not_guaranteed=_policy_limits(policy))
     ng = report.not_guaranteed
-    expected = {"deterministic_algorithms": True, "deterministic_warn_only": not policy.strict,
-                "cudnn_deterministic": True, "cudnn_benchmark": False,
-                "float32_matmul_precision": "high" if policy.allow_tf32 else "highest",
-                "cuda_matmul_allow_tf32": policy.allow_tf32, "cudnn_allow_tf32": policy.allow_tf32}
+    expected = {
+        "deterministic_algorithms": True,
+        "deterministic_warn_only": not policy.strict,
+        "cudnn_deterministic": True,
+        "cudnn_benchmark": False,
+        "float32_matmul_precision": "high" if policy.allow_tf32 else "highest",
+        "cuda_matmul_allow_tf32": policy.allow_tf32,
+        "cudnn_allow_tf32": policy.allow_tf32,
+    }
     if policy.num_threads is not None:
         expected["num_threads"] = policy.num_threads
     for key, want in expected.items():
@@ -169,13 +185,18 @@ def make_report(policy: DeterminismPolicy, previous: TorchGlobalState | None = N
             ng.append(f"{key} should be {want!r} but reads {applied.get(key)!r}")
     report.notes.append(
         f"torch.use_deterministic_algorithms also sets {torch_compat.INDUCTOR_DETERMINISTIC_SETTING}, which "
-        "is part of torch.compile's cache key: toggling it causes cache misses / recompiles")
+        "is part of torch.compile's cache key: toggling it causes cache misses / recompiles"
+    )
     if previous is not None and previous.deterministic_algorithms != state.deterministic_algorithms:
-        report.notes.append("deterministic algorithms were switched on by this policy: compiled "
-                            "graphs built before will recompile")
+        report.notes.append(
+            "deterministic algorithms were switched on by this policy: compiled graphs built before will recompile"
+        )
     if state.fill_uninitialized_memory:
-        report.notes.append("fill_uninitialized_memory is on: torch.empty fills memory (slower "
-                            "allocation, NaN for floats)")
-    report.notes.append("outside this policy: custom attention kernels (sage/flash/xformers), "
-                        "torch.compile max-autotune, and noise drawn on a GPU generator")
+        report.notes.append(
+            "fill_uninitialized_memory is on: torch.empty fills memory (slower allocation, NaN for floats)"
+        )
+    report.notes.append(
+        "outside this policy: custom attention kernels (sage/flash/xformers), "
+        "torch.compile max-autotune, and noise drawn on a GPU generator"
+    )
     return report

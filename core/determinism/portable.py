@@ -23,6 +23,7 @@ In the ComfyUI process the pack applies the in-process part at import when ``STE
 (:func:`apply_in_process`), and every run record carries :func:`cpu_settings` (read back, not as requested).
 This module imports nothing from ComfyUI.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -30,8 +31,19 @@ import functools
 import os
 from typing import Any
 
-__all__ = ["ENV_FLAG", "PortableModeError", "portable_env", "is_portable", "check_cpu", "apply_in_process",
-           "pin_thread", "cpu_settings", "refuse", "check_device", "SETTINGS_ENV"]
+__all__ = [
+    "ENV_FLAG",
+    "PortableModeError",
+    "portable_env",
+    "is_portable",
+    "check_cpu",
+    "apply_in_process",
+    "pin_thread",
+    "cpu_settings",
+    "refuse",
+    "check_device",
+    "SETTINGS_ENV",
+]
 __all__ += ["free_memory_refusals", "FREE_MEMORY_NODES"]  # ComfyUI's free-memory choices (kept apart for merges)
 
 ENV_FLAG = "STEADFAST_PORTABLE"
@@ -40,16 +52,39 @@ DEFAULT_THREADS = 1
 SIMDLEN = 256
 
 # The environment variables that decide CPU code paths (read back into the run record as the server sees them).
-SETTINGS_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_CBWR",
-                "MKL_ENABLE_INSTRUCTIONS", "MKL_DYNAMIC", "MKL_NUM_THREADS", "OMP_NUM_THREADS",
-                "MKL_DEBUG_CPU_TYPE", ENV_FLAG, ENV_THREADS)
+SETTINGS_ENV = (
+    "ATEN_CPU_CAPABILITY",
+    "ONEDNN_MAX_CPU_ISA",
+    "DNNL_MAX_CPU_ISA",
+    "MKL_CBWR",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "MKL_DYNAMIC",
+    "MKL_NUM_THREADS",
+    "OMP_NUM_THREADS",
+    "MKL_DEBUG_CPU_TYPE",
+    ENV_FLAG,
+    ENV_THREADS,
+)
 
 # Second-line ISA caps: set by portable_env, recorded, not required (oneDNN is off, MKL runs COMPATIBLE).
 CAPS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 
 # MKL's mkl_cbwr_get values (mkl_service.h, MKL 2024).
-_CBWR_NAMES = {1: "OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 6: "SSSE3", 7: "SSE4_1", 8: "SSE4_2", 9: "AVX",
-               10: "AVX2", 11: "AVX512_MIC", 12: "AVX512", 13: "AVX512_MIC_E1", 14: "AVX512_E1"}
+_CBWR_NAMES = {
+    1: "OFF",
+    2: "AUTO",
+    3: "COMPATIBLE",
+    4: "SSE2",
+    6: "SSSE3",
+    7: "SSE4_1",
+    8: "SSE4_2",
+    9: "AVX",
+    10: "AVX2",
+    11: "AVX512_MIC",
+    12: "AVX512",
+    13: "AVX512_MIC_E1",
+    14: "AVX512_E1",
+}
 _CBWR_STRICT = 0x10000
 
 
@@ -72,9 +107,18 @@ def portable_env(threads: int = DEFAULT_THREADS) -> dict[str, str]:
     if threads < 1:
         raise ValueError(f"portable mode needs a fixed thread count >= 1, got {threads}")
     n = str(int(threads))
-    return {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "DNNL_MAX_CPU_ISA": "AVX2",
-            "MKL_CBWR": "COMPATIBLE,STRICT", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "MKL_DYNAMIC": "FALSE",
-            "MKL_NUM_THREADS": n, "OMP_NUM_THREADS": n, ENV_FLAG: "1", ENV_THREADS: n}
+    return {
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "DNNL_MAX_CPU_ISA": "AVX2",
+        "MKL_CBWR": "COMPATIBLE,STRICT",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+        "MKL_DYNAMIC": "FALSE",
+        "MKL_NUM_THREADS": n,
+        "OMP_NUM_THREADS": n,
+        ENV_FLAG: "1",
+        ENV_THREADS: n,
+    }
 
 
 def is_portable() -> bool:
@@ -104,13 +148,16 @@ def check_cpu() -> None:
 
     machine = platform.machine().lower()
     if machine not in ("x86_64", "amd64"):
-        raise PortableModeError(f"portable CPU mode pins x86-64 AVX2 code paths; this machine is {machine} "
-                                f"(an ARM CPU runs other kernels: the same bytes cannot be promised, see "
-                                f"docs/reproducing.md for the graded verdict instead)")
+        raise PortableModeError(
+            f"portable CPU mode pins x86-64 AVX2 code paths; this machine is {machine} "
+            f"(an ARM CPU runs other kernels: the same bytes cannot be promised, see "
+            f"docs/reproducing.md for the graded verdict instead)"
+        )
     flags = _cpu_flags()
     if flags and not {"avx2", "fma"} <= flags:
-        raise PortableModeError("portable CPU mode needs AVX2 and FMA; this CPU lacks "
-                                + ", ".join(sorted({"avx2", "fma"} - flags)))
+        raise PortableModeError(
+            "portable CPU mode needs AVX2 and FMA; this CPU lacks " + ", ".join(sorted({"avx2", "fma"} - flags))
+        )
 
 
 def apply_in_process() -> dict[str, Any]:
@@ -135,8 +182,10 @@ def apply_in_process() -> dict[str, Any]:
     want = {k: v for k, v in portable_env(threads).items() if k not in CAPS}
     wrong = {k: os.environ.get(k) for k, v in want.items() if os.environ.get(k) != v}
     if wrong:
-        raise PortableModeError("portable CPU mode: these variables must be set before the process starts: "
-                                + ", ".join(f"{k}={want[k]} (is {v!r})" for k, v in sorted(wrong.items())))
+        raise PortableModeError(
+            "portable CPU mode: these variables must be set before the process starts: "
+            + ", ".join(f"{k}={want[k]} (is {v!r})" for k, v in sorted(wrong.items()))
+        )
     torch.backends.mkldnn.enabled = False
     torch.set_num_threads(threads)
     pin_thread()
@@ -200,13 +249,22 @@ def cpu_settings() -> dict[str, Any]:
     from .. import torch_compat
 
     simdlen = torch_compat.inductor_simdlen()
-    flags = sorted(f for f in _cpu_flags() if f in ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni",
-                                                     "amx_tile", "amx_bf16", "avx_vnni"))
-    return {"portable": is_portable(), "aten_capability": cap,
-            "mkldnn_enabled": bool(torch.backends.mkldnn.enabled), "mkl_cbwr": _mkl_cbwr(),
-            "threads": torch.get_num_threads(), "mkl_max_threads": _mkl_max_threads(),
-            "inductor_simdlen": simdlen, "cpu_flags": flags,
-            "env": {k: os.environ[k] for k in SETTINGS_ENV if k in os.environ}}
+    flags = sorted(
+        f
+        for f in _cpu_flags()
+        if f in ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "avx_vnni")
+    )
+    return {
+        "portable": is_portable(),
+        "aten_capability": cap,
+        "mkldnn_enabled": bool(torch.backends.mkldnn.enabled),
+        "mkl_cbwr": _mkl_cbwr(),
+        "threads": torch.get_num_threads(),
+        "mkl_max_threads": _mkl_max_threads(),
+        "inductor_simdlen": simdlen,
+        "cpu_flags": flags,
+        "env": {k: os.environ[k] for k in SETTINGS_ENV if k in os.environ},
+    }
 
 
 def refuse(what: str, why: str) -> None:
@@ -220,12 +278,15 @@ def refuse(what: str, why: str) -> None:
         PortableModeError: in portable mode.
     """
     if is_portable():
-        raise PortableModeError(f"portable CPU mode refuses {what}: {why}. Run without --portable "
-                                f"(STEADFAST_PORTABLE) for it, or leave it out of the workflow.")
+        raise PortableModeError(
+            f"portable CPU mode refuses {what}: {why}. Run without --portable "
+            f"(STEADFAST_PORTABLE) for it, or leave it out of the workflow."
+        )
 
 
-def check_optimize(*, compile: str = "off", backend: str = "", quantize: str = "off",
-                   precision: str = "model") -> None:
+def check_optimize(
+    *, compile: str = "off", backend: str = "", quantize: str = "off", precision: str = "model"
+) -> None:
     """Refuse, in portable mode, the optimizations whose CPU bits cannot be pinned (nothing outside it).
 
     Args:
@@ -240,13 +301,17 @@ def check_optimize(*, compile: str = "off", backend: str = "", quantize: str = "
         PortableModeError: in portable mode, for each refused request (the first one found).
     """
     if compile != "off" and backend != "eager":
-        refuse(f"compile={compile} (backend {backend})", "compiled C++ kernels depend on the C++ compiler, its "
-               "version and flags, not only on the vector ISA")
+        refuse(
+            f"compile={compile} (backend {backend})",
+            "compiled C++ kernels depend on the C++ compiler, its version and flags, not only on the vector ISA",
+        )
     if quantize != "off":
         refuse(f"quantize={quantize}", "torchao's CPU kernels are chosen per CPU (VNNI, AMX)")
     if precision not in ("model", "fp32"):
-        refuse(f"precision={precision}", "CPU bf16/fp16 matmuls take AMX, AVX512-BF16 or emulated paths by CPU "
-               "(not measured portable; fp32 is)")
+        refuse(
+            f"precision={precision}",
+            "CPU bf16/fp16 matmuls take AMX, AVX512-BF16 or emulated paths by CPU (not measured portable; fp32 is)",
+        )
 
 
 def check_device(device: Any, what: str = "the model") -> None:
@@ -262,9 +327,12 @@ def check_device(device: Any, what: str = "the model") -> None:
     """
     kind = str(device).split(":", 1)[0]
     if kind != "cpu":
-        refuse(f"{what} on {device}", "portable mode pins the CPU's code paths; a GPU computes with its own kernels, "
-               "which portable mode cannot pin. Start ComfyUI with --cpu (steadfast run --portable does not pass it "
-               "for you on a machine with a GPU)")
+        refuse(
+            f"{what} on {device}",
+            "portable mode pins the CPU's code paths; a GPU computes with its own kernels, "
+            "which portable mode cannot pin. Start ComfyUI with --cpu (steadfast run --portable does not pass it "
+            "for you on a machine with a GPU)",
+        )
 
 
 def check_threads(num_threads: int | None) -> None:
@@ -275,29 +343,46 @@ def check_threads(num_threads: int | None) -> None:
     """
     want = int(os.environ.get(ENV_THREADS) or DEFAULT_THREADS)
     if num_threads and num_threads != want:
-        refuse(f"num_threads={num_threads}", f"portable mode pins {want} thread(s) on every machine (CPU "
-               f"reductions split by thread count); set num_threads to 0 or {want}")
+        refuse(
+            f"num_threads={num_threads}",
+            f"portable mode pins {want} thread(s) on every machine (CPU "
+            f"reductions split by thread count); set num_threads to 0 or {want}",
+        )
 
 
 # ComfyUI's choices that follow free memory (docs/reproducing.md, "Free memory"), per node class: what the node
 # leaves to free memory, and the fix. Samplers are checked for Determinism Setup (batch_invariant) upstream.
 SAMPLERS_OF_A_MODEL = {  # class -> the inputs that carry the model (directly, or through a guider)
-    "KSampler": ("model",), "KSamplerAdvanced": ("model",), "SamplerCustom": ("model",),
-    "SamplerCustomAdvanced": ("guider",), "SteadfastSeededSampler": ("model",),
+    "KSampler": ("model",),
+    "KSamplerAdvanced": ("model",),
+    "SamplerCustom": ("model",),
+    "SamplerCustomAdvanced": ("guider",),
+    "SteadfastSeededSampler": ("model",),
 }
 FREE_MEMORY_NODES = {
-    "VAEDecode": ("decodes as many items at once as free memory allows and its split attention slices by free "
-                  "memory (comfy/sd.py, comfy/ldm/modules/diffusionmodules/model.py)",
-                  "use VAE Decode (Steadfast) instead (each item alone, SDPA attention)"),
-    "VAEDecodeTiled": ("its VAE's split attention slices by free memory (comfy/ldm/modules/diffusionmodules/"
-                       "model.py)", "use VAE Decode (Steadfast) instead"),
-    "VAEEncode": ("encodes as many images at once as free memory allows and its split attention slices by free "
-                  "memory (comfy/sd.py)", "encode outside portable mode and feed the latent in (Save Latent / "
-                  "Load Latent): the pack has no memory-independent VAE Encode"),
-    "VAEEncodeTiled": ("its VAE's split attention slices by free memory", "encode outside portable mode and feed "
-                       "the latent in (Save Latent / Load Latent)"),
-    "VAEEncodeForInpaint": ("encodes by free memory like VAE Encode", "encode outside portable mode and feed the "
-                            "latent in (Save Latent / Load Latent)"),
+    "VAEDecode": (
+        "decodes as many items at once as free memory allows and its split attention slices by free "
+        "memory (comfy/sd.py, comfy/ldm/modules/diffusionmodules/model.py)",
+        "use VAE Decode (Steadfast) instead (each item alone, SDPA attention)",
+    ),
+    "VAEDecodeTiled": (
+        "its VAE's split attention slices by free memory (comfy/ldm/modules/diffusionmodules/model.py)",
+        "use VAE Decode (Steadfast) instead",
+    ),
+    "VAEEncode": (
+        "encodes as many images at once as free memory allows and its split attention slices by free "
+        "memory (comfy/sd.py)",
+        "encode outside portable mode and feed the latent in (Save Latent / "
+        "Load Latent): the pack has no memory-independent VAE Encode",
+    ),
+    "VAEEncodeTiled": (
+        "its VAE's split attention slices by free memory",
+        "encode outside portable mode and feed the latent in (Save Latent / Load Latent)",
+    ),
+    "VAEEncodeForInpaint": (
+        "encodes by free memory like VAE Encode",
+        "encode outside portable mode and feed the latent in (Save Latent / Load Latent)",
+    ),
 }
 _MODEL_LINKS = ("model", "guider")  # the inputs a model travels through (patch nodes name theirs "model")
 
@@ -348,10 +433,12 @@ def free_memory_refusals(prompt: dict[str, Any]) -> list[str]:
         spec = prompt[nid]
         cls = spec.get("class_type", "")
         if cls in SAMPLERS_OF_A_MODEL and not _batch_invariant_upstream(prompt, nid, SAMPLERS_OF_A_MODEL[cls]):
-            out.append(f"node {nid} ({cls}): its model does not come through Determinism Setup with "
-                       f"batch_invariant on, so ComfyUI groups its conds into one model call and chunks its "
-                       f"attention by free memory (the bits would depend on the machine's load). Fix: put "
-                       f"Determinism Setup (batch_invariant on) between the model loader and node {nid}.")
+            out.append(
+                f"node {nid} ({cls}): its model does not come through Determinism Setup with "
+                f"batch_invariant on, so ComfyUI groups its conds into one model call and chunks its "
+                f"attention by free memory (the bits would depend on the machine's load). Fix: put "
+                f"Determinism Setup (batch_invariant on) between the model loader and node {nid}."
+            )
         elif cls in FREE_MEMORY_NODES:
             what, fix = FREE_MEMORY_NODES[cls]
             out.append(f"node {nid} ({cls}): {what}. Fix: {fix}.")

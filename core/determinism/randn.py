@@ -33,6 +33,7 @@ Fewer than 16 elements (or float16/bfloat16 in torch <= 2.11) go through other t
 :func:`portable_randn`. Noise drawn inside code the pack does not own (torchsde, diffusers) reaches
 :func:`portable_randn` through the one process-wide route, :mod:`.randn_route`.
 """
+
 from __future__ import annotations
 
 import functools
@@ -63,15 +64,26 @@ def _f32(bits: int) -> np.float32:
 # Constants of avx_mathfun.h (cephes), as the float32 bit patterns found in libtorch_cpu.so; each equals
 # the float32 rounding of the decimal literal in the header (tests/core/test_portable_randn.py checks).
 _ONE = np.float32(1.0)
-_TWO_PI = _f32(0x40C90FDB)          # (float)(2.0 * c10::pi<double>)
-_MIN_NORM = 0x00800000              # smallest normal float32
-_SQRTHF = _f32(0x3F3504F3)          # cephes_SQRTHF 0.707106781186547524
-_LOG_P = tuple(_f32(b) for b in (   # cephes_log_p0 .. p8
-    0x3D9021BB, 0xBDEBD1B8, 0x3DEF251A, 0xBDFE5D4F, 0x3E11E9BF, 0xBE2AAE50, 0x3E4CCEAC, 0xBE7FFFFC,
-    0x3EAAAAAA))
-_LOG_Q1 = _f32(0xB95E8083)          # cephes_log_q1 -2.12194440e-4
-_LOG_Q2 = _f32(0x3F318000)          # cephes_log_q2 0.693359375
-_FOPI = _f32(0x3FA2F983)            # cephes_FOPI 4/pi
+_TWO_PI = _f32(0x40C90FDB)  # (float)(2.0 * c10::pi<double>)
+_MIN_NORM = 0x00800000  # smallest normal float32
+_SQRTHF = _f32(0x3F3504F3)  # cephes_SQRTHF 0.707106781186547524
+_LOG_P = tuple(
+    _f32(b)
+    for b in (  # cephes_log_p0 .. p8
+        0x3D9021BB,
+        0xBDEBD1B8,
+        0x3DEF251A,
+        0xBDFE5D4F,
+        0x3E11E9BF,
+        0xBE2AAE50,
+        0x3E4CCEAC,
+        0xBE7FFFFC,
+        0x3EAAAAAA,
+    )
+)
+_LOG_Q1 = _f32(0xB95E8083)  # cephes_log_q1 -2.12194440e-4
+_LOG_Q2 = _f32(0x3F318000)  # cephes_log_q2 0.693359375
+_FOPI = _f32(0x3FA2F983)  # cephes_FOPI 4/pi
 _DP = (_f32(0xBF490000), _f32(0xB97DA000), _f32(0xB3222169))  # minus_cephes_DP1..DP3
 _COS_P = (_f32(0x37CCF5CE), _f32(0xBAB6061A), _f32(0x3D2AAAA5))  # coscof_p0..p2
 _SIN_P = (_f32(0xB94CA1F9), _f32(0x3C08839E), _f32(0xBE2AAAA3))  # sincof_p0..p2
@@ -97,13 +109,13 @@ def _fma(a: np.ndarray, b, c) -> np.ndarray:
     s = a.astype(np.float64)
     s *= b if np.ndim(b) == 0 or b.dtype == np.float64 else b.astype(np.float64)
     p = s.copy()
-    s += c                                          # float32/float64 arrays or scalars: exact inputs
+    s += c  # float32/float64 arrays or scalars: exact inputs
     tie = (s.view(np.int64) & 0x1FFFFFFF) == 0x10000000  # halfway between two float32 values
     if tie.any():
         idx = np.nonzero(tie)
         pt, ct, st = p[idx], np.broadcast_to(np.asarray(c, dtype=np.float64), s.shape)[idx], s[idx]
         bb = st - pt
-        err = (pt - (st - bb)) + (ct - bb)          # TwoSum: v = st + err exactly
+        err = (pt - (st - bb)) + (ct - bb)  # TwoSum: v = st + err exactly
         s.view(np.int64)[idx] += (np.sign(err) * np.sign(st)).astype(np.int64)  # towards v: no tie
     return s.astype(np.float32)
 
@@ -114,7 +126,7 @@ def _log256(x: np.ndarray, fma=_fma) -> np.ndarray:
     ``fma``: the fused multiply-add emulation (:func:`_fma`, or a :class:`_FastFMA` that flags ties)."""
     xi = np.maximum(x, _f32(_MIN_NORM)).view(np.int32)
     e = ((xi >> 23) - 127).astype(np.float32) + _ONE
-    m = ((xi & 0x007FFFFF) | 0x3F000000).view(np.float32)      # mantissa in [0.5, 1)
+    m = ((xi & 0x007FFFFF) | 0x3F000000).view(np.float32)  # mantissa in [0.5, 1)
     small = m < _SQRTHF
     e = e - np.where(small, _ONE, np.float32(0))
     m = (m + np.float32(-1.0)) + np.where(small, m, np.float32(0))  # exact (Sterbenz)
@@ -122,12 +134,12 @@ def _log256(x: np.ndarray, fma=_fma) -> np.ndarray:
     m64 = m.astype(np.float64)
     y = np.full_like(m, _LOG_P[0])
     for p in _LOG_P[1:]:
-        y = fma(y, m64, p)                                     # vfmadd132ps
+        y = fma(y, m64, p)  # vfmadd132ps
     y = y * m
-    y = fma(y, z, e * _LOG_Q1)                                 # y*z + e*q1 contracted
-    y = y - z * np.float32(0.5)                                 # vfnmadd: z*0.5 is exact
+    y = fma(y, z, e * _LOG_Q1)  # y*z + e*q1 contracted
+    y = y - z * np.float32(0.5)  # vfnmadd: z*0.5 is exact
     m = m + y
-    return fma(e, _LOG_Q2, m)                                  # e*q2 + x contracted
+    return fma(e, _LOG_Q2, m)  # e*q2 + x contracted
 
 
 def _sincos256(x: np.ndarray, fma=_fma) -> tuple[np.ndarray, np.ndarray]:
@@ -137,27 +149,27 @@ def _sincos256(x: np.ndarray, fma=_fma) -> tuple[np.ndarray, np.ndarray]:
     xi = x.view(np.int32)
     sign_sin = xi & np.int32(-0x80000000)
     x = (xi & 0x7FFFFFFF).view(np.float32)
-    j = (x * _FOPI).astype(np.int32)                            # cvttps2dq: truncation
+    j = (x * _FOPI).astype(np.int32)  # cvttps2dq: truncation
     j = (j + 1) & ~np.int32(1)
     y = j.astype(np.float32)
     sign_sin = sign_sin ^ ((j & 4) << 29)
     sign_cos = (~(j - 2) & 4) << 29
     poly_mask = (j & 2) == 0
-    for dp in _DP:                                              # x = ((x - y*DP1) - y*DP2) - y*DP3, fused
+    for dp in _DP:  # x = ((x - y*DP1) - y*DP2) - y*DP3, fused
         x = fma(y, dp, x)
     z = x * x
     z64 = z.astype(np.float64)
     c = fma(np.full_like(z, _COS_P[0]), z64, _COS_P[1])
     c = fma(c, z64, _COS_P[2])
     c = c * z
-    c = fma(c, z64, -(z * np.float32(0.5)))                    # vfmsub: y*z - z*0.5
+    c = fma(c, z64, -(z * np.float32(0.5)))  # vfmsub: y*z - z*0.5
     c = c + _ONE
     s = fma(np.full_like(z, _SIN_P[0]), z64, _SIN_P[1])
     s = fma(s, z64, _SIN_P[2])
     s = s * z
-    s = fma(x, s, x)                                           # y2*x + x contracted
+    s = fma(x, s, x)  # y2*x + x contracted
     zero = np.float32(0)
-    s_part = np.where(poly_mask, s, zero)                       # and/andnot selects, then the adds
+    s_part = np.where(poly_mask, s, zero)  # and/andnot selects, then the adds
     c_part = np.where(poly_mask, zero, c)
     sin_v = c_part + s_part
     cos_v = (c - c_part) + (s - s_part)
@@ -184,17 +196,17 @@ class _FastFMA:
 
     def __call__(self, a: np.ndarray, b, c) -> np.ndarray:
         s = self.s
-        np.multiply(a, b, out=s, dtype=np.float64)      # exact: 24 x 24 bits
-        np.add(s, c, out=s)                             # one float64 rounding
+        np.multiply(a, b, out=s, dtype=np.float64)  # exact: 24 x 24 bits
+        np.add(s, c, out=s)  # one float64 rounding
         np.bitwise_and(s.view(np.int64), 0x1FFFFFFF, out=self.low)
-        np.equal(self.low, 0x10000000, out=self.hit)    # halfway between two float32 values?
+        np.equal(self.low, 0x10000000, out=self.hit)  # halfway between two float32 values?
         if self.hit.any():
             idx = np.nonzero(self.hit)
             pt = a[idx].astype(np.float64) * (b if np.ndim(b) == 0 else np.asarray(b)[idx].astype(np.float64))
             ct = c if np.ndim(c) == 0 else np.asarray(c)[idx]
             st = s[idx]
             bb = st - pt
-            err = (pt - (st - bb)) + (ct - bb)          # TwoSum: v = st + err exactly
+            err = (pt - (st - bb)) + (ct - bb)  # TwoSum: v = st + err exactly
             s.view(np.int64)[idx] += (np.sign(err) * np.sign(st)).astype(np.int64)  # towards v: no tie
         return s.astype(np.float32)
 
@@ -215,16 +227,16 @@ def box_muller_avx2(chunks: np.ndarray, out: np.ndarray | None = None) -> np.nda
     if out is None:
         out = np.empty_like(chunks)
     for i in range(0, chunks.shape[0], _BLOCK_ROWS):  # cache-sized blocks
-        block = chunks[i:i + _BLOCK_ROWS]
+        block = chunks[i : i + _BLOCK_ROWS]
         u1 = _ONE - block[:, :8]
         theta = block[:, 8:] * _TWO_PI
         fma = _FastFMA(u1.shape)
         log_u1, (sin_v, cos_v) = _log256(u1, fma), _sincos256(theta, fma)
-        radius = np.sqrt(log_u1 * np.float32(-2.0))             # IEEE sqrt (torch.sqrt is not exact)
-        dest = out[i:i + _BLOCK_ROWS]
+        radius = np.sqrt(log_u1 * np.float32(-2.0))  # IEEE sqrt (torch.sqrt is not exact)
+        dest = out[i : i + _BLOCK_ROWS]
         np.multiply(radius, cos_v, out=dest[:, :8])
         np.multiply(radius, sin_v, out=dest[:, 8:])
-    out += np.float32(0)                                        # fmadd(n, std=1, mean=0): -0 -> +0
+    out += np.float32(0)  # fmadd(n, std=1, mean=0): -0 -> +0
     return out
 
 
@@ -238,6 +250,7 @@ _NORMAL_VALID = 5040
 def _round53(value) -> float:
     """An mpmath value rounded to nearest float64."""
     import mpmath
+
     with mpmath.workprec(53):
         return float(+value)
 
@@ -283,7 +296,7 @@ def _scalar_normals(n: int, generator: torch.Generator) -> np.ndarray:
     struct.pack_into("<d", new, _NORMAL_Y, cached if cached is not None else 0.0)
     struct.pack_into("<i", new, _NORMAL_VALID, 1 if cached is not None else 0)
     generator.set_state(torch.frombuffer(new, dtype=torch.uint8).clone())
-    return np.asarray(out, dtype=np.float64) + 0.0              # val * std + mean: -0 -> +0
+    return np.asarray(out, dtype=np.float64) + 0.0  # val * std + mean: -0 -> +0
 
 
 def _check_args(shape: Sequence[int], generator: torch.Generator, dtype: torch.dtype) -> tuple[int, ...]:
@@ -308,13 +321,14 @@ def _numpy_randn(dims: tuple[int, ...], n: int, generator: torch.Generator, dtyp
     values = np.empty(n, dtype=np.float32)
     box_muller_avx2(uniforms[:full].reshape(-1, 16), out=values[:full].reshape(-1, 16))
     if tail:
-        values[n - 16:] = box_muller_avx2(uniforms[drawn - 16:].reshape(1, 16)).reshape(-1)
+        values[n - 16 :] = box_muller_avx2(uniforms[drawn - 16 :].reshape(1, 16)).reshape(-1)
     out = torch.from_numpy(values).reshape(dims)
     return out if dtype == torch.float32 else out.to(dtype)
 
 
-def _half_from_float32_kernel(dims: tuple[int, ...], n: int, generator: torch.Generator,
-                              dtype: torch.dtype) -> torch.Tensor:
+def _half_from_float32_kernel(
+    dims: tuple[int, ...], n: int, generator: torch.Generator, dtype: torch.dtype
+) -> torch.Tensor:
     """torch 2.14's half-precision ``normal_fill`` built from torch's own float32 kernel (``n >= 16``).
 
     The full 16-chunks are ``torch.randn(full)`` (float32, no tail: exactly ``full`` uniforms, one
@@ -326,7 +340,7 @@ def _half_from_float32_kernel(dims: tuple[int, ...], n: int, generator: torch.Ge
     values = torch.empty(n, dtype=torch.float32)
     _TORCH_RANDN(full, generator=generator, out=values[:full])
     if tail:
-        values[n - 16:] = _TORCH_RANDN(16, generator=generator)
+        values[n - 16 :] = _TORCH_RANDN(16, generator=generator)
     return values.reshape(dims).to(dtype)
 
 
@@ -395,8 +409,9 @@ def draw_method(dtype: torch.dtype) -> str:
     return "numpy"
 
 
-def portable_randn(shape: Sequence[int], generator: torch.Generator,
-                   dtype: torch.dtype = torch.float32, *, backend: str = "auto") -> torch.Tensor:
+def portable_randn(
+    shape: Sequence[int], generator: torch.Generator, dtype: torch.dtype = torch.float32, *, backend: str = "auto"
+) -> torch.Tensor:
     """Like ``torch.randn(shape, generator=generator, dtype=dtype)`` on the CPU, the same bytes everywhere.
 
     For 16 or more elements the result equals torch's AVX2 kernel (x86-64 builds, AVX2 or AVX512 CPUs),

@@ -7,6 +7,7 @@
 without AVX2, ``ATEN_CPU_CAPABILITY=default``) and only for those dtypes. On x86 AVX2/AVX512 nothing is replaced.
 Listed in docs/architecture.md's table of process-wide changes (``tests/comfy/test_process_state.py``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,8 +34,11 @@ def routed_dtypes() -> tuple[torch.dtype, ...]:
       torch's own, i.e. not portable across CPUs; :func:`route_record` says so in run records.
     Checked once per process (the probes are cached).
     """
-    return tuple(d for d in PORTABLE_DTYPES if not torch_draws_portable(d)
-                 and (d == torch.float32 or torch_half_uses_float32_kernel(d)))
+    return tuple(
+        d
+        for d in PORTABLE_DTYPES
+        if not torch_draws_portable(d) and (d == torch.float32 or torch_half_uses_float32_kernel(d))
+    )
 
 
 def route_record() -> dict[str, str]:
@@ -73,9 +77,15 @@ def _routed_randn(*size, **kwargs):
     device = kwargs.get("device")
     target = torch.device(device) if device is not None else torch.get_default_device()
     dtype = kwargs.get("dtype") or torch.get_default_dtype()
-    if (isinstance(generator, torch.Generator) and generator.device.type == "cpu" and target.type == "cpu"
-            and dtype in _ROUTED and set(kwargs) <= _PASSIVE
-            and kwargs.get("layout") in (None, torch.strided) and all(isinstance(d, int) for d in dims)):
+    if (
+        isinstance(generator, torch.Generator)
+        and generator.device.type == "cpu"
+        and target.type == "cpu"
+        and dtype in _ROUTED
+        and set(kwargs) <= _PASSIVE
+        and kwargs.get("layout") in (None, torch.strided)
+        and all(isinstance(d, int) for d in dims)
+    ):
         return portable_randn(dims, generator, dtype=dtype)
     return _ORIGINAL_RANDN(*size, **kwargs)
 

@@ -9,6 +9,7 @@ so the per-backend state comes back exactly. ``torch.use_deterministic_algorithm
 ``deterministic`` config, part of the FX-graph cache key: a restore puts the snapshot's value back. No ComfyUI
 imports.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -131,14 +132,14 @@ def snapshot_state(*, load_inductor: bool = False) -> TorchGlobalState:
         cudnn_allow_tf32=_try(lambda: bool(torch.backends.cudnn.allow_tf32)),
         float32_matmul_precision=_try(torch.get_float32_matmul_precision),
         fp32_precision=_read_fp32_precision(),
-        allow_fp16_reduced_precision_reduction=_try(
-            lambda: bool(matmul.allow_fp16_reduced_precision_reduction)),
+        allow_fp16_reduced_precision_reduction=_try(lambda: bool(matmul.allow_fp16_reduced_precision_reduction)),
         allow_fp16_reduced_precision_reduction_split_k=_try(
-            lambda: bool(matmul.allow_fp16_reduced_precision_reduction_split_k)),
-        allow_bf16_reduced_precision_reduction=_try(
-            lambda: bool(matmul.allow_bf16_reduced_precision_reduction)),
+            lambda: bool(matmul.allow_fp16_reduced_precision_reduction_split_k)
+        ),
+        allow_bf16_reduced_precision_reduction=_try(lambda: bool(matmul.allow_bf16_reduced_precision_reduction)),
         allow_bf16_reduced_precision_reduction_split_k=_try(
-            lambda: bool(matmul.allow_bf16_reduced_precision_reduction_split_k)),
+            lambda: bool(matmul.allow_bf16_reduced_precision_reduction_split_k)
+        ),
         allow_fp16_accumulation=_try(lambda: bool(matmul.allow_fp16_accumulation)),
         fill_uninitialized_memory=fill,
         num_threads=torch.get_num_threads(),
@@ -162,9 +163,7 @@ def restore_state(state: TorchGlobalState) -> None:
     value is written back (:func:`core.torch_compat.set_inductor_deterministic`) so the compile cache key is
     what it was.
     """
-    torch.use_deterministic_algorithms(
-        state.deterministic_algorithms, warn_only=state.deterministic_warn_only
-    )
+    torch.use_deterministic_algorithms(state.deterministic_algorithms, warn_only=state.deterministic_warn_only)
     torch.backends.cudnn.deterministic = state.cudnn_deterministic
     torch.backends.cudnn.benchmark = state.cudnn_benchmark
     if state.mkldnn_deterministic is not None:
@@ -176,12 +175,16 @@ def restore_state(state: TorchGlobalState) -> None:
     if state.cudnn_allow_tf32 is not None:
         torch.backends.cudnn.allow_tf32 = state.cudnn_allow_tf32
     set_fp32_precision_values(dict(state.fp32_precision))
-    _set_reduction("allow_fp16_reduced_precision_reduction",
-                   state.allow_fp16_reduced_precision_reduction,
-                   state.allow_fp16_reduced_precision_reduction_split_k)
-    _set_reduction("allow_bf16_reduced_precision_reduction",
-                   state.allow_bf16_reduced_precision_reduction,
-                   state.allow_bf16_reduced_precision_reduction_split_k)
+    _set_reduction(
+        "allow_fp16_reduced_precision_reduction",
+        state.allow_fp16_reduced_precision_reduction,
+        state.allow_fp16_reduced_precision_reduction_split_k,
+    )
+    _set_reduction(
+        "allow_bf16_reduced_precision_reduction",
+        state.allow_bf16_reduced_precision_reduction,
+        state.allow_bf16_reduced_precision_reduction_split_k,
+    )
     if state.allow_fp16_accumulation is not None:
         torch.backends.cuda.matmul.allow_fp16_accumulation = state.allow_fp16_accumulation
     if state.fill_uninitialized_memory is not None:

@@ -11,6 +11,7 @@ determinism; CPU kernels accept more, so only a GPU shows those refusals (``test
 A backend that fails the main case is refused up front; a call that meets a refused case falls back to torch's own
 choice, counted per process (:func:`run_pinned`, :func:`fallback_counts`) and named in the run record.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -80,6 +81,7 @@ def sdpa_context(name: str) -> AbstractContextManager[Any]:
 
 def _deterministic_mode(on: bool):
     """Context: ``torch.use_deterministic_algorithms(on)`` (strict) for the block, the previous setting restored."""
+
     @contextlib.contextmanager
     def ctx():
         before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
@@ -88,11 +90,13 @@ def _deterministic_mode(on: bool):
             yield
         finally:
             torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
     return ctx()
 
 
-def _probe(name: str, device: str, dtype: torch.dtype, head_dim: int, mask: bool = False,
-           deterministic: bool = False) -> str | None:
+def _probe(
+    name: str, device: str, dtype: torch.dtype, head_dim: int, mask: bool = False, deterministic: bool = False
+) -> str | None:
     key = (name, device, dtype, head_dim, mask, deterministic)
     if key in _PROBE_CACHE:
         return _PROBE_CACHE[key]
@@ -121,8 +125,12 @@ def _norm_device(device: str | torch.device) -> str:
 
 
 def available_sdpa_backends(
-    device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, *, head_dim: int = 64,
-    mask: bool = False, deterministic: bool = False,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    *,
+    head_dim: int = 64,
+    mask: bool = False,
+    deterministic: bool = False,
 ) -> list[str]:
     """Names from :data:`SDPA_BACKENDS` that actually run a tiny SDPA call ``[1, 2, 16, head_dim]`` on
     ``device`` in ``dtype`` (with a float ``attn_mask`` when ``mask``; under strict
@@ -134,13 +142,21 @@ def available_sdpa_backends(
 
 
 def _case_text(dtype: torch.dtype, mask: bool, deterministic: bool) -> str:
-    return (f"{dtype}" + (" with an attention mask" if mask else "")
-            + (" under strict deterministic algorithms" if deterministic else ""))
+    return (
+        f"{dtype}"
+        + (" with an attention mask" if mask else "")
+        + (" under strict deterministic algorithms" if deterministic else "")
+    )
 
 
 def check_sdpa_backend(
-    name: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, *, head_dim: int = 64,
-    mask: bool = False, deterministic: bool = False,
+    name: str,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    *,
+    head_dim: int = 64,
+    mask: bool = False,
+    deterministic: bool = False,
 ) -> None:
     """Raise unless SDPA backend ``name`` runs on ``device`` with ``dtype`` (found by trying a tiny call).
 
@@ -187,13 +203,21 @@ class BackendPlan:
         """One line for a node report."""
         if not self.falls_back:
             return f"backend {self.backend} runs in every probed case"
-        return (f"backend {self.backend} does not run for: {'; '.join(self.falls_back)}: those calls fall back to "
-                "torch's own choice (counted in the run record)")
+        return (
+            f"backend {self.backend} does not run for: {'; '.join(self.falls_back)}: those calls fall back to "
+            "torch's own choice (counted in the run record)"
+        )
 
 
-def plan_sdpa_backend(name: str, device: str | torch.device, dtype: torch.dtype, *, head_dim: int = 64,
-                      deterministic: bool = False, extra_dtypes: tuple[torch.dtype, ...] = (torch.float32,),
-                      ) -> BackendPlan:
+def plan_sdpa_backend(
+    name: str,
+    device: str | torch.device,
+    dtype: torch.dtype,
+    *,
+    head_dim: int = 64,
+    deterministic: bool = False,
+    extra_dtypes: tuple[torch.dtype, ...] = (torch.float32,),
+) -> BackendPlan:
     """Probe backend ``name`` in the cases a model meets: ``dtype`` without and with a mask, and each of
     ``extra_dtypes`` (default fp32: ComfyUI upcasts some attention, pipelines decode the VAE in fp32) without and
     with a mask, all under strict determinism when ``deterministic``.

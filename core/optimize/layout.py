@@ -8,6 +8,7 @@ Measured on CPU (``tests/core/test_optimize_layout.py``, figures in ``docs/measu
 bit-equal (conv and GroupNorm pick different kernels), run-to-run bit-equal. So channels_last belongs in
 the output fingerprint. Convert before compiling: changed strides change Dynamo guards.
 """
+
 from __future__ import annotations
 
 import torch

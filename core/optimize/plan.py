@@ -7,6 +7,7 @@ list of :class:`Step` through :func:`run_steps`, each step returning a :class:`S
 held whole (:class:`core.compile.options.CompileOptions`) next to the ``scope`` they apply to
 (:data:`core.compile.options.COMPILE_SCOPES`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -82,9 +83,16 @@ class OptimizeOptions:
 
     def is_baseline(self) -> bool:
         """True when nothing is switched on (the eager reference)."""
-        return (not self.qkv_fusion and not self.channels_last and self.attention == "auto"
-                and not self.vae_slicing and not self.vae_tiling and self.scope == "off"
-                and self.precision == "model" and self.quantize == "off")
+        return (
+            not self.qkv_fusion
+            and not self.channels_last
+            and self.attention == "auto"
+            and not self.vae_slicing
+            and not self.vae_tiling
+            and self.scope == "off"
+            and self.precision == "model"
+            and self.quantize == "off"
+        )
 
     def merged(self, other: OptimizeOptions) -> OptimizeOptions:
         """Options with every switch that is on in ``self`` or ``other`` (``other`` wins for names/compile; the
@@ -95,9 +103,14 @@ class OptimizeOptions:
             value = getattr(other, f.name)
             if f.name == "compile":
                 default = CompileOptions()
-                values["compile"] = dataclasses.replace(self.compile, **{
-                    c.name: getattr(value, c.name) for c in dataclasses.fields(value)
-                    if getattr(value, c.name) != getattr(default, c.name)})
+                values["compile"] = dataclasses.replace(
+                    self.compile,
+                    **{
+                        c.name: getattr(value, c.name)
+                        for c in dataclasses.fields(value)
+                        if getattr(value, c.name) != getattr(default, c.name)
+                    },
+                )
             elif value != getattr(base, f.name):
                 values[f.name] = value
         return OptimizeOptions(**values)
@@ -106,16 +119,21 @@ class OptimizeOptions:
         """Plain JSON-safe dict: the pipeline fields as they have always been written (``compile`` is the scope,
         then ``backend``/``mode``/``dynamic``/``fullgraph`` of :attr:`compile`), then any other setting (MODEL-only
         fields, other compile settings) only where it is not the default."""
-        out: dict[str, Any] = {name: getattr(self, name) for name in (
-            "qkv_fusion", "qkv_fusion_vae", "channels_last", "attention", "vae_slicing", "vae_tiling")}
+        out: dict[str, Any] = {
+            name: getattr(self, name)
+            for name in ("qkv_fusion", "qkv_fusion_vae", "channels_last", "attention", "vae_slicing", "vae_tiling")
+        }
         out["compile"] = self.scope
         out.update({name: getattr(self.compile, name) for name in _COMPILE_FIELDS})
         default, compile_default = OptimizeOptions(), CompileOptions()
         for name in ("precision", "quantize", "inductor_preset", "strict_recompiles", "compile_cache"):
             if getattr(self, name) != getattr(default, name):
                 out[name] = getattr(self, name)
-        extra = {k: v for k, v in self.compile.as_dict().items()
-                 if k not in _COMPILE_FIELDS and v != getattr(compile_default, k)}
+        extra = {
+            k: v
+            for k, v in self.compile.as_dict().items()
+            if k not in _COMPILE_FIELDS and v != getattr(compile_default, k)
+        }
         if extra:
             out["compile_options"] = extra
         return out
@@ -195,8 +213,10 @@ class StepReport:
 def _summary(step: StepReport) -> str:
     d = step.details
     if step.step == "qkv_fusion":
-        return "; ".join(f"{m}: params {v['params_before']:,} -> {v['params_after']:,} (+{v['growth_pct']:.1f}%)"
-                         for m, v in d.get("components", {}).items())
+        return "; ".join(
+            f"{m}: params {v['params_before']:,} -> {v['params_after']:,} (+{v['growth_pct']:.1f}%)"
+            for m, v in d.get("components", {}).items()
+        )
     if step.step == "channels_last":
         return ", ".join(f"{m}: {n} weights" for m, n in d.get("converted", {}).items())
     if step.step == "attention":
@@ -207,8 +227,7 @@ def _summary(step: StepReport) -> str:
             parts.append(f"torch SDPA '{d['sdpa_context']}' around each call")
         return ", ".join(parts)
     if step.step == "compile":
-        return (f"{d.get('kind', '')}, {d.get('n_blocks', 0)} block(s), backend {d.get('backend')}"
-                if d else "")
+        return f"{d.get('kind', '')}, {d.get('n_blocks', 0)} block(s), backend {d.get('backend')}" if d else ""
     return ""
 
 
@@ -242,8 +261,10 @@ class OptimizeReport:
         o = self.options
         comp = self.step("compile")
         return {
-            "pipeline_qkv_fusion": o.qkv_fusion, "pipeline_channels_last": o.channels_last,
-            "pipeline_attention": o.attention, "pipeline_vae_slicing": o.vae_slicing,
+            "pipeline_qkv_fusion": o.qkv_fusion,
+            "pipeline_channels_last": o.channels_last,
+            "pipeline_attention": o.attention,
+            "pipeline_vae_slicing": o.vae_slicing,
             "pipeline_vae_tiling": o.vae_tiling,
             "pipeline_compile": (comp.details.get("kind") if comp and comp.applied else "off"),
             "pipeline_compile_backend": o.compile.backend if o.scope != "off" else None,
@@ -251,9 +272,15 @@ class OptimizeReport:
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON-safe dict."""
-        return {"options": self.options.as_dict(), "pipeline": self.pipeline, "denoiser": self.denoiser,
-                "applied": self.applied, "steps": [s.as_dict() for s in self.steps],
-                "params_before": dict(self.params_before), "params_after": dict(self.params_after)}
+        return {
+            "options": self.options.as_dict(),
+            "pipeline": self.pipeline,
+            "denoiser": self.denoiser,
+            "applied": self.applied,
+            "steps": [s.as_dict() for s in self.steps],
+            "params_before": dict(self.params_before),
+            "params_after": dict(self.params_after),
+        }
 
     def as_text(self) -> str:
         """One line per step (or "baseline: nothing applied")."""

@@ -5,6 +5,7 @@ Optimize Model hands the dtype to ComfyUI's ``ModelPatcher.set_model_compute_dty
 the weights' changes output bits (measured: ``tests/comfy/test_knob_precision.py``, docs/benchmarks.md); the run
 record names it in ``fingerprint.dtype`` (``"torch.float32 (compute torch.bfloat16)"``). No ComfyUI imports.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -14,8 +15,9 @@ import torch
 
 __all__ = ["PRECISIONS", "precision_dtype"]
 
-PRECISIONS: Mapping[str, torch.dtype | None] = MappingProxyType({
-    "model": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16})
+PRECISIONS: Mapping[str, torch.dtype | None] = MappingProxyType(
+    {"model": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+)
 
 
 def precision_dtype(name: str, device: torch.device | str | None = None) -> torch.dtype | None:

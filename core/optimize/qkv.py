@@ -21,6 +21,7 @@ fp32 fused == unfused bit-for-bit; bf16 at large in_features is not (hardware-de
 fingerprint.
 The projection itself (the forward path through the fusion) is :mod:`core.optimize.qkv_project`.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -124,9 +125,7 @@ def _check_group(attn: nn.Module, names: tuple[str, ...], mods: tuple[nn.Module,
     """Raise NotFusableError unless the given projections can share one fused weight."""
     ws = [m.weight for m in mods]
     if len({w.shape[1] for w in ws}) != 1:
-        raise NotFusableError(
-            f"{type(attn).__name__}: in_features differ among {names}: {[w.shape[1] for w in ws]}"
-        )
+        raise NotFusableError(f"{type(attn).__name__}: in_features differ among {names}: {[w.shape[1] for w in ws]}")
     if len({(w.dtype, w.device) for w in ws}) != 1:
         raise NotFusableError(
             f"{type(attn).__name__}: dtype/device differ among {names}: {[(w.dtype, str(w.device)) for w in ws]}"
@@ -294,8 +293,15 @@ def fuse_qkv_(
                 b.data = part  # type: ignore[union-attr]
 
     rec = FusedQKV(
-        kind=kind, names=names, q_name=q, k_name=k, v_name=v, splits=splits,
-        weight=fused_w, bias=fused_b, stats=qkv_stats(attn),
+        kind=kind,
+        names=names,
+        q_name=q,
+        k_name=k,
+        v_name=v,
+        splits=splits,
+        weight=fused_w,
+        bias=fused_b,
+        stats=qkv_stats(attn),
     )
     attn.__dict__[_FUSED_ATTR] = rec
     return rec
@@ -323,9 +329,7 @@ def unfuse_qkv_(attn: nn.Module) -> bool:
     return live
 
 
-def fuse_all_qkv_(
-    root: nn.Module, q: str = "to_q", k: str = "to_k", v: str = "to_v"
-) -> dict[str, FusedQKV]:
+def fuse_all_qkv_(root: nn.Module, q: str = "to_q", k: str = "to_k", v: str = "to_v") -> dict[str, FusedQKV]:
     """Fuse every module :func:`find_fusable_attention` finds under ``root`` (auto self/cross choice).
 
     Returns ``{dotted_name: FusedQKV}``. Modules whose q cannot join k/v get k/v fusion only.

@@ -1,6 +1,7 @@
 """The forward path through a QKV fusion made by :mod:`core.optimize.qkv`: ``(q, k, v)`` from one matmul where the
 fusion is live and the call allows it, the separate projections otherwise, every path counted.
 """
+
 from __future__ import annotations
 
 import torch
@@ -78,7 +79,8 @@ def fused_project(
         reason = "separate value tensor given"
     elif torch.is_grad_enabled() and any(
         t is not None and t.requires_grad
-        for n in rec.names for t in (getattr(attn, n).weight, _bias(getattr(attn, n)))
+        for n in rec.names
+        for t in (getattr(attn, n).weight, _bias(getattr(attn, n)))
     ):
         reason = "grad mode on and projection weights require grad (fused tensors are detached)"
     else:

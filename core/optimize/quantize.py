@@ -30,6 +30,7 @@ torchao" error when it is missing); importing it changes process-wide state (``d
 ``fp8-dynamic`` needs a CUDA GPU with compute capability >= 8.9 (:func:`check_supported`).
 This module imports nothing from ComfyUI.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,9 +43,22 @@ from torch import Tensor, nn
 
 from .. import torch_compat
 
-__all__ = ["MODES", "MIN_FEATURES", "MULTIPLE", "FP8_MIN_CAPABILITY", "QuantizeUnavailable", "require_torchao",
-           "torchao_version", "check_supported", "config_for", "Choice", "choose_linears", "quantized_copy",
-           "QuantizedLinear", "quantize_in_place"]
+__all__ = [
+    "MODES",
+    "MIN_FEATURES",
+    "MULTIPLE",
+    "FP8_MIN_CAPABILITY",
+    "QuantizeUnavailable",
+    "require_torchao",
+    "torchao_version",
+    "check_supported",
+    "config_for",
+    "Choice",
+    "choose_linears",
+    "quantized_copy",
+    "QuantizedLinear",
+    "quantize_in_place",
+]
 
 MODES = ("off", "int8-dynamic", "fp8-dynamic")
 #: Linears with fewer input or output features are left alone (quantizing activations costs more than it saves).
@@ -64,12 +78,16 @@ def require_torchao() -> Any:
     when torchao is not installed or too old to have the configs used here."""
     try:
         tq = importlib.import_module("torchao.quantization")
-        for name in ("quantize_", "Int8DynamicActivationInt8WeightConfig",
-                     "Float8DynamicActivationFloat8WeightConfig"):
+        for name in (
+            "quantize_",
+            "Int8DynamicActivationInt8WeightConfig",
+            "Float8DynamicActivationFloat8WeightConfig",
+        ):
             getattr(tq, name)
     except (ImportError, AttributeError) as e:
-        raise QuantizeUnavailable(f"quantize needs torchao (pip install torchao; tested with 0.18): "
-                                  f"{type(e).__name__}: {e}") from e
+        raise QuantizeUnavailable(
+            f"quantize needs torchao (pip install torchao; tested with 0.18): {type(e).__name__}: {e}"
+        ) from e
     return tq
 
 
@@ -90,12 +108,16 @@ def check_supported(mode: str, device: torch.device | str) -> None:
         major, minor = FP8_MIN_CAPABILITY
         need = f"a CUDA GPU with compute capability >= {major}.{minor} (Ada/Hopper or newer)"
         if device.type != "cuda" or not torch.cuda.is_available():
-            raise QuantizeUnavailable(f"quantize=fp8-dynamic needs {need}; this model runs on {device}. "
-                                      "Use int8-dynamic (CPU and GPU) or off")
+            raise QuantizeUnavailable(
+                f"quantize=fp8-dynamic needs {need}; this model runs on {device}. "
+                "Use int8-dynamic (CPU and GPU) or off"
+            )
         cap = torch.cuda.get_device_capability(device)
         if tuple(cap) < FP8_MIN_CAPABILITY:
-            raise QuantizeUnavailable(f"quantize=fp8-dynamic needs {need}; {torch.cuda.get_device_name(device)} "
-                                      f"has {cap[0]}.{cap[1]}. Use int8-dynamic or off")
+            raise QuantizeUnavailable(
+                f"quantize=fp8-dynamic needs {need}; {torch.cuda.get_device_name(device)} "
+                f"has {cap[0]}.{cap[1]}. Use int8-dynamic or off"
+            )
     elif mode == "int8-dynamic" and device.type not in ("cpu", "cuda"):
         raise QuantizeUnavailable(f"quantize=int8-dynamic runs on CPU and CUDA only; this model runs on {device}")
 
@@ -159,8 +181,14 @@ def choose_linears(root: nn.Module) -> Choice:
     return Choice(tuple(paths), dict(skipped))
 
 
-def quantized_copy(weight: Tensor, bias: Tensor | None, mode: str, *, device: torch.device | None = None,
-                   dtype: torch.dtype | None = None) -> nn.Linear:
+def quantized_copy(
+    weight: Tensor,
+    bias: Tensor | None,
+    mode: str,
+    *,
+    device: torch.device | None = None,
+    dtype: torch.dtype | None = None,
+) -> nn.Linear:
     """A plain ``nn.Linear`` holding a torchao-quantized copy of ``weight`` (``[out, in]``) and a copy of
     ``bias``, on ``device``/``dtype`` (default: the weight's). ``weight`` and ``bias`` are not modified."""
     tq = require_torchao()
@@ -215,8 +243,9 @@ class QuantizedLinear(nn.Module):
             if getattr(self, name) is not value:
                 nn.Module.__setattr__(self, name, value)
 
-    def refresh_(self, device: torch.device | None = None, dtype: torch.dtype | None = None,
-                 token: Any = None) -> bool:
+    def refresh_(
+        self, device: torch.device | None = None, dtype: torch.dtype | None = None, token: Any = None
+    ) -> bool:
         """(Re)build the quantized copy from the current ``weight``/``bias`` when they (or the target
         ``device``/``dtype``, default the weight's, or ``token``) changed since the last build. Returns True
         when it built. In-place writes are seen through the version counter, except on inference tensors

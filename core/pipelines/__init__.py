@@ -12,6 +12,7 @@ Modules: :mod:`.load` (folder checks, dtype, components), :mod:`.optimize` (orde
 (backend choice), :mod:`.run` (generation, warm-up, reports), :mod:`.lora` (LoRA and hot-swap), :mod:`.state`
 (per-pipeline bookkeeping).
 """
+
 from ..optimize.plan import OptimizeOptions, OptimizeReport, StepReport
 from .attention import UnsupportedAttentionError, attention_names
 from .load import DTYPES, PipelineLoadError, count_params, denoiser_of, load_pipeline, module_components
@@ -20,9 +21,28 @@ from .optimize import PipelineStateError, optimize_pipeline
 from .run import WarmupResult, compile_record, generate, image_generators, pipeline_report, warmup
 
 __all__ = [
-    "DTYPES", "LoraLoadError", "LoraReport", "OptimizeOptions", "OptimizeReport", "PipelineLoadError",
-    "PipelineStateError", "StepReport", "UnsupportedAttentionError", "WarmupResult",
-    "adapter_components", "attention_names", "compile_record", "count_params", "denoiser_of", "generate",
-    "image_generators", "load_lora", "load_pipeline", "module_components", "optimize_pipeline",
-    "pipeline_report", "prepare_lora_hotswap", "warmup",
+    "DTYPES",
+    "LoraLoadError",
+    "LoraReport",
+    "OptimizeOptions",
+    "OptimizeReport",
+    "PipelineLoadError",
+    "PipelineStateError",
+    "StepReport",
+    "UnsupportedAttentionError",
+    "WarmupResult",
+    "adapter_components",
+    "attention_names",
+    "compile_record",
+    "count_params",
+    "denoiser_of",
+    "generate",
+    "image_generators",
+    "load_lora",
+    "load_pipeline",
+    "module_components",
+    "optimize_pipeline",
+    "pipeline_report",
+    "prepare_lora_hotswap",
+    "warmup",
 ]

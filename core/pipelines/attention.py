@@ -11,6 +11,7 @@ be chosen with ``torch.nn.attention.sdpa_kernel`` at call time (:func:`~..optimi
 (``_AttentionBackendRegistry.set_active_backend``); :func:`set_model_attention_backend` restores it right
 away, so only the model's own processors change.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -19,12 +20,22 @@ import torch
 
 from ..optimize.attention import SDPA_BACKENDS, check_sdpa_backend, plan_sdpa_backend
 
-__all__ = ["UnsupportedAttentionError", "TORCH_TO_DIFFUSERS", "attention_names", "diffusers_backend_names",
-           "dispatch_counts", "set_model_attention_backend", "resolve_attention"]
+__all__ = [
+    "UnsupportedAttentionError",
+    "TORCH_TO_DIFFUSERS",
+    "attention_names",
+    "diffusers_backend_names",
+    "dispatch_counts",
+    "set_model_attention_backend",
+    "resolve_attention",
+]
 
 TORCH_TO_DIFFUSERS: dict[str, str] = {
-    "auto": "native", "math": "_native_math", "flash": "_native_flash",
-    "efficient": "_native_efficient", "cudnn": "_native_cudnn",
+    "auto": "native",
+    "math": "_native_math",
+    "flash": "_native_flash",
+    "efficient": "_native_efficient",
+    "cudnn": "_native_cudnn",
 }
 _DIFFUSERS_TO_TORCH = {v: k for k, v in TORCH_TO_DIFFUSERS.items()}
 
@@ -83,8 +94,9 @@ def set_model_attention_backend(model: torch.nn.Module, name: str) -> int:
     return sum(1 for _, p in _attention_modules(model) if getattr(p, "_attention_backend", None) is not None)
 
 
-def resolve_attention(name: str, model: torch.nn.Module, device: str | torch.device,
-                      dtype: torch.dtype) -> tuple[str | None, str]:
+def resolve_attention(
+    name: str, model: torch.nn.Module, device: str | torch.device, dtype: torch.dtype
+) -> tuple[str | None, str]:
     """Decide how to apply attention backend ``name`` to ``model``: ``(diffusers_name, sdpa_name)``.
 
     ``diffusers_name``: what to pass to ``set_attention_backend`` (None: nothing). ``sdpa_name``: the torch
@@ -112,12 +124,14 @@ def resolve_attention(name: str, model: torch.nn.Module, device: str | torch.dev
             raise UnsupportedAttentionError(
                 f"SDPA backend {name!r} is pinned around the whole pipeline call (text encoders and VAE included), "
                 f"and torch refuses it on {plan.device} for: {'; '.join(plan.falls_back)} (e.g. T5's float attention "
-                "mask, a VAE decoded in fp32). Use auto or math.")
+                "mask, a VAE decoded in fp32). Use auto or math."
+            )
         return (TORCH_TO_DIFFUSERS[name] if dispatching else None), name
     known = diffusers_backend_names()
     if name not in known:
         raise UnsupportedAttentionError(
-            f"unknown attention backend {name!r}; expected one of {', '.join(attention_names())}")
+            f"unknown attention backend {name!r}; expected one of {', '.join(attention_names())}"
+        )
     torch_name = _DIFFUSERS_TO_TORCH.get(name)
     if torch_name is not None and torch_name != "auto":
         try:
@@ -128,6 +142,7 @@ def resolve_attention(name: str, model: torch.nn.Module, device: str | torch.dev
         if torch_name is None:
             raise UnsupportedAttentionError(
                 f"{model_name}'s {direct} attention processors call torch SDPA directly and ignore diffusers "
-                f"attention backends, so {name!r} cannot apply; use one of {', '.join(SDPA_BACKENDS)}")
+                f"attention backends, so {name!r} cannot apply; use one of {', '.join(SDPA_BACKENDS)}"
+            )
         return None, torch_name
     return name, (torch_name or "auto")

@@ -19,6 +19,7 @@ Costs: the copy shares every weight; QKV fusion adds the fused projections (diff
 channels-last copies the conv weights of the denoiser and VAE (it rewrites them in place). The memo keeps
 one optimized copy per source pipeline alive while the source lives. No ComfyUI imports.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,8 +41,16 @@ from .run import compile_record
 from .share import conv_weights, share_pipeline
 from .state import peek_state
 
-__all__ = ["ADAPTER_NAME", "LoraSpec", "PipelineHandle", "lora_file_rank", "optimized_handle", "runtime_pipe",
-           "prepare_run", "RUN_LOCK"]
+__all__ = [
+    "ADAPTER_NAME",
+    "LoraSpec",
+    "PipelineHandle",
+    "lora_file_rank",
+    "optimized_handle",
+    "runtime_pipe",
+    "prepare_run",
+    "RUN_LOCK",
+]
 
 ADAPTER_NAME = "steadfast"
 """Adapter name of the (single) LoRA slot a handle fills."""
@@ -79,8 +88,10 @@ class LoraSpec:
         if max_rank < 1:
             raise LoraLoadError(f"max_rank must be >= 1, got {max_rank}")
         if rank > max_rank:
-            raise LoraLoadError(f"LoRA {name!r} has rank {rank}, larger than max_rank {max_rank}: raise max_rank "
-                                f"to at least {rank} (a compiled pipeline is prepared for max_rank)")
+            raise LoraLoadError(
+                f"LoRA {name!r} has rank {rank}, larger than max_rank {max_rank}: raise max_rank "
+                f"to at least {rank} (a compiled pipeline is prepared for max_rank)"
+            )
         st = p.stat()
         return cls(name, str(p), rank, int(max_rank), st.st_size, st.st_mtime_ns)
 
@@ -101,14 +112,20 @@ def lora_file_rank(path: str | Path) -> int:
     except (OSError, ValueError, struct.error) as e:
         raise LoraLoadError(f"{str(p)!r} is not a readable .safetensors LoRA: {e}") from e
     if not isinstance(header, dict):
-        raise LoraLoadError(f"{str(p)!r} is not a .safetensors LoRA: its header is a JSON "
-                            f"{type(header).__name__}, not an object")
+        raise LoraLoadError(
+            f"{str(p)!r} is not a .safetensors LoRA: its header is a JSON {type(header).__name__}, not an object"
+        )
     bad = sorted(k for k, v in header.items() if k != "__metadata__" and not isinstance(v, dict))
     if bad:
-        raise LoraLoadError(f"{str(p)!r} is not a valid .safetensors file: header entries {bad[:3]} are not "
-                            f"tensor descriptions (a dict with dtype/shape/data_offsets)")
-    ranks = [int(v["shape"][0]) for k, v in header.items()
-             if k != "__metadata__" and ("lora_A" in k or "lora_down" in k) and v.get("shape")]
+        raise LoraLoadError(
+            f"{str(p)!r} is not a valid .safetensors file: header entries {bad[:3]} are not "
+            f"tensor descriptions (a dict with dtype/shape/data_offsets)"
+        )
+    ranks = [
+        int(v["shape"][0])
+        for k, v in header.items()
+        if k != "__metadata__" and ("lora_A" in k or "lora_down" in k) and v.get("shape")
+    ]
     if not ranks:
         raise LoraLoadError(f"{str(p)!r} holds no LoRA weights (no lora_A / lora_down tensors)")
     return max(ranks)
@@ -168,8 +185,11 @@ _LORA_COPIES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 _MEMO_LOCK = threading.Lock()
 
 
-def optimized_handle(handle: PipelineHandle, options: OptimizeOptions, cache: CacheChoice | None = None,
-                     ) -> tuple[PipelineHandle, OptimizeReport, bool]:
+def optimized_handle(
+    handle: PipelineHandle,
+    options: OptimizeOptions,
+    cache: CacheChoice | None = None,
+) -> tuple[PipelineHandle, OptimizeReport, bool]:
     """Apply ``options`` to a weight-sharing copy of ``handle.pipe``, its compile with the persistent compile
     ``cache`` (:func:`~..compile.use.compile_use`; None: inductor's default directory); returns
     ``(handle, report, reused)``.
@@ -186,11 +206,15 @@ def optimized_handle(handle: PipelineHandle, options: OptimizeOptions, cache: Ca
         plus what :func:`~.optimize.optimize_pipeline` raises (unsupported attention backend ...).
     """
     if handle.owned or handle.optimized:
-        raise PipelineStateError("this pipeline is already optimized (an Optimize node is upstream); optimize the "
-                                 "loader's output once, with all the options you want")
+        raise PipelineStateError(
+            "this pipeline is already optimized (an Optimize node is upstream); optimize the "
+            "loader's output once, with all the options you want"
+        )
     if options.qkv_fusion and handle.lora is not None:
-        raise PipelineStateError(f"QKV fusion cannot be combined with the LoRA {handle.lora.name!r}: diffusers' "
-                                 f"fused to_qkv projections would bypass the LoRA layers on to_q/to_k/to_v")
+        raise PipelineStateError(
+            f"QKV fusion cannot be combined with the LoRA {handle.lora.name!r}: diffusers' "
+            f"fused to_qkv projections would bypass the LoRA layers on to_q/to_k/to_v"
+        )
     max_rank = handle.lora.max_rank if handle.lora is not None else None
     key = (options, cache, max_rank)
     base = handle.pipe
@@ -258,8 +282,10 @@ def _ensure_lora(pipe: Any, spec: LoraSpec | None) -> list[str]:
             what = f"hot-swapped LoRA {slot.loaded.name} -> {spec.name} (rank {spec.rank})"
         except LoraLoadError as e:
             if compile_record(pipe) is not None:
-                raise LoraLoadError(f"cannot hot-swap {spec.name!r} into the compiled pipeline: {e}. The LoRAs must "
-                                    f"target the same layers with rank <= max_rank") from e
+                raise LoraLoadError(
+                    f"cannot hot-swap {spec.name!r} into the compiled pipeline: {e}. The LoRAs must "
+                    f"target the same layers with rank <= max_rank"
+                ) from e
             pipe.delete_adapters(ADAPTER_NAME)
             load_lora(pipe, spec.path, ADAPTER_NAME)
             what = f"replaced LoRA {slot.loaded.name} -> {spec.name} (not hot-swappable: {e})"

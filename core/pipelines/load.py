@@ -2,6 +2,7 @@
 memory management: loaded with ``keep_on_cpu`` a pipeline stays on the CPU and :func:`on_run_device` moves it to its
 GPU for each call, after the host made room (ComfyUI: ``comfy.model_management.free_memory``), and back after it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -15,8 +16,18 @@ import torch
 
 from ..failures import passes_through
 
-__all__ = ["DTYPES", "PipelineLoadError", "load_pipeline", "module_components", "denoiser_of",
-           "count_params", "RUN_DEVICE_ATTR", "run_device", "pipeline_bytes", "on_run_device"]
+__all__ = [
+    "DTYPES",
+    "PipelineLoadError",
+    "load_pipeline",
+    "module_components",
+    "denoiser_of",
+    "count_params",
+    "RUN_DEVICE_ATTR",
+    "run_device",
+    "pipeline_bytes",
+    "on_run_device",
+]
 
 log = logging.getLogger("steadfast.pipelines")
 
@@ -37,15 +48,21 @@ def _check_folder(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise PipelineLoadError(f"pipeline folder {str(path)!r} does not exist")
     if not path.is_dir():
-        hint = (" (a single-file checkpoint: convert it to a diffusers folder first, e.g. with "
-                "`Pipeline.from_single_file(...).save_pretrained(DIR)`)") if path.suffix in (
-                    ".safetensors", ".ckpt", ".pt", ".bin") else ""
+        hint = (
+            (
+                " (a single-file checkpoint: convert it to a diffusers folder first, e.g. with "
+                "`Pipeline.from_single_file(...).save_pretrained(DIR)`)"
+            )
+            if path.suffix in (".safetensors", ".ckpt", ".pt", ".bin")
+            else ""
+        )
         raise PipelineLoadError(f"{str(path)!r} is a file, not a diffusers pipeline folder{hint}")
     index_file = path / "model_index.json"
     if not index_file.is_file():
         raise PipelineLoadError(
             f"{str(path)!r} has no model_index.json, so it is not a diffusers pipeline folder "
-            f"(found: {', '.join(sorted(p.name for p in path.iterdir())[:10]) or 'nothing'})")
+            f"(found: {', '.join(sorted(p.name for p in path.iterdir())[:10]) or 'nothing'})"
+        )
     try:
         index = json.loads(index_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -61,7 +78,8 @@ def _check_folder(path: Path) -> dict[str, Any]:
         if not sub.is_dir() or not any(sub.iterdir()):
             raise PipelineLoadError(
                 f"component {name!r} ({spec[0]}.{spec[1]}) is listed in model_index.json but its folder "
-                f"{str(sub)!r} is missing or empty")
+                f"{str(sub)!r} is missing or empty"
+            )
     return index
 
 
@@ -95,13 +113,17 @@ def run_device(pipe: Any) -> torch.device:
 
 def pipeline_bytes(pipe: Any) -> int:
     """Bytes of every parameter and buffer of ``pipe``'s module components (what moving it to a GPU needs)."""
-    return sum(t.numel() * t.element_size() for mod in module_components(pipe).values()
-               for t in [*mod.parameters(), *mod.buffers()])
+    return sum(
+        t.numel() * t.element_size()
+        for mod in module_components(pipe).values()
+        for t in [*mod.parameters(), *mod.buffers()]
+    )
 
 
 @contextlib.contextmanager
-def on_run_device(pipe: Any, make_room: Callable[[int, torch.device], None] | None = None,
-                  offload: str | torch.device = "cpu") -> Iterator[Any]:
+def on_run_device(
+    pipe: Any, make_room: Callable[[int, torch.device], None] | None = None, offload: str | torch.device = "cpu"
+) -> Iterator[Any]:
     """Context: ``pipe`` (loaded with ``keep_on_cpu``) on its run device for the block, back on ``offload`` after.
 
     Before moving, ``make_room(bytes, device)`` is called (ComfyUI: ``comfy.model_management.free_memory``, so
@@ -121,8 +143,14 @@ def on_run_device(pipe: Any, make_room: Callable[[int, torch.device], None] | No
         pipe.to(offload)
 
 
-def load_pipeline(path: str | Path, dtype: str = "fp32", device: str | torch.device = "cpu", *,
-                  progress_bar: bool = False, keep_on_cpu: bool = False) -> Any:
+def load_pipeline(
+    path: str | Path,
+    dtype: str = "fp32",
+    device: str | torch.device = "cpu",
+    *,
+    progress_bar: bool = False,
+    keep_on_cpu: bool = False,
+) -> Any:
     """Load a diffusers pipeline folder (``save_pretrained`` layout) from disk only (no download).
 
     Args:
@@ -149,14 +177,13 @@ def load_pipeline(path: str | Path, dtype: str = "fp32", device: str | torch.dev
     from diffusers import DiffusionPipeline
 
     try:
-        pipe = DiffusionPipeline.from_pretrained(str(folder), **{_dtype_kwarg(): DTYPES[dtype]},
-                                                 local_files_only=True)
+        pipe = DiffusionPipeline.from_pretrained(str(folder), **{_dtype_kwarg(): DTYPES[dtype]}, local_files_only=True)
     except Exception as e:  # noqa: BLE001 - re-raised with the folder and class named
         if passes_through(e):  # an interrupt or out of memory: ComfyUI acts on the type (core/failures.py)
             raise
         raise PipelineLoadError(
-            f"diffusers could not load {index.get('_class_name')} from {str(folder)!r}: "
-            f"{type(e).__name__}: {e}") from e
+            f"diffusers could not load {index.get('_class_name')} from {str(folder)!r}: {type(e).__name__}: {e}"
+        ) from e
     if keep_on_cpu:
         setattr(pipe, RUN_DEVICE_ATTR, str(device))
     else:
@@ -187,8 +214,10 @@ def denoiser_of(pipe: Any) -> tuple[str, torch.nn.Module]:
     for name in _DENOISERS:
         if name in comps:
             return name, comps[name]
-    raise ValueError(f"{type(pipe).__name__} has no denoiser component (looked for {', '.join(_DENOISERS)}; "
-                     f"it has {', '.join(comps) or 'no modules'})")
+    raise ValueError(
+        f"{type(pipe).__name__} has no denoiser component (looked for {', '.join(_DENOISERS)}; "
+        f"it has {', '.join(comps) or 'no modules'})"
+    )
 
 
 def count_params(module: torch.nn.Module) -> int:

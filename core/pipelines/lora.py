@@ -12,6 +12,7 @@ diffusers' recipe (``loaders/peft.py``, ``enable_lora_hotswap`` docstring; PEFT 
 :func:`prepare_lora_hotswap` and :func:`load_lora` wrap steps 1, 2 and 4 with checks and a record.
 Needs the ``peft`` package.
 """
+
 from __future__ import annotations
 
 import time
@@ -93,8 +94,9 @@ def prepare_lora_hotswap(pipe: Any, target_rank: int) -> None:
     state.hotswap_rank = int(target_rank)
 
 
-def load_lora(pipe: Any, source: str | Path | Mapping[str, torch.Tensor], adapter_name: str = "default", *,
-              hotswap: bool = False) -> LoraReport:
+def load_lora(
+    pipe: Any, source: str | Path | Mapping[str, torch.Tensor], adapter_name: str = "default", *, hotswap: bool = False
+) -> LoraReport:
     """Load a LoRA (``.safetensors`` file, folder, or state dict) with ``pipe.load_lora_weights``.
 
     ``hotswap=True`` replaces the weights of the already loaded adapter ``adapter_name`` in place (see the
@@ -112,12 +114,15 @@ def load_lora(pipe: Any, source: str | Path | Mapping[str, torch.Tensor], adapte
         raise LoraLoadError(f"{type(pipe).__name__} cannot load LoRA weights")
     state = get_state(pipe)
     if state.qkv_fused:
-        raise LoraLoadError(f"QKV projections of {', '.join(state.qkv_fused)} are fused: diffusers' fused "
-                            f"to_qkv/to_kv layers would bypass a LoRA on to_q/to_k/to_v")
+        raise LoraLoadError(
+            f"QKV projections of {', '.join(state.qkv_fused)} are fused: diffusers' fused "
+            f"to_qkv/to_kv layers would bypass a LoRA on to_q/to_k/to_v"
+        )
     loaded = adapter_components(pipe, adapter_name)
     if hotswap and not loaded:
-        raise LoraLoadError(f"cannot hot-swap: no adapter named {adapter_name!r} is loaded yet "
-                            f"(load the first one with hotswap=False)")
+        raise LoraLoadError(
+            f"cannot hot-swap: no adapter named {adapter_name!r} is loaded yet (load the first one with hotswap=False)"
+        )
     if not hotswap and loaded:
         raise LoraLoadError(f"adapter {adapter_name!r} is already loaded; use hotswap=True or another name")
     if isinstance(source, Mapping):
@@ -142,7 +147,8 @@ def load_lora(pipe: Any, source: str | Path | Mapping[str, torch.Tensor], adapte
         note = "hot-swapped without prepare_lora_hotswap: a recompile is likely if ranks/scalings differ"
     if adapter_name not in state.adapters:
         state.adapters.append(adapter_name)
-    report = LoraReport(adapter_name, hotswap, src_text, adapter_components(pipe, adapter_name), compiled,
-                        seconds, note)
+    report = LoraReport(
+        adapter_name, hotswap, src_text, adapter_components(pipe, adapter_name), compiled, seconds, note
+    )
     state.lora_events.append(report.as_dict())
     return report

@@ -7,6 +7,7 @@ objects and weight strides): QKV fusion -> channels_last -> attention backend ->
 
 Everything here changes the pipeline in place and is not undone: load a fresh pipeline for a baseline.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -57,7 +58,8 @@ def _qkv_step(pipe: Any, comps: dict[str, torch.nn.Module], den_name: str, opts:
             continue
         after = count_params(mod)
         details["components"][name] = {
-            "params_before": before, "params_after": after,
+            "params_before": before,
+            "params_after": after,
             "growth_pct": 100.0 * (after - before) / before if before else 0.0,
             "note": "diffusers keeps the original to_q/to_k/to_v layers next to the fused ones",
         }
@@ -89,8 +91,12 @@ def _channels_last_step(comps: dict[str, torch.nn.Module], den_name: str) -> Ste
 def _attention_step(pipe: Any, den: torch.nn.Module, den_name: str, opts: OptimizeOptions) -> StepReport:
     dev, dt = run_device(pipe), _param_dtype(den)
     diffusers_name, sdpa_name = resolve_attention(opts.attention, den, dev, dt)
-    details: dict[str, Any] = {"requested": opts.attention, "diffusers_backend": None, "dispatch_modules": 0,
-                               "sdpa_context": None}
+    details: dict[str, Any] = {
+        "requested": opts.attention,
+        "diffusers_backend": None,
+        "dispatch_modules": 0,
+        "sdpa_context": None,
+    }
     modules = []
     if diffusers_name is not None:
         details["diffusers_backend"] = diffusers_name
@@ -101,8 +107,10 @@ def _attention_step(pipe: Any, den: torch.nn.Module, den_name: str, opts: Optimi
         get_state(pipe).sdpa_backend = sdpa_name
         details["sdpa_context"] = sdpa_name
         modules.append("pipeline call")
-        note = ("torch SDPA backend pinned around every pipeline call: it also covers the text encoders and "
-                "the VAE, and processors that call SDPA directly")
+        note = (
+            "torch SDPA backend pinned around every pipeline call: it also covers the text encoders and "
+            "the VAE, and processors that call SDPA directly"
+        )
     return StepReport("attention", True, modules, details, note)
 
 
@@ -117,8 +125,11 @@ def _vae_step(comps: dict[str, torch.nn.Module], kind: str) -> StepReport:
         return StepReport(kind, False, note=str(e))
     details: dict[str, Any] = {}
     if kind == "vae_tiling":
-        details = {k: getattr(vae, k) for k in ("tile_sample_min_size", "tile_latent_min_size",
-                                                 "tile_overlap_factor") if hasattr(vae, k)}
+        details = {
+            k: getattr(vae, k)
+            for k in ("tile_sample_min_size", "tile_latent_min_size", "tile_overlap_factor")
+            if hasattr(vae, k)
+        }
     return StepReport(kind, True, ["vae"], details)
 
 
@@ -153,8 +164,9 @@ def contiguous_compiled_inputs(module: torch.nn.Module) -> bool:
     return True
 
 
-def _compile_step(pipe: Any, den: torch.nn.Module, den_name: str, opts: OptimizeOptions,
-                  cache: CacheChoice | None) -> StepReport:
+def _compile_step(
+    pipe: Any, den: torch.nn.Module, den_name: str, opts: OptimizeOptions, cache: CacheChoice | None
+) -> StepReport:
     copts = opts.compile
     kwargs = copts.to_kwargs()
     paths = repeated_block_paths(den) if opts.scope == "regional" else []
@@ -164,16 +176,23 @@ def _compile_step(pipe: Any, den: torch.nn.Module, den_name: str, opts: Optimize
         den.compile_repeated_blocks(**kwargs)
     else:
         if opts.scope == "regional":
-            note = (f"{type(den).__name__} declares no _repeated_blocks, so the whole model was compiled "
-                    f"(torch.compile) instead")
+            note = (
+                f"{type(den).__name__} declares no _repeated_blocks, so the whole model was compiled "
+                f"(torch.compile) instead"
+            )
         kind = "full"
         den.compile(**kwargs)
     if copts.contiguous_inputs:
-        wrapped = [contiguous_compiled_inputs(den.get_submodule(p)) for p in paths] if paths else \
-            [contiguous_compiled_inputs(den)]
+        wrapped = (
+            [contiguous_compiled_inputs(den.get_submodule(p)) for p in paths]
+            if paths
+            else [contiguous_compiled_inputs(den)]
+        )
         if not all(wrapped):
-            note = (note + "; " if note else "") + ("strided inputs not made contiguous (this torch has no "
-                                                    "Module._compiled_call_impl): expect stride recompiles")
+            note = (note + "; " if note else "") + (
+                "strided inputs not made contiguous (this torch has no "
+                "Module._compiled_call_impl): expect stride recompiles"
+            )
     classes: dict[str, int] = {}
     for p in paths:
         cls = type(den.get_submodule(p)).__name__
@@ -183,9 +202,15 @@ def _compile_step(pipe: Any, den: torch.nn.Module, den_name: str, opts: Optimize
     # diffusers compiles in place (Module.compile): the record holds no swap-in callables, its blocks are for reports
     compiled = compile_use(den, copts, paths, label=label, cache=cache, in_place=True)
     get_state(pipe).compiled = compiled
-    details = {"kind": kind, "component": den_name, "n_blocks": len(paths) if paths else 1,
-               "block_classes": classes, "blocks": list(paths), **copts.as_dict(),
-               "via": "diffusers compile_repeated_blocks" if kind == "regional" else "nn.Module.compile"}
+    details = {
+        "kind": kind,
+        "component": den_name,
+        "n_blocks": len(paths) if paths else 1,
+        "block_classes": classes,
+        "blocks": list(paths),
+        **copts.as_dict(),
+        "via": "diffusers compile_repeated_blocks" if kind == "regional" else "nn.Module.compile",
+    }
     return StepReport("compile", True, [den_name], details, note)
 
 
@@ -208,18 +233,28 @@ def optimize_pipeline(pipe: Any, options: OptimizeOptions, cache: CacheChoice | 
     """
     state = get_state(pipe)
     if state.report is not None:
-        raise PipelineStateError(f"{type(pipe).__name__} was already optimized "
-                                 f"({', '.join(state.report.applied) or 'baseline'}); load a fresh pipeline")
+        raise PipelineStateError(
+            f"{type(pipe).__name__} was already optimized "
+            f"({', '.join(state.report.applied) or 'baseline'}); load a fresh pipeline"
+        )
     comps = module_components(pipe)
     den_name, den = denoiser_of(pipe)
-    report = OptimizeReport(options=options, pipeline=type(pipe).__name__, denoiser=den_name,
-                            params_before={k: count_params(m) for k, m in comps.items()})
+    report = OptimizeReport(
+        options=options,
+        pipeline=type(pipe).__name__,
+        denoiser=den_name,
+        params_before={k: count_params(m) for k, m in comps.items()},
+    )
     # validate first, so a refused request leaves the pipeline untouched
-    model_only = [f"{n}={getattr(options, n)}" for n, off in (("precision", "model"), ("quantize", "off"))
-                  if getattr(options, n) != off]
+    model_only = [
+        f"{n}={getattr(options, n)}"
+        for n, off in (("precision", "model"), ("quantize", "off"))
+        if getattr(options, n) != off
+    ]
     if model_only:
-        raise ValueError(f"{', '.join(model_only)}: Optimize Model (MODEL path) only; diffusers pipelines have no "
-                         "such step")
+        raise ValueError(
+            f"{', '.join(model_only)}: Optimize Model (MODEL path) only; diffusers pipelines have no such step"
+        )
     if options.attention != "auto":
         resolve_attention(options.attention, den, run_device(pipe), _param_dtype(den))
     if options.qkv_fusion:
@@ -227,7 +262,8 @@ def optimize_pipeline(pipe: Any, options: OptimizeOptions, cache: CacheChoice | 
             if _has_adapters(comps[name]):
                 raise PipelineStateError(
                     f"{name} has LoRA adapters loaded: diffusers' fused to_qkv/to_kv projections would bypass "
-                    f"the LoRA layers on to_q/to_k/to_v, so QKV fusion and LoRA cannot be combined")
+                    f"the LoRA layers on to_q/to_k/to_v, so QKV fusion and LoRA cannot be combined"
+                )
     plan = [
         Step("qkv_fusion", options.qkv_fusion, lambda: _qkv_step(pipe, comps, den_name, options)),
         Step("channels_last", options.channels_last, lambda: _channels_last_step(comps, den_name)),
@@ -242,4 +278,3 @@ def optimize_pipeline(pipe: Any, options: OptimizeOptions, cache: CacheChoice | 
         report.params_after = {k: count_params(m) for k, m in module_components(pipe).items()}
         state.report = report
     return report
-

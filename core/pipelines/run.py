@@ -1,4 +1,5 @@
 """Run an (optimized) diffusers pipeline reproducibly: one CPU generator per image, tracked compiles."""
+
 from __future__ import annotations
 
 import contextlib
@@ -43,12 +44,25 @@ def compile_record(pipe: Any) -> CompileRecord | None:
     return state.record if state is not None else None
 
 
-def _call_kwargs(pipe: Any, prompt: str, negative_prompt: str, steps: int, guidance: float | None,
-                 width: int | None, height: int | None, gens: list[torch.Generator],
-                 extra: dict[str, Any] | None) -> dict[str, Any]:
+def _call_kwargs(
+    pipe: Any,
+    prompt: str,
+    negative_prompt: str,
+    steps: int,
+    guidance: float | None,
+    width: int | None,
+    height: int | None,
+    gens: list[torch.Generator],
+    extra: dict[str, Any] | None,
+) -> dict[str, Any]:
     params = inspect.signature(pipe.__call__).parameters
-    kw: dict[str, Any] = {"prompt": prompt, "num_inference_steps": steps, "generator": gens,
-                          "num_images_per_prompt": len(gens), "output_type": "pt"}
+    kw: dict[str, Any] = {
+        "prompt": prompt,
+        "num_inference_steps": steps,
+        "generator": gens,
+        "num_images_per_prompt": len(gens),
+        "output_type": "pt",
+    }
     if negative_prompt:
         if "negative_prompt" not in params:
             raise ValueError(f"{type(pipe).__name__} takes no negative_prompt")
@@ -96,12 +110,23 @@ def _run_once(pipe: Any, kw: dict[str, Any], compiled: Compiled | None, shape: t
     return images.detach().to("cpu", torch.float32).permute(0, 2, 3, 1).contiguous()
 
 
-def generate(pipe: Any, prompt: str, negative_prompt: str = "", *, steps: int = 20,
-             guidance: float | None = None, width: int | None = None, height: int | None = None,
-             seed: int = 0, batch: int = 1, output_type: str = "pt",
-             policy: DeterminismPolicy | None = None, batch_mode: str = "batched",
-             extra: dict[str, Any] | None = None,
-             on_step: Callable[[int, int], None] | None = None) -> torch.Tensor | np.ndarray:
+def generate(
+    pipe: Any,
+    prompt: str,
+    negative_prompt: str = "",
+    *,
+    steps: int = 20,
+    guidance: float | None = None,
+    width: int | None = None,
+    height: int | None = None,
+    seed: int = 0,
+    batch: int = 1,
+    output_type: str = "pt",
+    policy: DeterminismPolicy | None = None,
+    batch_mode: str = "batched",
+    extra: dict[str, Any] | None = None,
+    on_step: Callable[[int, int], None] | None = None,
+) -> torch.Tensor | np.ndarray:
     """Generate ``batch`` images with one CPU ``torch.Generator`` per image (image ``i``: ``seed + i``).
 
     Args:
@@ -155,8 +180,9 @@ def generate(pipe: Any, prompt: str, negative_prompt: str = "", *, steps: int = 
             if policy.strict and sdpa != "auto":  # torch refuses cuDNN attention under strict determinism: say so now
                 den = denoiser_of(pipe)[1]
                 p = next(den.parameters(), None)
-                check_sdpa_backend(sdpa, run_device(pipe), p.dtype if p is not None else torch.float32,
-                                   deterministic=True)
+                check_sdpa_backend(
+                    sdpa, run_device(pipe), p.dtype if p is not None else torch.float32, deterministic=True
+                )
             stack.enter_context(deterministic(policy))
         stack.enter_context(sdpa_context(sdpa))
         if batch_mode == "batched":
@@ -190,10 +216,19 @@ class WarmupResult:
         return d
 
 
-def warmup(pipe: Any, width: int | None = None, height: int | None = None, batch: int = 1, *,
-           steps: int = 2, prompt: str = "warm-up", guidance: float | None = None,
-           extra: dict[str, Any] | None = None, policy: DeterminismPolicy | None = None,
-           on_step: Callable[[int, int], None] | None = None) -> WarmupResult:
+def warmup(
+    pipe: Any,
+    width: int | None = None,
+    height: int | None = None,
+    batch: int = 1,
+    *,
+    steps: int = 2,
+    prompt: str = "warm-up",
+    guidance: float | None = None,
+    extra: dict[str, Any] | None = None,
+    policy: DeterminismPolicy | None = None,
+    on_step: Callable[[int, int], None] | None = None,
+) -> WarmupResult:
     """Run one throw-away generation at the target size so a compiled denoiser compiles now, not later.
 
     The compile record (if any) is marked warm for ``(batch, height, width)``. Compilation does not depend
@@ -202,8 +237,19 @@ def warmup(pipe: Any, width: int | None = None, height: int | None = None, batch
     ``on_step(done, steps)`` after each step, as for :func:`generate`. Raises what :func:`generate` raises.
     """
     t0 = time.perf_counter()
-    generate(pipe, prompt, steps=steps, guidance=guidance, width=width, height=height, seed=0, batch=batch,
-             extra=extra, policy=policy, on_step=on_step)
+    generate(
+        pipe,
+        prompt,
+        steps=steps,
+        guidance=guidance,
+        width=width,
+        height=height,
+        seed=0,
+        batch=batch,
+        extra=extra,
+        policy=policy,
+        on_step=on_step,
+    )
     seconds = time.perf_counter() - t0
     target = (batch, int(height or 0), int(width or 0))
     rec = compile_record(pipe)
@@ -215,8 +261,12 @@ def warmup(pipe: Any, width: int | None = None, height: int | None = None, batch
 
 def _module_info(module: torch.nn.Module) -> dict[str, Any]:
     p = next(module.parameters(), None)
-    return {"class": type(module).__name__, "params": count_params(module),
-            "dtype": str(p.dtype) if p is not None else None, "device": str(p.device) if p is not None else None}
+    return {
+        "class": type(module).__name__,
+        "params": count_params(module),
+        "dtype": str(p.dtype) if p is not None else None,
+        "device": str(p.device) if p is not None else None,
+    }
 
 
 def pipeline_report(pipe: Any, *, environment: bool = True) -> dict[str, Any]:
@@ -244,9 +294,11 @@ def pipeline_report(pipe: Any, *, environment: bool = True) -> dict[str, Any]:
         # how diffusers' CPU-generator draws come out per dtype (portable, routed, or torch's own half algorithm)
         "cpu_randn": route_record(),
         "compile": state.record.as_dict() if state is not None and state.record is not None else None,
-        "lora": {"adapters": list(state.adapters) if state else [],
-                 "hotswap_rank": state.hotswap_rank if state else None,
-                 "events": [dict(e) for e in state.lora_events] if state else []},
+        "lora": {
+            "adapters": list(state.adapters) if state else [],
+            "hotswap_rank": state.hotswap_rank if state else None,
+            "events": [dict(e) for e in state.lora_events] if state else [],
+        },
     }
     if environment:
         fields = rep.fingerprint_fields() if rep is not None else {"pipeline_compile": "off"}

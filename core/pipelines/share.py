@@ -15,6 +15,7 @@ copy; the wrapped base layer shares its weight). What is *not* safe on shared te
 rewrites a parameter's data in place, e.g. channels-last (``param.data = ...``): name such tensors with
 ``copy_params`` (they are then copied, costing their memory).
 """
+
 from __future__ import annotations
 
 import copy
@@ -44,7 +45,8 @@ def share_module(module: torch.nn.Module, copy_params: TensorFilter | None = Non
     """
     memo: dict[int, Any] = {}
     named: Iterable[tuple[str, torch.Tensor]] = list(module.named_parameters(remove_duplicate=False)) + list(
-        module.named_buffers(remove_duplicate=False))
+        module.named_buffers(remove_duplicate=False)
+    )
     for name, tensor in named:
         if copy_params is not None and copy_params(name, tensor):
             continue

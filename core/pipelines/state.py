@@ -3,6 +3,7 @@
 Kept in a module-level ``WeakKeyDictionary`` keyed by the pipeline object (nothing is written onto the
 pipeline); an entry disappears with its pipeline.
 """
+
 from __future__ import annotations
 
 import weakref

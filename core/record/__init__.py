@@ -7,6 +7,7 @@ the field-by-field explanation of a mismatch (:mod:`.explain`) and graded verdic
 
 The face below is lazy (PEP 562): importing the package imports no submodule.
 """
+
 from __future__ import annotations
 
 from ..lazy_face import lazy_face

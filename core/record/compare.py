@@ -14,6 +14,7 @@ a tolerance. The size of a difference is measured in float64:
 * PSNR in dB: images on the [0,1] scale (peak 1); latents have no fixed range, so the peak is the
   reference ``a``'s largest finite ``|value|`` (``psnr_peak`` records it). ``inf`` when the MSE is 0.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,8 +23,15 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["CompareReport", "CompareShapeError", "ParityReport", "bits_differ", "compare", "compare_outputs",
-           "diff_heatmap"]
+__all__ = [
+    "CompareReport",
+    "CompareShapeError",
+    "ParityReport",
+    "bits_differ",
+    "compare",
+    "compare_outputs",
+    "diff_heatmap",
+]
 
 Kind = Literal["image", "latent"]
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -84,7 +92,8 @@ def _validate(a: torch.Tensor, b: torch.Tensor, kind: str) -> None:
         raise TypeError("compare() takes two torch.Tensors")
     if a.shape != b.shape or a.dtype != b.dtype:
         raise CompareShapeError(
-            f"cannot compare {kind}s: a is {tuple(a.shape)} {a.dtype}, b is {tuple(b.shape)} {b.dtype}")
+            f"cannot compare {kind}s: a is {tuple(a.shape)} {a.dtype}, b is {tuple(b.shape)} {b.dtype}"
+        )
     if kind == "image" and a.ndim != 4:
         raise ValueError(f"image must be 4-D [B,H,W,C], got {tuple(a.shape)}")
     if kind == "latent" and a.ndim < 2:
@@ -148,11 +157,18 @@ def compare(a: torch.Tensor, b: torch.Tensor, *, kind: Kind = "image") -> Compar
     psnr = _psnr(mse, peak)
     pixels = _pixel_mask(mask, kind)
     return CompareReport(
-        kind=kind, identical=False, max_abs=max_abs, mean_abs=mean_abs,
+        kind=kind,
+        identical=False,
+        max_abs=max_abs,
+        mean_abs=mean_abs,
         pct_values_differ=100.0 * n_diff / numel,
         pct_pixels_differ=100.0 * int(pixels.sum()) / pixels.numel(),
-        psnr=psnr, psnr_peak=peak, n_values_differ=n_diff, n_nan_diff=n_nan_diff,
-        shape=shape, dtype=dtype,
+        psnr=psnr,
+        psnr_peak=peak,
+        n_values_differ=n_diff,
+        n_nan_diff=n_nan_diff,
+        shape=shape,
+        dtype=dtype,
     )
 
 
@@ -180,8 +196,7 @@ def _colormap(v: torch.Tensor) -> torch.Tensor:
     return torch.stack([r, g, torch.zeros_like(v)], dim=-1).to(torch.float32)
 
 
-def diff_heatmap(a: torch.Tensor, b: torch.Tensor, *, kind: Kind,
-                 normalize: bool | None = None) -> torch.Tensor:
+def diff_heatmap(a: torch.Tensor, b: torch.Tensor, *, kind: Kind, normalize: bool | None = None) -> torch.Tensor:
     """Where ``a`` and ``b`` differ, as a ComfyUI IMAGE ``[N,H,W,3]`` float32 in [0,1].
 
     The intensity is ``mean |a - b|`` over channels (the last dim of an image, dim 1 of a latent),
@@ -252,8 +267,10 @@ class ParityReport:
         if self.bit_equal:
             return head + f"bit-equal ({self.numel} elements, {self.n_tensors} tensor(s))"
         pct = 100.0 * self.n_differ / self.numel if self.numel else 0.0
-        return head + (f"NOT bit-equal, {self.n_differ}/{self.numel} differ ({pct:.4g}%), "
-                       f"max|d| {self.max_abs:.3g}, mean|d| {self.mean_abs:.3g}")
+        return head + (
+            f"NOT bit-equal, {self.n_differ}/{self.numel} differ ({pct:.4g}%), "
+            f"max|d| {self.max_abs:.3g}, mean|d| {self.mean_abs:.3g}"
+        )
 
 
 def _leaves(x: Any, path: str, out: list[tuple[str, Any]]) -> None:
@@ -314,5 +331,12 @@ def compare_outputs(a: Any, b: Any, *, label: str = "") -> ParityReport:
             m = float(diff.max())
             max_abs = m if math.isnan(m) or math.isnan(max_abs) else max(max_abs, m)
             sum_abs += float(diff.sum())
-    return ParityReport(bit_equal=bit_equal, max_abs=max_abs, mean_abs=sum_abs / numel if numel else 0.0,
-                        n_differ=n_differ, numel=numel, label=label, n_tensors=n_tensors)
+    return ParityReport(
+        bit_equal=bit_equal,
+        max_abs=max_abs,
+        mean_abs=sum_abs / numel if numel else 0.0,
+        n_differ=n_differ,
+        numel=numel,
+        label=label,
+        n_tensors=n_tensors,
+    )

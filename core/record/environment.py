@@ -20,6 +20,7 @@ are set, e.g. ``{"force_fp16": true}``), ``fast_disk`` / ``cuda_graphs`` / ``com
 loading switches; None where absent) and ``fp16_accumulation`` (``torch.backends.cuda.matmul.
 allow_fp16_accumulation`` where torch has it).
 """
+
 from __future__ import annotations
 
 import enum
@@ -57,8 +58,14 @@ def _cpu_name() -> str:
 
 
 def _cuda_fields() -> dict[str, Any]:
-    fields: dict[str, Any] = {"cuda_available": False, "cuda": torch.version.cuda, "cudnn": None,
-                              "gpu": None, "gpu_capability": None, "gpu_count": 0}
+    fields: dict[str, Any] = {
+        "cuda_available": False,
+        "cuda": torch.version.cuda,
+        "cudnn": None,
+        "gpu": None,
+        "gpu_capability": None,
+        "gpu_count": 0,
+    }
     try:
         available = torch.cuda.is_available()
     except Exception:  # noqa: BLE001 - builds without CUDA
@@ -151,18 +158,43 @@ def fingerprint_digest(d: dict[str, Any]) -> str:
     Raises:
         TypeError: a value has no stable JSON form (see :func:`environment_fingerprint`).
     """
-    canonical = json.dumps(_jsonable(d, "$"), sort_keys=True, separators=(",", ":"),
-                           ensure_ascii=True, allow_nan=False)
+    canonical = json.dumps(
+        _jsonable(d, "$"), sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    )
     return hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
 
 #: ComfyUI command-line switches that change which dtype or attention runs (``comfy/cli_args.py``), recorded when
 #: set. Names not present in a ComfyUI version are skipped.
 NUMERIC_ARGS = (
-    "force_fp32", "force_fp16", "fp32_unet", "fp64_unet", "bf16_unet", "fp16_unet", "fp8_e4m3fn_unet",
-    "fp8_e5m2_unet", "fp8_e8m0fnu_unet", "fp16_vae", "fp32_vae", "bf16_vae", "cpu_vae", "fp8_e4m3fn_text_enc",
-    "fp8_e5m2_text_enc", "fp16_text_enc", "fp32_text_enc", "bf16_text_enc", "force_upcast_attention",
-    "dont_upcast_attention", "use_split_cross_attention", "use_quad_cross_attention", "use_pytorch_cross_attention",
-    "use_sage_attention", "use_flash_attention", "disable_xformers", "deterministic", "disable_smart_memory",
+    "force_fp32",
+    "force_fp16",
+    "fp32_unet",
+    "fp64_unet",
+    "bf16_unet",
+    "fp16_unet",
+    "fp8_e4m3fn_unet",
+    "fp8_e5m2_unet",
+    "fp8_e8m0fnu_unet",
+    "fp16_vae",
+    "fp32_vae",
+    "bf16_vae",
+    "cpu_vae",
+    "fp8_e4m3fn_text_enc",
+    "fp8_e5m2_text_enc",
+    "fp16_text_enc",
+    "fp32_text_enc",
+    "bf16_text_enc",
+    "force_upcast_attention",
+    "dont_upcast_attention",
+    "use_split_cross_attention",
+    "use_quad_cross_attention",
+    "use_pytorch_cross_attention",
+    "use_sage_attention",
+    "use_flash_attention",
+    "disable_xformers",
+    "deterministic",
+    "disable_smart_memory",
 )
 
 
@@ -184,17 +216,24 @@ def run_to_run_risks(env: Mapping[str, Any]) -> list[str]:
             "Dynamic VRAM (comfy-aimdo) is active: upstream reports state leaking between runs of the same "
             "checkpoint (ComfyUI issue 16490: a ModelSamplingDiscrete schedule kept after the node is removed) and "
             "LoRA-patched fp8 weights differing run to run (issue 15365). For run-to-run equality start ComfyUI "
-            "with --disable-dynamic-vram.")
+            "with --disable-dynamic-vram."
+        )
     if env.get("fast_disk"):
-        risks.append("--fast-disk is on: weights are loaded from disk-backed memory, which upstream reports changes "
-                     "outputs (ComfyUI issue 15528). For run-to-run equality start ComfyUI without --fast-disk.")
+        risks.append(
+            "--fast-disk is on: weights are loaded from disk-backed memory, which upstream reports changes "
+            "outputs (ComfyUI issue 15528). For run-to-run equality start ComfyUI without --fast-disk."
+        )
     if env.get("comfy_compiler") == "on":
-        risks.append("the Comfy Compiler is on (memory compiler + CUDA graphs with Dynamic VRAM): Optimize Model "
-                     "refuses compile, qkv_fusion and quantize under it; start ComfyUI with --disable-comfy-compiler "
-                     "to use them.")
+        risks.append(
+            "the Comfy Compiler is on (memory compiler + CUDA graphs with Dynamic VRAM): Optimize Model "
+            "refuses compile, qkv_fusion and quantize under it; start ComfyUI with --disable-comfy-compiler "
+            "to use them."
+        )
     fast = set(env.get("comfy_fast") or ())
     if "autotune" in fast:
-        risks.append("--fast autotune turns cuDNN benchmark on for the whole server (convolution algorithms chosen "
-                     "by timing): Determinism Setup turns it off around sampling only, so VAE decoding and other "
-                     "nodes still vary. Start ComfyUI without it for run-to-run equality.")
+        risks.append(
+            "--fast autotune turns cuDNN benchmark on for the whole server (convolution algorithms chosen "
+            "by timing): Determinism Setup turns it off around sampling only, so VAE decoding and other "
+            "nodes still vary. Start ComfyUI without it for run-to-run equality."
+        )
     return risks

@@ -17,6 +17,7 @@ Fields that differ on every run without touching the bits (timings, counters, th
 are not listed. When nothing recorded differs, :meth:`Explanation.as_text` says so plainly: the cause is then
 outside what the record captures. This module imports nothing from ComfyUI.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,48 +47,65 @@ _VOLATILE = re.compile(
     r"(^|\.)([a-z_]*sha256|hash|created|timestamp|time|seconds|[a-z_]*_seconds"
     r"|first_call_seconds|compile_seconds|run_log|last_run|calls|calls_this_run(\..*)?|activations"
     r"|cache_state(\..*)?|recompiles_this_run|recompile_reasons_this_run|params_replaced_this_run"
-    r"|live_after_run|flags_measured|record_created|status|warnings|messages)$")
+    r"|live_after_run|flags_measured|record_created|status|warnings|messages)$"
+)
 
 # Dotted-name patterns known to change bits (searched anywhere in the name), with the reason shown.
-_KNOWN: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p), why) for p, why in (
-    (r"(^|\.)num_threads$", "CPU reductions split by thread count"),
-    (r"(^|\.)num_interop_threads$", "thread pools"),
-    (r"(^|\.)(torch|cuda|cudnn)$", "kernels differ between versions"),
-    (r"(^|\.)(gpu|gpu_capability|cpu_capability|device)$", "another device runs other kernels"),
-    (r"(^|\.)attention$", "attention backend"),
-    (r"(^|\.)compile(\.(mode|backend|dynamic|fullgraph|blocks|options.*))?$",
-     "compiled code is not bit-equal to eager"),
-    (r"(tf32|float32_matmul_precision|fp32_precision)", "TF32 / fp32 matmul precision (speed vs bits)"),
-    (r"(^|\.)(flags|determinism)(\..*)?$", "determinism / precision flags"),
-    (r"(^|\.)(dtype|precision)$", "numeric precision (compute dtype)"),
-    (r"(^|\.)compile\.inductor_preset$", "inductor config preset changes generated code"),
-    (r"(^|\.)(qkv_fusion|channels_last)(\..*)?$", "optimization changes the kernels"),
-    (r"(^|\.)quantize(\..*)?$", "quantized weights and activations (expected to differ)"),
-    (r"(^|\.)model(\.(digest|file|file_size|tensors|bytes|base_digest|digest_kind))?$",
-     "a different model (weights or patches)"),
-    (r"(^|\.)model\.(patches_digest|patched_keys)$", "other weight patches (LoRA, strength)"),
-    (r"(^|\.)(seeds|seed|batch_seed_mode|per_step_noise)(\[.*\])?$", "another noise"),
-    (r"(^|\.)(sampler|scheduler|steps|cfg|denoise)$", "sampler settings"),
-    (r"(^|\.)(latent_shape|output_shape)$", "another size or batch"),
-    (r"(^|\.)batch_invariant(\..*)?$", "batch-invariance policy (free memory / batch composition)"),
-    (r"(^|\.)comfyui$",
-     "ComfyUI's own code changed (e.g. 0.33.0 draws fp16/bf16 noise in float32; docs/compatibility.md)"),
-    (r"(^|\.)dynamic_vram$",
-     "Dynamic VRAM (comfy-aimdo) loads weights another way; upstream reports leaks between runs"),
-    (r"(^|\.)comfy_fast$",
-     "ComfyUI --fast options change kernels (fp16 accumulation, fp8 matmul, cuBLAS ops, autotune)"),
-    (r"(^|\.)fp16_accumulation$", "fp16 accumulation in matmuls (speed vs bits)"),
-    (r"(^|\.)comfy_numeric_args(\..*)?$", "ComfyUI dtype / attention switches"),
-    (r"(^|\.)comfy_kitchen$", "comfy-kitchen supplies ComfyUI's kernels"),
-    (r"(^|\.)fast_disk$", "ComfyUI --fast-disk (disk-backed weight loading; reported to change outputs, ComfyUI "
-     "issue 15528)"),
-    (r"(^|\.)cuda_graphs$", "ComfyUI CUDA graphs (--disable-cuda-graphs): captured kernels under Dynamic VRAM"),
-    (r"(^|\.)comfy_compiler$", "the Comfy Compiler (memory compiler + CUDA graphs; --disable-comfy-compiler)"),
-    (r"(^|\.)attention_fallbacks(\[.*\])?$", "a pinned attention backend fell back to torch's own choice"),
-))
+_KNOWN: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(p), why)
+    for p, why in (
+        (r"(^|\.)num_threads$", "CPU reductions split by thread count"),
+        (r"(^|\.)num_interop_threads$", "thread pools"),
+        (r"(^|\.)(torch|cuda|cudnn)$", "kernels differ between versions"),
+        (r"(^|\.)(gpu|gpu_capability|cpu_capability|device)$", "another device runs other kernels"),
+        (r"(^|\.)attention$", "attention backend"),
+        (
+            r"(^|\.)compile(\.(mode|backend|dynamic|fullgraph|blocks|options.*))?$",
+            "compiled code is not bit-equal to eager",
+        ),
+        (r"(tf32|float32_matmul_precision|fp32_precision)", "TF32 / fp32 matmul precision (speed vs bits)"),
+        (r"(^|\.)(flags|determinism)(\..*)?$", "determinism / precision flags"),
+        (r"(^|\.)(dtype|precision)$", "numeric precision (compute dtype)"),
+        (r"(^|\.)compile\.inductor_preset$", "inductor config preset changes generated code"),
+        (r"(^|\.)(qkv_fusion|channels_last)(\..*)?$", "optimization changes the kernels"),
+        (r"(^|\.)quantize(\..*)?$", "quantized weights and activations (expected to differ)"),
+        (
+            r"(^|\.)model(\.(digest|file|file_size|tensors|bytes|base_digest|digest_kind))?$",
+            "a different model (weights or patches)",
+        ),
+        (r"(^|\.)model\.(patches_digest|patched_keys)$", "other weight patches (LoRA, strength)"),
+        (r"(^|\.)(seeds|seed|batch_seed_mode|per_step_noise)(\[.*\])?$", "another noise"),
+        (r"(^|\.)(sampler|scheduler|steps|cfg|denoise)$", "sampler settings"),
+        (r"(^|\.)(latent_shape|output_shape)$", "another size or batch"),
+        (r"(^|\.)batch_invariant(\..*)?$", "batch-invariance policy (free memory / batch composition)"),
+        (
+            r"(^|\.)comfyui$",
+            "ComfyUI's own code changed (e.g. 0.33.0 draws fp16/bf16 noise in float32; docs/compatibility.md)",
+        ),
+        (
+            r"(^|\.)dynamic_vram$",
+            "Dynamic VRAM (comfy-aimdo) loads weights another way; upstream reports leaks between runs",
+        ),
+        (
+            r"(^|\.)comfy_fast$",
+            "ComfyUI --fast options change kernels (fp16 accumulation, fp8 matmul, cuBLAS ops, autotune)",
+        ),
+        (r"(^|\.)fp16_accumulation$", "fp16 accumulation in matmuls (speed vs bits)"),
+        (r"(^|\.)comfy_numeric_args(\..*)?$", "ComfyUI dtype / attention switches"),
+        (r"(^|\.)comfy_kitchen$", "comfy-kitchen supplies ComfyUI's kernels"),
+        (
+            r"(^|\.)fast_disk$",
+            "ComfyUI --fast-disk (disk-backed weight loading; reported to change outputs, ComfyUI issue 15528)",
+        ),
+        (r"(^|\.)cuda_graphs$", "ComfyUI CUDA graphs (--disable-cuda-graphs): captured kernels under Dynamic VRAM"),
+        (r"(^|\.)comfy_compiler$", "the Comfy Compiler (memory compiler + CUDA graphs; --disable-comfy-compiler)"),
+        (r"(^|\.)attention_fallbacks(\[.*\])?$", "a pinned attention backend fell back to torch's own choice"),
+    )
+)
 # The CPU code-path settings (fingerprint.cpu_settings.*, core/determinism/portable.py), each with its own label.
-_KNOWN = tuple((re.compile(rf"(^|\.)cpu_settings\.{name}(\..*)?$"), why)
-               for name, why in EXPLAIN_LABELS.items()) + _KNOWN
+_KNOWN = (
+    tuple((re.compile(rf"(^|\.)cpu_settings\.{name}(\..*)?$"), why) for name, why in EXPLAIN_LABELS.items()) + _KNOWN
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,8 +137,10 @@ class Explanation:
 
     def as_text(self) -> str:
         if not self.diffs:
-            return ("nothing recorded differs between the reference run and this run: the cause is outside the "
-                    "run record (e.g. other custom nodes, inputs not recorded, hardware faults)")
+            return (
+                "nothing recorded differs between the reference run and this run: the cause is outside the "
+                "run record (e.g. other custom nodes, inputs not recorded, hardware faults)"
+            )
         known = [d for d in self.diffs if d.known]
         head = f"{len(self.diffs)} recorded field(s) differ ({len(known)} known to change bits):"
         return "\n".join([head, *("  " + d.as_text() for d in self.diffs)])
@@ -137,8 +157,9 @@ def parse_record(record: Mapping[str, Any] | str) -> dict[str, Any]:
     try:
         value = json.loads(record)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"run record is not JSON ({type(e).__name__}: {str(e)[:80]}); "
-                         f"got {str(record)[:60]!r}") from e
+        raise ValueError(
+            f"run record is not JSON ({type(e).__name__}: {str(e)[:80]}); got {str(record)[:60]!r}"
+        ) from e
     if not isinstance(value, dict):
         raise ValueError(f"run record must be a JSON object, got {type(value).__name__}")
     return value
@@ -173,14 +194,16 @@ def explain(reference: Mapping[str, Any] | str, now: Mapping[str, Any] | str) ->
         if a == b:
             continue
         why = next((w for pattern, w in _KNOWN if pattern.search(name)), "")
-        diffs.append(FieldDiff(name, a if a == "<absent>" else _text(a), b if b == "<absent>" else _text(b),
-                               bool(why), why))
+        diffs.append(
+            FieldDiff(name, a if a == "<absent>" else _text(a), b if b == "<absent>" else _text(b), bool(why), why)
+        )
     diffs.sort(key=lambda d: (not d.known, d.field))
     return Explanation(tuple(diffs))
 
 
-def expected_difference(record_a: Mapping[str, Any] | str | None,
-                        record_b: Mapping[str, Any] | str | None) -> tuple[bool, str]:
+def expected_difference(
+    record_a: Mapping[str, Any] | str | None, record_b: Mapping[str, Any] | str | None
+) -> tuple[bool, str]:
     """``(expected, text)`` for two outputs whose bytes differ, from the run records that made them.
 
     Expected when the records differ in a field known to change bits (named in ``text``: the first field of

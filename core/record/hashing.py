@@ -6,6 +6,7 @@ and fp16 zeros of matching byte size, hash the same (``tests/core/test_hashing.p
 *bit* identity, which is not ``torch.equal``: ``0.0`` and ``-0.0`` hash differently, and two NaNs with
 the same bit pattern hash the same.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -57,8 +58,10 @@ def hash_reference(text: str | None, what: str = "expected", required: bool = Fa
     """
     ref = (text or "").strip().lower()
     if (ref or required) and not (MIN_PREFIX <= len(ref) <= 64 and _HEX.issuperset(ref)):
-        raise ValueError(f"{what} must be a hex SHA-256 (64 characters) or a prefix of at least {MIN_PREFIX} "
-                         f"characters, got {text!r}")
+        raise ValueError(
+            f"{what} must be a hex SHA-256 (64 characters) or a prefix of at least {MIN_PREFIX} "
+            f"characters, got {text!r}"
+        )
     return ref
 
 
@@ -117,7 +120,7 @@ def image_to_uint8(image: torch.Tensor) -> np.ndarray:
     if t.dtype == torch.bfloat16:
         t = t.to(torch.float32)
     with np.errstate(invalid="ignore"):
-        return np.clip(255. * t.numpy(), 0, 255).astype(np.uint8)
+        return np.clip(255.0 * t.numpy(), 0, 255).astype(np.uint8)
 
 
 def hash_image(image: torch.Tensor, raw: bool = False) -> str:
@@ -187,8 +190,9 @@ class HashResult:
         return "\n".join(lines)
 
 
-def hash_inputs(image: torch.Tensor | None = None, latent: torch.Tensor | Mapping[str, Any] | None = None,
-                raw_float: bool = False) -> HashResult:
+def hash_inputs(
+    image: torch.Tensor | None = None, latent: torch.Tensor | Mapping[str, Any] | None = None, raw_float: bool = False
+) -> HashResult:
     """Hash an IMAGE and/or a LATENT (a tensor or ComfyUI's ``{"samples": tensor, ...}`` dict).
 
     Image: :func:`hash_image` (``raw=False``), plus the raw float32 digest when ``raw_float``.
@@ -216,8 +220,9 @@ def hash_inputs(image: torch.Tensor | None = None, latent: torch.Tensor | Mappin
         lat_shape = tuple(samples.shape)
     primary = img if img is not None else lat
     assert primary is not None
-    return HashResult(primary=primary, image=img, image_raw=img_raw, latent=lat,
-                      image_shape=img_shape, latent_shape=lat_shape)
+    return HashResult(
+        primary=primary, image=img, image_raw=img_raw, latent=lat, image_shape=img_shape, latent_shape=lat_shape
+    )
 
 
 @dataclass(frozen=True)
@@ -259,5 +264,4 @@ def check_expected(actual: str, expected: str | None) -> HashCheck:
     if not exp:
         return HashCheck(checked=False, match=False, status="unchecked", actual=act, expected="")
     match = act.startswith(exp)
-    return HashCheck(checked=True, match=match, status="match" if match else "mismatch",
-                     actual=act, expected=exp)
+    return HashCheck(checked=True, match=match, status="match" if match else "mismatch", actual=act, expected=exp)

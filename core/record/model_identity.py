@@ -13,6 +13,7 @@ weights (hashed once per model: :func:`module_digest` with the caller's original
 :func:`patches_digest` of the patches themselves (keys, strengths, offsets, functions, the patch tensors: small),
 both computed before sampling, never inside the step loop. This module imports nothing from ComfyUI.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -47,8 +48,11 @@ def tensors_digest(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Any]:
     return {"digest": h.hexdigest(), "tensors": count, "bytes": total}
 
 
-def module_digest(module: torch.nn.Module, token: Hashable = None,
-                  named: Callable[[], Iterable[tuple[str, torch.Tensor]]] | None = None) -> dict[str, Any]:
+def module_digest(
+    module: torch.nn.Module,
+    token: Hashable = None,
+    named: Callable[[], Iterable[tuple[str, torch.Tensor]]] | None = None,
+) -> dict[str, Any]:
     """:func:`tensors_digest` of ``module``'s parameters and buffers, cached for ``(module, token)``.
 
     ``token`` must change whenever the hashed tensors do (a caller that patches weights passes its patch state).
@@ -62,8 +66,9 @@ def module_digest(module: torch.nn.Module, token: Hashable = None,
     if named is not None:
         named = list(named())
     else:
-        named = (list(module.named_parameters(remove_duplicate=False))
-                 + list(module.named_buffers(remove_duplicate=False)))
+        named = list(module.named_parameters(remove_duplicate=False)) + list(
+            module.named_buffers(remove_duplicate=False)
+        )
     with torch.no_grad():
         result = tensors_digest(named)
     with _LOCK:
@@ -95,8 +100,13 @@ def _feed(h: Any, value: Any, depth: int = 0) -> None:
         h.update(f"fn:{getattr(value, '__module__', '')}.{value.__qualname__}|".encode())
     else:
         h.update(f"obj:{type(value).__module__}.{type(value).__qualname__}|".encode())
-        _feed(h, {k: v for k, v in vars(value).items() if not k.startswith("_")} if hasattr(value, "__dict__")
-              else repr(value), depth + 1)
+        _feed(
+            h,
+            {k: v for k, v in vars(value).items() if not k.startswith("_")}
+            if hasattr(value, "__dict__")
+            else repr(value),
+            depth + 1,
+        )
 
 
 def patches_digest(patches: Mapping[str, Any]) -> dict[str, Any]:
@@ -115,9 +125,15 @@ def combined_digest(base: Mapping[str, Any], patches: Mapping[str, Any]) -> dict
     """The model digest of a run record: SHA-256 of the base weights' digest and the patches' digest, with both
     parts (``base_digest``, ``patches_digest``, ``patched_keys``) and the base's ``tensors``/``bytes``."""
     h = hashlib.sha256(f"steadfast-model-digest-v2|{base['digest']}|{patches['digest']}".encode())
-    return {"digest": h.hexdigest(), "digest_kind": "base weights + patches (v2)", "base_digest": base["digest"],
-            "patches_digest": patches["digest"], "patched_keys": patches["keys"], "tensors": base["tensors"],
-            "bytes": base["bytes"]}
+    return {
+        "digest": h.hexdigest(),
+        "digest_kind": "base weights + patches (v2)",
+        "base_digest": base["digest"],
+        "patches_digest": patches["digest"],
+        "patched_keys": patches["keys"],
+        "tensors": base["tensors"],
+        "bytes": base["bytes"],
+    }
 
 
 def clear() -> None:

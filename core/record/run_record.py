@@ -9,6 +9,7 @@ Both samplers build theirs here: :func:`for_model` (Seeded Sampler) and :func:`f
 gather their path's fields and share one core (seeds from :func:`core.determinism.noise.item_seeds`, the output's
 digest, the running ComfyUI's facts in the fingerprint, the timing): a node only collects what ComfyUI knows.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -111,8 +112,11 @@ class RunRecord:
         if not isinstance(data, dict):
             raise ValueError(f"run record must be a JSON object, got {type(data).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
-        required = {f.name for f in dataclasses.fields(cls)
-                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+        required = {
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        }
         unknown, missing = sorted(set(data) - names), sorted(required - set(data))
         if unknown or missing:
             raise ValueError(f"not a Steadfast run record: missing fields {missing}, unknown fields {unknown}")
@@ -127,16 +131,18 @@ class RunRecord:
         fp = self.fingerprint
         if self.kind == "pipeline":
             d = self.details
-            lines.append(f"{d.get('pipeline')} ({d.get('dtype')}), scheduler {self.sampler}, "
-                         f"threads {fp.get('num_threads')}"
-                         + (f", {self.seconds:.2f} s" if self.seconds is not None else ""))
+            lines.append(
+                f"{d.get('pipeline')} ({d.get('dtype')}), scheduler {self.sampler}, "
+                f"threads {fp.get('num_threads')}" + (f", {self.seconds:.2f} s" if self.seconds is not None else "")
+            )
             lora = d.get("lora")
             if lora:
                 events = d.get("lora_events") or []
                 lines.append(f"LoRA {lora['name']}" + (f": {'; '.join(events)}" if events else ""))
         else:
-            lines.append(f"{self.sampler}/{self.scheduler}, threads {fp.get('num_threads')}, "
-                         f"attention {fp.get('attention')}")
+            lines.append(
+                f"{self.sampler}/{self.scheduler}, threads {fp.get('num_threads')}, attention {fp.get('attention')}"
+            )
         if isinstance(self.compile, dict):
             lines.append(_compile_text(self.compile, self.recompiles_this_run))
         return "\n".join(lines)
@@ -147,8 +153,10 @@ def _compile_text(comp: dict[str, Any], this_run: int) -> str:
     name = f"{comp['mode']} ({comp.get('backend')})" if "mode" in comp else comp.get("label")
     recompiles = comp.get("recompiles")
     n = len(recompiles) if isinstance(recompiles, list) else recompiles
-    text = (f"compile {name}: {comp.get('status')}, {comp.get('graphs')} graph(s), {n} recompile(s); "
-            f"this run: {this_run} recompile(s)")
+    text = (
+        f"compile {name}: {comp.get('status')}, {comp.get('graphs')} graph(s), {n} recompile(s); "
+        f"this run: {this_run} recompile(s)"
+    )
     text += "".join(f"\n  recompiled: {str(r)[:200]}" for r in comp.get("recompile_reasons_this_run") or [])
     text += "".join(f"\nWARNING: {str(w)[:300]}" for w in comp.get("warnings") or [])
     if comp.get("disabled"):
@@ -157,10 +165,26 @@ def _compile_text(comp: dict[str, Any], this_run: int) -> str:
     return text
 
 
-def for_model(*, seed: int, batch: int, batch_seed_mode: str, steps: int, cfg: float, denoise: float, sampler: str,
-              scheduler: str, samples: torch.Tensor, settings: Mapping[str, Any], host: Mapping[str, Any],
-              during: Mapping[str, Any] | None, compile: dict[str, Any] | str, model_identity: Mapping[str, Any],
-              model_file: Mapping[str, Any], seconds: float, details: dict[str, Any]) -> RunRecord:
+def for_model(
+    *,
+    seed: int,
+    batch: int,
+    batch_seed_mode: str,
+    steps: int,
+    cfg: float,
+    denoise: float,
+    sampler: str,
+    scheduler: str,
+    samples: torch.Tensor,
+    settings: Mapping[str, Any],
+    host: Mapping[str, Any],
+    during: Mapping[str, Any] | None,
+    compile: dict[str, Any] | str,
+    model_identity: Mapping[str, Any],
+    model_file: Mapping[str, Any],
+    seconds: float,
+    details: dict[str, Any],
+) -> RunRecord:
     """The run record of one Seeded Sampler run (``kind="model"``, ``output="latent"``).
 
     Args:
@@ -190,18 +214,41 @@ def for_model(*, seed: int, batch: int, batch_seed_mode: str, steps: int, cfg: f
     fp = environment_fingerprint(measured=during, **settings, **host)  # after sampling the policy is restored
     fp["flags_measured"] = "during sampling" if during else "after sampling (no step callback ran)"
     return _record(
-        "model", seeds=item_seeds(seed, batch, batch_seed_mode), batch_seed_mode=batch_seed_mode, steps=steps,
-        cfg=cfg, denoise=denoise, sampler=sampler, scheduler=scheduler, output="latent", tensor=samples,
-        fingerprint=fp, compile=compile,
+        "model",
+        seeds=item_seeds(seed, batch, batch_seed_mode),
+        batch_seed_mode=batch_seed_mode,
+        steps=steps,
+        cfg=cfg,
+        denoise=denoise,
+        sampler=sampler,
+        scheduler=scheduler,
+        output="latent",
+        tensor=samples,
+        fingerprint=fp,
+        compile=compile,
         recompiles_this_run=(compile.get("recompiles_this_run") or 0) if isinstance(compile, dict) else 0,
-        seconds=seconds, details=details,
-        model={**{k: v for k, v in model_identity.items() if k != "cached"}, **model_file})
+        seconds=seconds,
+        details=details,
+        model={**{k: v for k, v in model_identity.items() if k != "cached"}, **model_file},
+    )
 
 
-def for_pipeline(*, seed: int, batch: int, steps: int, cfg: float, scheduler_class: str, images: torch.Tensor,
-                 environment: Mapping[str, Any], host: Mapping[str, Any], determinism: Any,
-                 compile: dict[str, Any] | None, recompiles_this_run: int, seconds: float,
-                 details: dict[str, Any]) -> RunRecord:
+def for_pipeline(
+    *,
+    seed: int,
+    batch: int,
+    steps: int,
+    cfg: float,
+    scheduler_class: str,
+    images: torch.Tensor,
+    environment: Mapping[str, Any],
+    host: Mapping[str, Any],
+    determinism: Any,
+    compile: dict[str, Any] | None,
+    recompiles_this_run: int,
+    seconds: float,
+    details: dict[str, Any],
+) -> RunRecord:
     """The run record of one Pipeline Sampler run (``kind="pipeline"``, ``output="image"``).
 
     Args:
@@ -230,21 +277,63 @@ def for_pipeline(*, seed: int, batch: int, steps: int, cfg: float, scheduler_cla
     env = {**environment, **host}
     env["determinism"] = determinism
     return _record(
-        "pipeline", seeds=item_seeds(seed, batch), batch_seed_mode=PIPELINE_SEED_MODE, steps=steps, cfg=cfg,
-        denoise=1.0, sampler=scheduler_class, scheduler="pipeline's own", output="image", tensor=images,
-        fingerprint=env, compile=compile or "off", recompiles_this_run=recompiles_this_run, seconds=seconds,
-        details={**details, "fingerprint_digest": fingerprint_digest(env)}, model={})
+        "pipeline",
+        seeds=item_seeds(seed, batch),
+        batch_seed_mode=PIPELINE_SEED_MODE,
+        steps=steps,
+        cfg=cfg,
+        denoise=1.0,
+        sampler=scheduler_class,
+        scheduler="pipeline's own",
+        output="image",
+        tensor=images,
+        fingerprint=env,
+        compile=compile or "off",
+        recompiles_this_run=recompiles_this_run,
+        seconds=seconds,
+        details={**details, "fingerprint_digest": fingerprint_digest(env)},
+        model={},
+    )
 
 
-def _record(kind: str, *, seeds: list[int], batch_seed_mode: str, steps: int, cfg: float, denoise: float,
-            sampler: str, scheduler: str, output: str, tensor: torch.Tensor, fingerprint: dict[str, Any],
-            compile: dict[str, Any] | str, recompiles_this_run: int, seconds: float, details: dict[str, Any],
-            model: dict[str, Any]) -> RunRecord:
+def _record(
+    kind: str,
+    *,
+    seeds: list[int],
+    batch_seed_mode: str,
+    steps: int,
+    cfg: float,
+    denoise: float,
+    sampler: str,
+    scheduler: str,
+    output: str,
+    tensor: torch.Tensor,
+    fingerprint: dict[str, Any],
+    compile: dict[str, Any] | str,
+    recompiles_this_run: int,
+    seconds: float,
+    details: dict[str, Any],
+    model: dict[str, Any],
+) -> RunRecord:
     """The core both builders share: the output's shape and digest (a latent's exact bytes, an image's uint8
     pixels), the timing to 0.1 ms, field order of the record."""
     digest = tensor_digest(tensor) if output == "latent" else hash_image(tensor)
     return RunRecord(
-        kind=kind, seeds=seeds, batch_seed_mode=batch_seed_mode, steps=steps, cfg=cfg, denoise=denoise,
-        sampler=sampler, scheduler=scheduler, output=output, output_shape=list(tensor.shape), output_sha256=digest,
-        fingerprint=fingerprint, compile=compile, model=model, recompiles_this_run=recompiles_this_run,
-        seconds=round(seconds, 4), details=details)
+        kind=kind,
+        seeds=seeds,
+        batch_seed_mode=batch_seed_mode,
+        steps=steps,
+        cfg=cfg,
+        denoise=denoise,
+        sampler=sampler,
+        scheduler=scheduler,
+        output=output,
+        output_shape=list(tensor.shape),
+        output_sha256=digest,
+        fingerprint=fingerprint,
+        compile=compile,
+        model=model,
+        recompiles_this_run=recompiles_this_run,
+        seconds=round(seconds, 4),
+        details=details,
+    )

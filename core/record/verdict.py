@@ -20,6 +20,7 @@ machine (``docs/reproducing.md``, section "Tolerance"): CPU-setting variants (on
 capability, thread count) and precision variants stay far above it, and a different seed falls far below it.
 This module imports nothing from ComfyUI.
 """
+
 from __future__ import annotations
 
 import base64
@@ -35,8 +36,20 @@ import torch.nn.functional as F
 
 from .hashing import hash_reference
 
-__all__ = ["THUMB_SIDE", "MAX_ITEMS", "SAME_PICTURE_PSNR_DB", "LEVELS", "EXIT_CODES", "Verdict", "thumbnail",
-           "decode_thumbnail", "grade", "grade_tensors", "parse_reference", "check_hash"]
+__all__ = [
+    "THUMB_SIDE",
+    "MAX_ITEMS",
+    "SAME_PICTURE_PSNR_DB",
+    "LEVELS",
+    "EXIT_CODES",
+    "Verdict",
+    "thumbnail",
+    "decode_thumbnail",
+    "grade",
+    "grade_tensors",
+    "parse_reference",
+    "check_hash",
+]
 
 THUMB_SIDE = 16
 MAX_ITEMS = 4
@@ -84,17 +97,23 @@ def thumbnail(t: torch.Tensor, kind: str = "image", max_items: int | None = MAX_
         raise ValueError(f"thumbnail kind must be 'image' or 'latent', got {kind!r}")
     full = _as_nchw(t.detach().cpu(), kind)  # on the CPU first: the same thumbnail from any device
     x = full if max_items is None else full[:max_items]
-    rest = [hashlib.sha256(item.contiguous().numpy().astype("<f4").tobytes()).hexdigest()
-            for item in full[x.shape[0]:]]
+    rest = [
+        hashlib.sha256(item.contiguous().numpy().astype("<f4").tobytes()).hexdigest() for item in full[x.shape[0] :]
+    ]
     h, w = x.shape[-2:]
     # the same budget per item as an RGB thumbnail: 3 * THUMB_SIDE**2 values (a 16-channel latent gets 8 px)
-    side = THUMB_SIDE if kind == "image" else max(4, int(math.sqrt(3 * THUMB_SIDE ** 2 / max(1, x.shape[1]))))
+    side = THUMB_SIDE if kind == "image" else max(4, int(math.sqrt(3 * THUMB_SIDE**2 / max(1, x.shape[1]))))
     scale = max(h, w) / side
     if scale > 1:
         x = F.adaptive_avg_pool2d(x.double(), (max(1, round(h / scale)), max(1, round(w / scale)))).float()
     data = x.to(torch.float16).contiguous().numpy().astype("<f2").tobytes()
-    out = {"format": _FORMAT, "kind": kind, "shape": list(t.shape), "thumb_shape": list(x.shape),
-           "data": base64.b64encode(data).decode("ascii")}
+    out = {
+        "format": _FORMAT,
+        "kind": kind,
+        "shape": list(t.shape),
+        "thumb_shape": list(x.shape),
+        "data": base64.b64encode(data).decode("ascii"),
+    }
     if rest:  # only then: a reference of a batch within MAX_ITEMS stays as it was before this key existed
         out["item_digests"] = rest
     return out
@@ -150,16 +169,21 @@ class Verdict:
         Returns:
             The text, one item a line.
         """
-        head = {"identical": "IDENTICAL BYTES", "same_picture": "SAME PICTURE within tolerance (bytes differ)",
-                "different_picture": "DIFFERENT PICTURE",
-                "ungraded": "UNGRADED: bytes differ in items the reference has no thumbnail for",
-                "unknown": "bytes differ; no reference to grade by"}[self.level]
+        head = {
+            "identical": "IDENTICAL BYTES",
+            "same_picture": "SAME PICTURE within tolerance (bytes differ)",
+            "different_picture": "DIFFERENT PICTURE",
+            "ungraded": "UNGRADED: bytes differ in items the reference has no thumbnail for",
+            "unknown": "bytes differ; no reference to grade by",
+        }[self.level]
         lines = [head]
         if self.psnr is not None:
             psnr = "inf" if math.isinf(self.psnr) else f"{self.psnr:.1f}"
             what = "the graded items" if self.level == "ungraded" else "reference thumbnail"
-            lines.append(f"  PSNR {psnr} dB vs {what} (same picture at >= {self.threshold_db:g} dB), "
-                         f"max |delta| {self.max_abs:.3g}")
+            lines.append(
+                f"  PSNR {psnr} dB vs {what} (same picture at >= {self.threshold_db:g} dB), "
+                f"max |delta| {self.max_abs:.3g}"
+            )
         if self.why:
             lines.append("  " + self.why)
         lines += [f"  env differs: {d}" for d in self.env_diffs[:12]] if env else []
@@ -175,9 +199,14 @@ class Verdict:
         if d.get("level") not in LEVELS:
             raise ValueError(f"unknown verdict level {d.get('level')!r}")
         psnr = d.get("psnr")
-        return cls(d["level"], float(psnr) if psnr is not None else None, d.get("max_abs"),
-                   float(d.get("threshold_db", SAME_PICTURE_PSNR_DB)), tuple(d.get("env_diffs") or ()),
-                   d.get("why", ""))
+        return cls(
+            d["level"],
+            float(psnr) if psnr is not None else None,
+            d.get("max_abs"),
+            float(d.get("threshold_db", SAME_PICTURE_PSNR_DB)),
+            tuple(d.get("env_diffs") or ()),
+            d.get("why", ""),
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-safe dict (infinite PSNR as the string "inf")."""
@@ -215,9 +244,16 @@ def _span(first: int, last: int) -> str:
     return f"item {first + 1}" if first == last else f"items {first + 1}-{last + 1}"
 
 
-def grade(hash_now: str, hash_ref: str, thumb_now: Mapping[str, Any] | None, thumb_ref: Mapping[str, Any] | None,
-          *, record_now: Any = None, record_ref: Any = None,
-          threshold_db: float = SAME_PICTURE_PSNR_DB) -> Verdict:
+def grade(
+    hash_now: str,
+    hash_ref: str,
+    thumb_now: Mapping[str, Any] | None,
+    thumb_ref: Mapping[str, Any] | None,
+    *,
+    record_now: Any = None,
+    record_ref: Any = None,
+    threshold_db: float = SAME_PICTURE_PSNR_DB,
+) -> Verdict:
     """Grade an output against a reference: its full shape, then every item (a thumbnail each, or for items past
     the thumbnailed ones the SHA-256 of their bytes).
 
@@ -241,18 +277,42 @@ def grade(hash_now: str, hash_ref: str, thumb_now: Mapping[str, Any] | None, thu
         return Verdict("identical", math.inf, 0.0, threshold_db)
     env = _env_diffs(record_ref, record_now)
     if thumb_now is None or thumb_ref is None:
-        return Verdict("unknown", None, None, threshold_db, env, "pin the reference thumbnail (expected_reference)"
-                       " to tell a near-identical picture from another one")
+        return Verdict(
+            "unknown",
+            None,
+            None,
+            threshold_db,
+            env,
+            "pin the reference thumbnail (expected_reference) to tell a near-identical picture from another one",
+        )
     if thumb_ref.get("kind") != thumb_now.get("kind"):
-        return Verdict("different_picture", None, None, threshold_db, env,
-                       f"kind differs: {thumb_ref.get('kind')} -> {thumb_now.get('kind')}")
+        return Verdict(
+            "different_picture",
+            None,
+            None,
+            threshold_db,
+            env,
+            f"kind differs: {thumb_ref.get('kind')} -> {thumb_now.get('kind')}",
+        )
     if list(thumb_ref.get("shape") or ()) != list(thumb_now.get("shape") or ()):
-        return Verdict("different_picture", None, None, threshold_db, env,
-                       f"shape differs: {thumb_ref.get('shape')} -> {thumb_now.get('shape')}")
+        return Verdict(
+            "different_picture",
+            None,
+            None,
+            threshold_db,
+            env,
+            f"shape differs: {thumb_ref.get('shape')} -> {thumb_now.get('shape')}",
+        )
     a, b = decode_thumbnail(thumb_ref), decode_thumbnail(thumb_now)
     if a.shape[1:] != b.shape[1:] or min(a.shape[0], b.shape[0]) == 0:
-        return Verdict("different_picture", None, None, threshold_db, env,
-                       f"thumbnail shape differs: {list(a.shape)} -> {list(b.shape)}")
+        return Verdict(
+            "different_picture",
+            None,
+            None,
+            threshold_db,
+            env,
+            f"thumbnail shape differs: {list(a.shape)} -> {list(b.shape)}",
+        )
     n = min(a.shape[0], b.shape[0])  # the same full shape thumbnailed with another item count: the common items
     graded = _grade_arrays(a[:n], b[:n], thumb_ref.get("kind", "image"), threshold_db, env)
     total = _item_count(thumb_ref)
@@ -264,10 +324,16 @@ def grade(hash_now: str, hash_ref: str, thumb_now: Mapping[str, Any] | None, thu
     if not differ:
         why = f"{_span(n, total - 1)} of {total}: identical bytes"
         return dataclasses.replace(graded, why="; ".join(x for x in (graded.why, why) if x))
-    return Verdict("ungraded", graded.psnr, graded.max_abs, threshold_db, env,
-                   f"{_span(0, n - 1)} of {total} graded: {graded.level.replace('_', ' ')}; {len(differ)} of "
-                   f"{_span(n, total - 1)} (first: item {differ[0] + 1}) differ in bytes and have no thumbnail "
-                   f"(a reference keeps {n}): not graded")
+    return Verdict(
+        "ungraded",
+        graded.psnr,
+        graded.max_abs,
+        threshold_db,
+        env,
+        f"{_span(0, n - 1)} of {total} graded: {graded.level.replace('_', ' ')}; {len(differ)} of "
+        f"{_span(n, total - 1)} (first: item {differ[0] + 1}) differ in bytes and have no thumbnail "
+        f"(a reference keeps {n}): not graded",
+    )
 
 
 def _item_count(thumb: Mapping[str, Any]) -> int:
@@ -284,8 +350,7 @@ def _digests(thumb: Mapping[str, Any]) -> dict[int, str]:
     return {start + i: d for i, d in enumerate(thumb.get("item_digests") or ())}
 
 
-def _grade_arrays(a: torch.Tensor, b: torch.Tensor, kind: str, threshold_db: float,
-                  env: tuple[str, ...]) -> Verdict:
+def _grade_arrays(a: torch.Tensor, b: torch.Tensor, kind: str, threshold_db: float, env: tuple[str, ...]) -> Verdict:
     """Each item (dim 0) graded on its own; the verdict is the worst item's (PSNR, max |delta|)."""
     worst: tuple[float, float, int] | None = None
     for i in range(a.shape[0]):
@@ -301,9 +366,16 @@ def _grade_arrays(a: torch.Tensor, b: torch.Tensor, kind: str, threshold_db: flo
     return Verdict(level, psnr, max_abs, threshold_db, env, why)
 
 
-def grade_tensors(a: torch.Tensor, b: torch.Tensor, kind: str = "image", *, identical: bool | None = None,
-                  record_a: Any = None, record_b: Any = None,
-                  threshold_db: float = SAME_PICTURE_PSNR_DB) -> Verdict:
+def grade_tensors(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    kind: str = "image",
+    *,
+    identical: bool | None = None,
+    record_a: Any = None,
+    record_b: Any = None,
+    threshold_db: float = SAME_PICTURE_PSNR_DB,
+) -> Verdict:
     """Grade two full outputs (Compare): identical when their bytes are, else every item by its thumbnail.
 
     Args:
@@ -327,7 +399,8 @@ def grade_tensors(a: torch.Tensor, b: torch.Tensor, kind: str = "image", *, iden
         return Verdict("identical", math.inf, 0.0, threshold_db)
     env = _env_diffs(record_a, record_b)
     if tuple(a.shape) != tuple(b.shape):
-        return Verdict("different_picture", None, None, threshold_db, env,
-                       f"shape differs: {list(a.shape)} -> {list(b.shape)}")
+        return Verdict(
+            "different_picture", None, None, threshold_db, env, f"shape differs: {list(a.shape)} -> {list(b.shape)}"
+        )
     ta, tb = thumbnail(a, kind, max_items=None), thumbnail(b, kind, max_items=None)  # both in memory: every item
     return _grade_arrays(decode_thumbnail(ta), decode_thumbnail(tb), kind, threshold_db, env)

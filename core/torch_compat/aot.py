@@ -1,6 +1,7 @@
 """Ahead-of-time compiled blocks (``torch.compiler`` AOT compile): support, guards that serialise, traced modules.
 
 Part of :mod:`core.torch_compat` (its face re-exports every public name); no ComfyUI imports."""
+
 from __future__ import annotations
 
 import contextlib
@@ -20,8 +21,10 @@ def checked_once(fn: Any) -> Any:
     (docs/benchmarks.md section 19). Returns ``fn``. Raises :class:`TorchAPIMissing` when the method is gone."""
     disable = getattr(fn, "disable_guard_check", None)
     if disable is None or not hasattr(fn, "guard_check"):
-        raise TorchAPIMissing(f"precompiled blocks need AOTCompiledFunction.guard_check and disable_guard_check, "
-                              f"which torch {torch.__version__} does not have")
+        raise TorchAPIMissing(
+            f"precompiled blocks need AOTCompiledFunction.guard_check and disable_guard_check, "
+            f"which torch {torch.__version__} does not have"
+        )
     disable()
     return fn
 
@@ -55,7 +58,8 @@ def aot_compile_support() -> tuple[bool, str]:
     if switch in ("1", "true", "yes", "on"):
         return True, f"on (${PRECOMPILED_ENV}={switch})"
     return True, "on (torch's default)" if current else (
-        f"on (torch {torch.version.__version__}: enable_aot_compile turned on while saving)")
+        f"on (torch {torch.version.__version__}: enable_aot_compile turned on while saving)"
+    )
 
 
 def aot_compile_enabled() -> contextlib.AbstractContextManager[Any]:
@@ -63,8 +67,10 @@ def aot_compile_enabled() -> contextlib.AbstractContextManager[Any]:
     ``torch.compile(fn)`` made inside offers ``.aot_compile``. Raises :class:`TorchAPIMissing` without the setting."""
     cfg = _api("torch._dynamo", "config", "precompiled blocks (aot_compile)")
     if not hasattr(cfg, "enable_aot_compile"):
-        raise TorchAPIMissing(f"precompiled blocks need torch._dynamo.config.enable_aot_compile, which torch "
-                              f"{torch.version.__version__} does not have")
+        raise TorchAPIMissing(
+            f"precompiled blocks need torch._dynamo.config.enable_aot_compile, which torch "
+            f"{torch.version.__version__} does not have"
+        )
     return cfg.patch(enable_aot_compile=True)
 
 
@@ -108,8 +114,10 @@ def portable_guard_state() -> Iterator[None]:
     pickler = _api("torch._dynamo.guards", "GuardsStatePickler", "precompiled blocks (guard state pickling)")
     original = pickler.__dict__.get("reducer_override")
     if original is None:
-        raise TorchAPIMissing(f"torch {torch.version.__version__}: torch._dynamo.guards.GuardsStatePickler has no "
-                              "reducer_override (precompiled blocks)")
+        raise TorchAPIMissing(
+            f"torch {torch.version.__version__}: torch._dynamo.guards.GuardsStatePickler has no "
+            "reducer_override (precompiled blocks)"
+        )
     immutable = (int, float, bool, str, type(None), torch.dtype, torch.device)
 
     def reducer_override(self: Any, obj: Any) -> Any:
@@ -137,9 +145,11 @@ def traced_modules(aot: Any) -> set[str]:
         info = info() if callable(info) else info
     sources = getattr(info, "inlined_sources", None)
     if sources is None:
-        raise TorchAPIMissing(f"precompiled blocks need the traced sources of an aot_compile result "
-                              f"(AOTCompiledFunction.source_info.inlined_sources), which torch "
-                              f"{torch.version.__version__} does not have")
+        raise TorchAPIMissing(
+            f"precompiled blocks need the traced sources of an aot_compile result "
+            f"(AOTCompiledFunction.source_info.inlined_sources), which torch "
+            f"{torch.version.__version__} does not have"
+        )
     return {str(s.module) for s in sources}
 
 

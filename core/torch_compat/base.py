@@ -2,6 +2,7 @@
 patch shared by overlapping blocks.
 
 Part of :mod:`core.torch_compat` (its face re-exports every public name); no ComfyUI imports."""
+
 from __future__ import annotations
 
 import contextlib
@@ -23,8 +24,10 @@ def _api(module: str, attr: str, purpose: str) -> Any:
     try:
         value = getattr(sys.modules.get(module) or importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
-        raise TorchAPIMissing(f"{purpose} needs {module}.{attr}, which torch {torch.__version__} does not have "
-                              f"({type(e).__name__}: {e}); Steadfast is checked against torch 2.13/2.14") from e
+        raise TorchAPIMissing(
+            f"{purpose} needs {module}.{attr}, which torch {torch.__version__} does not have "
+            f"({type(e).__name__}: {e}); Steadfast is checked against torch 2.13/2.14"
+        ) from e
     return value
 
 

@@ -1,6 +1,7 @@
 """Dynamo: its config (recompile limit, int specialisation, compile-only patches), counters, cache entries and errors.
 
 Part of :mod:`core.torch_compat` (its face re-exports every public name); no ComfyUI imports."""
+
 from __future__ import annotations
 
 import contextlib
@@ -46,7 +47,8 @@ def specialize_int() -> contextlib.AbstractContextManager[Any]:
 
 
 _COMPILE_ONLY: contextvars.ContextVar[tuple[Callable[[], Any], ...]] = contextvars.ContextVar(
-    "steadfast_compile_only", default=())
+    "steadfast_compile_only", default=()
+)
 
 
 _compile_only_stacks: list[contextlib.ExitStack | None] = []  # one per open compile (Dynamo compiles one at a time)
@@ -144,8 +146,9 @@ def import_compile_stack() -> float:
             try:
                 importlib.import_module(module)
             except ImportError as e:
-                raise TorchAPIMissing(f"preloading the compile stack needs {module}, which torch "
-                                      f"{torch.__version__} does not have ({e})") from e
+                raise TorchAPIMissing(
+                    f"preloading the compile stack needs {module}, which torch {torch.__version__} does not have ({e})"
+                ) from e
     return time.perf_counter() - t0
 
 
@@ -179,8 +182,12 @@ def compile_activity() -> int:
         return 0
     counters = _api("torch._dynamo.utils", "counters", "noticing compiles (compile cache records)")
     inductor = counters["inductor"]
-    return (counters["frames"]["total"] + inductor["fxgraph_cache_hit"] + inductor["fxgraph_cache_miss"]
-            + inductor["fxgraph_cache_bypass"])
+    return (
+        counters["frames"]["total"]
+        + inductor["fxgraph_cache_hit"]
+        + inductor["fxgraph_cache_miss"]
+        + inductor["fxgraph_cache_bypass"]
+    )
 
 
 def dynamo_global_state() -> dict[str, Any]:

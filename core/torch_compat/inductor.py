@@ -1,6 +1,7 @@
 """Inductor: its config (CPU ISA, deterministic, SIMD width, mode options), kernel loads and the config digest.
 
 Part of :mod:`core.torch_compat` (its face re-exports every public name); no ComfyUI imports."""
+
 from __future__ import annotations
 
 import contextlib
@@ -84,8 +85,13 @@ def fast_isa_probe_child() -> Iterator[bool]:
 
     def apply() -> Callable[[], None] | None:
         vec, old_env = getattr(isa, "VecISA", None), getattr(isa, "python_subprocess_env", None)
-        if (not sys.platform.startswith("linux") or vec is None or hasattr(vec, "_build_probe_env")
-                or old_env is None or "import torch" not in str(vec.__dict__.get("_avx_py_load", ""))):
+        if (
+            not sys.platform.startswith("linux")
+            or vec is None
+            or hasattr(vec, "_build_probe_env")
+            or old_env is None
+            or "import torch" not in str(vec.__dict__.get("_avx_py_load", ""))
+        ):
             return None
         lib_dir, old_load = os.path.join(os.path.dirname(torch.__file__), "lib"), vec.__dict__["_avx_py_load"]
 
@@ -272,8 +278,7 @@ def set_inductor_deterministic(value: bool) -> bool:
 
 #: Config entries that set how a compile runs on this machine, not what it produces (left out of
 #: :func:`compile_config_digest`, so an artifact made on a machine with other cores matches).
-MACHINE_CONFIG_KEYS = {"torch._inductor.config": ("compile_threads",),
-                       "torch._dynamo.config": ()}
+MACHINE_CONFIG_KEYS = {"torch._inductor.config": ("compile_threads",), "torch._dynamo.config": ()}
 
 
 _config_digests: dict[tuple, str] = {}
@@ -296,8 +301,9 @@ def compile_config_digest() -> str:
     try:
         probe = tuple(m.get_hash() for m in mods)
     except AttributeError as e:
-        raise TorchAPIMissing(f"precompiled blocks need ConfigModule.get_hash, which torch {torch.__version__} "
-                              f"does not have ({e})") from e
+        raise TorchAPIMissing(
+            f"precompiled blocks need ConfigModule.get_hash, which torch {torch.__version__} does not have ({e})"
+        ) from e
     got = _config_digests.get(probe)
     if got is None:
         h = hashlib.sha256()

@@ -2,6 +2,7 @@
 compile-time event logger).
 
 Part of :mod:`core.torch_compat` (its face re-exports every public name); no ComfyUI imports."""
+
 from __future__ import annotations
 
 import contextlib
@@ -27,16 +28,21 @@ CONVERT_FRAME_LOGGER = "torch._dynamo.convert_frame"
 #: the C++ build of the generated code (once per file), Dynamo's guards. They are names of torch's compile-time
 #: events (``dynamo_timed``, logged through ``torch._dynamo.utils.get_chromium_event_logger()``, torch 2.11 and
 #: 2.14); a phase that does not run (another backend, an inductor cache hit) is not reported.
-COMPILE_PHASES = ("entire_frame_compile", "backend_compile", "GraphLowering.run", "Scheduler.codegen",
-                  "compile_file", "build_guards")
+COMPILE_PHASES = (
+    "entire_frame_compile",
+    "backend_compile",
+    "GraphLowering.run",
+    "Scheduler.codegen",
+    "compile_file",
+    "build_guards",
+)
 
 
 _PHASE_LISTENERS: list[Callable[[str], None]] = []
 
 
 @contextlib.contextmanager
-def compile_events(on_compiled: Callable[[], None],
-                   on_phase: Callable[[str], None] | None = None) -> Iterator[None]:
+def compile_events(on_compiled: Callable[[], None], on_phase: Callable[[str], None] | None = None) -> Iterator[None]:
     """Call ``on_compiled()`` each time Dynamo finishes compiling a frame inside this block, and ``on_phase(name)``
     (where given) each time one of :data:`COMPILE_PHASES` starts.
 
@@ -60,8 +66,10 @@ def compile_events(on_compiled: Callable[[], None],
 def _compile_phases(on_phase: Callable[[str], None]) -> Iterator[None]:
     logger = _api("torch._dynamo.utils", "get_chromium_event_logger", "compile progress per phase")()
     if not callable(getattr(logger, "log_event_start", None)):
-        raise TorchAPIMissing(f"compile progress per phase needs the compile event logger's log_event_start, which "
-                              f"torch {torch.__version__} does not have; Steadfast is checked against torch 2.11/2.14")
+        raise TorchAPIMissing(
+            f"compile progress per phase needs the compile event logger's log_event_start, which "
+            f"torch {torch.__version__} does not have; Steadfast is checked against torch 2.11/2.14"
+        )
 
     def apply() -> Callable[[], None]:
         own = logger.__dict__.get("log_event_start")  # an instance attribute someone else set, kept on undo
@@ -123,8 +131,9 @@ class RecompileLogTap:
     removed: bool = False
 
 
-def install_recompile_log_tap(on_recompile: Callable[[str], None],
-                              on_limit_hit: Callable[[str], None]) -> RecompileLogTap:
+def install_recompile_log_tap(
+    on_recompile: Callable[[str], None], on_limit_hit: Callable[[str], None]
+) -> RecompileLogTap:
     """Route Dynamo's recompile messages to ``on_recompile`` and its recompile-limit warnings to ``on_limit_hit``.
 
     Enables torch's ``recompiles`` log artifact (``torch._logging.set_logs(recompiles=True)`` from a default
@@ -142,8 +151,9 @@ def install_recompile_log_tap(on_recompile: Callable[[str], None],
     changed = False
     if "TORCH_LOGS" in os.environ:
         on = "recompiles" in artifacts or "recompiles_verbose" in artifacts
-        note = "TORCH_LOGS is set: recompile reasons " + ("captured" if on else
-                                                          "NOT captured (add 'recompiles' to TORCH_LOGS)")
+        note = "TORCH_LOGS is set: recompile reasons " + (
+            "captured" if on else "NOT captured (add 'recompiles' to TORCH_LOGS)"
+        )
     elif "recompiles" not in artifacts:
         if not levels and not artifacts:
             torch._logging.set_logs(recompiles=True)  # the public way, from a default state

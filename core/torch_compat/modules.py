@@ -1,6 +1,7 @@
 """Modules and tensors: compiled-module wrappers, module hooks, operator names, tensor versions, fp32 precision.
 
 Part of :mod:`core.torch_compat` (its face re-exports every public name); no ComfyUI imports."""
+
 from __future__ import annotations
 
 import importlib
@@ -22,8 +23,9 @@ def tensor_version(t: torch.Tensor) -> int | None:
     try:
         return int(t._version)
     except AttributeError as e:
-        raise TorchAPIMissing(f"change detection needs Tensor._version, which torch {torch.__version__} does not "
-                              f"have ({e})") from e
+        raise TorchAPIMissing(
+            f"change detection needs Tensor._version, which torch {torch.__version__} does not have ({e})"
+        ) from e
 
 
 def orig_module(module: Any) -> Any:
@@ -59,8 +61,10 @@ def set_compiled_call(module: torch.nn.Module, call: Callable[..., Any]) -> None
             call of a ``Module.compile()``d block, e.g. to make its inputs contiguous, needs it).
     """
     if not has_compiled_call():
-        raise TorchAPIMissing(f"wrapping a Module.compile()d call needs torch.nn.Module._compiled_call_impl, which "
-                              f"torch {torch.__version__} does not have; Steadfast is checked against torch 2.13/2.14")
+        raise TorchAPIMissing(
+            f"wrapping a Module.compile()d call needs torch.nn.Module._compiled_call_impl, which "
+            f"torch {torch.__version__} does not have; Steadfast is checked against torch 2.13/2.14"
+        )
     module._compiled_call_impl = call
 
 
@@ -88,12 +92,19 @@ def module_hook_dicts() -> tuple[dict, ...]:
     registered with ``register_module_forward_hook`` runs for every module. Raises :class:`TorchAPIMissing` when
     none is found."""
     mod = importlib.import_module("torch.nn.modules.module")
-    names = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
-             "_global_backward_pre_hooks", "_global_forward_hooks_with_kwargs")
+    names = (
+        "_global_forward_hooks",
+        "_global_forward_pre_hooks",
+        "_global_backward_hooks",
+        "_global_backward_pre_hooks",
+        "_global_forward_hooks_with_kwargs",
+    )
     found = tuple(d for d in (getattr(mod, n, None) for n in names) if isinstance(d, dict))
     if not found:
-        raise TorchAPIMissing(f"precompiled blocks need torch.nn.modules.module._global_forward_hooks, which torch "
-                              f"{torch.__version__} does not have")
+        raise TorchAPIMissing(
+            f"precompiled blocks need torch.nn.modules.module._global_forward_hooks, which torch "
+            f"{torch.__version__} does not have"
+        )
     return found
 
 

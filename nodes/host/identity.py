@@ -7,6 +7,7 @@ depend on how ComfyUI loaded the weights (Dynamic VRAM never patches Parameters;
 fits). The file is found by following the workflow's ``model`` links up to its loader (``ckpt_name`` /
 ``unet_name``), read from the hidden ``PROMPT``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -26,8 +27,10 @@ LOADER_KEYS = {"ckpt_name": "checkpoints", "unet_name": "diffusion_models"}
 def versions() -> dict[str, str]:
     """``{"comfyui": "0.8.0", "steadfast": "0.1.0"}`` ("unknown" where a version cannot be read)."""
     from ...core.version import __version__ as pack
+
     try:
         import comfyui_version
+
         comfy = str(comfyui_version.__version__)
     except (ImportError, AttributeError):
         comfy = "unknown"
@@ -60,6 +63,7 @@ def comfy_environment() -> dict[str, Any]:
     import torch
 
     import comfy.cli_args
+
     args = comfy.cli_args.args
     memory = sys.modules.get("comfy.memory_management")
     fast = getattr(args, "fast", None) or ()
@@ -72,8 +76,9 @@ def comfy_environment() -> dict[str, Any]:
         "fp16_accumulation": getattr(torch.backends.cuda.matmul, "allow_fp16_accumulation", None),
         # ComfyUI 0.33 switches that change how weights are loaded and run (None: not in this ComfyUI)
         "fast_disk": getattr(args, "fast_disk", None),
-        "cuda_graphs": None if not hasattr(args, "disable_cuda_graphs") else
-        ("disabled (--disable-cuda-graphs)" if args.disable_cuda_graphs else "allowed"),
+        "cuda_graphs": None
+        if not hasattr(args, "disable_cuda_graphs")
+        else ("disabled (--disable-cuda-graphs)" if args.disable_cuda_graphs else "allowed"),
         "comfy_compiler": comfy_compiler_state(),
     }
 
@@ -123,14 +128,17 @@ def model_identity_of(patcher: Any) -> dict[str, Any]:
     backup = getattr(patcher, "backup", None) or {}
 
     def base_tensors():
-        for name, t in [*module.named_parameters(remove_duplicate=False),
-                        *module.named_buffers(remove_duplicate=False)]:
+        for name, t in [
+            *module.named_parameters(remove_duplicate=False),
+            *module.named_buffers(remove_duplicate=False),
+        ]:
             saved = backup.get(f"diffusion_model.{name}")
             yield name, (saved.weight if saved is not None else t)
 
     base = model_identity.module_digest(module, token="base weights", named=base_tensors)
-    patches = model_identity.patches_digest({k: v for k, v in (getattr(patcher, "patches", None) or {}).items()
-                                             if k.startswith("diffusion_model.")})
+    patches = model_identity.patches_digest(
+        {k: v for k, v in (getattr(patcher, "patches", None) or {}).items() if k.startswith("diffusion_model.")}
+    )
     return {**model_identity.combined_digest(base, patches), "cached": base["cached"]}
 
 

@@ -13,6 +13,7 @@ by the k-diffusion sampler function's name: what ComfyUI draws when it is handed
 ``tests/comfy/test_noise_table.py`` holds the table to the running ComfyUI by calling every sampler of
 ``KSampler.SAMPLERS`` with recording noise samplers on a stand-in denoiser.
 """
+
 from __future__ import annotations
 
 import functools
@@ -49,10 +50,13 @@ def _match(latent_dtype: torch.dtype, draw: Callable) -> torch.dtype | None | bo
     """The candidate (``None``: the latent's dtype, or float32) whose ``draw`` equals ComfyUI's on every probe."""
     refs = [_running_comfy_noise(torch.zeros(shape, dtype=latent_dtype), 0) for shape in _PROBE_SHAPES]
     for candidate in (None, torch.float32):
-        ours = [draw(shape, candidate or latent_dtype, torch.Generator(device="cpu").manual_seed(0)).to(latent_dtype)
-                for shape in _PROBE_SHAPES]
-        if all(r.dtype == o.dtype and torch.equal(r.view(torch.uint8), o.view(torch.uint8))
-               for r, o in zip(refs, ours)):
+        ours = [
+            draw(shape, candidate or latent_dtype, torch.Generator(device="cpu").manual_seed(0)).to(latent_dtype)
+            for shape in _PROBE_SHAPES
+        ]
+        if all(
+            r.dtype == o.dtype and torch.equal(r.view(torch.uint8), o.view(torch.uint8)) for r, o in zip(refs, ours)
+        ):
             return candidate
     return False
 
@@ -87,7 +91,8 @@ def comfy_draw(latent_dtype: torch.dtype, draw: Callable | None = None) -> tuple
     raise UnknownComfyNoiseError(
         f"this ComfyUI's comfy.sample.prepare_noise draws {latent_dtype} noise in a way Steadfast does not know "
         "(neither in the latent's dtype nor float32 then cast): batch_seed_mode 'comfy' cannot promise KSampler's "
-        "bytes here. Use batch_seed_mode 'incremental', or a float32 latent.")
+        "bytes here. Use batch_seed_mode 'incremental', or a float32 latent."
+    )
 
 
 def draw_dtype(latent_dtype: torch.dtype) -> torch.dtype | None:
@@ -121,27 +126,51 @@ DEFAULT, BROWNIAN, NONE = "default", "brownian", "none"
 #: whether a handed one is called) and that every ``KSampler.SAMPLERS`` name's function is a row.
 PER_STEP_NOISE: dict[str, str] = {
     # default_noise_sampler(x, seed=...) when noise_sampler is None
-    "sample_euler_ancestral": DEFAULT, "sample_euler_ancestral_cfg_pp": DEFAULT,
-    "sample_dpm_2_ancestral": DEFAULT, "sample_dpmpp_2s_ancestral": DEFAULT,
-    "sample_dpmpp_2s_ancestral_cfg_pp": DEFAULT, "sample_exp_heun_2_x0_sde": DEFAULT,
-    "sample_ddpm": DEFAULT, "sample_lcm": DEFAULT, "sample_er_sde": DEFAULT,
-    "sample_seeds_2": DEFAULT, "sample_seeds_3": DEFAULT,
-    "sample_sa_solver": DEFAULT, "sample_sa_solver_pece": DEFAULT,
-    "sample_res_multistep": DEFAULT, "sample_res_multistep_cfg_pp": DEFAULT,  # built, eta=0: never called
-    "sample_res_multistep_ancestral": DEFAULT, "sample_res_multistep_ancestral_cfg_pp": DEFAULT,
+    "sample_euler_ancestral": DEFAULT,
+    "sample_euler_ancestral_cfg_pp": DEFAULT,
+    "sample_dpm_2_ancestral": DEFAULT,
+    "sample_dpmpp_2s_ancestral": DEFAULT,
+    "sample_dpmpp_2s_ancestral_cfg_pp": DEFAULT,
+    "sample_exp_heun_2_x0_sde": DEFAULT,
+    "sample_ddpm": DEFAULT,
+    "sample_lcm": DEFAULT,
+    "sample_er_sde": DEFAULT,
+    "sample_seeds_2": DEFAULT,
+    "sample_seeds_3": DEFAULT,
+    "sample_sa_solver": DEFAULT,
+    "sample_sa_solver_pece": DEFAULT,
+    "sample_res_multistep": DEFAULT,
+    "sample_res_multistep_cfg_pp": DEFAULT,  # built, eta=0: never called
+    "sample_res_multistep_ancestral": DEFAULT,
+    "sample_res_multistep_ancestral_cfg_pp": DEFAULT,
     # BrownianTreeNoiseSampler(x, sigma_min, sigma_max, seed=..., cpu=True) (_gpu twins: cpu=False)
-    "sample_dpmpp_sde": BROWNIAN, "sample_dpmpp_sde_gpu": BROWNIAN,
-    "sample_dpmpp_2m_sde": BROWNIAN, "sample_dpmpp_2m_sde_gpu": BROWNIAN,
+    "sample_dpmpp_sde": BROWNIAN,
+    "sample_dpmpp_sde_gpu": BROWNIAN,
+    "sample_dpmpp_2m_sde": BROWNIAN,
+    "sample_dpmpp_2m_sde_gpu": BROWNIAN,
     "sample_dpmpp_2m_sde_heun": BROWNIAN,  # builds its tree inside sample_dpmpp_2m_sde
     "sample_dpmpp_2m_sde_heun_gpu": BROWNIAN,
-    "sample_dpmpp_3m_sde": BROWNIAN, "sample_dpmpp_3m_sde_gpu": BROWNIAN,
+    "sample_dpmpp_3m_sde": BROWNIAN,
+    "sample_dpmpp_3m_sde_gpu": BROWNIAN,
     # no per-step noise
-    "sample_euler": NONE, "sample_euler_cfg_pp": NONE, "sample_heun": NONE, "sample_heunpp2": NONE,
-    "sample_exp_heun_2_x0": NONE, "sample_dpm_2": NONE, "sample_lms": NONE,
-    "dpm_fast_function": NONE, "dpm_adaptive_function": NONE,  # comfy.samplers' closures over k-diffusion's
-    "sample_dpmpp_2m": NONE, "sample_dpmpp_2m_cfg_pp": NONE, "sample_ipndm": NONE, "sample_ipndm_v": NONE,
-    "sample_deis": NONE, "sample_gradient_estimation": NONE, "sample_gradient_estimation_cfg_pp": NONE,
-    "sample_unipc": NONE, "sample_unipc_bh2": NONE,  # uni_pc, uni_pc_bh2 (comfy/extra_samplers/uni_pc.py)
+    "sample_euler": NONE,
+    "sample_euler_cfg_pp": NONE,
+    "sample_heun": NONE,
+    "sample_heunpp2": NONE,
+    "sample_exp_heun_2_x0": NONE,
+    "sample_dpm_2": NONE,
+    "sample_lms": NONE,
+    "dpm_fast_function": NONE,
+    "dpm_adaptive_function": NONE,  # comfy.samplers' closures over k-diffusion's
+    "sample_dpmpp_2m": NONE,
+    "sample_dpmpp_2m_cfg_pp": NONE,
+    "sample_ipndm": NONE,
+    "sample_ipndm_v": NONE,
+    "sample_deis": NONE,
+    "sample_gradient_estimation": NONE,
+    "sample_gradient_estimation_cfg_pp": NONE,
+    "sample_unipc": NONE,
+    "sample_unipc_bh2": NONE,  # uni_pc, uni_pc_bh2 (comfy/extra_samplers/uni_pc.py)
 }
 #: Samplers whose step control couples the items of a batch, by the sampler function's ``__name__``, with why:
 #: item i's result depends on the other items, so no per-item evaluation of the model can make item i equal the
@@ -150,7 +179,7 @@ PER_STEP_NOISE: dict[str, str] = {
 #: sampler of ``KSampler.SAMPLERS`` keeps its items apart.
 COUPLED_ITEMS: dict[str, str] = {
     "dpm_adaptive_function": "its step-size control measures the error over the whole batch (one norm over every "
-                             "item), so each item's steps depend on the other items",
+    "item), so each item's steps depend on the other items",
 }
 
 
@@ -197,8 +226,10 @@ def couples_items(sampler) -> str | None:
     if name in COUPLED_ITEMS:
         return COUPLED_ITEMS[name]
     if not _ships_with_comfy(fn):
-        return (f"{name or 'this sampler'} is not one of the ComfyUI samplers Steadfast knows, so nothing says its "
-                "step control keeps the items of a batch apart")
+        return (
+            f"{name or 'this sampler'} is not one of the ComfyUI samplers Steadfast knows, so nothing says its "
+            "step control keeps the items of a batch apart"
+        )
     return None
 
 
@@ -263,8 +294,9 @@ def bind_to_x(sampler, noise_sampler: PerStepNoise) -> None:
     sampler.sampler_function = sampling
 
 
-def check_run_seed(sampler, seed: int, batch: int, mode: str, device: torch.device | str,
-                   batch_index=None, item_by_item: bool = False) -> int:
+def check_run_seed(
+    sampler, seed: int, batch: int, mode: str, device: torch.device | str, batch_index=None, item_by_item: bool = False
+) -> int:
     """The one seed-range check of a Seeded Sampler run: every seed it derives (initial and per-step noise).
 
     Item ``k``'s initial noise uses ``seed + k`` (``incremental``, ``k`` from ``batch_index``); per-step noise uses
@@ -286,24 +318,32 @@ def check_run_seed(sampler, seed: int, batch: int, mode: str, device: torch.devi
             derives it and the largest seed this run accepts.
     """
     from ...core.determinism import noise  # here: tests/core/test_noise.py loads this file alone, no package
+
     seed = noise.check_seed(seed)
     offsets = [int(k) for k in batch_index] if batch_index is not None else list(range(batch))
     last = max(offsets) if mode == "incremental" else 0
-    uses = [(last, f"the initial noise of item {offsets.index(last)} (seed + {last})" if last else
-             "the initial noise")]
+    uses = [
+        (last, f"the initial noise of item {offsets.index(last)} (seed + {last})" if last else "the initial noise")
+    ]
     kind = noise_kind(sampler)
     name = getattr(getattr(sampler, "sampler_function", None), "__name__", "this sampler")
     if mode == "incremental" and kind != NONE:
         top = max(offsets) if item_by_item else batch - 1
         plus = 1 if kind == DEFAULT else 0
-        uses.append((top + plus, f"the per-step noise of {name} (seed{' + 1' if plus else ''} + the item, "
-                                 f"up to seed + {top + plus})"))
+        uses.append(
+            (
+                top + plus,
+                f"the per-step noise of {name} (seed{' + 1' if plus else ''} + the item, up to seed + {top + plus})",
+            )
+        )
     elif mode == "comfy" and kind == DEFAULT and torch.device(device).type == "cpu":
         uses.append((1, f"the per-step noise of {name} (ComfyUI seeds its CPU noise generator with seed + 1)"))
     offset, what = max(uses, key=lambda u: u[0])
     if seed + offset > noise.MAX_SEED:
-        raise ValueError(f"seed {seed} is too large for this run: {what} would exceed 2**64 - 1. Use a seed of "
-                         f"at most {noise.MAX_SEED - offset} (2**64 - 1 - {offset}).")
+        raise ValueError(
+            f"seed {seed} is too large for this run: {what} would exceed 2**64 - 1. Use a seed of "
+            f"at most {noise.MAX_SEED - offset} (2**64 - 1 - {offset})."
+        )
     return seed
 
 
@@ -323,13 +363,14 @@ def per_item_brownian(latent: torch.Tensor, sigmas: torch.Tensor, seed: int):
     from ...core.determinism.noise import (
         item_seeds,  # here: tests load this module on its own (tests/core/test_noise.py)
     )
+
     positive = sigmas[sigmas > 0]
-    return BrownianTreeNoiseSampler(latent, positive.min(), sigmas.max(),
-                                    seed=item_seeds(seed, latent.shape[0]), cpu=True)
+    return BrownianTreeNoiseSampler(
+        latent, positive.min(), sigmas.max(), seed=item_seeds(seed, latent.shape[0]), cpu=True
+    )
 
 
-def per_step_noise(sampler, latent: torch.Tensor, sigmas: torch.Tensor, seed: int, mode: str,
-                   device: torch.device):
+def per_step_noise(sampler, latent: torch.Tensor, sigmas: torch.Tensor, seed: int, mode: str, device: torch.device):
     """The per-step noise sampler the Seeded Sampler hands ``sampler`` (or ``None``: ComfyUI's own), and its name.
 
     Args:
@@ -353,6 +394,7 @@ def per_step_noise(sampler, latent: torch.Tensor, sigmas: torch.Tensor, seed: in
     every Brownian tree (ComfyUI's own tree, seeded once for the batch).
     """
     from ...core.determinism import noise  # here: tests/core/test_noise.py loads this file alone, no package
+
     kind = noise_kind(sampler)
     if kind == DEFAULT:
         if mode == "incremental":

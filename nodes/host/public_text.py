@@ -13,6 +13,7 @@ frames' source files, absolute paths) and its ``current_inputs``.
 Interrupts (ComfyUI's ``InterruptProcessingException``) and out-of-memory errors pass through untouched: ComfyUI
 decides on their type and text (``comfy.model_management.is_oom``: unload all models, the memory tip).
 """
+
 from __future__ import annotations
 
 import functools
@@ -41,10 +42,17 @@ def roots() -> list[tuple[str, str]]:
     for name, entry in getattr(folder_paths, "folder_names_and_paths", {}).items():
         for path in entry[0]:
             inside = models and os.path.abspath(path).startswith(os.path.abspath(models) + os.sep)
-            out.append((path, "models/" + os.path.relpath(path, models).replace(os.sep, "/") if inside
-                        else f"<{name} folder>"))
-    for label, getter in (("input", "get_input_directory"), ("output", "get_output_directory"),
-                          ("temp", "get_temp_directory")):
+            out.append(
+                (
+                    path,
+                    "models/" + os.path.relpath(path, models).replace(os.sep, "/") if inside else f"<{name} folder>",
+                )
+            )
+    for label, getter in (
+        ("input", "get_input_directory"),
+        ("output", "get_output_directory"),
+        ("temp", "get_temp_directory"),
+    ):
         fn = getattr(folder_paths, getter, None)
         if fn is not None:
             out.append((fn(), label))
@@ -84,7 +92,7 @@ def _public_module(cls: type) -> None:
     """An exception class of this pack gets the module name ``steadfast.<sub.module>``: ComfyUI shows
     ``module.QualName`` as the error's type, and its module name for a custom node is the folder's path."""
     if _PACK != "steadfast" and cls.__module__.startswith(_PACK + "."):
-        cls.__module__ = "steadfast" + cls.__module__[len(_PACK):]
+        cls.__module__ = "steadfast" + cls.__module__[len(_PACK) :]
 
 
 def _redact_exception(e: BaseException) -> bool:
@@ -107,9 +115,11 @@ def _redact_exception(e: BaseException) -> bool:
     if clean != text:  # a type with its own __str__: same name and module, that text redacted
         cls = type(e)
         try:
-            e.__class__ = type(cls.__name__, (cls,), {"__str__": lambda self, _t=clean: _t,
-                                                       "__module__": cls.__module__,
-                                                       "__qualname__": cls.__qualname__})
+            e.__class__ = type(
+                cls.__name__,
+                (cls,),
+                {"__str__": lambda self, _t=clean: _t, "__module__": cls.__module__, "__qualname__": cls.__qualname__},
+            )
         except TypeError:
             pass
     return str(e) != before
@@ -121,8 +131,9 @@ def _public_failure(node: str, e: BaseException) -> None:
         return
     original = f"{type(e).__qualname__}: {e}"
     if _redact_exception(e):
-        log.error("Steadfast %s failed; the client sees this error without absolute paths. Original: %s",
-                  node, original)
+        log.error(
+            "Steadfast %s failed; the client sees this error without absolute paths. Original: %s", node, original
+        )
 
 
 def guard_node(cls: type) -> type:
@@ -138,6 +149,7 @@ def guard_node(cls: type) -> type:
     name = cls.__name__
 
     if inspect.iscoroutinefunction(func):
+
         @functools.wraps(func)
         async def execute(klass, *args, **kwargs):
             try:
@@ -146,6 +158,7 @@ def guard_node(cls: type) -> type:
                 _public_failure(name, e)
                 raise
     else:
+
         @functools.wraps(func)
         def execute(klass, *args, **kwargs):
             try:

@@ -2,6 +2,7 @@
 every path shown relative to ComfyUI's folders (the route needs no login), plus ``artifacts`` (the compile artifacts
 imported or refused at start, ``$STEADFAST_COMPILE_ARTIFACT``) and ``warm_start`` (whether the compile stack was
 imported at start, :mod:`core.compile.preload`)."""
+
 from __future__ import annotations
 
 import logging

@@ -5,6 +5,7 @@
 (:func:`client_writable_dirs`, :func:`cache_root`) are ComfyUI's ``folder_paths``, read here for the compile cache
 of both paths too (:func:`cache_choice`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -19,8 +20,13 @@ from ...core.compile import preload
 from ...core.compile.use import CacheChoice
 from ...core.determinism import portable
 
-__all__ = ["client_writable_dirs", "cache_root", "cache_choice", "load_compile_artifacts",
-           "warm_start_at_server_start"]
+__all__ = [
+    "client_writable_dirs",
+    "cache_root",
+    "cache_choice",
+    "load_compile_artifacts",
+    "warm_start_at_server_start",
+]
 
 log = logging.getLogger("steadfast")
 
@@ -29,9 +35,13 @@ def client_writable_dirs() -> tuple[str, ...]:
     """Folders that ComfyUI's HTTP API lets clients write (:func:`core.compile.cache_location.client_writable` of
     this ComfyUI's folders). A compile cache may never overlap them."""
     import folder_paths
+
     return compile_cache_location.client_writable(
-        folder_paths.get_input_directory(), folder_paths.get_output_directory(), folder_paths.get_temp_directory(),
-        folder_paths.get_user_directory())
+        folder_paths.get_input_directory(),
+        folder_paths.get_output_directory(),
+        folder_paths.get_temp_directory(),
+        folder_paths.get_user_directory(),
+    )
 
 
 def load_compile_artifacts(root: Path | None, source: str) -> list[dict]:
@@ -69,8 +79,13 @@ def cache_choice(name: str) -> CacheChoice:
     operator's root (:func:`cache_root`), ComfyUI's compute device and the folders its HTTP clients can write
     (refused as a cache location), for :func:`core.compile.use.compile_use`."""
     root, source = cache_root()
-    return CacheChoice(name=name, root=root, source=source, device=comfy.model_management.get_torch_device(),
-                       forbidden=client_writable_dirs() if root is not None else ())
+    return CacheChoice(
+        name=name,
+        root=root,
+        source=source,
+        device=comfy.model_management.get_torch_device(),
+        forbidden=client_writable_dirs() if root is not None else (),
+    )
 
 
 def warm_start_at_server_start() -> None:

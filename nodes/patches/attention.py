@@ -4,6 +4,7 @@
 One plain function per backend: ModelPatcher.clone() deep-copies model_options, which keeps functions (atomic for
 copy.deepcopy) but would rebuild a partial.
 """
+
 from __future__ import annotations
 
 import functools
@@ -16,8 +17,15 @@ from ...core.optimize.plan import StepReport
 from .options import steadfast_options
 from .precision import compute_dtype
 
-__all__ = ["attention_override", "comfy_attention_passthrough", "policy_is_strict", "plan_attention", "set_attention",
-           "keep_comfy_attention", "add_attention"]
+__all__ = [
+    "attention_override",
+    "comfy_attention_passthrough",
+    "policy_is_strict",
+    "plan_attention",
+    "set_attention",
+    "keep_comfy_attention",
+    "add_attention",
+]
 
 
 @functools.cache
@@ -101,12 +109,22 @@ def add_attention(model, backend: str, device, dtype: str, compiling: bool) -> S
         # under the model's strict policy: UnsupportedBackendError names the cases and what runs there
         plan = plan_attention(model, backend, device)
         set_attention(model, backend)
-        return StepReport("attention", True, ["diffusion_model"], {"requested": backend, "sdpa": backend},
-                          lines=[f"attention: PyTorch SDPA, backend {backend} on {device} ({dtype}); "
-                                 f"{plan.as_text()}"])
+        return StepReport(
+            "attention",
+            True,
+            ["diffusion_model"],
+            {"requested": backend, "sdpa": backend},
+            lines=[f"attention: PyTorch SDPA, backend {backend} on {device} ({dtype}); {plan.as_text()}"],
+        )
     if compiling:
         keep_comfy_attention(model)
-        return StepReport("attention", True, ["diffusion_model"], {"requested": backend},
-                          lines=["attention: ComfyUI default (kept explicitly, so compiled graphs guard on it)"])
-    return StepReport("attention", False, details={"requested": backend},
-                      lines=["attention: ComfyUI default (not pinned)"])
+        return StepReport(
+            "attention",
+            True,
+            ["diffusion_model"],
+            {"requested": backend},
+            lines=["attention: ComfyUI default (kept explicitly, so compiled graphs guard on it)"],
+        )
+    return StepReport(
+        "attention", False, details={"requested": backend}, lines=["attention: ComfyUI default (not pinned)"]
+    )

@@ -19,6 +19,7 @@ conditioning made of several entries (Conditioning Combine / Set Area / Set Mask
 ComfyUI from free memory, and a ControlNet hint with several images is per item in ComfyUI's batch.
 Turn ``batch_invariant`` off on Determinism Setup to sample those (the run record then says so).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -47,7 +48,7 @@ class BatchInvarianceError(RuntimeError):
 def _row_of(value: Any, n: int, r: int) -> Any:
     """Row ``r`` of a cond value as ComfyUI would broadcast it to a batch of ``n`` (``repeat_to_batch_size``)."""
     if isinstance(value, torch.Tensor) and value.ndim >= 1 and value.shape[0] > 1:
-        return comfy.utils.repeat_to_batch_size(value, n)[r:r + 1]
+        return comfy.utils.repeat_to_batch_size(value, n)[r : r + 1]
     if isinstance(value, list):
         return [_row_of(v, n, r) for v in value]
     return value
@@ -59,9 +60,10 @@ def _entry_row(entry: dict, n: int, r: int) -> dict:
     if not any(isinstance(getattr(c, "cond", None), (torch.Tensor, list)) for c in conds.values()):
         return entry
     out = dict(entry)
-    out["model_conds"] = {k: (c._copy_with(_row_of(c.cond, n, r))
-                              if isinstance(getattr(c, "cond", None), (torch.Tensor, list)) else c)
-                          for k, c in conds.items()}
+    out["model_conds"] = {
+        k: (c._copy_with(_row_of(c.cond, n, r)) if isinstance(getattr(c, "cond", None), (torch.Tensor, list)) else c)
+        for k, c in conds.items()
+    }
     return out
 
 
@@ -75,14 +77,16 @@ def check_rows_possible(conds: list) -> None:
             raise BatchInvarianceError(
                 f"conditioning {j} has {len(entries)} entries (Conditioning Combine / Set Area / Set Mask): ComfyUI "
                 "groups them into one model call by free memory, so the bits would depend on the load of the "
-                "machine. Set batch_invariant off on Determinism Setup to sample it anyway (recorded).")
+                "machine. Set batch_invariant off on Determinism Setup to sample it anyway (recorded)."
+            )
         for e in entries:
             hint = getattr(e.get("control"), "cond_hint_original", None)
             if isinstance(hint, torch.Tensor) and hint.ndim >= 1 and hint.shape[0] > 1:
                 raise BatchInvarianceError(
                     f"conditioning {j} carries a ControlNet hint with {hint.shape[0]} images: ComfyUI spreads them "
                     "over the batch, which per-item evaluation cannot reproduce. Use one hint image, or set "
-                    "batch_invariant off on Determinism Setup.")
+                    "batch_invariant off on Determinism Setup."
+                )
 
 
 def _pinned_attention(model_options: dict) -> dict:
@@ -94,8 +98,9 @@ def _pinned_attention(model_options: dict) -> dict:
     return {**model_options, "transformer_options": {**to, "optimized_attention_override": attention_override("auto")}}
 
 
-def per_row_calc_cond_batch(executor, model, conds: list, x_in: torch.Tensor, timestep: torch.Tensor,
-                            model_options: dict) -> list[torch.Tensor]:
+def per_row_calc_cond_batch(
+    executor, model, conds: list, x_in: torch.Tensor, timestep: torch.Tensor, model_options: dict
+) -> list[torch.Tensor]:
     """``CALC_COND_BATCH`` wrapper: one ``_calc_cond_batch`` call per (row of ``x_in``, conditioning).
 
     Args: as ComfyUI's ``_calc_cond_batch``: ``x_in`` [N, C, H, W] (or [N, C, T, H, W]) the noisy latent,
@@ -112,7 +117,7 @@ def per_row_calc_cond_batch(executor, model, conds: list, x_in: torch.Tensor, ti
     for r in range(n):
         for j, cond in enumerate(conds):
             one = None if cond is None else [_entry_row(e, n, r) for e in cond]
-            rows[j].append(executor(model, [one], x_in[r:r + 1], timestep[r:r + 1], options)[0])
+            rows[j].append(executor(model, [one], x_in[r : r + 1], timestep[r : r + 1], options)[0])
     return [torch.cat(parts) for parts in rows]
 
 
@@ -151,13 +156,14 @@ def decode_rows(vae, latent: torch.Tensor, on_item=None) -> torch.Tensor:
     import copy  # noqa: PLC0415
 
     from comfy.ldm.modules.diffusionmodules.model import pytorch_attention  # noqa: PLC0415
+
     pinned = copy.copy(vae)
     pinned.patcher = vae.patcher.clone()
     for name in _vae_attention_blocks(vae.first_stage_model):
         pinned.patcher.add_object_patch(f"{name}.optimized_attention", pytorch_attention)
     images = []
     for i in range(latent.shape[0]):
-        images.append(pinned.decode(latent[i:i + 1]))
+        images.append(pinned.decode(latent[i : i + 1]))
         if on_item is not None:
             on_item(i)
     return torch.cat(images)

@@ -8,6 +8,7 @@ this module hooks the handle into the ModelPatcher (where ComfyUI keeps compile 
 so re-executing the node or cloning the model never compiles again. Key ``steadfast.compile``
 (``WrappersMP.APPLY_MODEL`` and ``OUTER_SAMPLE``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,8 +34,9 @@ log = logging.getLogger("steadfast")
 KEY_COMPILE = "steadfast.compile"
 
 
-def add_compile(model, compiled: Compiled, scope: str, strict: bool = False,
-                inductor_preset: str = inductor_presets.NONE) -> StepReport:
+def add_compile(
+    model, compiled: Compiled, scope: str, strict: bool = False, inductor_preset: str = inductor_presets.NONE
+) -> StepReport:
     """Register the compile wrappers of ``compiled`` (:func:`core.compile.use.compile_use`) on ``model`` (a clone),
     compiled at ``scope`` ("regional" or "full", :data:`core.compile.options.COMPILE_SCOPES`; recorded as the compile
     state's ``mode``).
@@ -61,14 +63,21 @@ def add_compile(model, compiled: Compiled, scope: str, strict: bool = False,
         if verdict is None:
             verdict = own_blocks[root] = compiled_for(root, record.compiled)
             if not verdict:
-                log.warning("Steadfast: %s was compiled for another copy of this model (a multi-GPU clone): this "
-                            "copy runs its own blocks, uncompiled", record.label)
+                log.warning(
+                    "Steadfast: %s was compiled for another copy of this model (a multi-GPU clone): this "
+                    "copy runs its own blocks, uncompiled",
+                    record.label,
+                )
         if not verdict:
             return executor(*args, **kwargs)  # never another copy's blocks (device, weights) in this one
         x = args[0] if args else kwargs.get("x")
-        return compiled.run(lambda: executor(*args, **kwargs),
-                            shape=tuple(x.shape) if isinstance(x, torch.Tensor) else None, strict=strict,
-                            around=lambda: swap_in(root, record.compiled), eager=lambda: executor(*args, **kwargs))
+        return compiled.run(
+            lambda: executor(*args, **kwargs),
+            shape=tuple(x.shape) if isinstance(x, torch.Tensor) else None,
+            strict=strict,
+            around=lambda: swap_in(root, record.compiled),
+            eager=lambda: executor(*args, **kwargs),
+        )
 
     def outer_sample_wrapper(executor, *args, **kwargs):
         with registry.REGISTRY.run(record):
@@ -79,9 +88,12 @@ def add_compile(model, compiled: Compiled, scope: str, strict: bool = False,
     model.add_wrapper_with_key(WrappersMP.APPLY_MODEL, KEY_COMPILE, apply_model_wrapper)
     model.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, KEY_COMPILE, outer_sample_wrapper)
     model.weight_inplace_update = True  # LoRA patches keep Parameter identity -> no recompiles
-    steadfast_options(model).compile = {"mode": scope, "record_created": record.created, **record.summary(),
-                                           **({} if inductor_preset == inductor_presets.NONE
-                                              else {"inductor_preset": inductor_preset})}
+    steadfast_options(model).compile = {
+        "mode": scope,
+        "record_created": record.created,
+        **record.summary(),
+        **({} if inductor_preset == inductor_presets.NONE else {"inductor_preset": inductor_preset}),
+    }
     return StepReport("compile", True, list(record.blocks), {"scope": scope, "record": record.label})
 
 
@@ -107,28 +119,44 @@ def compile_model(model, options: OptimizeOptions) -> StepReport:
     if options.scope == "regional":
         choice = blocks.choose_blocks(diffusion_model)
         if not choice.paths:
-            raise ValueError(f"regional compile for {type(diffusion_model).__name__}: {choice.as_text()}; "
-                             "use compile=full for this model")
+            raise ValueError(
+                f"regional compile for {type(diffusion_model).__name__}: {choice.as_text()}; "
+                "use compile=full for this model"
+            )
         keys = [f"diffusion_model.{p}" for p in choice.paths]
         lines.append("compile: regional, " + choice.as_text())
     else:
         keys = ["diffusion_model"]
         lines.append("compile: full diffusion_model")
     where = cache_choice(options.compile_cache)  # ComfyUI's side of the cache: its root, device, client folders
-    compiled = compile_use(model.model, copts, keys, label=f"{type(diffusion_model).__name__} ({options.scope})",
-                           cache=where, guard_filter_fn=comfy_guard_filter(), strict=options.strict_recompiles)
-    step = add_compile(model, compiled, options.scope, strict=options.strict_recompiles,
-                       inductor_preset=options.inductor_preset)
+    compiled = compile_use(
+        model.model,
+        copts,
+        keys,
+        label=f"{type(diffusion_model).__name__} ({options.scope})",
+        cache=where,
+        guard_filter_fn=comfy_guard_filter(),
+        strict=options.strict_recompiles,
+    )
+    step = add_compile(
+        model, compiled, options.scope, strict=options.strict_recompiles, inductor_preset=options.inductor_preset
+    )
     lines += compiled.lines
     if options.attention == "comfy":
-        lines.append("WARNING: compiling with ComfyUI's own attention (sub_quad on CPU) graph-breaks and "
-                     "recompiles often (measured: 15 graphs, 9 recompiles in 4 steps); pick an SDPA backend")
+        lines.append(
+            "WARNING: compiling with ComfyUI's own attention (sub_quad on CPU) graph-breaks and "
+            "recompiles often (measured: 15 graphs, 9 recompiles in 4 steps); pick an SDPA backend"
+        )
     lines.append(f"  {copts.as_text()}")
-    lines.append(f"  {'new' if compiled.created else 'reused'} compile record ({compiled.record.stats.status}); "
-                 "compiles lazily on the first run or in Warmup")
+    lines.append(
+        f"  {'new' if compiled.created else 'reused'} compile record ({compiled.record.stats.status}); "
+        "compiles lazily on the first run or in Warmup"
+    )
     if options.inductor_preset != "none":
-        lines.append(f"inductor_preset: {options.inductor_preset} (options above"
-                     + ("; a compile cache directory of its own)" if compiled.cache is not None else ")"))
+        lines.append(
+            f"inductor_preset: {options.inductor_preset} (options above"
+            + ("; a compile cache directory of its own)" if compiled.cache is not None else ")")
+        )
     if options.strict_recompiles:
         lines.append("strict_recompiles: a recompile after warm-up fails the run, with its reason")
     if not compiled.created:  # what this model has compiled so far (recompiles with reasons, warnings)

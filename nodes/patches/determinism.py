@@ -2,6 +2,7 @@
 
 Key ``steadfast.determinism`` (``remove_wrappers_with_key`` first: applying it twice replaces, never stacks).
 """
+
 from __future__ import annotations
 
 from comfy.patcher_extension import WrappersMP

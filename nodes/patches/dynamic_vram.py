@@ -5,6 +5,7 @@ the stored Parameters. Every comfy op gets ``comfy_cast_weights=True`` and a LoR
 time (comfy/model_patcher.py ModelPatcherDynamic.load: ``<param>_lowvram_function``); a module without
 ``comfy_cast_weights`` takes a plain ``weight.to(device)`` with no patch.
 """
+
 from __future__ import annotations
 
 from ..host.identity import comfy_compiler_state
@@ -34,6 +35,8 @@ def check_comfy_compiler(what: str) -> None:
     on packs that patch forwards ("aimdo memory compile error", ComfyUI issues 16342, 16223) and this pack has no
     supported way to pause it around its own forwards. Raises ``ValueError`` naming ``--disable-comfy-compiler``."""
     if comfy_compiler_state() == "on":
-        raise ValueError(f"{what} replaces the model's forward functions, which the Comfy Compiler (on with Dynamic "
-                         "VRAM) does not support (ComfyUI issues 16342, 16223). Start ComfyUI with "
-                         "--disable-comfy-compiler to use it, or turn it off in Optimize Model.")
+        raise ValueError(
+            f"{what} replaces the model's forward functions, which the Comfy Compiler (on with Dynamic "
+            "VRAM) does not support (ComfyUI issues 16342, 16223). Start ComfyUI with "
+            "--disable-comfy-compiler to use it, or turn it off in Optimize Model."
+        )

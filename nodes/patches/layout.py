@@ -3,6 +3,7 @@ shared with other clones).
 
 Key ``steadfast.layout`` (``CallbacksMP.ON_PRE_RUN`` converts, ``ON_CLEANUP`` restores).
 """
+
 from __future__ import annotations
 
 from comfy.patcher_extension import CallbacksMP
@@ -30,8 +31,12 @@ def add_channels_last(model) -> StepReport:
     """
     if is_dynamic(model):  # weights reach the GPU as gathered contiguous copies: leave the mapped ones
         steadfast_options(model).channels_last = NOT_APPLIED_DYNAMIC
-        return StepReport("channels_last", False, note=NOT_APPLIED_DYNAMIC, lines=[
-            f"channels_last: {NOT_APPLIED_DYNAMIC} (the memory-mapped weights are left alone)"])
+        return StepReport(
+            "channels_last",
+            False,
+            note=NOT_APPLIED_DYNAMIC,
+            lines=[f"channels_last: {NOT_APPLIED_DYNAMIC} (the memory-mapped weights are left alone)"],
+        )
 
     def to_cl(patcher):
         layout.to_channels_last_(patcher.get_model_object("diffusion_model"))
@@ -44,5 +49,9 @@ def add_channels_last(model) -> StepReport:
     model.add_callback_with_key(CallbacksMP.ON_PRE_RUN, KEY_LAYOUT, to_cl)
     model.add_callback_with_key(CallbacksMP.ON_CLEANUP, KEY_LAYOUT, back)
     steadfast_options(model).channels_last = True
-    return StepReport("channels_last", True, ["diffusion_model"], lines=[
-        "channels_last: conv weights converted during sampling, restored after"])
+    return StepReport(
+        "channels_last",
+        True,
+        ["diffusion_model"],
+        lines=["channels_last: conv weights converted during sampling, restored after"],
+    )

@@ -7,6 +7,7 @@ in a plain dict because ComfyUI's ``ModelPatcher.clone()`` copies ``model_option
 (``comfy.patcher_extension.copy_nested_dicts``): each clone gets its own dict, while any other object would be
 shared between the clones (a patch on one would show on all).
 """
+
 from __future__ import annotations
 
 from typing import Any, Generic, TypeVar

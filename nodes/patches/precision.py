@@ -1,4 +1,5 @@
 """Optimize Model's ``precision``: ComfyUI's own compute-dtype patch (the ModelComputeDtype node's), on the clone."""
+
 from __future__ import annotations
 
 import torch
@@ -40,9 +41,15 @@ def add_precision(model, name: str) -> StepReport:
         ValueError: unknown name, or a dtype the load device lacks.
     """
     dtype = set_precision(model, name) or compute_dtype(model)  # ValueError for a dtype the device lacks
-    step = StepReport("precision", name != "model", ["diffusion_model"] if name != "model" else [],
-                      {"name": name, "dtype": str(dtype)})
+    step = StepReport(
+        "precision",
+        name != "model",
+        ["diffusion_model"] if name != "model" else [],
+        {"name": name, "dtype": str(dtype)},
+    )
     if name != "model":
-        step.lines.append(f"precision: {name}, compute {dtype} (weights {model.model.get_dtype()}; ComfyUI's "
-                          "set_model_compute_dtype)" + ("" if name == "fp32" else ": changes bits vs fp32"))
+        step.lines.append(
+            f"precision: {name}, compute {dtype} (weights {model.model.get_dtype()}; ComfyUI's "
+            "set_model_compute_dtype)" + ("" if name == "fp32" else ": changes bits vs fp32")
+        )
     return step

@@ -4,6 +4,7 @@ q/k/v projections, fused at ``ON_PRE_RUN``.
 Key ``steadfast.qkv`` (object patches + ``CallbacksMP.ON_PRE_RUN``). The fused weight lives on the original module
 (:func:`core.optimize.qkv.fuse_qkv_`); the q/k/v weights become views into it, so no memory is added.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -44,12 +45,13 @@ class FusedQKVCrossAttention(torch.nn.Module):
             transformer_options = {}
         q, k, v = qkv_project.fused_project(self.inner, x, context, value)
         if mask is None:
-            out = comfy_attention.optimized_attention(q, k, v, self.heads, attn_precision=self.attn_precision,
-                                                      transformer_options=transformer_options)
+            out = comfy_attention.optimized_attention(
+                q, k, v, self.heads, attn_precision=self.attn_precision, transformer_options=transformer_options
+            )
         else:
-            out = comfy_attention.optimized_attention_masked(q, k, v, self.heads, mask,
-                                                             attn_precision=self.attn_precision,
-                                                             transformer_options=transformer_options)
+            out = comfy_attention.optimized_attention_masked(
+                q, k, v, self.heads, mask, attn_precision=self.attn_precision, transformer_options=transformer_options
+            )
         return self.to_out(out)
 
 
@@ -65,9 +67,14 @@ def qkv_counters(model) -> dict[str, Any]:
     mods = fused_attention_modules(model)
     stats = [qkv.qkv_stats(m) for m in mods]
     reasons = sorted({s.last_reason for s in stats if s.last_path == "separate" and s.last_reason})
-    return {"modules": len(mods), "live": sum(qkv.is_fused(m) for m in mods),
-            "qkv": sum(s.fused_calls for s in stats), "kv": sum(s.kv_fused_calls for s in stats),
-            "separate": sum(s.unfused_calls for s in stats), "separate_reasons": reasons}
+    return {
+        "modules": len(mods),
+        "live": sum(qkv.is_fused(m) for m in mods),
+        "qkv": sum(s.fused_calls for s in stats),
+        "kv": sum(s.kv_fused_calls for s in stats),
+        "separate": sum(s.unfused_calls for s in stats),
+        "separate_reasons": reasons,
+    }
 
 
 def _original_attention(model, name: str) -> torch.nn.Module:
@@ -83,8 +90,11 @@ def _original_attention(model, name: str) -> torch.nn.Module:
 
 def _fusable_paths(model) -> list[tuple[str, torch.nn.Module]]:
     root = model.get_model_object("diffusion_model")
-    names = [name for name, mod in root.named_modules()
-             if type(mod).__name__ in ("CrossAttention", FusedQKVCrossAttention.__name__)]
+    names = [
+        name
+        for name, mod in root.named_modules()
+        if type(mod).__name__ in ("CrossAttention", FusedQKVCrossAttention.__name__)
+    ]
     found = []
     for name in names:
         mod = _original_attention(model, name)
@@ -109,9 +119,17 @@ def add_qkv_fusion(model) -> StepReport:
     """
     if is_dynamic(model):  # fused_project takes the separate path whenever comfy_cast_weights is set
         steadfast_options(model).qkv_fusion = NOT_APPLIED_DYNAMIC
-        return StepReport("qkv_fusion", False, note=NOT_APPLIED_DYNAMIC, lines=[
-            (f"qkv_fusion: {NOT_APPLIED_DYNAMIC} (weights are cast per call; compile, or start ComfyUI "
-             "with --disable-dynamic-vram, to fuse)")])
+        return StepReport(
+            "qkv_fusion",
+            False,
+            note=NOT_APPLIED_DYNAMIC,
+            lines=[
+                (
+                    f"qkv_fusion: {NOT_APPLIED_DYNAMIC} (weights are cast per call; compile, or start ComfyUI "
+                    "with --disable-dynamic-vram, to fuse)"
+                )
+            ],
+        )
     found = _fusable_paths(model)
     for name, mod in found:
         model.add_object_patch(f"diffusion_model.{name}", FusedQKVCrossAttention(mod))
@@ -127,6 +145,14 @@ def add_qkv_fusion(model) -> StepReport:
     model.weight_inplace_update = True
     steadfast_options(model).qkv_fusion = len(found)
     n = len(found)
-    return StepReport("qkv_fusion", bool(n), [name for name, _ in found], {"modules": n}, lines=[
-        f"qkv_fusion: {n} attention modules fused" if n else
-        "qkv_fusion: nothing to fuse (this architecture has no separate q/k/v projections)"])
+    return StepReport(
+        "qkv_fusion",
+        bool(n),
+        [name for name, _ in found],
+        {"modules": n},
+        lines=[
+            f"qkv_fusion: {n} attention modules fused"
+            if n
+            else "qkv_fusion: nothing to fuse (this architecture has no separate q/k/v projections)"
+        ],
+    )

@@ -8,6 +8,7 @@ not apply a layer's weight patches (partial lowvram load, Dynamic VRAM) the run 
 (:func:`unpatched_keys`) instead of quantizing weights without their LoRA; Optimize Model refuses quantize under
 Dynamic VRAM up front.
 """
+
 from __future__ import annotations
 
 from comfy.patcher_extension import CallbacksMP
@@ -39,8 +40,9 @@ def unpatched_keys(patcher, paths: list[str], layers: list) -> list[str]:
     for path, layer in zip(paths, layers):
         # loaded fully by ComfyUI: the wrapper, or the source Linear it adopts Parameters from (a copy with the same
         # patches loaded before: ComfyUI swaps object patches without patching again), carries the flag
-        if getattr(layer, "comfy_patched_weights", False) or getattr(getattr(layer, "source", None),
-                                                                      "comfy_patched_weights", False):
+        if getattr(layer, "comfy_patched_weights", False) or getattr(
+            getattr(layer, "source", None), "comfy_patched_weights", False
+        ):
             continue
         keys = (f"diffusion_model.{path}.weight", f"diffusion_model.{path}.bias")
         missing += [k for k in keys if k in patches and k not in backup]  # a backup: the patch was written
@@ -65,16 +67,19 @@ def add_quantize(model, mode: str, device) -> StepReport:
             ``device``, before anything is patched; plus what :func:`core.optimize.quantize.require_torchao` raises.
     """
     if is_dynamic(model):
-        raise ValueError(f"quantize={mode} under Dynamic VRAM: ComfyUI applies LoRA and other weight "
-                         "patches at cast time there, and the quantized layers would be built from unpatched "
-                         "weights (a LoRA silently dropped) while the full-precision weights stay on the GPU "
-                         "uncounted. Turn compile on (it runs a non-dynamic copy), or start ComfyUI with "
-                         "--disable-dynamic-vram, or set quantize to off.")
+        raise ValueError(
+            f"quantize={mode} under Dynamic VRAM: ComfyUI applies LoRA and other weight "
+            "patches at cast time there, and the quantized layers would be built from unpatched "
+            "weights (a LoRA silently dropped) while the full-precision weights stay on the GPU "
+            "uncounted. Turn compile on (it runs a non-dynamic copy), or start ComfyUI with "
+            "--disable-dynamic-vram, or set quantize to off."
+        )
     qz.check_supported(mode, device)
     qz.require_torchao()  # "pip install torchao" before anything is patched
     root = model.get_model_object("diffusion_model")
-    fused = {k[len("diffusion_model."):] for k, p in model.object_patches.items()
-             if isinstance(p, FusedQKVCrossAttention)}
+    fused = {
+        k[len("diffusion_model.") :] for k, p in model.object_patches.items() if isinstance(p, FusedQKVCrossAttention)
+    }
     choice = qz.choose_linears(root)
     paths, skipped = [], dict(choice.skipped)
     for path in choice.paths:
@@ -95,7 +100,8 @@ def add_quantize(model, mode: str, device) -> StepReport:
                 f"quantize={mode}: ComfyUI did not apply the weight patches (LoRA) of {len(missing)} quantized "
                 f"layer(s), e.g. {missing[0]}: the model was loaded partially (lowvram: it does not fit in free VRAM) "
                 "or dynamically, and those layers would run without their LoRA. Free VRAM (unload other models), "
-                "start ComfyUI with --highvram / --disable-dynamic-vram, or set quantize to off.")
+                "start ComfyUI with --highvram / --disable-dynamic-vram, or set quantize to off."
+            )
         dtype = getattr(patcher.model, "manual_cast_dtype", None)
         for q in layers:
             q.refresh_(device=patcher.load_device, dtype=dtype, token=patcher.patches_uuid)
@@ -109,6 +115,15 @@ def add_quantize(model, mode: str, device) -> StepReport:
         model.add_callback_with_key(kind, KEY_QUANT, fn)
     steadfast_options(model).quantize = {"mode": mode, "layers": len(paths), "torchao": qz.torchao_version()}
     choice = qz.Choice(tuple(paths), skipped)
-    return StepReport("quantize", True, list(paths), {"mode": mode, "choice": choice}, lines=[
-        (f"quantize: {mode} (torchao), {choice.as_text()}; built at the first run from the "
-         "weights as patched (LoRA included)")])
+    return StepReport(
+        "quantize",
+        True,
+        list(paths),
+        {"mode": mode, "choice": choice},
+        lines=[
+            (
+                f"quantize: {mode} (torchao), {choice.as_text()}; built at the first run from the "
+                "weights as patched (LoRA included)"
+            )
+        ],
+    )

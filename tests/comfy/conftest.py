@@ -4,6 +4,7 @@ Without a ComfyUI checkout these tests are skipped, loudly (skip reason + warnin
 ``headless/`` (the server harness and the tiny checkpoint builder, stdlib + torch only) is put on ``sys.path``
 here, so tests can ``import comfy_server`` and ``import tiny_sd15`` without importing the pack.
 """
+
 from __future__ import annotations
 
 import json
@@ -64,8 +65,9 @@ def tiny_ckpt(comfyui_path: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     try:
         return tiny_sd15.cached_tiny_sd15(cache, in_subprocess=True)
     except subprocess.CalledProcessError as exc:
-        raise RuntimeError(f"building the tiny checkpoint failed:\n{exc.stdout[-4000:]}\n"
-                           f"{exc.stderr[-4000:]}") from exc
+        raise RuntimeError(
+            f"building the tiny checkpoint failed:\n{exc.stdout[-4000:]}\n{exc.stderr[-4000:]}"
+        ) from exc
 
 
 @pytest.fixture(scope="session")
@@ -79,8 +81,12 @@ def comfy_server(comfyui_path: Path, tiny_ckpt: Path) -> Iterator[ComfyServer]:
     ran, the MODEL objects with them, and the compile records held weakly for those objects go too. Whether a
     test then sees a cached node or a compile record would depend on what else the machine is doing (the
     full suite, other processes); ComfyUI 0.8.0's default, the classic cache, does not look at free RAM."""
-    with ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path, extra_args=["--cache-classic"],
-                     node_packs={"steadfast_test_squeeze": Path(__file__).parent / "squeeze_pack"}) as server:
+    with ComfyServer(
+        {TINY_CKPT_NAME: tiny_ckpt},
+        comfyui=comfyui_path,
+        extra_args=["--cache-classic"],
+        node_packs={"steadfast_test_squeeze": Path(__file__).parent / "squeeze_pack"},
+    ) as server:
         yield server
 
 
@@ -110,10 +116,15 @@ def run_child(comfyui_path: Path, tiny_ckpt: Path) -> Callable[[str], dict[str, 
     env = {**os.environ, "COMFYUI_PATH": str(comfyui_path)}
 
     def run(name: str) -> dict[str, Any]:
-        proc = subprocess.run([sys.executable, str(Path(__file__).with_name(name)), str(root), str(tiny_ckpt)],
-                              capture_output=True, text=True, timeout=900, env=env)
+        proc = subprocess.run(
+            [sys.executable, str(Path(__file__).with_name(name)), str(root), str(tiny_ckpt)],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env=env,
+        )
         assert proc.returncode == 0, proc.stderr[-4000:]
         line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-        return json.loads(line[len("RESULT "):])
+        return json.loads(line[len("RESULT ") :])
 
     return run

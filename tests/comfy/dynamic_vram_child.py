@@ -9,6 +9,7 @@ pack reads to decide. ``clone(disable_dynamic=True)`` then takes ComfyUI's real 
 ``cached_patcher_init``, as core's TorchCompileModel). Where ComfyUI has no ``is_dynamic`` (0.8.0) the emulation is
 skipped and the plain paths are checked.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,10 @@ def main() -> None:
     import comfy.model_management  # noqa: F401
     import comfy.model_patcher
     import comfy.sd
+
     sys.path.insert(0, str(ROOT / "scripts"))
     from _steadfast_import import import_steadfast
+
     import_steadfast(ROOT)
     from steadfast.nodes.host import identity
     from steadfast.nodes.optimize_node import SteadfastOptimizeModel
@@ -47,13 +50,22 @@ def main() -> None:
     out["compiler_state"] = dv.comfy_compiler_state()
 
     def optimize(m, **kw):
-        args = dict(qkv_fusion=False, channels_last=False, attention="auto", compile="off", backend="eager",
-                    mode="default", dynamic="auto", fullgraph=False)
+        args = dict(
+            qkv_fusion=False,
+            channels_last=False,
+            attention="auto",
+            compile="off",
+            backend="eager",
+            mode="default",
+            dynamic="auto",
+            fullgraph=False,
+        )
         args.update(kw)
         res = SteadfastOptimizeModel.execute(model=m, **args)
         return res.args[0], res.args[1]
 
     if out["has_dynamic"]:
+
         class EmulatedDynamic(type(model)):
             def is_dynamic(self):
                 return True
@@ -66,8 +78,9 @@ def main() -> None:
         out["dyn_report"] = report
         out["dyn_options"] = {k: getattr(so.steadfast_options(opt), k) for k in ("qkv_fusion", "channels_last")}
         out["dyn_object_patches"] = len(opt.object_patches)
-        out["dyn_callbacks"] = sorted(k for k in ("steadfast.qkv", "steadfast.layout")
-                                      if any(k in str(cbs) for cbs in opt.callbacks.values()))
+        out["dyn_callbacks"] = sorted(
+            k for k in ("steadfast.qkv", "steadfast.layout") if any(k in str(cbs) for cbs in opt.callbacks.values())
+        )
         out["dyn_is_dynamic"] = dv.is_dynamic(opt)
         out["params_untouched"] = params_state(unet) == before
         try:
@@ -83,6 +96,7 @@ def main() -> None:
 
         # the Comfy Compiler (absent in 0.33.0): emulate its switch and Dynamic VRAM being active
         import comfy.memory_management as memory
+
         args = comfy.model_management.args
         saved = (getattr(memory, "aimdo_enabled", False),)
         args.disable_comfy_compiler = False
@@ -108,7 +122,7 @@ def main() -> None:
 
     # quantize's refusal when ComfyUI did not apply a layer's patches (partial / dynamic load)
     q, _ = optimize(model, quantize="int8-dynamic")
-    paths = [k[len("diffusion_model."):] for k in q.object_patches if k.startswith("diffusion_model.")]
+    paths = [k[len("diffusion_model.") :] for k in q.object_patches if k.startswith("diffusion_model.")]
     layers = [q.object_patches[f"diffusion_model.{p}"] for p in paths]
     key = f"diffusion_model.{paths[0]}.weight"
     fake_patcher = type("P", (), {"patches": {key: [(1.0, torch.zeros(1), 1.0, None, None)]}})()
@@ -118,8 +132,11 @@ def main() -> None:
     del layers[0].comfy_patched_weights
 
     # the model digest: base weights + patches, the same whether a patch is in the Parameter or not
-    lora_key = next(k for k in model.model.state_dict() if k.startswith("diffusion_model.") and k.endswith(".weight")
-                    and model.model.state_dict()[k].ndim == 2)
+    lora_key = next(
+        k
+        for k in model.model.state_dict()
+        if k.startswith("diffusion_model.") and k.endswith(".weight") and model.model.state_dict()[k].ndim == 2
+    )
     w = model.model.state_dict()[lora_key]
     patched = model.clone()
     patched.add_patches({lora_key: (torch.full_like(w, 0.01),)}, strength_patch=1.0)
@@ -127,8 +144,9 @@ def main() -> None:
     out["digest_patched_unapplied"] = identity.model_identity_of(patched)  # as Dynamic VRAM: never written back
     patched.patch_model(device_to=torch.device("cpu"))  # legacy: the patch written into the Parameter
     out["digest_patched_applied"] = identity.model_identity_of(patched)
-    out["param_changed_by_patch"] = not torch.equal(model.model.state_dict()[lora_key],
-                                                    patched.backup[lora_key].weight)
+    out["param_changed_by_patch"] = not torch.equal(
+        model.model.state_dict()[lora_key], patched.backup[lora_key].weight
+    )
     patched.unpatch_model()
     half = model.clone()
     half.add_patches({lora_key: (torch.full_like(w, 0.01),)}, strength_patch=0.5)

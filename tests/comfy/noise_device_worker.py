@@ -12,6 +12,7 @@ Prints ONE ``RESULT <json>`` line::
 
     COMFYUI_PATH=... python noise_device_worker.py REPO CHECKPOINT   (run by the ``run_child`` fixture)
 """
+
 from __future__ import annotations
 
 import json
@@ -54,8 +55,10 @@ def main() -> int:
 
     def steps(ns, sig):
         got = [ns(sig(i), sig(i + 1)) for i in range(2)]  # two steps: the prefetched draw is handed too
-        return {"devices": [str(t.as_subclass(torch.Tensor).device) for t in got],
-                "shapes": [list(t.shape) for t in got]}
+        return {
+            "devices": [str(t.as_subclass(torch.Tensor).device) for t in got],
+            "shapes": [list(t.shape) for t in got],
+        }
 
     def sample_custom(model, noise, cfg, sampler, sigmas, positive, negative, latent_image, **kwargs):
         x = noise.to(device=second)
@@ -79,14 +82,21 @@ def main() -> int:
     for name in comfy.samplers.KSampler.SAMPLERS:
         kinds[name] = host_noise.noise_kind(comfy.samplers.sampler_object(name))
         for mode in sampler_node.BATCH_SEED_MODES:  # what the node would choose for a model on a GPU
-            ns, text = host_noise.per_step_noise(comfy.samplers.sampler_object(name), latent,
-                                                 torch.tensor([14.6, 3.0, 0.0]), 7, mode, torch.device("cuda"))
+            ns, text = host_noise.per_step_noise(
+                comfy.samplers.sampler_object(name),
+                latent,
+                torch.tensor([14.6, 3.0, 0.0]),
+                7,
+                mode,
+                torch.device("cuda"),
+            )
             on_gpu[f"{name}/{mode}"] = {"installed": ns is not None, "text": text}
         for mode in sampler_node.BATCH_SEED_MODES:
             seen.clear()
             try:
-                sampler_node.SteadfastSeededSampler.execute(model, 7, 3, 1.0, name, "normal", [], [],
-                                                            {"samples": latent}, 1.0, mode)
+                sampler_node.SteadfastSeededSampler.execute(
+                    model, 7, 3, 1.0, name, "normal", [], [], {"samples": latent}, 1.0, mode
+                )
                 results[f"{name}/{mode}"] = seen.get("result", {"error": "sample_custom was not called"})
             except Exception as exc:  # noqa: BLE001 - reported, the test fails on it
                 results[f"{name}/{mode}"] = {"error": f"{type(exc).__name__}: {exc}"[:400]}
@@ -94,8 +104,13 @@ def main() -> int:
     from steadfast.core.determinism import noise as sf_noise
 
     def in_dtype(latent_image, generator, noise_inds=None):  # ComfyUI 0.8.0's prepare_noise_inner (no inds)
-        return torch.randn(latent_image.size(), dtype=latent_image.dtype, layout=latent_image.layout,
-                           generator=generator, device="cpu")
+        return torch.randn(
+            latent_image.size(),
+            dtype=latent_image.dtype,
+            layout=latent_image.layout,
+            generator=generator,
+            device="cpu",
+        )
 
     probes = {}
     running = comfy.sample.prepare_noise_inner
@@ -107,11 +122,23 @@ def main() -> int:
             shape = (2, 4, 25, 10)
             ours = sf_noise.seeded_noise(shape, 3, mode="comfy", dtype=dtype, draw_dtype=draw)
             theirs = comfy.sample.prepare_noise(torch.zeros(shape, dtype=dtype), 3)
-            probes[f"{way}/{dtype}"] = {"identical": identical, "equal": torch.equal(ours.view(torch.uint8),
-                                                                                  theirs.view(torch.uint8))}
+            probes[f"{way}/{dtype}"] = {
+                "identical": identical,
+                "equal": torch.equal(ours.view(torch.uint8), theirs.view(torch.uint8)),
+            }
     comfy.sample.prepare_noise_inner = running
-    print("RESULT " + json.dumps({"kinds": kinds, "results": results, "on_gpu": on_gpu, "probes": probes,
-                      "default_noise_sampler_file": kds.__file__}))
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "kinds": kinds,
+                "results": results,
+                "on_gpu": on_gpu,
+                "probes": probes,
+                "default_noise_sampler_file": kds.__file__,
+            }
+        )
+    )
     return 0
 
 

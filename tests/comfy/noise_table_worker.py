@@ -18,6 +18,7 @@ Prints ONE ``RESULT <json>`` line, ``{name: {"function", "module", "takes_noise_
 
     COMFYUI_PATH=... python noise_table_worker.py REPO CHECKPOINT   (run by the ``run_child`` fixture)
 """
+
 from __future__ import annotations
 
 import inspect
@@ -63,6 +64,7 @@ def main() -> int:
         def call(sigma, sigma_next):
             record["own_calls"] += 1
             return ns(sigma, sigma_next)
+
         return call
 
     def default_noise_sampler(x, seed=None):
@@ -80,10 +82,20 @@ def main() -> int:
     out: dict = {}
     for name in comfy.samplers.KSampler.SAMPLERS:
         fn = comfy.samplers.sampler_object(name).sampler_function
-        row = {"function": getattr(fn, "__name__", repr(fn)), "module": getattr(fn, "__module__", None),
-               "takes_noise_sampler": "noise_sampler" in inspect.signature(fn).parameters}
-        ks = comfy.samplers.KSampler(model, steps=4, device=model.load_device, sampler=name, scheduler="normal",
-                                     denoise=1.0, model_options=model.model_options)
+        row = {
+            "function": getattr(fn, "__name__", repr(fn)),
+            "module": getattr(fn, "__module__", None),
+            "takes_noise_sampler": "noise_sampler" in inspect.signature(fn).parameters,
+        }
+        ks = comfy.samplers.KSampler(
+            model,
+            steps=4,
+            device=model.load_device,
+            sampler=name,
+            scheduler="normal",
+            denoise=1.0,
+            model_options=model.model_options,
+        )
         outputs = {}
         for run in ("own", "handed", "own again"):
             record.update(built=[], own_calls=0, handed_calls=0)
@@ -93,8 +105,18 @@ def main() -> int:
             kds.default_noise_sampler, kds.BrownianTreeNoiseSampler = default_noise_sampler, brownian_tree
             try:
                 x0 = torch.randn(latent.shape, generator=torch.Generator().manual_seed(0))
-                outputs[run] = comfy.sample.sample_custom(model, x0, 1.0, sampler, ks.sigmas, cond, cond, latent,
-                                                          disable_pbar=True, seed=6 if run == "own again" else 5)
+                outputs[run] = comfy.sample.sample_custom(
+                    model,
+                    x0,
+                    1.0,
+                    sampler,
+                    ks.sigmas,
+                    cond,
+                    cond,
+                    latent,
+                    disable_pbar=True,
+                    seed=6 if run == "own again" else 5,
+                )
             except Exception as exc:  # noqa: BLE001 - reported, the test fails on it
                 row["error"] = f"{name}/{run}: {type(exc).__name__}: {exc}"[:400]
             finally:
@@ -108,8 +130,10 @@ def main() -> int:
         row["pack_kind"] = host_noise.noise_kind(comfy.samplers.sampler_object(name))
         row["couples_items"] = host_noise.couples_items(comfy.samplers.sampler_object(name))
         out[name] = row
-    print("RESULT " + json.dumps({"samplers": out, "table": host_noise.PER_STEP_NOISE,
-                                  "coupled": host_noise.COUPLED_ITEMS}))
+    print(
+        "RESULT "
+        + json.dumps({"samplers": out, "table": host_noise.PER_STEP_NOISE, "coupled": host_noise.COUPLED_ITEMS})
+    )
     return 0
 
 

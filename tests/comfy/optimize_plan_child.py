@@ -3,6 +3,7 @@ the tiny checkpoint's ModelPatcher, in-process on the CPU, printing one JSON lin
 
     python tests/comfy/optimize_plan_child.py REPO_ROOT CKPT
 """
+
 from __future__ import annotations
 
 import json
@@ -17,14 +18,24 @@ import tiny_sd15  # noqa: E402
 tiny_sd15.import_comfy()
 import torch  # noqa: E402
 
-WIDGETS = dict(qkv_fusion=False, channels_last=False, attention="auto", compile="off", backend="eager",
-               mode="default", dynamic="auto", fullgraph=False)
+WIDGETS = dict(
+    qkv_fusion=False,
+    channels_last=False,
+    attention="auto",
+    compile="off",
+    backend="eager",
+    mode="default",
+    dynamic="auto",
+    fullgraph=False,
+)
 
 
 def main() -> None:
     import comfy.sd
+
     sys.path.insert(0, str(ROOT / "scripts"))
     from _steadfast_import import import_steadfast
+
     import_steadfast(ROOT)
     from steadfast.core import pipelines
     from steadfast.nodes import optimize_node
@@ -51,16 +62,18 @@ def main() -> None:
     out["bad_scope"] = refusal(compile="partial")
 
     # one plan type: the MODEL path's options are the pipeline path's
-    opts = optimize_node.model_options(**widgets(qkv_fusion=True, channels_last=True, attention="math",
-                                                 precision="fp32"))
+    opts = optimize_node.model_options(
+        **widgets(qkv_fusion=True, channels_last=True, attention="math", precision="fp32")
+    )
     out["same_type"] = type(opts) is pipelines.OptimizeOptions
     out["scope"], out["compile_backend"] = opts.scope, opts.compile.backend
     m, steps = optimize_node.optimize_model(model, opts, cpu)
     out["steps"] = [[s.step, s.applied] for s in steps]
     out["all_step_reports"] = all(type(s) is pipelines.StepReport for s in steps)
     out["plan_text"] = "\n".join(line for s in steps for line in s.lines)
-    node = optimize_node.SteadfastOptimizeModel.execute(model=model, **widgets(
-        qkv_fusion=True, channels_last=True, attention="math", precision="fp32"))
+    node = optimize_node.SteadfastOptimizeModel.execute(
+        model=model, **widgets(qkv_fusion=True, channels_last=True, attention="math", precision="fp32")
+    )
     out["node_text"] = node.args[1]
     out["clone_not_input"] = m is not model
 

@@ -4,6 +4,7 @@ and after a second run, as one JSON line. Not a test module.
 
     python tests/comfy/process_state_child.py REPO_ROOT CKPT
 """
+
 from __future__ import annotations
 
 import json
@@ -45,9 +46,12 @@ def snapshot() -> dict[str, Any]:
             "default_dtype": str(torch.get_default_dtype()),
             "grad_enabled": torch.is_grad_enabled(),
         },
-        "logging": {name: f"level={lg.level} handlers={sorted(type(h).__name__ for h in lg.handlers)} "
-                          f"propagate={lg.propagate} disabled={lg.disabled}"
-                    for name, lg in loggers.items() if isinstance(lg, logging.Logger)},
+        "logging": {
+            name: f"level={lg.level} handlers={sorted(type(h).__name__ for h in lg.handlers)} "
+            f"propagate={lg.propagate} disabled={lg.disabled}"
+            for name, lg in loggers.items()
+            if isinstance(lg, logging.Logger)
+        },
         "dynamo_config": _config("torch._dynamo.config"),
         "inductor_config": _config("torch._inductor.config"),
     }
@@ -56,6 +60,7 @@ def snapshot() -> dict[str, Any]:
 def params_state(module: torch.nn.Module) -> dict[str, str]:
     """Per parameter: where its data lives (pointer, strides) and a digest of its values."""
     from steadfast.core.record.hashing import tensor_digest
+
     return {n: f"{p.data_ptr()}|{tuple(p.stride())}|{tensor_digest(p.detach())}" for n, p in module.named_parameters()}
 
 
@@ -70,9 +75,11 @@ def main() -> None:
     import comfy.sd
     import comfy.utils
     import latent_preview  # noqa: F401
+
     out: dict[str, Any] = {"before_pack": snapshot()}
     sys.path.insert(0, str(ROOT / "scripts"))
     from _steadfast_import import import_steadfast
+
     import_steadfast(ROOT)
     import comfy.sd
 
@@ -80,6 +87,7 @@ def main() -> None:
     from steadfast.nodes.hash_node import SteadfastHash
     from steadfast.nodes.optimize_node import SteadfastOptimizeModel
     from steadfast.nodes.sampler_node import SteadfastSeededSampler
+
     out["after_import"] = snapshot()
 
     with torch.inference_mode():  # as ComfyUI's executor runs nodes
@@ -89,17 +97,35 @@ def main() -> None:
         unet = model.model.diffusion_model
         out["params_before"] = params_state(unet)
         det = SteadfastDeterminismSetup.execute(model=model, strict=True, allow_tf32=False, num_threads=1).result[0]
-        opt = SteadfastOptimizeModel.execute(model=det, qkv_fusion=True, channels_last=True, attention="math",
-                                             compile="regional", backend="inductor", mode="default",
-                                             dynamic="true", fullgraph=False,
-                                             quantize="int8-dynamic").result[0]
+        opt = SteadfastOptimizeModel.execute(
+            model=det,
+            qkv_fusion=True,
+            channels_last=True,
+            attention="math",
+            compile="regional",
+            backend="inductor",
+            mode="default",
+            dynamic="true",
+            fullgraph=False,
+            quantize="int8-dynamic",
+        ).result[0]
     hashes = []
     for key in ("after_run", "after_second_run"):
         with torch.inference_mode():
             latent = {"samples": torch.zeros(1, 4, 8, 8)}
-            res = SteadfastSeededSampler.execute(model=opt, seed=1, steps=2, cfg=5.0, sampler_name="euler_ancestral",
-                                                 scheduler="normal", positive=pos, negative=neg,
-                                                 latent_image=latent, denoise=1.0, batch_seed_mode="incremental")
+            res = SteadfastSeededSampler.execute(
+                model=opt,
+                seed=1,
+                steps=2,
+                cfg=5.0,
+                sampler_name="euler_ancestral",
+                scheduler="normal",
+                positive=pos,
+                negative=neg,
+                latent_image=latent,
+                denoise=1.0,
+                batch_seed_mode="incremental",
+            )
             hashes.append(SteadfastHash.execute(latent=res.result[0]).result[0])
         out[key] = snapshot()
     out["params_after"] = params_state(unet)

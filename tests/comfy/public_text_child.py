@@ -1,5 +1,6 @@
 """Child process of test_public_errors.py: ``nodes/host/public_text.guard_node`` on toy nodes, with ComfyUI importable
 (``COMFYUI_PATH`` on ``sys.path``) but no server. Prints one JSON line of what each case raised and logged."""
+
 from __future__ import annotations
 
 import asyncio
@@ -40,16 +41,19 @@ logging.getLogger("steadfast").setLevel(logging.INFO)
 
 def make(exc: BaseException, is_async: bool) -> type:
     if is_async:
+
         class Node:
             @classmethod
             async def execute(cls, x=1):
                 await asyncio.sleep(0)
                 raise exc
     else:
+
         class Node:
             @classmethod
             def execute(cls, x=1):
                 raise exc
+
     return guard_node(Node)
 
 
@@ -77,7 +81,10 @@ for is_async in (False, True):
             raised = e
         out["cases"][f"{name}{'_async' if is_async else ''}"] = {
             "coroutine": coroutine,
-            "same_object": raised is exc, "same_type": raised is not None and type(raised) is before_type,
+            "same_object": raised is exc,
+            "same_type": raised is not None and type(raised) is before_type,
             "isinstance": raised is not None and isinstance(raised, before_type),
-            "text": str(raised), "logged": list(records)}
+            "text": str(raised),
+            "logged": list(records),
+        }
 print(json.dumps(out))

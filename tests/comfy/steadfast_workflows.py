@@ -4,6 +4,7 @@ session ComfyUI server and read our nodes' results back from ``/history``.
 Not a test module (no ``test_`` prefix). Imported by ``tests/comfy/test_nodes_*.py``; pytest puts this
 folder on ``sys.path`` (rootdir-relative "prepend" import mode, no ``__init__.py`` here).
 """
+
 from __future__ import annotations
 
 import copy
@@ -126,10 +127,13 @@ def build_lora(ckpt: Path, out: Path, rank: int = 4, seed: int = 1234) -> int:
     prefix = "model.diffusion_model."
     with safe_open(str(ckpt), "pt") as f:
         for key in sorted(f.keys()):
-            if ".transformer_blocks." in key and key.rsplit(".", 2)[-2] in ("to_q", "to_k", "to_v") \
-                    and key.endswith(".weight"):
+            if (
+                ".transformer_blocks." in key
+                and key.rsplit(".", 2)[-2] in ("to_q", "to_k", "to_v")
+                and key.endswith(".weight")
+            ):
                 n_out, n_in = f.get_slice(key).get_shape()
-                name = "lora_unet_" + key[len(prefix):-len(".weight")].replace(".", "_")
+                name = "lora_unet_" + key[len(prefix) : -len(".weight")].replace(".", "_")
                 tensors[f"{name}.lora_up.weight"] = torch.randn(n_out, rank, generator=gen) * 0.1
                 tensors[f"{name}.lora_down.weight"] = torch.randn(rank, n_in, generator=gen) * 0.1
                 tensors[f"{name}.alpha"] = torch.tensor(float(rank))

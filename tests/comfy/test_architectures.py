@@ -24,6 +24,7 @@ What is measured (numbers come from the worker, nothing is assumed):
   class (``caller_dispatch``, per architecture);
 * ``slow``: the same with ``backend="inductor"`` for Flux and Wan.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -56,36 +57,98 @@ EXPECTED = {  # blocks in the small models (from their configs, see arch_worker.
 # Auto-discovery vs the declared table on real-size models: (extra classes auto adds, declared classes
 # auto leaves out). Everything else must match path for path.
 KNOWN_AUTO_DIFF = {
-    "chroma_radiance": ({"NerfGLUBlock"}, set()),        # per-pixel NeRF head, left out on purpose
-    "wan_vace": ({"VaceWanAttentionBlock"}, set()),      # int block_id -> one graph per block (measured)
-    "wan_s2v": ({"WanT2VCrossAttention"}, set()),        # audio injector attention layers
+    "chroma_radiance": ({"NerfGLUBlock"}, set()),  # per-pixel NeRF head, left out on purpose
+    "wan_vace": ({"VaceWanAttentionBlock"}, set()),  # int block_id -> one graph per block (measured)
+    "wan_s2v": ({"WanT2VCrossAttention"}, set()),  # audio injector attention layers
     "kandinsky5": (set(), {"TransformerEncoderBlock"}),  # 2 text blocks = 4.4% of params < 5% cut
-    "hidream_o1": ({"Qwen35VisionBlock"}, set()),        # reference-image ViT, its output cached across steps
-    "wan_dancer": ({"WanT2VCrossAttention"}, set()),     # music injector attention layers (as wan_s2v's audio)
+    "hidream_o1": ({"Qwen35VisionBlock"}, set()),  # reference-image ViT, its output cached across steps
+    "wan_dancer": ({"WanT2VCrossAttention"}, set()),  # music injector attention layers (as wan_s2v's audio)
 }
 REL_TOL = 1e-3
 #: The worker's structure architectures (arch_worker.STRUCTURE; the worker imports ComfyUI, this process may not):
 #: one test each. Those newer than the running ComfyUI are skipped by the worker, with its version in the reason.
 STRUCTURE_ARCHS = [
-    "sd15", "sdxl", "flux", "flux2", "chroma", "chroma_radiance", "hunyuan_video", "hunyuan3d", "sd3", "sd35",
-    "auraflow", "wan", "wan_i2v", "wan_vace", "wan_camera", "wan_s2v", "wan_humo", "wan_animate", "ltxv", "ltxav",
-    "lumina2", "qwen_image", "hidream", "pixart", "hunyuan_dit", "hunyuan3d21", "mochi", "cosmos", "cosmos_predict2",
-    "ace", "stable_audio", "kandinsky5", "omnigen2", "stable_cascade_c", "stable_cascade_b",
+    "sd15",
+    "sdxl",
+    "flux",
+    "flux2",
+    "chroma",
+    "chroma_radiance",
+    "hunyuan_video",
+    "hunyuan3d",
+    "sd3",
+    "sd35",
+    "auraflow",
+    "wan",
+    "wan_i2v",
+    "wan_vace",
+    "wan_camera",
+    "wan_s2v",
+    "wan_humo",
+    "wan_animate",
+    "ltxv",
+    "ltxav",
+    "lumina2",
+    "qwen_image",
+    "hidream",
+    "pixart",
+    "hunyuan_dit",
+    "hunyuan3d21",
+    "mochi",
+    "cosmos",
+    "cosmos_predict2",
+    "ace",
+    "stable_audio",
+    "kandinsky5",
+    "omnigen2",
+    "stable_cascade_c",
+    "stable_cascade_b",
     # new in ComfyUI 0.33.0 (skipped on older ones)
-    "anima", "ace15", "boogu", "cogvideox", "ernie", "hidream_o1", "ideogram4", "joyimage", "krea2", "lens",
-    "zimage_pixel", "mage_flow", "minimax_h3", "minimax_music3", "pixeldit", "pid", "seedvr2", "trellis2",
-    "triposplat", "wan_causal", "wan_scail", "wan_scail2", "wan_dancer", "wan_animate2", "zimage_omni",
+    "anima",
+    "ace15",
+    "boogu",
+    "cogvideox",
+    "ernie",
+    "hidream_o1",
+    "ideogram4",
+    "joyimage",
+    "krea2",
+    "lens",
+    "zimage_pixel",
+    "mage_flow",
+    "minimax_h3",
+    "minimax_music3",
+    "pixeldit",
+    "pid",
+    "seedvr2",
+    "trellis2",
+    "triposplat",
+    "wan_causal",
+    "wan_scail",
+    "wan_scail2",
+    "wan_dancer",
+    "wan_animate2",
+    "zimage_omni",
     "ltxav_switches",
 ]
 #: ``{arch: text its REGIONAL_UNSUPPORTED reason contains}``
-UNSUPPORTED_ARCHS = {"stable_cascade_c": "isinstance", "stable_cascade_b": "isinstance",
-                     "wan_animate2": "block.forward_gen"}
+UNSUPPORTED_ARCHS = {
+    "stable_cascade_c": "isinstance",
+    "stable_cascade_b": "isinstance",
+    "wan_animate2": "block.forward_gen",
+}
 
 
 def _worker(comfyui_path: Path, *args: str, timeout: int = 900, **env_extra: str) -> dict[str, Any]:
     env = dict(os.environ, COMFYUI_PATH=str(comfyui_path), **env_extra)
-    proc = subprocess.run([sys.executable, str(WORKER), *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=str(WORKER.parent))
+    proc = subprocess.run(
+        [sys.executable, str(WORKER), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=str(WORKER.parent),
+    )
     if proc.returncode != 0:
         raise AssertionError(f"worker {args} failed (rc={proc.returncode}):\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout)
@@ -105,8 +168,11 @@ def swap_runs(comfyui_path: Path) -> dict[str, Any]:
 def eager_runs(comfyui_path: Path) -> dict[str, Any]:
     """One worker process: the 5 small models with the defaults (dynamic=None), dynamic=True, and
     three runs without the first-call fixes."""
-    items = ARCHS + [f"{a}:dynamic=true" for a in ("sd15", "flux", "wan")] + [
-        "sd15:specialize=0", "sd3:contiguous=0", "wan:contiguous=0", "sd15:patch=1", "sd15:patch=1,filter=skip"]
+    items = (
+        ARCHS
+        + [f"{a}:dynamic=true" for a in ("sd15", "flux", "wan")]
+        + ["sd15:specialize=0", "sd3:contiguous=0", "wan:contiguous=0", "sd15:patch=1", "sd15:patch=1,filter=skip"]
+    )
     return _worker(comfyui_path, "run", "--backend", "eager", *items)
 
 
@@ -135,9 +201,14 @@ def test_structure_covers_every_listed_architecture(structure: dict[str, Any], c
     assert sorted(archs) == sorted(STRUCTURE_ARCHS)  # the parametrized tests below cover the worker's list
     built = {k: v for k, v in archs.items() if "skipped" not in v and "error" not in v}
     assert len(built) >= 30, sorted(built)
-    _report(f"declared blocks (real-size configs, meta device, ComfyUI {structure['comfyui_version']})",
-            {k: v.get("skipped") or v.get("error") or f"{v['class']}: {v.get('found')} variants={v.get('variants')}"
-             for k, v in archs.items()}, capsys)
+    _report(
+        f"declared blocks (real-size configs, meta device, ComfyUI {structure['comfyui_version']})",
+        {
+            k: v.get("skipped") or v.get("error") or f"{v['class']}: {v.get('found')} variants={v.get('variants')}"
+            for k, v in archs.items()
+        },
+        capsys,
+    )
 
 
 @pytest.mark.comfyui
@@ -194,8 +265,10 @@ def test_swap_table_holds_on_comfyui(swap_runs: dict[str, Any]) -> None:
         r = swap_runs[arch]
         assert "error" not in r, (arch, r)
         chosen = r["chosen"]
-        assert chosen["count"] > 0 and chosen["error"] is None and chosen["uncalled"] == [] and chosen["equal"], \
-            (arch, chosen)
+        assert chosen["count"] > 0 and chosen["error"] is None and chosen["uncalled"] == [] and chosen["equal"], (
+            arch,
+            chosen,
+        )
         for path, fact in r["refused"].items():
             assert fact["caller"] in sblocks.NON_GENERIC_PARENTS, (arch, path, fact)
             rows.setdefault(fact["caller"], []).append(fact["changed"])
@@ -233,12 +306,18 @@ def test_small_models_regional_eager_backend(eager_runs: dict[str, Any], capsys)
         _check_run(arch, r, EXPECTED[arch])
         # one graph per structural variant: no first-call recompile beyond what the blocks' own
         # structure requires (sd15: 2 widths; sd3: a self-attn block and the pre_only last block)
-        assert r["graphs_after_call"][0] == sum(r["variants"].values()), (arch, r["graphs_after_call"],
-                                                                         r["variants"], r["recompiles_first_call"])
+        assert r["graphs_after_call"][0] == sum(r["variants"].values()), (
+            arch,
+            r["graphs_after_call"],
+            r["variants"],
+            r["recompiles_first_call"],
+        )
         # the eager backend replays the same aten ops: measured bit-equal to the eager model
         assert r["bit_equal_eager"], (arch, r["max_abs_vs_eager"])
-        rows[arch] = (f"blocks={r['found']} graphs={r['graphs_after_call'][0]} max|d|={r['max_abs_vs_eager']:.3g} "
-                      f"bit-equal={r['bit_equal_eager']} first call {r['calls_seconds'][0]:.2f}s")
+        rows[arch] = (
+            f"blocks={r['found']} graphs={r['graphs_after_call'][0]} max|d|={r['max_abs_vs_eager']:.3g} "
+            f"bit-equal={r['bit_equal_eager']} first call {r['calls_seconds'][0]:.2f}s"
+        )
     _report("regional compile, backend=eager, dynamic=None", rows, capsys)
 
 
@@ -255,8 +334,11 @@ def test_small_models_dynamic_true_stay_at_zero_recompiles(eager_runs: dict[str,
 def test_first_call_recompiles_without_the_fixes(eager_runs: dict[str, Any], capsys) -> None:
     """The extra graphs the options remove are real: Dynamo names strides and transformer_options ints."""
     rows = {}
-    for item, needle in [("wan:contiguous=0", "stride mismatch"), ("sd3:contiguous=0", "stride mismatch"),
-                         ("sd15:specialize=0", "transformer_options['block']")]:
+    for item, needle in [
+        ("wan:contiguous=0", "stride mismatch"),
+        ("sd3:contiguous=0", "stride mismatch"),
+        ("sd15:specialize=0", "transformer_options['block']"),
+    ]:
         r = eager_runs[item]
         arch = item.split(":")[0]
         _check_run(item, r, EXPECTED[arch])  # still correct and warm-stable, just more graphs
@@ -283,26 +365,40 @@ def test_patch_added_after_warmup_is_applied(eager_runs: dict[str, Any], capsys)
         assert r["patch"]["max_abs_vs_eager_unpatched_after"] == 0.0  # eager backend, unpatched again
     assert good["patch"]["max_abs_vs_eager_patched"] == 0.0 and good["patch"]["recompiles"] > 0
     assert bad["patch"]["max_abs_vs_eager_patched"] > 1e-4 and bad["patch"]["recompiles"] == 0
-    _report("attn2 patch added after warm-up", {
-        "comfy_guard_filter": f"max|d| vs eager+patch = {good['patch']['max_abs_vs_eager_patched']:.3g} "
-                              f"({good['patch']['recompiles']} recompiles)",
-        "SkipGuardsOn": f"max|d| vs eager+patch = {bad['patch']['max_abs_vs_eager_patched']:.3g} (patch ignored)"},
-        capsys)
+    _report(
+        "attn2 patch added after warm-up",
+        {
+            "comfy_guard_filter": f"max|d| vs eager+patch = {good['patch']['max_abs_vs_eager_patched']:.3g} "
+            f"({good['patch']['recompiles']} recompiles)",
+            "SkipGuardsOn": f"max|d| vs eager+patch = {bad['patch']['max_abs_vs_eager_patched']:.3g} (patch ignored)",
+        },
+        capsys,
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.comfyui
 def test_inductor_flux_and_wan(comfyui_path: Path, tmp_path: Path, capsys) -> None:
-    runs = _worker(comfyui_path, "run", "--backend", "inductor", "flux", "wan", "flux:dynamic=true",
-                   TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))  # cold: a fresh cache
+    runs = _worker(
+        comfyui_path,
+        "run",
+        "--backend",
+        "inductor",
+        "flux",
+        "wan",
+        "flux:dynamic=true",
+        TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
+    )  # cold: a fresh cache
     rows = {}
     for item in ("flux", "wan", "flux:dynamic=true"):
         r = runs[item]
         _check_run(item, r, EXPECTED[item.split(":")[0]])
         assert r["graphs_after_call"][0] == sum(r["variants"].values()), (item, r["recompiles_first_call"])
-        rows[item] = (f"graphs={r['graphs_after_call'][0]} bit-equal={r['bit_equal_eager']} "
-                      f"max|d|={r['max_abs_vs_eager']:.3g} rel={r['rel_vs_eager']:.3g} "
-                      f"first call {r['calls_seconds'][0]:.1f}s, then {r['calls_seconds'][-1] * 1e3:.1f} ms")
+        rows[item] = (
+            f"graphs={r['graphs_after_call'][0]} bit-equal={r['bit_equal_eager']} "
+            f"max|d|={r['max_abs_vs_eager']:.3g} rel={r['rel_vs_eager']:.3g} "
+            f"first call {r['calls_seconds'][0]:.1f}s, then {r['calls_seconds'][-1] * 1e3:.1f} ms"
+        )
     _report("regional compile, backend=inductor", rows, capsys)
 
 
@@ -316,17 +412,30 @@ def test_diffusers_flux_single_blocks_no_stride_recompile(dynamic: bool | None) 
 
     torch.manual_seed(0)
     m = diffusers.FluxTransformer2DModel(
-        patch_size=1, in_channels=16, num_layers=1, num_single_layers=3, attention_head_dim=16,
-        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=(4, 6, 6)).eval()
+        patch_size=1,
+        in_channels=16,
+        num_layers=1,
+        num_single_layers=3,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        pooled_projection_dim=32,
+        axes_dims_rope=(4, 6, 6),
+    ).eval()
     paths = sblocks.choose_blocks(m, classes=m._repeated_blocks).paths  # diffusers' declaration
     assert len(paths) == 4
     graphs = {}
     with torch.inference_mode():
         g = torch.Generator().manual_seed(0)
-        inp = dict(hidden_states=torch.randn(1, 64, 16, generator=g),
-                   encoder_hidden_states=torch.randn(1, 8, 32, generator=g),
-                   pooled_projections=torch.randn(1, 32, generator=g), timestep=torch.tensor([0.5]),
-                   img_ids=torch.zeros(64, 3), txt_ids=torch.zeros(8, 3), return_dict=False)
+        inp = dict(
+            hidden_states=torch.randn(1, 64, 16, generator=g),
+            encoder_hidden_states=torch.randn(1, 8, 32, generator=g),
+            pooled_projections=torch.randn(1, 32, generator=g),
+            timestep=torch.tensor([0.5]),
+            img_ids=torch.zeros(64, 3),
+            txt_ids=torch.zeros(8, 3),
+            return_dict=False,
+        )
         eager = m(**inp)[0]
         for on in (False, True):
             torch._dynamo.reset()
@@ -465,8 +574,10 @@ def test_discovery_descends_past_refused_unwraps_and_drops_small_groups() -> Non
     disc = sblocks.choose_blocks(p, discover=True).discovery
     assert disc.groups == {"Leaf": ["wrapped.0.block", "wrapped.1.block"]}  # Wrapper -> its only child
     assert disc.dropped == {"Linear": pytest.approx(16 / sum(t.numel() for t in p.parameters()), abs=1e-4)}
-    assert (sblocks.choose_blocks(p, discover=True, min_param_share=0.0).discovery.groups["Linear"]
-            == ["tiny.0", "tiny.1"])
+    assert sblocks.choose_blocks(p, discover=True, min_param_share=0.0).discovery.groups["Linear"] == [
+        "tiny.0",
+        "tiny.1",
+    ]
     with pytest.raises(ValueError):
         sblocks.choose_blocks(p, discover=True, min_repeats=0)
 
@@ -551,8 +662,10 @@ class Indexed(nn.Module):
 @pytest.mark.parametrize("dynamic", [None, True])
 def test_compile_options_remove_first_call_recompiles(dynamic: bool | None) -> None:
     torch.manual_seed(0)
-    cases = [(StridedFirst().eval(), lambda m, x: m(x), "contiguous_inputs", (2, 8, 5)),
-             (Indexed().eval(), lambda m, x: m(x, {}), "specialize_ints", (2, 5, 8))]
+    cases = [
+        (StridedFirst().eval(), lambda m, x: m(x), "contiguous_inputs", (2, 8, 5)),
+        (Indexed().eval(), lambda m, x: m(x, {}), "specialize_ints", (2, 5, 8)),
+    ]
     for model, call, option, shape in cases:
         with torch.inference_mode():  # inputs too: a non-inference input alone is a guard failure
             x = torch.randn(*shape)
@@ -563,8 +676,9 @@ def test_compile_options_remove_first_call_recompiles(dynamic: bool | None) -> N
                 torch._dynamo.reset()
                 counters.clear()
                 opts = CompileOptions(backend="eager", dynamic=dynamic, **{option: on})
-                compiled = compile_blocks(model, [f"blocks.{i}" for i in range(len(model.blocks))], opts,
-                                          comfy_guard_filter())
+                compiled = compile_blocks(
+                    model, [f"blocks.{i}" for i in range(len(model.blocks))], opts, comfy_guard_filter()
+                )
                 outs = []
                 for _ in range(3):
                     with swap_in(model, compiled):
@@ -594,8 +708,14 @@ def test_transformer_options_guard_filter_decisions() -> None:
     f = comfy_guard_filter()
     assert f == TransformerOptionsGuardFilter() and hash(f) == hash(TransformerOptionsGuardFilter())
     plain = {"block": ("input", 1), "sigmas": 1.0, "patches_replace": {"attn1": {}}}
-    names = ["x", "transformer_options", "L['transformer_options']['block'][1]", "transformer_options['sigmas']",
-             "transformer_options['patches_replace']['attn1']", "transformer_options['optimized_attention_override']"]
+    names = [
+        "x",
+        "transformer_options",
+        "L['transformer_options']['block'][1]",
+        "transformer_options['sigmas']",
+        "transformer_options['patches_replace']['attn1']",
+        "transformer_options['optimized_attention_override']",
+    ]
     entries = [Entry(names[0]), Entry(names[1], plain)] + [Entry(n) for n in names[2:]]
     assert f(entries) == [True, True, False, False, True, True]
     patched = dict(plain, patches_replace={"attn1": {("input", 1, 0): print}})

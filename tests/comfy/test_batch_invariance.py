@@ -9,6 +9,7 @@ Over HTTP on a real ComfyUI with the tiny SD1.5 checkpoint. The test-only ``sque
 * item i of a batch of 2 or 3 equals the batch-1 run at seed + i (LATENT and float IMAGE), with an
   ancestral and an SDE sampler, and with regional compile.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -32,10 +33,21 @@ def _base(batch: int = 1) -> dict[str, Any]:
     return wf
 
 
-def _sample(wf: dict, model: list, seed: int, latent: list, sampler: str = "euler_ancestral",
-            stock: bool = False) -> str:
-    common = dict(model=model, seed=seed, steps=STEPS, cfg=7.0, sampler_name=sampler, scheduler="normal",
-                  positive=["2", 0], negative=["3", 0], latent_image=latent, denoise=1.0)
+def _sample(
+    wf: dict, model: list, seed: int, latent: list, sampler: str = "euler_ancestral", stock: bool = False
+) -> str:
+    common = dict(
+        model=model,
+        seed=seed,
+        steps=STEPS,
+        cfg=7.0,
+        sampler_name=sampler,
+        scheduler="normal",
+        positive=["2", 0],
+        negative=["3", 0],
+        latent_image=latent,
+        denoise=1.0,
+    )
     if stock:
         return add(wf, "KSampler", **common)
     return add(wf, "SteadfastSeededSampler", **common, batch_seed_mode="incremental")
@@ -44,8 +56,9 @@ def _sample(wf: dict, model: list, seed: int, latent: list, sampler: str = "eule
 def _hashes(wf: dict, latent_node: str, decoder: str, squeeze_decode: bool = False) -> tuple[str, str]:
     """Add Hash nodes for the LATENT of ``latent_node`` and its decoded IMAGE; returns their ids."""
     if squeeze_decode:
-        image = add(wf, "TestSqueezedVAEDecode", samples=[latent_node, 0], vae=["1", 2], free_mb=SQUEEZE_MB,
-                    decoder=decoder)
+        image = add(
+            wf, "TestSqueezedVAEDecode", samples=[latent_node, 0], vae=["1", 2], free_mb=SQUEEZE_MB, decoder=decoder
+        )
     else:
         image = add(wf, decoder, samples=[latent_node, 0], vae=["1", 2])
     return add(wf, "SteadfastHash", latent=[latent_node, 0]), add(wf, "SteadfastHash", image=[image, 0])
@@ -80,8 +93,9 @@ def test_steadfast_bytes_ignore_free_memory(comfy_server: ComfyServer) -> None:
     assert again_quiet == quiet and again_busy == quiet
 
 
-def _batch_vs_singles(server: ComfyServer, batch: int, sampler: str, optimize: dict | None = None,
-                      patches=None) -> tuple[list[tuple[str, str]], list[tuple[str, str]], dict, dict]:
+def _batch_vs_singles(
+    server: ComfyServer, batch: int, sampler: str, optimize: dict | None = None, patches=None
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]], dict, dict]:
     """Hashes of the items of a batch-``batch`` run at seed 42 and of batch-1 runs at 42 + i. ``patches(wf, model)``
     may add nodes between Determinism Setup and Optimize Model and return the new model link."""
     wf = _base(batch=batch)
@@ -116,9 +130,18 @@ def test_batch_item_equals_single_run_at_seed_plus_i(comfy_server: ComfyServer, 
 
 @pytest.mark.slow
 def test_batch_item_equals_single_run_with_regional_compile(comfy_server: ComfyServer) -> None:
-    optimize = dict(qkv_fusion=False, channels_last=False, attention="auto", compile="regional",
-                    backend="inductor", mode="default", dynamic="auto", fullgraph=False, strict_recompiles=False,
-                    compile_cache="")
+    optimize = dict(
+        qkv_fusion=False,
+        channels_last=False,
+        attention="auto",
+        compile="regional",
+        backend="inductor",
+        mode="default",
+        dynamic="auto",
+        fullgraph=False,
+        strict_recompiles=False,
+        compile_cache="",
+    )
     items, singles, record, _ = _batch_vs_singles(comfy_server, 2, "euler_ancestral", optimize)
     assert items == singles and items[0] != items[1]
     assert record["compile"]["mode"] == "regional"
@@ -138,6 +161,7 @@ def test_switch_off_is_recorded(comfy_server: ComfyServer) -> None:
 def test_combined_conditioning_is_refused_with_a_reason(comfy_server: ComfyServer) -> None:
     """Two conditioning entries are grouped by free memory inside ComfyUI: refused, naming the switch."""
     from comfy_server import PromptFailed
+
     wf = _base(batch=1)
     both = add(wf, "ConditioningCombine", conditioning_1=["2", 0], conditioning_2=["3", 0])
     s = _sample(wf, ["5", 0], 42, ["4", 0])
@@ -154,11 +178,13 @@ LORA_NAME = "steadfast_batch_invariance_lora.safetensors"
 
 @pytest.mark.slow
 def test_batch_invariance_composes_with_lora_block_patches_and_full_compile(
-        comfy_server: ComfyServer, tiny_ckpt, tmp_path_factory: pytest.TempPathFactory) -> None:
+    comfy_server: ComfyServer, tiny_ckpt, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     """LoRA (weight patches), FreeU_V2 (a ControlNet-style patch on the UNet's output blocks), QKV fusion,
     channels-last and full compile together: item i still equals seed + i, and the batch-1 runs after the batched
     one recompile nothing (every model call has the same batch-1 shape)."""
     from steadfast_workflows import build_lora
+
     path = tmp_path_factory.mktemp("bi_lora") / LORA_NAME
     build_lora(tiny_ckpt, path, seed=7)
     comfy_server.link_models("loras", {LORA_NAME: path})
@@ -167,8 +193,18 @@ def test_batch_invariance_composes_with_lora_block_patches_and_full_compile(
         lora = add(wf, "LoraLoaderModelOnly", model=model, lora_name=LORA_NAME, strength_model=1.0)
         return [add(wf, "FreeU_V2", model=[lora, 0], b1=1.3, b2=1.4, s1=0.9, s2=0.2), 0]
 
-    optimize = dict(qkv_fusion=True, channels_last=True, attention="auto", compile="full", backend="eager",
-                    mode="default", dynamic="auto", fullgraph=False, strict_recompiles=False, compile_cache="")
+    optimize = dict(
+        qkv_fusion=True,
+        channels_last=True,
+        attention="auto",
+        compile="full",
+        backend="eager",
+        mode="default",
+        dynamic="auto",
+        fullgraph=False,
+        strict_recompiles=False,
+        compile_cache="",
+    )
     items, singles, record, entry = _batch_vs_singles(comfy_server, 2, "euler_ancestral", optimize, patches)
     assert items == singles and items[0] != items[1]
     assert record["compile"]["mode"] == "full"

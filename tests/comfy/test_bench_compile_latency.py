@@ -5,6 +5,7 @@ is: the default Flux is ComfyUI's own class at Flux.1's real depth (19 double + 
 regional path compiles every one of those blocks, the seeded model's output depends on its input, and
 the ISA-probe count that separates "cold" from "primed" recognises inductor's probe sources.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,14 +54,20 @@ print("RESULT " + json.dumps({
 
 
 def test_default_flux_is_real_depth_and_regional_covers_every_block(comfyui_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(ROOT / "benchmarks")], capture_output=True, text=True,
-                          timeout=600, env=dict(os.environ, COMFYUI_PATH=str(comfyui_path)))
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(ROOT / "benchmarks")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, COMFYUI_PATH=str(comfyui_path)),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1][7:])
     assert res["cls"] == "comfy.ldm.flux.model.Flux"
     assert (res["double"], res["single"]) == (19, 38)
-    assert sorted(res["paths"]) == sorted([f"double_blocks.{i}" for i in range(19)]
-                                          + [f"single_blocks.{i}" for i in range(38)])
+    assert sorted(res["paths"]) == sorted(
+        [f"double_blocks.{i}" for i in range(19)] + [f"single_blocks.{i}" for i in range(38)]
+    )
     assert res["shape"] == [1, 16, 64, 64] and res["finite"] and res["std"] > 0.1
     assert res["rerun_equal"] and res["rebuilt_equal"]  # the second input differs from the first in x only
     assert res["moved_max"] > 1e-3  # seeded weights: the output depends on the latent

@@ -4,6 +4,7 @@ The real run needs a GPU (Flux-dev size, bf16); this checks the script end to en
 ModelPatcher, the pack's Determinism Setup and Optimize nodes, sampling, hashing, FLOP counting) with
 the ``eager`` compile backend so no C++ compiler run is needed.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,21 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_smoke_mode_runs_and_reports(comfyui_path: Path, tmp_path: Path) -> None:
     out = tmp_path / "flux_smoke.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gpu_flux.py"), "--smoke",
-                           "--backend", "eager", "--json", str(out)], capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, COMFYUI_PATH=str(comfyui_path)))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "bench_gpu_flux.py"),
+            "--smoke",
+            "--backend",
+            "eager",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, COMFYUI_PATH=str(comfyui_path)),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads(out.read_text())
     assert res["smoke"] is True and res["device"] == "cpu" and res["steps"] == 2
@@ -38,7 +51,8 @@ def test_smoke_mode_runs_and_reports(comfyui_path: Path, tmp_path: Path) -> None
     # the compiled model made through the node is tracked; determinism recompiles, and says why
     assert configs["steadfast"]["compile"]["status"] == "warm" and configs["steadfast"]["compile"]["blocks"] == 3
     det = configs["steadfast+det"]["compile"]
-    assert det["recompile_reasons"] and all(r.startswith("global flag changed since compile:")
-                                            and "deterministic_algorithms False -> True" in r
-                                            for r in det["recompile_reasons"])
+    assert det["recompile_reasons"] and all(
+        r.startswith("global flag changed since compile:") and "deterministic_algorithms False -> True" in r
+        for r in det["recompile_reasons"]
+    )
     assert "| steadfast+det |" in proc.stdout

@@ -7,6 +7,7 @@ One server, started twice: first with cache root A (and a broken artifact), cold
 regional, Warmup), then ``steadfast artifact export`` of A; then restarted with an empty cache root B and the
 artifact (pinned) plus a foreign one; last, a server installed in another folder on the same artifact.
 """
+
 from __future__ import annotations
 
 import io
@@ -40,12 +41,16 @@ def _foreign(src: Path, dst: Path) -> None:
             tout.addfile(m, io.BytesIO(data))
 
 
-def test_artifact_warm_starts_a_server_with_an_empty_cache(comfyui_path: Path, tiny_ckpt: Path,
-                                                           tmp_path: Path) -> None:
+def test_artifact_warm_starts_a_server_with_an_empty_cache(
+    comfyui_path: Path, tiny_ckpt: Path, tmp_path: Path
+) -> None:
     broken = tmp_path / "broken.tar"
     broken.write_bytes(b"not a tar at all")
-    env = {"STEADFAST_COMPILE_CACHE": str(tmp_path / "cache_a"), art.ARTIFACT_ENV: str(broken),
-           art.UNPINNED_ENV: "1"}  # opted in: the file itself is then checked, and refused
+    env = {
+        "STEADFAST_COMPILE_CACHE": str(tmp_path / "cache_a"),
+        art.ARTIFACT_ENV: str(broken),
+        art.UNPINNED_ENV: "1",
+    }  # opted in: the file itself is then checked, and refused
     inductor = {"backend": "inductor", "warm": ""}
     with ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path, env=env) as srv:
         (refused,) = srv.get("/steadfast/compile_state")["artifacts"]  # the server started regardless
@@ -57,14 +62,32 @@ def test_artifact_warm_starts_a_server_with_an_empty_cache(comfyui_path: Path, t
         assert cold_rec["cache_state"].get("fxgraph_cache_hit", 0) == 0
 
         artifact = tmp_path / "warm.tar"
-        assert artifact_main(["export", "--name", "default", "--cache-root", str(tmp_path / "cache_a"),
-                              "--device", "cpu", "-o", str(artifact)]) == 0
+        assert (
+            artifact_main(
+                [
+                    "export",
+                    "--name",
+                    "default",
+                    "--cache-root",
+                    str(tmp_path / "cache_a"),
+                    "--device",
+                    "cpu",
+                    "-o",
+                    str(artifact),
+                ]
+            )
+            == 0
+        )
         foreign = tmp_path / "foreign.tar"
         _foreign(artifact, foreign)
         digests = [art.file_sha256(artifact), art.file_sha256(foreign)]  # both pinned: the manifest refuses foreign
-        srv.env.update({"STEADFAST_COMPILE_CACHE": str(tmp_path / "cache_b"),
-                        art.ARTIFACT_ENV: os.pathsep.join([str(artifact), str(foreign)]),
-                        art.ARTIFACT_SHA_ENV: ",".join(digests)})
+        srv.env.update(
+            {
+                "STEADFAST_COMPILE_CACHE": str(tmp_path / "cache_b"),
+                art.ARTIFACT_ENV: os.pathsep.join([str(artifact), str(foreign)]),
+                art.ARTIFACT_SHA_ENV: ",".join(digests),
+            }
+        )
         srv.restart()  # a new server: nothing compiled in memory, an empty cache root, the artifact
         imported, refused = srv.get("/steadfast/compile_state")["artifacts"]
         n = len(art.inspect_artifact(artifact)["members"])
@@ -86,14 +109,19 @@ def test_artifact_warm_starts_a_server_with_an_empty_cache(comfyui_path: Path, t
         assert warm_rec["compile_cache"]["messages"] == []  # every file trusted
         assert f"warm state from compile artifact warm.tar ({n} files)" in text(warm["entry"], "opt")
         c, w = cold_rec["first_call_seconds"], warm_rec["first_call_seconds"]
-        print(f"\n[compile artifact] tiny SD1.5 inductor regional, first call (Warmup): cold {c:.2f} s, "
-              f"from the artifact on an empty cache root {w:.2f} s; {n} files, {artifact.stat().st_size} bytes")
+        print(
+            f"\n[compile artifact] tiny SD1.5 inductor regional, first call (Warmup): cold {c:.2f} s, "
+            f"from the artifact on an empty cache root {w:.2f} s; {n} files, {artifact.stat().st_size} bytes"
+        )
 
     # a replica installed in ANOTHER folder (ComfyUI names the pack's modules by that folder, and the precompiled
     # blocks refer to them by name): the artifact's kernels still hit inductor's cache, nothing is compiled from
     # scratch, the blocks are traced again and saved for this install; the same bytes
-    env = {"STEADFAST_COMPILE_CACHE": str(tmp_path / "cache_c"), art.ARTIFACT_ENV: str(artifact),
-           art.ARTIFACT_SHA_ENV: digests[0]}
+    env = {
+        "STEADFAST_COMPILE_CACHE": str(tmp_path / "cache_c"),
+        art.ARTIFACT_ENV: str(artifact),
+        art.ARTIFACT_SHA_ENV: digests[0],
+    }
     with ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path, env=env) as other:
         moved = go(other, **inductor)
         rec = max(compile_records(other), key=lambda r: r["created"])

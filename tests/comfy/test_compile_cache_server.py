@@ -6,6 +6,7 @@ process has Dynamo's in-memory caches empty but inductor's FX-graph cache on dis
 compile of the tiny SD1.5 (4 BasicTransformerBlocks, one graph), LoRA loaded, Warmup compiles; the precompiled
 route is off here (``STEADFAST_PRECOMPILED=0``): these tests are about the jit path's cache.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,12 +35,14 @@ def _record(server: ComfyServer) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def cache_server(comfyui_path: Path, tiny_ckpt: Path,
-                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComfyServer]:
+def cache_server(
+    comfyui_path: Path, tiny_ckpt: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ComfyServer]:
     # the jit path's inductor cache (the precompiled route, on by default on torch 2.14, would answer the warm
     # start without it: tests/comfy/test_precompiled_server.py)
-    with server_with_lora(comfyui_path, tiny_ckpt, tmp_path_factory.mktemp("cache_lora"), LORA,
-                          env={"STEADFAST_PRECOMPILED": "0"}) as srv:
+    with server_with_lora(
+        comfyui_path, tiny_ckpt, tmp_path_factory.mktemp("cache_lora"), LORA, env={"STEADFAST_PRECOMPILED": "0"}
+    ) as srv:
         yield srv
 
 
@@ -72,10 +75,12 @@ def test_cold_then_warm_start_hits_the_cache(cache_server: ComfyServer, cold_war
     # no absolute path and no cache key reach clients (they would say where to plant a poisoned cache)
     state = json.dumps(cache_server.get("/steadfast/compile_state"))
     assert str(cache_server.base_dir) not in state and _key_dirs(cache_server)[0].name not in state
-    assert (cold["cache_state"].get("fxgraph_cache_miss", 0) >= 1
-            and cold["cache_state"].get("fxgraph_cache_hit", 0) == 0)
-    assert (warm["cache_state"].get("fxgraph_cache_hit", 0) >= 1
-            and warm["cache_state"].get("fxgraph_cache_miss", 0) == 0)
+    assert (
+        cold["cache_state"].get("fxgraph_cache_miss", 0) >= 1 and cold["cache_state"].get("fxgraph_cache_hit", 0) == 0
+    )
+    assert (
+        warm["cache_state"].get("fxgraph_cache_hit", 0) >= 1 and warm["cache_state"].get("fxgraph_cache_miss", 0) == 0
+    )
     assert "compile cache: " in text(cold_warm["cold"]["entry"], "opt")
     # the same bits before and after the restart (compiled kernels loaded from the cache)
     assert cold_warm["warm"]["hash"] == cold_warm["cold"]["hash"]
@@ -90,9 +95,11 @@ def test_cold_then_warm_start_hits_the_cache(cache_server: ComfyServer, cold_war
     assert cold_warm["cold_warm_start"]["cpu_isa"] is None and cold_warm["cold_warm_start"]["gc_frozen"] is None
     c, w = cold["first_call_seconds"], warm["first_call_seconds"]
     assert w < c
-    print(f"\n[compile cache] inductor regional tiny SD1.5, first call (Warmup, includes compile): cold {c:.2f} s, "
-          f"warm (new process, same cache dir) {w:.2f} s, ratio {c / w:.1f}x; fxgraph cache cold "
-          f"{cold['cache_state']}, warm {warm['cache_state']}")
+    print(
+        f"\n[compile cache] inductor regional tiny SD1.5, first call (Warmup, includes compile): cold {c:.2f} s, "
+        f"warm (new process, same cache dir) {w:.2f} s, ratio {c / w:.1f}x; fxgraph cache cold "
+        f"{cold['cache_state']}, warm {warm['cache_state']}"
+    )
 
 
 def test_lora_strength_change_under_inductor_recompiles_nothing(cold_warm: dict[str, Any]) -> None:

@@ -4,6 +4,7 @@ The registry holds records by weak reference to the model, so before issue 37 a 
 suggests between reproducible runs) made the route forget the compile that had just run. Over HTTP on the real
 server: compile (regional, eager backend: Dynamo tracing, no C++ compiler), ``/free``, read the route, run again.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -14,8 +15,18 @@ from steadfast_workflows import add, compile_records, record_of, run
 
 pytestmark = pytest.mark.comfyui
 
-OPTIMIZE = dict(qkv_fusion=False, channels_last=False, attention="auto", compile="regional", backend="eager",
-                mode="default", dynamic="auto", fullgraph=False, strict_recompiles=False, compile_cache="")
+OPTIMIZE = dict(
+    qkv_fusion=False,
+    channels_last=False,
+    attention="auto",
+    compile="regional",
+    backend="eager",
+    mode="default",
+    dynamic="auto",
+    fullgraph=False,
+    strict_recompiles=False,
+    compile_cache="",
+)
 
 
 def _workflow(seed: int) -> tuple[dict[str, Any], str]:
@@ -25,9 +36,21 @@ def _workflow(seed: int) -> tuple[dict[str, Any], str]:
         "lat": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
     }
     opt = add(wf, "SteadfastOptimizeModel", model=["ckpt", 0], **OPTIMIZE)
-    samp = add(wf, "SteadfastSeededSampler", model=[opt, 0], seed=seed, steps=2, cfg=1.0, sampler_name="euler",
-               scheduler="normal", positive=["pos", 0], negative=["pos", 0], latent_image=["lat", 0], denoise=1.0,
-               batch_seed_mode="incremental")
+    samp = add(
+        wf,
+        "SteadfastSeededSampler",
+        model=[opt, 0],
+        seed=seed,
+        steps=2,
+        cfg=1.0,
+        sampler_name="euler",
+        scheduler="normal",
+        positive=["pos", 0],
+        negative=["pos", 0],
+        latent_image=["lat", 0],
+        denoise=1.0,
+        batch_seed_mode="incremental",
+    )
     add(wf, "SteadfastHash", latent=[samp, 0])
     return wf, samp
 

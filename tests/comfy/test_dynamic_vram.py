@@ -5,6 +5,7 @@ checkpoint's ModelPatcher a subclass whose ``is_dynamic()`` is True (what the pa
 quantize's patch check and the model digest on it. What needs a real Dynamic VRAM load (LoRA applied at cast time,
 aimdo) is in ``test_gpu_correctness.py``. On ComfyUI 0.8.0 (no Dynamic VRAM) the plain paths are checked.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -28,8 +29,10 @@ def _needs_dynamic(result: dict[str, Any]) -> None:
 def test_qkv_fusion_and_channels_last_say_not_applied_and_leave_weights(result: dict[str, Any]) -> None:
     """Item 5: under Dynamic VRAM the record says "not applied", nothing is patched, the mapped weights stay."""
     _needs_dynamic(result)
-    assert result["dyn_options"] == {"qkv_fusion": "not applied: Dynamic VRAM",
-                                     "channels_last": "not applied: Dynamic VRAM"}
+    assert result["dyn_options"] == {
+        "qkv_fusion": "not applied: Dynamic VRAM",
+        "channels_last": "not applied: Dynamic VRAM",
+    }
     assert "qkv_fusion: not applied: Dynamic VRAM" in result["dyn_report"]
     assert "channels_last: not applied: Dynamic VRAM" in result["dyn_report"]
     assert result["dyn_object_patches"] == 0 and result["dyn_callbacks"] == []

@@ -6,6 +6,7 @@ compile: inductor, since the eager backend is bit-equal to eager and so causes n
 -> Hash(latent, run_record). The reference run's hash and record are pinned into
 ``expected`` / ``expected_record`` of each variant, as the canvas' pin action does.
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -22,9 +23,17 @@ pytestmark = pytest.mark.comfyui
 BASE = {"threads": 2, "attention": "auto", "compile": "off", "seed": 5, "other_model": False, "dtype": "default"}
 
 
-def graph(threads: int, attention: str, compile: str, seed: int, other_model: bool, dtype: str = "default",
-          expected: str = "",
-          expected_record: str = "", fail: bool = False) -> dict[str, Any]:
+def graph(
+    threads: int,
+    attention: str,
+    compile: str,
+    seed: int,
+    other_model: bool,
+    dtype: str = "default",
+    expected: str = "",
+    expected_record: str = "",
+    fail: bool = False,
+) -> dict[str, Any]:
     wf: dict[str, Any] = {
         "ckpt": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": CHECKPOINT_NAME}},
         "pos": {"class_type": "CLIPTextEncode", "inputs": {"text": "a boat", "clip": ["ckpt", 1]}},
@@ -33,25 +42,58 @@ def graph(threads: int, attention: str, compile: str, seed: int, other_model: bo
     }
     model: list[Any] = ["ckpt", 0]
     if other_model:
-        wf["sub"] = {"class_type": "ModelMergeSubtract",
-                     "inputs": {"model1": model, "model2": model, "multiplier": 0.01}}
+        wf["sub"] = {
+            "class_type": "ModelMergeSubtract",
+            "inputs": {"model1": model, "model2": model, "multiplier": 0.01},
+        }
         model = ["sub", 0]
     if dtype != "default":
         wf["dtype"] = {"class_type": "ModelComputeDtype", "inputs": {"model": model, "dtype": dtype}}
         model = ["dtype", 0]
-    wf["det"] = {"class_type": "SteadfastDeterminismSetup",
-                 "inputs": {"model": model, "strict": True, "allow_tf32": False, "num_threads": threads}}
-    wf["opt"] = {"class_type": "SteadfastOptimizeModel", "inputs": {
-        "model": ["det", 0], "qkv_fusion": False, "channels_last": False, "attention": attention, "compile": compile,
-        "backend": "inductor" if compile != "off" else "eager", "mode": "default", "dynamic": "true",
-        "fullgraph": False}}
-    wf["samp"] = {"class_type": "SteadfastSeededSampler", "inputs": {
-        "model": ["opt", 0], "seed": seed, "steps": 2, "cfg": 6.0, "sampler_name": "euler", "scheduler": "normal",
-        "positive": ["pos", 0], "negative": ["neg", 0], "latent_image": ["lat", 0], "denoise": 1.0,
-        "batch_seed_mode": "incremental"}}
-    wf["hash"] = {"class_type": "SteadfastHash", "inputs": {
-        "latent": ["samp", 0], "run_record": ["samp", 1], "expected": expected, "expected_record": expected_record,
-        "fail_on_mismatch": fail}}
+    wf["det"] = {
+        "class_type": "SteadfastDeterminismSetup",
+        "inputs": {"model": model, "strict": True, "allow_tf32": False, "num_threads": threads},
+    }
+    wf["opt"] = {
+        "class_type": "SteadfastOptimizeModel",
+        "inputs": {
+            "model": ["det", 0],
+            "qkv_fusion": False,
+            "channels_last": False,
+            "attention": attention,
+            "compile": compile,
+            "backend": "inductor" if compile != "off" else "eager",
+            "mode": "default",
+            "dynamic": "true",
+            "fullgraph": False,
+        },
+    }
+    wf["samp"] = {
+        "class_type": "SteadfastSeededSampler",
+        "inputs": {
+            "model": ["opt", 0],
+            "seed": seed,
+            "steps": 2,
+            "cfg": 6.0,
+            "sampler_name": "euler",
+            "scheduler": "normal",
+            "positive": ["pos", 0],
+            "negative": ["neg", 0],
+            "latent_image": ["lat", 0],
+            "denoise": 1.0,
+            "batch_seed_mode": "incremental",
+        },
+    }
+    wf["hash"] = {
+        "class_type": "SteadfastHash",
+        "inputs": {
+            "latent": ["samp", 0],
+            "run_record": ["samp", 1],
+            "expected": expected,
+            "expected_record": expected_record,
+            "fail_on_mismatch": fail,
+        },
+    }
     return wf
 
 
@@ -61,17 +103,21 @@ def reference(comfy_server: ComfyServer) -> dict[str, Any]:
     return {"hash": hash_of(entry, "hash"), "record": json.dumps(record_of(entry, "samp"))}
 
 
-@pytest.mark.parametrize("change,field", [
-    ({"threads": 1}, "fingerprint.num_threads: 2 -> 1"),
-    ({"attention": "math"}, "fingerprint.attention"),
-    ({"compile": "regional"}, "fingerprint.compile"),
-    ({"seed": 6}, "seeds: [5] -> [6]"),
-    ({"other_model": True}, "model.digest"),
-    ({"dtype": "bf16"}, 'fingerprint.dtype: "torch.float32" -> "torch.float32 (compute torch.bfloat16)"'),
-])
+@pytest.mark.parametrize(
+    "change,field",
+    [
+        ({"threads": 1}, "fingerprint.num_threads: 2 -> 1"),
+        ({"attention": "math"}, "fingerprint.attention"),
+        ({"compile": "regional"}, "fingerprint.compile"),
+        ({"seed": 6}, "seeds: [5] -> [6]"),
+        ({"other_model": True}, "model.digest"),
+        ({"dtype": "bf16"}, 'fingerprint.dtype: "torch.float32" -> "torch.float32 (compute torch.bfloat16)"'),
+    ],
+)
 def test_each_change_names_its_field(comfy_server: ComfyServer, reference: dict[str, Any], change, field) -> None:
-    entry = run(comfy_server, graph(**{**BASE, **change}, expected=reference["hash"],
-                                    expected_record=reference["record"]))
+    entry = run(
+        comfy_server, graph(**{**BASE, **change}, expected=reference["hash"], expected_record=reference["record"])
+    )
     shown = ui(entry, "hash")["steadfast_hash"][0]
     assert shown["match"] == "mismatch", change
     assert field in shown["explanation"] and "changes bits" in shown["explanation"], shown["explanation"]
@@ -86,8 +132,9 @@ def test_identical_environment_explains_nothing(comfy_server: ComfyServer, refer
     assert shown["match"] == "match" and shown["explanation"] == ""
 
 
-def test_model_record_names_digest_file_and_versions(comfy_server: ComfyServer, reference: dict[str, Any],
-                                                    tiny_ckpt) -> None:
+def test_model_record_names_digest_file_and_versions(
+    comfy_server: ComfyServer, reference: dict[str, Any], tiny_ckpt
+) -> None:
     rec = json.loads(reference["record"])
     assert len(rec["model"]["digest"]) == 64 and rec["model"]["file"] == CHECKPOINT_NAME
     assert rec["model"]["file_size"] == tiny_ckpt.stat().st_size and rec["model"]["tensors"] > 100
@@ -108,8 +155,10 @@ def test_model_record_names_digest_file_and_versions(comfy_server: ComfyServer, 
 
 def test_fail_on_mismatch_error_carries_the_explanation(comfy_server: ComfyServer, reference: dict[str, Any]) -> None:
     with pytest.raises(PromptFailed) as info:
-        run(comfy_server, graph(**{**BASE, "seed": 7}, expected=reference["hash"],
-                                expected_record=reference["record"], fail=True))
+        run(
+            comfy_server,
+            graph(**{**BASE, "seed": 7}, expected=reference["hash"], expected_record=reference["record"], fail=True),
+        )
     assert "MISMATCH" in info.value.exception_message and "seeds: [5] -> [7]" in info.value.exception_message
 
 

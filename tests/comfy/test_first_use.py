@@ -2,6 +2,7 @@
 
 Over HTTP on the tiny SD1.5 checkpoint (the session server).
 """
+
 from __future__ import annotations
 
 import re
@@ -71,8 +72,10 @@ def test_slow_run_after_free_is_the_whole_graph_re_executing_not_a_recompile(com
         regional = [r for r in state if r["label"].startswith("UNetModel (regional)")]
         # records are held weakly: one is gone when ComfyUI's cache released its model (the session server
         # uses the classic cache so that this does not depend on free RAM: tests/comfy/conftest.py)
-        assert regional, ("no UNetModel (regional) record: the model object of this run was released",
-                          [r["label"] for r in state])
+        assert regional, (
+            "no UNetModel (regional) record: the model object of this run was released",
+            [r["label"] for r in state],
+        )
         return sorted(nodes), regional[-1]  # the newest record: the model object this run used
 
     run(comfy_server, build(backend="eager", seed=1))

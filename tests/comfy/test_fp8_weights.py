@@ -4,6 +4,7 @@ Issue 24 item 2: the SDPA probe ran in the *weight* dtype (fp8), where no backen
 default ``attention=auto`` failed with ``UnsupportedBackendError`` although sampling computes in
 ``manual_cast_dtype``. The probe now uses the compute dtype (``nodes/patches/precision.py::compute_dtype``).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator

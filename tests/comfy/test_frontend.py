@@ -28,6 +28,7 @@ downloads a browser. Without them the tests skip loudly. Install (Debian)::
 
     apt-get install -y chromium && pip install playwright
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -56,8 +57,16 @@ REPO = Path(__file__).resolve().parents[2]
 WORKFLOWS = REPO / "example_workflows"
 TEMPLATES = sorted(p.stem for p in WORKFLOWS.glob("*.json"))
 CHROMIUM = os.environ.get("STEADFAST_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 TINY_CKPT_NAME = tiny_sd15.CHECKPOINT_NAME
 STATES = ("match", "mismatch", "expected")  # js/steadfast.js STATE_COLORS: last-run state, never serialized
 
@@ -114,16 +123,20 @@ def prompt_core(prompt: dict[str, Any]) -> dict[str, Any]:
 
 
 def describe_diff(got: dict[str, Any], want: dict[str, Any]) -> str:
-    lines = [f"ids only in frontend prompt: {sorted(set(got) - set(want))}",
-             f"ids only in API twin: {sorted(set(want) - set(got))}"]
+    lines = [
+        f"ids only in frontend prompt: {sorted(set(got) - set(want))}",
+        f"ids only in API twin: {sorted(set(want) - set(got))}",
+    ]
     for nid in sorted(set(got) & set(want), key=int):
         g, w = got[nid], want[nid]
         if g["class_type"] != w["class_type"]:
             lines.append(f"{nid}: class_type {g['class_type']} != {w['class_type']}")
         for k in sorted(set(g["inputs"]) | set(w["inputs"])):
             if g["inputs"].get(k, "<absent>") != w["inputs"].get(k, "<absent>"):
-                lines.append(f"{nid}.{k}: frontend {g['inputs'].get(k, '<absent>')!r} "
-                             f"!= twin {w['inputs'].get(k, '<absent>')!r}")
+                lines.append(
+                    f"{nid}.{k}: frontend {g['inputs'].get(k, '<absent>')!r} "
+                    f"!= twin {w['inputs'].get(k, '<absent>')!r}"
+                )
     return "\n".join(lines)
 
 
@@ -160,8 +173,9 @@ def page(browser_ok: None, comfy_server: ComfyServer) -> Iterator[Any]:
             pg.goto(comfy_server.url + "/", wait_until="domcontentloaded")
             pg.wait_for_function("() => !!(window.app && window.app.graph && window.app.canvas)", timeout=60_000)
             exts = pg.evaluate("() => window.app.extensions.map(e => e.name)")
-            assert "comfyui-steadfast.nodes" in exts, (f"js/steadfast.js not registered; extensions: {exts}; "
-                                                       f"errors: {errors}")
+            assert "comfyui-steadfast.nodes" in exts, (
+                f"js/steadfast.js not registered; extensions: {exts}; errors: {errors}"
+            )
             yield pg
         finally:
             browser.close()
@@ -201,7 +215,9 @@ def load_template(page: Any, name: str) -> None:
     ids = sorted(int(i) for i in api_twin(name))
     page.wait_for_function(
         "(ids) => { const g = window.app.graph; return g.nodes.filter(n => n.type !== 'Note').length === ids.length"
-        " && ids.every(i => g.getNodeById(i)) }", arg=ids)
+        " && ids.every(i => g.getNodeById(i)) }",
+        arg=ids,
+    )
     dialog.wait_for(state="hidden")
     for warning in ("This workflow has missing nodes", "Missing Models"):  # the frontend's load-time warnings
         assert page.get_by_text(warning).count() == 0, f"{name}: the frontend warned '{warning}'"
@@ -276,13 +292,17 @@ def test_template_browser_shows_our_pack(page: Any) -> None:
     # every card shows its thumbnail: the frontend fetches <name>.jpg and shows it (as a blob: URL), so the loaded
     # images are ours when their sizes are those of example_workflows/*.jpg (a missing one shows no image)
     from PIL import Image
+
     want = sorted(Image.open(WORKFLOWS / f"{name}.jpg").size for name in TEMPLATES)
     page.wait_for_function(
         "(n) => [...document.querySelectorAll('[role=dialog] img')]"
         ".filter(i => i.complete && i.naturalWidth).length >= n",
-        arg=len(TEMPLATES))
-    shown = page.evaluate("() => [...document.querySelectorAll('[role=dialog] img')]"
-                          ".filter(i => i.complete && i.naturalWidth).map(i => [i.naturalWidth, i.naturalHeight])")
+        arg=len(TEMPLATES),
+    )
+    shown = page.evaluate(
+        "() => [...document.querySelectorAll('[role=dialog] img')]"
+        ".filter(i => i.complete && i.naturalWidth).map(i => [i.naturalWidth, i.naturalHeight])"
+    )
     assert sorted(tuple(x) for x in shown) == want, shown
 
 
@@ -308,7 +328,8 @@ def check_round_trip(page: Any, api: dict[str, Any], object_info: dict[str, Any]
     optional widgets it leaves out, at their defaults)."""
     nodes = page.evaluate(
         "() => window.app.graph.nodes.map(n => ({id: n.id, type: n.type, comfyClass: n.constructor.comfyClass ?? null,"
-        " links: (n.inputs ?? []).filter(i => i.link != null).length}))")
+        " links: (n.inputs ?? []).filter(i => i.link != null).length}))"
+    )
     unknown = [n for n in nodes if n["comfyClass"] != n["type"] and n["type"] != "Note"]  # Note: frontend-only
     assert not unknown, f"node types the frontend does not know (missing/broken nodes): {unknown}"
     got, want = prompt_core(frontend_prompt(page)), expected_prompt(api, object_info)
@@ -326,8 +347,10 @@ def test_template_loads_and_converts_back_to_api_twin(page: Any, object_info: di
     # The twin is exactly what "Export (API)" gives: no optional widget left out (the frontend sends them all).
     assert filled_optional_widgets(api_twin(name), object_info) == {}, name
     # What the template needs before Run is on the canvas: a Note at the top left, as api_to_ui wrote it
-    notes = page.evaluate("() => window.app.graph.nodes.filter(n => n.type === 'Note')"
-                          ".map(n => [n.widgets?.[0]?.value ?? '', n.pos[0], n.pos[1]])")
+    notes = page.evaluate(
+        "() => window.app.graph.nodes.filter(n => n.type === 'Note')"
+        ".map(n => [n.widgets?.[0]?.value ?? '', n.pos[0], n.pos[1]])"
+    )
     want = api_to_ui.TEMPLATE_NOTES[api_to_ui.api_template_name(name)]
     assert [n[0] for n in notes] == [want], notes
     assert notes[0][1] <= min(page.evaluate("() => window.app.graph.nodes.map(n => n.pos[0])")), notes
@@ -353,8 +376,10 @@ def test_checkpoint_template_takes_an_sd15_checkpoint_the_user_has(page: Any, co
         page.evaluate(REFRESH_JS)
         load_template(page, api_to_ui.ui_template_name("determinism_check"))
         page.wait_for_timeout(2000)  # the frontend's missing-model check runs after the graph is configured
-        picked = page.evaluate("() => window.app.graph.nodes.filter(n => n.type === 'CheckpointLoaderSimple')"
-                               ".map(n => n.widgets.find(w => w.name === 'ckpt_name').value)")
+        picked = page.evaluate(
+            "() => window.app.graph.nodes.filter(n => n.type === 'CheckpointLoaderSimple')"
+            ".map(n => n.widgets.find(w => w.name === 'ckpt_name').value)"
+        )
         assert picked == [mine.name], picked
         for text in (TINY_CKPT_NAME, "Missing Models", "is missing"):
             shown = page.get_by_text(text)
@@ -373,21 +398,46 @@ def test_converter_handles_linked_widgets_and_controls(page: Any, object_info: d
         "2": {"class_type": "EmptyLatentImage", "inputs": {"width": ["1", 0], "height": 64, "batch_size": 2}},
         "3": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": TINY_CKPT_NAME}},
         "5": {"class_type": "CLIPTextEncode", "inputs": {"text": "x", "clip": ["3", 1]}},
-        "4": {"class_type": "KSampler", "inputs": {
-            "seed": ["1", 0], "steps": 3, "cfg": 5.5, "sampler_name": "heun", "scheduler": "karras", "denoise": 0.75,
-            "model": ["3", 0], "positive": ["5", 0], "negative": ["5", 0], "latent_image": ["2", 0]}},
-        "6": {"class_type": "SteadfastSeededSampler", "inputs": {
-            "model": ["3", 0], "seed": ["1", 0], "steps": 2, "cfg": 1.5, "sampler_name": "dpmpp_2m",
-            "scheduler": "beta", "denoise": 0.5, "batch_seed_mode": "comfy",
-            "positive": ["5", 0], "negative": ["5", 0], "latent_image": ["2", 0]}},
+        "4": {
+            "class_type": "KSampler",
+            "inputs": {
+                "seed": ["1", 0],
+                "steps": 3,
+                "cfg": 5.5,
+                "sampler_name": "heun",
+                "scheduler": "karras",
+                "denoise": 0.75,
+                "model": ["3", 0],
+                "positive": ["5", 0],
+                "negative": ["5", 0],
+                "latent_image": ["2", 0],
+            },
+        },
+        "6": {
+            "class_type": "SteadfastSeededSampler",
+            "inputs": {
+                "model": ["3", 0],
+                "seed": ["1", 0],
+                "steps": 2,
+                "cfg": 1.5,
+                "sampler_name": "dpmpp_2m",
+                "scheduler": "beta",
+                "denoise": 0.5,
+                "batch_seed_mode": "comfy",
+                "positive": ["5", 0],
+                "negative": ["5", 0],
+                "latent_image": ["2", 0],
+            },
+        },
     }
     workflow = api_to_ui.convert(api, object_info)
     page.evaluate("async (wf) => { await window.app.loadGraphData(wf) }", workflow)
     check_round_trip(page, api, object_info, "synthetic workflow")
 
 
-def test_run_from_browser_shows_hash_and_compare(page: Any, comfy_server: ComfyServer, object_info: dict[str, Any],
-                                                 tmp_path: Path) -> None:
+def test_run_from_browser_shows_hash_and_compare(
+    page: Any, comfy_server: ComfyServer, object_info: dict[str, Any], tmp_path: Path
+) -> None:
     name = api_to_ui.ui_template_name("determinism_check")
     twin = api_twin(name)
     hash_id = next(i for i, n in twin.items() if n["class_type"] == "SteadfastHash")
@@ -420,13 +470,17 @@ def test_run_from_browser_shows_hash_and_compare(page: Any, comfy_server: ComfyS
     assert outputs[hash_id]["steadfast_hash"][0]["hash"] in want[hash_id]
     page.wait_for_function(
         "(want) => Object.entries(want).every(([id, text]) => window.app.graph.getNodeById(+id)"
-        "?.widgets?.find(w => w.name === 'steadfast_info')?.value === text)", arg=want, timeout=30_000)
+        "?.widgets?.find(w => w.name === 'steadfast_info')?.value === text)",
+        arg=want,
+        timeout=30_000,
+    )
     shown = page.evaluate(
         "(ids) => ids.map(id => { const n = window.app.graph.getNodeById(+id);"
         " const w = n.widgets.find(w => w.name === 'steadfast_info'); const el = w.element;"
         " return {state: n.steadfast_state ?? null, bgcolor: n.bgcolor ?? null, info: w.value,"
         " cut: el ? el.scrollHeight - el.clientHeight : null} })",
-        [hash_id, cmp_id])
+        [hash_id, cmp_id],
+    )
     assert [s["info"] for s in shown] == [want[hash_id], want[cmp_id]]
     identical = outputs[cmp_id]["steadfast_compare"][0]["identical"]
     assert shown[1]["state"] == ("match" if identical else "mismatch") and shown[1]["bgcolor"] is None
@@ -443,29 +497,39 @@ def test_run_from_browser_shows_hash_and_compare(page: Any, comfy_server: ComfyS
     assert "steadfast_state" not in json.dumps(page.evaluate("() => window.app.graph.serialize()"))
 
     # Pin: the node's menu entry copies the last hash and run record into expected / expected_record.
-    menu = page.evaluate("(id) => { const n = window.app.graph.getNodeById(+id); const o = [];"
-                         " n.getExtraMenuOptions(window.app.canvas, o); return o.map(x => x?.content) }", hash_id)
+    menu = page.evaluate(
+        "(id) => { const n = window.app.graph.getNodeById(+id); const o = [];"
+        " n.getExtraMenuOptions(window.app.canvas, o); return o.map(x => x?.content) }",
+        hash_id,
+    )
     assert "Pin hash and record (Steadfast)" in menu
     assert page.evaluate("(id) => window.app.graph.getNodeById(+id).steadfastPin()", hash_id) is True
-    pinned = page.evaluate("(id) => Object.fromEntries(window.app.graph.getNodeById(+id).widgets"
-                           ".map(w => [w.name, w.value]))", hash_id)
+    pinned = page.evaluate(
+        "(id) => Object.fromEntries(window.app.graph.getNodeById(+id).widgets.map(w => [w.name, w.value]))", hash_id
+    )
     digest = outputs[hash_id]["steadfast_hash"][0]["hash"]
     assert pinned["expected"] == digest and json.loads(pinned["expected_record"])["seeds"]
     # The proof travels with the workflow; the colour does not: reloaded, nothing is shown before a run.
     saved = page.evaluate("() => window.app.graph.serialize()")
     page.evaluate("async (wf) => { await window.app.loadGraphData(wf) }", saved)
-    reloaded = page.evaluate("(id) => { const n = window.app.graph.getNodeById(+id); return {state: "
-                             "n.steadfast_state ?? null, expected: "
-                             "n.widgets.find(w => w.name === 'expected').value} }",
-                             hash_id)
+    reloaded = page.evaluate(
+        "(id) => { const n = window.app.graph.getNodeById(+id); return {state: "
+        "n.steadfast_state ?? null, expected: "
+        "n.widgets.find(w => w.name === 'expected').value} }",
+        hash_id,
+    )
     assert reloaded == {"state": None, "expected": digest}
     comfy_server.free()
     page.evaluate("async () => { await window.app.queuePrompt(0, 1) }")
-    page.wait_for_function("(id) => window.app.graph.getNodeById(+id)?.steadfast_state === 'match'", arg=hash_id,
-                           timeout=120_000)
+    page.wait_for_function(
+        "(id) => window.app.graph.getNodeById(+id)?.steadfast_state === 'match'", arg=hash_id, timeout=120_000
+    )
 
-    page.evaluate("(id) => { const c = window.app.canvas; c.ds.scale = 1; c.centerOnNode(c.graph.getNodeById(+id));"
-                  " c.setDirty(true, true) }", hash_id)
+    page.evaluate(
+        "(id) => { const c = window.app.canvas; c.ds.scale = 1; c.centerOnNode(c.graph.getNodeById(+id));"
+        " c.setDirty(true, true) }",
+        hash_id,
+    )
     page.wait_for_timeout(300)
     shot = tmp_path / f"{name}_after_run.png"
     page.screenshot(path=str(shot))
@@ -477,11 +541,25 @@ def test_run_from_browser_shows_hash_and_compare(page: Any, comfy_server: ComfyS
 def test_old_optimize_widgets_values_load_by_name(page: Any, object_info: dict[str, Any]) -> None:
     """A UI workflow saved when Optimize Model still had vae_slicing/vae_tiling (between fullgraph and
     strict_recompiles): positional loading would put vae_tiling's False into compile_cache."""
-    api = {"1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": TINY_CKPT_NAME}},
-           "2": {"class_type": "SteadfastOptimizeModel", "inputs": {
-               "model": ["1", 0], "qkv_fusion": True, "channels_last": True, "attention": "math", "compile": "full",
-               "backend": "eager", "mode": "max-autotune", "dynamic": "true", "fullgraph": True,
-               "strict_recompiles": True, "compile_cache": "my_cache"}}}
+    api = {
+        "1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": TINY_CKPT_NAME}},
+        "2": {
+            "class_type": "SteadfastOptimizeModel",
+            "inputs": {
+                "model": ["1", 0],
+                "qkv_fusion": True,
+                "channels_last": True,
+                "attention": "math",
+                "compile": "full",
+                "backend": "eager",
+                "mode": "max-autotune",
+                "dynamic": "true",
+                "fullgraph": True,
+                "strict_recompiles": True,
+                "compile_cache": "my_cache",
+            },
+        },
+    }
     workflow = api_to_ui.convert(api, object_info)
     node = next(n for n in workflow["nodes"] if n["type"] == "SteadfastOptimizeModel")
     assert len(node["widgets_values"]) == 13  # ten, then precision, inductor_preset and quantize (defaults)
@@ -491,11 +569,11 @@ def test_old_optimize_widgets_values_load_by_name(page: Any, object_info: dict[s
     page.evaluate("async (wf) => { await window.app.loadGraphData(wf) }", workflow)
     check_round_trip(page, api, object_info, "old Optimize Model widgets_values")
     # today's list (13 values, the new widgets not at their defaults) must load as saved
-    api["2"]["inputs"].update(precision="bf16", inductor_preset="diffusers-fast", quantize="int8-dynamic",
-                              backend="inductor")
+    api["2"]["inputs"].update(
+        precision="bf16", inductor_preset="diffusers-fast", quantize="int8-dynamic", backend="inductor"
+    )
     page.evaluate("async (wf) => { await window.app.loadGraphData(wf) }", api_to_ui.convert(api, object_info))
     check_round_trip(page, api, object_info, "current Optimize Model widgets_values")
-
 
 
 def test_warmup_shows_progress_while_it_compiles(page: Any, comfy_server: ComfyServer) -> None:
@@ -505,8 +583,10 @@ def test_warmup_shows_progress_while_it_compiles(page: Any, comfy_server: ComfyS
     SDPA math, a configuration no other test compiles)."""
     wf = api_twin("warmup_then_generate")
     wf["13"]["inputs"].update(attention="math", backend="inductor", compile="regional", qkv_fusion=False)
-    page.evaluate("() => { window.__steadfast_progress = []; window.app.api.addEventListener('progress',"
-                  " e => window.__steadfast_progress.push(e.detail)) }")
+    page.evaluate(
+        "() => { window.__steadfast_progress = []; window.app.api.addEventListener('progress',"
+        " e => window.__steadfast_progress.push(e.detail)) }"
+    )
     client_id = page.evaluate("() => window.app.api.clientId")
     prompt_id = comfy_server.post("/prompt", {"prompt": wf, "client_id": client_id})["prompt_id"]
     comfy_server.wait(prompt_id, timeout=600)
@@ -543,8 +623,10 @@ def test_vue_nodes_renderer_shows_the_report(page: Any, comfy_server: ComfyServe
     """The "Nodes 2.0" (Vue) renderer, in the frontends that have it (both tested: setting ``Comfy.VueNodes.Enabled``):
     the determinism check runs from the page and the Hash node's report is a visible DOM element holding the
     whole text (canvas-drawn widgets are known to break there; ``steadfast_info`` is a DOM widget)."""
-    has_vue = page.evaluate("() => { try { window.app.extensionManager.setting.get('Comfy.VueNodes.Enabled');"
-                            " return true } catch (e) { return false } }")
+    has_vue = page.evaluate(
+        "() => { try { window.app.extensionManager.setting.get('Comfy.VueNodes.Enabled');"
+        " return true } catch (e) { return false } }"
+    )
     if not has_vue:
         pytest.skip("this frontend has no Comfy.VueNodes.Enabled setting (no Nodes 2.0 renderer)")
     page.evaluate("async () => { await window.app.extensionManager.setting.set('Comfy.VueNodes.Enabled', true) }")
@@ -567,15 +649,21 @@ def test_vue_nodes_renderer_shows_the_report(page: Any, comfy_server: ComfyServe
         want = "\n".join(entry["outputs"][hash_id]["text"])
         page.wait_for_function(
             "([id, text]) => window.app.graph.getNodeById(+id)?.widgets?.find(w => w.name === 'steadfast_info')"
-            "?.value === text", arg=[hash_id, want], timeout=30_000)
-        measure = ("(id) => { const w = window.app.graph.getNodeById(+id)"
-                   ".widgets.find(w => w.name === 'steadfast_info');"
-                   " const el = w.element; if (!el) return null; const r = el.getBoundingClientRect();"
-                   " return {connected: el.isConnected, w: r.width, h: r.height, text: el.value ?? el.textContent,"
-                   " cut: el.scrollHeight - el.clientHeight} }")
+            "?.value === text",
+            arg=[hash_id, want],
+            timeout=30_000,
+        )
+        measure = (
+            "(id) => { const w = window.app.graph.getNodeById(+id)"
+            ".widgets.find(w => w.name === 'steadfast_info');"
+            " const el = w.element; if (!el) return null; const r = el.getBoundingClientRect();"
+            " return {connected: el.isConnected, w: r.width, h: r.height, text: el.value ?? el.textContent,"
+            " cut: el.scrollHeight - el.clientHeight} }"
+        )
         with contextlib.suppress(Exception):  # the Vue layout settles after the text arrives: give it 10 s
-            page.wait_for_function(f"(id) => {{ const b = ({measure})(id); return b && b.cut <= 2 }}", arg=hash_id,
-                                   timeout=10_000)
+            page.wait_for_function(
+                f"(id) => {{ const b = ({measure})(id); return b && b.cut <= 2 }}", arg=hash_id, timeout=10_000
+            )
         box = page.evaluate(measure, hash_id)
         assert box is not None and box["connected"], box
         assert box["w"] > 20 and box["h"] > 20, box  # laid out on the page, not hidden
@@ -607,15 +695,20 @@ def test_graded_verdicts_have_their_own_colour_and_label(page: Any) -> None:
         out.push(h.widgets.find(w => w.name === 'expected_reference').value);
         return out;
     }""")
-    assert shown[:6] == [["match", "IDENTICAL BYTES"], ["match", "IDENTICAL BYTES"],
-                         ["same_picture", "SAME PICTURE (within tolerance) PSNR 47.3 dB"],
-                         ["same_picture", "SAME PICTURE (within tolerance) PSNR 47.3 dB"],
-                         ["mismatch", "DIFFERENT PICTURE PSNR 9.5 dB"], ["mismatch", "DIFFERENT PICTURE PSNR 9.5 dB"]]
+    assert shown[:6] == [
+        ["match", "IDENTICAL BYTES"],
+        ["match", "IDENTICAL BYTES"],
+        ["same_picture", "SAME PICTURE (within tolerance) PSNR 47.3 dB"],
+        ["same_picture", "SAME PICTURE (within tolerance) PSNR 47.3 dB"],
+        ["mismatch", "DIFFERENT PICTURE PSNR 9.5 dB"],
+        ["mismatch", "DIFFERENT PICTURE PSNR 9.5 dB"],
+    ]
     assert json.loads(shown[6]) == {"format": "steadfast-thumb/1"}  # Pin copies the reference too
 
 
-def test_pipeline_warmup_and_sampler_send_progress_per_step(page: Any, comfy_server: ComfyServer,
-                                                            tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_pipeline_warmup_and_sampler_send_progress_per_step(
+    page: Any, comfy_server: ComfyServer, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     """The Diffusers template on the tiny SD pipeline, queued by the page: Pipeline Warmup and Pipeline Sampler
     each move ComfyUI's progress bar once per denoising step (before, the sampler sent nothing until it was done),
     ending at 100%."""
@@ -630,8 +723,10 @@ def test_pipeline_warmup_and_sampler_send_progress_per_step(page: Any, comfy_ser
     wf["4"]["inputs"].update(width=64, height=64)
     wf["5"]["inputs"].update(width=64, height=64, steps=steps, seed=7)
     # an array of its own: an earlier test's listener pushes to window.__steadfast_progress
-    page.evaluate("() => { window.__steadfast_pipe_progress = []; window.app.api.addEventListener('progress',"
-                  " e => window.__steadfast_pipe_progress.push(e.detail)) }")
+    page.evaluate(
+        "() => { window.__steadfast_pipe_progress = []; window.app.api.addEventListener('progress',"
+        " e => window.__steadfast_pipe_progress.push(e.detail)) }"
+    )
     client_id = page.evaluate("() => window.app.api.clientId")
     prompt_id = comfy_server.post("/prompt", {"prompt": wf, "client_id": client_id})["prompt_id"]
     comfy_server.wait(prompt_id, timeout=600)
@@ -648,18 +743,27 @@ def test_pipeline_warmup_and_sampler_send_progress_per_step(page: Any, comfy_ser
 
 LONG_REPORT = "\n".join(
     ["MISMATCH: expected 3f5a9c0e12ab but got 8d41b7e2c9f0 (sha256 of the LATENT, 1x4x8x8 float32)"]
-    + [f"  {i:2d}. fingerprint.compile.options.backend changed: 'inductor' -> 'eager' - compiled code is not "
-       f"bit-equal to eager; this long line wraps in a narrow node {'x' * (i % 4) * 20}" for i in range(14)]
-    + ["the last line must be fully visible"])
+    + [
+        f"  {i:2d}. fingerprint.compile.options.backend changed: 'inductor' -> 'eager' - compiled code is not "
+        f"bit-equal to eager; this long line wraps in a narrow node {'x' * (i % 4) * 20}"
+        for i in range(14)
+    ]
+    + ["the last line must be fully visible"]
+)
 
 BOX_JS = """(id) => { const n = window.app.graph.getNodeById(+id);
   const w = n.widgets.find(w => w.name === 'steadfast_info'); const el = w.element;
   return {cut: el.scrollHeight - el.clientHeight, client: el.clientHeight, lines: el.value.split('\\n').length} }"""
 
 
-@pytest.mark.parametrize("template, node_type", [("determinism_check", "SteadfastHash"),
-                                                 ("optimized_vs_baseline", "SteadfastCompare"),
-                                                 ("optimized_vs_baseline", "SteadfastHash")])
+@pytest.mark.parametrize(
+    "template, node_type",
+    [
+        ("determinism_check", "SteadfastHash"),
+        ("optimized_vs_baseline", "SteadfastCompare"),
+        ("optimized_vs_baseline", "SteadfastHash"),
+    ],
+)
 def test_report_box_fits_a_long_report_and_overlaps_nothing(page: Any, template: str, node_type: str) -> None:
     """A long mismatch explanation (wrapped lines) shown on a node of a template, as ComfyUI's 'executed'
     message delivers it: the text box is as tall as its text (nothing cut, measured in the DOM), and the grown
@@ -667,13 +771,17 @@ def test_report_box_fits_a_long_report_and_overlaps_nothing(page: Any, template:
     load_template(page, api_to_ui.ui_template_name(template))
     ids = page.evaluate("(t) => window.app.graph.nodes.filter(n => n.type === t).map(n => n.id)", node_type)
     for nid in ids:
-        page.evaluate("([id, text]) => window.app.graph.getNodeById(id).onExecuted({text: [text]})",
-                      [nid, LONG_REPORT])
+        page.evaluate(
+            "([id, text]) => window.app.graph.getNodeById(id).onExecuted({text: [text]})", [nid, LONG_REPORT]
+        )
     page.evaluate("() => window.app.canvas.setDirty(true, true)")
     page.wait_for_timeout(300)  # one frame: the DOM widgets take their size
     for nid in ids:
-        page.evaluate("(id) => { const c = window.app.canvas; c.ds.scale = 1; c.centerOnNode(c.graph.getNodeById(id));"
-                      " c.setDirty(true, true) }", nid)
+        page.evaluate(
+            "(id) => { const c = window.app.canvas; c.ds.scale = 1; c.centerOnNode(c.graph.getNodeById(id));"
+            " c.setDirty(true, true) }",
+            nid,
+        )
         page.wait_for_timeout(300)  # DOM widgets are laid out (and shown) when their node is drawn on screen
         box = page.evaluate(BOX_JS, nid)
         assert box["cut"] <= 2 and box["client"] > 0, (template, nid, box)
@@ -690,16 +798,19 @@ def test_vue_report_makes_room_by_the_node_element(page: Any) -> None:
         pytest.skip("this frontend has no Comfy.VueNodes.Enabled setting (no Nodes 2.0 renderer)")
     fit_view = "() => window.app.extensionManager.command.execute('Comfy.Canvas.FitView')"
     try:
-        for template, node_type in [("determinism_check", "SteadfastHash"),
-                                    ("optimized_vs_baseline", "SteadfastCompare")]:
+        for template, node_type in [
+            ("determinism_check", "SteadfastHash"),
+            ("optimized_vs_baseline", "SteadfastCompare"),
+        ]:
             load_template(page, api_to_ui.ui_template_name(template))
             page.evaluate(fit_view)
             page.wait_for_timeout(1000)
             assert not page.evaluate(VUE_OVERLAPS_JS), f"{template}: node elements overlap before any report"
             ids = page.evaluate("(t) => window.app.graph.nodes.filter(n => n.type === t).map(n => n.id)", node_type)
             for nid in ids:
-                page.evaluate("([id, text]) => window.app.graph.getNodeById(id).onExecuted({text: [text]})",
-                              [nid, LONG_REPORT])
+                page.evaluate(
+                    "([id, text]) => window.app.graph.getNodeById(id).onExecuted({text: [text]})", [nid, LONG_REPORT]
+                )
             page.wait_for_timeout(1500)  # the elements take their new heights, then the nodes below move
             # at 100 %: zoomed out far (a fitted view of the grown graph) the renderer draws simplified elements
             page.evaluate("() => { const c = window.app.canvas; c.ds.scale = 1; c.setDirty(true, true) }")
@@ -714,9 +825,12 @@ def test_vue_report_makes_room_by_the_node_element(page: Any) -> None:
 
 def _set_vue_nodes(page: Any, on: bool) -> bool:
     """Switch the "Nodes 2.0" renderer on or off; False when this frontend has no such setting."""
-    return page.evaluate("async (on) => { const s = window.app.extensionManager.setting;"
-                         " try { s.get('Comfy.VueNodes.Enabled') } catch (e) { return false }"
-                         " await s.set('Comfy.VueNodes.Enabled', on); return true }", on)
+    return page.evaluate(
+        "async (on) => { const s = window.app.extensionManager.setting;"
+        " try { s.get('Comfy.VueNodes.Enabled') } catch (e) { return false }"
+        " await s.set('Comfy.VueNodes.Enabled', on); return true }",
+        on,
+    )
 
 
 HEIGHTS_JS = """() => window.app.graph.nodes.map(n => {
@@ -775,8 +889,12 @@ def test_nodes_stay_still_idle_and_after_a_run(page: Any, comfy_server: ComfySer
         entry = _run_and_wait(page, comfy_server)
         assert entry["status"]["status_str"] == "success", entry["status"]
         want = "\n".join(entry["outputs"][hash_id]["text"])
-        page.wait_for_function("([id, text]) => window.app.graph.getNodeById(+id)?.widgets?.find(w => w.name ==="
-                               " 'steadfast_info')?.value === text", arg=[hash_id, want], timeout=30_000)
+        page.wait_for_function(
+            "([id, text]) => window.app.graph.getNodeById(+id)?.widgets?.find(w => w.name ==="
+            " 'steadfast_info')?.value === text",
+            arg=[hash_id, want],
+            timeout=30_000,
+        )
         page.wait_for_timeout(1500)  # the layout settles
         ran = page.evaluate(HEIGHTS_JS)
         page.wait_for_timeout(10_000)
@@ -790,13 +908,18 @@ def test_nodes_stay_still_idle_and_after_a_run(page: Any, comfy_server: ComfySer
         if renderer == "vue":
             assert not page.evaluate(VUE_OVERLAPS_JS), "node elements overlap after the run [a, b, px]"
             # every report is drawn, the samplers' too (1.35.9 drew no widget added after a seed's control ran)
-            unshown = page.evaluate("() => window.app.graph.nodes.map(n => [n.id, n.type, n.widgets?.find(w =>"
-                                    " w.name === 'steadfast_info')]).filter(([, , w]) => w?.value"
-                                    " && !w.element?.isConnected).map(([id, type]) => [id, type])")
+            unshown = page.evaluate(
+                "() => window.app.graph.nodes.map(n => [n.id, n.type, n.widgets?.find(w =>"
+                " w.name === 'steadfast_info')]).filter(([, , w]) => w?.value"
+                " && !w.element?.isConnected).map(([id, type]) => [id, type])"
+            )
             assert not unshown, f"reports not in the page [id, type]: {unshown}"
-            frame = page.evaluate("(id) => { const el = document.querySelector(`.lg-node[data-node-id=\"${id}\"]`);"
-                                  " return [getComputedStyle(el).outlineColor,"
-                                  " getComputedStyle(el, '::before').content] }", cmp_id)
+            frame = page.evaluate(
+                '(id) => { const el = document.querySelector(`.lg-node[data-node-id="${id}"]`);'
+                " return [getComputedStyle(el).outlineColor,"
+                " getComputedStyle(el, '::before').content] }",
+                cmp_id,
+            )
             identical = entry["outputs"][cmp_id]["steadfast_compare"][0]["identical"]
             if identical:  # js/steadfast.js STATE_COLORS.match, LEVEL_TEXT.identical
                 assert frame == ["rgb(46, 125, 50)", '"IDENTICAL BYTES"'], frame
@@ -821,9 +944,12 @@ def test_nodes_stay_still_idle_and_after_a_run(page: Any, comfy_server: ComfySer
 
 
 def _info(page: Any, nid: str) -> dict[str, Any]:
-    return page.evaluate("(id) => { const n = window.app.graph.getNodeById(+id);"
-                         " return {state: n.steadfast_state ?? null, label: n.steadfast_label ?? null,"
-                         " text: n.widgets.find(w => w.name === 'steadfast_info')?.value ?? ''} }", nid)
+    return page.evaluate(
+        "(id) => { const n = window.app.graph.getNodeById(+id);"
+        " return {state: n.steadfast_state ?? null, label: n.steadfast_label ?? null,"
+        " text: n.widgets.find(w => w.name === 'steadfast_info')?.value ?? ''} }",
+        nid,
+    )
 
 
 def test_bad_input_marks_only_that_input_and_stales_the_report(page: Any, comfy_server: ComfyServer) -> None:
@@ -834,11 +960,17 @@ def test_bad_input_marks_only_that_input_and_stales_the_report(page: Any, comfy_
     name = api_to_ui.ui_template_name("determinism_check")
     hash_id = next(i for i, n in api_twin(name).items() if n["class_type"] == "SteadfastHash")
     load_template(page, name)
-    page.evaluate("(id) => window.app.graph.getNodeById(+id).onExecuted({text: ['MISMATCH: old report'],"
-                  " steadfast_hash: [{hash: 'ab', match: 'mismatch', record: '', verdict: null}]})", hash_id)
+    page.evaluate(
+        "(id) => window.app.graph.getNodeById(+id).onExecuted({text: ['MISMATCH: old report'],"
+        " steadfast_hash: [{hash: 'ab', match: 'mismatch', record: '', verdict: null}]})",
+        hash_id,
+    )
     assert _info(page, hash_id)["state"] == "mismatch"
-    page.evaluate("(id) => { const w = window.app.graph.getNodeById(+id).widgets.find(w => w.name === 'expected');"
-                  " w.value = 'zz' }", hash_id)
+    page.evaluate(
+        "(id) => { const w = window.app.graph.getNodeById(+id).widgets.find(w => w.name === 'expected');"
+        " w.value = 'zz' }",
+        hash_id,
+    )
     page.evaluate("async () => { try { await window.app.queuePrompt(0, 1) } catch (e) {} }")
     page.wait_for_function("(id) => !!window.app.lastNodeErrors?.[id]", arg=hash_id, timeout=60_000)
     errors = page.evaluate("(id) => window.app.lastNodeErrors[id].errors", hash_id)
@@ -846,8 +978,11 @@ def test_bad_input_marks_only_that_input_and_stales_the_report(page: Any, comfy_
     assert "hex SHA-256" in errors[0]["details"] and "'zz'" in errors[0]["details"], errors
     shown = _info(page, hash_id)
     assert shown["state"] is None and shown["text"].startswith("STALE") and "MISMATCH: old report" in shown["text"]
-    page.evaluate("(id) => { const c = window.app.canvas; c.ds.scale = 1; c.centerOnNode(c.graph.getNodeById(+id));"
-                  " c.setDirty(true, true) }", hash_id)
+    page.evaluate(
+        "(id) => { const c = window.app.canvas; c.ds.scale = 1; c.centerOnNode(c.graph.getNodeById(+id));"
+        " c.setDirty(true, true) }",
+        hash_id,
+    )
     page.wait_for_timeout(500)  # DOM widgets are laid out (and shown) when their node is drawn on screen
     box = page.evaluate(BOX_JS, hash_id)
     assert box["cut"] <= 2, box
@@ -855,18 +990,24 @@ def test_bad_input_marks_only_that_input_and_stales_the_report(page: Any, comfy_
     # A later run that ComfyUI accepts but that stops at an error (here in Hash itself: a well-formed expected that
     # does not match, with fail_on_mismatch): the inputs are no longer refused, so the mark says what happened now
     # (before, the refusal's "fix the input marked red" stayed).
-    page.evaluate("(id) => { const n = window.app.graph.getNodeById(+id); for (const [k, v] of [['expected',"
-                  " '0123456789ab'], ['fail_on_mismatch', true]]) n.widgets.find(w => w.name === k).value = v }",
-                  hash_id)
+    page.evaluate(
+        "(id) => { const n = window.app.graph.getNodeById(+id); for (const [k, v] of [['expected',"
+        " '0123456789ab'], ['fail_on_mismatch', true]]) n.widgets.find(w => w.name === k).value = v }",
+        hash_id,
+    )
     entry = _run_and_wait(page, comfy_server)
     assert entry["status"]["status_str"] == "error", entry["status"]
     with contextlib.suppress(Exception):  # the error event reaches the page
-        page.wait_for_function("(id) => !window.app.graph.getNodeById(+id).widgets"
-                               ".find(w => w.name === 'steadfast_info').value.startsWith('STALE (ComfyUI refused')",
-                               arg=hash_id, timeout=5_000)
+        page.wait_for_function(
+            "(id) => !window.app.graph.getNodeById(+id).widgets"
+            ".find(w => w.name === 'steadfast_info').value.startsWith('STALE (ComfyUI refused')",
+            arg=hash_id,
+            timeout=5_000,
+        )
     shown = _info(page, hash_id)
     assert shown["state"] is None and shown["text"].startswith(
-        "STALE (this node failed in the last run: see the error). Last report:\n"), shown
+        "STALE (this node failed in the last run: see the error). Last report:\n"
+    ), shown
     assert shown["text"].count("STALE") == 1 and "MISMATCH: old report" in shown["text"], shown
     for _ in range(3):  # the frontend's error dialog, where it shows one, is closed as a user closes it
         dialogs = page.get_by_role("dialog")
@@ -887,8 +1028,12 @@ def test_reports_come_back_after_a_tab_switch(page: Any, comfy_server: ComfyServ
     load_template(page, name)
     entry = _run_and_wait(page, comfy_server)
     want = "\n".join(entry["outputs"][hash_id]["text"])
-    page.wait_for_function("([id, text]) => window.app.graph.getNodeById(+id)?.widgets?.find(w => w.name ==="
-                           " 'steadfast_info')?.value === text", arg=[hash_id, want], timeout=30_000)
+    page.wait_for_function(
+        "([id, text]) => window.app.graph.getNodeById(+id)?.widgets?.find(w => w.name ==="
+        " 'steadfast_info')?.value === text",
+        arg=[hash_id, want],
+        timeout=30_000,
+    )
     before = {i: _info(page, i) for i in (hash_id, cmp_id)}
     assert before[cmp_id]["state"] is not None
     ours = page.evaluate("() => window.app.extensionManager.workflow.activeWorkflow.filename")
@@ -897,7 +1042,8 @@ def test_reports_come_back_after_a_tab_switch(page: Any, comfy_server: ComfyServ
     # the user's click on our tab: the tab the frontend draws (.workflow-tab, a button's content up to 1.49, a
     # div of its own from 1.53) with our workflow's name on its label
     tab = page.locator(".workflow-tabs .workflow-tab").filter(
-        has=page.locator(".workflow-label", has_text=re.compile(rf"^\s*{re.escape(ours)}\s*$")))
+        has=page.locator(".workflow-label", has_text=re.compile(rf"^\s*{re.escape(ours)}\s*$"))
+    )
     assert tab.count() == 1, f"no single tab labelled {ours!r}: {page.locator('.workflow-tabs').inner_text()}"
     tab.click()
     page.wait_for_function("(id) => !!window.app.graph.getNodeById(+id)", arg=cmp_id)
@@ -931,8 +1077,10 @@ def test_verdict_label_stays_left_of_the_badge(page: Any) -> None:
     assert " ".join(t for t, *_ in label) == "EXPECTED: SAME PICTURE (within tolerance) PSNR 47.3 dB"
     assert all(x + w <= drawn["width"] - drawn["badge"] for _, x, _, w in label), drawn
     assert [y for _, _, y, _ in label] == sorted(y for _, _, y, _ in label), drawn  # top to bottom, above the title
-    page.evaluate("() => { const n = window.app.graph.nodes.find(x => x.type === 'SteadfastCompare');"
-                  " n.steadfast_state = null; n.steadfast_label = null }")
+    page.evaluate(
+        "() => { const n = window.app.graph.nodes.find(x => x.type === 'SteadfastCompare');"
+        " n.steadfast_state = null; n.steadfast_label = null }"
+    )
 
 
 def test_optimize_report_says_warm_after_warmup(page: Any) -> None:
@@ -978,12 +1126,16 @@ def test_optimize_and_sampler_say_one_compile_state_after_a_run(page: Any, comfy
     name = api_to_ui.ui_template_name("optimized_vs_baseline")
     twin = api_twin(name)
     opt_id = next(i for i, n in twin.items() if n["class_type"] == "SteadfastOptimizeModel")
-    sampler_id = next(i for i, n in twin.items() if n["class_type"] == "SteadfastSeededSampler"
-                      and n["inputs"]["model"][0] == opt_id)
+    sampler_id = next(
+        i for i, n in twin.items() if n["class_type"] == "SteadfastSeededSampler" and n["inputs"]["model"][0] == opt_id
+    )
     comfy_server.free()  # a new model object: a new compile record, cold when Optimize reports
     load_template(page, name)
-    page.evaluate("(id) => { const w = window.app.graph.getNodeById(+id).widgets.find(x => x.name === 'backend');"
-                  " w.value = 'eager'; w.callback?.('eager') }", opt_id)
+    page.evaluate(
+        "(id) => { const w = window.app.graph.getNodeById(+id).widgets.find(x => x.name === 'backend');"
+        " w.value = 'eager'; w.callback?.('eager') }",
+        opt_id,
+    )
     entry = _run_and_wait(page, comfy_server)
     assert entry["status"]["status_str"] == "success", entry["status"]
     outputs = entry["outputs"]
@@ -993,12 +1145,19 @@ def test_optimize_and_sampler_say_one_compile_state_after_a_run(page: Any, comfy
     assert compiled["status"] == "warm", compiled
     sampler_text = "\n".join(outputs[sampler_id]["text"])
     assert "compile regional (eager): warm," in sampler_text, sampler_text
-    page.wait_for_function("([id, text]) => window.app.graph.getNodeById(+id)?.widgets?.find(w => w.name ==="
-                           " 'steadfast_info')?.value === text", arg=[sampler_id, sampler_text], timeout=30_000)
+    page.wait_for_function(
+        "([id, text]) => window.app.graph.getNodeById(+id)?.widgets?.find(w => w.name ==="
+        " 'steadfast_info')?.value === text",
+        arg=[sampler_id, sampler_text],
+        timeout=30_000,
+    )
     shown = _info(page, opt_id)["text"]
     title = twin[sampler_id]["_meta"]["title"]
-    by = (f"compiled by {title} in the last run" if compiled["graphs_this_run"]
-          else f"{title} ran it on code compiled earlier")
+    by = (
+        f"compiled by {title} in the last run"
+        if compiled["graphs_this_run"]
+        else f"{title} ran it on code compiled earlier"
+    )
     assert f"new compile record (warm: {by})" in shown, shown
     assert "cold" not in shown and "lazily" not in shown, shown
     assert _info(page, sampler_id)["text"] == sampler_text  # the sampler's own words are the server's
@@ -1006,12 +1165,26 @@ def test_optimize_and_sampler_say_one_compile_state_after_a_run(page: Any, comfy
     # the other two outcomes, fed as ComfyUI's 'executed' messages are: no graph compiled in the run, and a record
     # that is not warm after it (the compile failed: the sampler says so, Optimize's line stays as written)
     feed = "([id, m]) => window.app.graph.getNodeById(+id).onExecuted(m)"
-    for state, graphs, want in (("warm", 0, f"new compile record (warm: {title} ran it on code compiled earlier)"),
-                                ("cold", 0, "new compile record (cold); compiles lazily")):
+    for state, graphs, want in (
+        ("warm", 0, f"new compile record (warm: {title} ran it on code compiled earlier)"),
+        ("cold", 0, "new compile record (cold); compiles lazily"),
+    ):
         page.evaluate(feed, [opt_id, {"text": [written]}])
-        page.evaluate(feed, [sampler_id, {"text": [sampler_text], "steadfast_run_record": [
-            {**outputs[sampler_id]["steadfast_run_record"][0],
-             "compile": {**compiled, "status": state, "graphs_this_run": graphs}}]}])
+        page.evaluate(
+            feed,
+            [
+                sampler_id,
+                {
+                    "text": [sampler_text],
+                    "steadfast_run_record": [
+                        {
+                            **outputs[sampler_id]["steadfast_run_record"][0],
+                            "compile": {**compiled, "status": state, "graphs_this_run": graphs},
+                        }
+                    ],
+                },
+            ],
+        )
         assert want in _info(page, opt_id)["text"], (state, _info(page, opt_id)["text"])
     assert not page.steadfast_errors, page.steadfast_errors
 
@@ -1031,21 +1204,34 @@ def test_vue_compare_folds_raw_record_differences(page: Any) -> None:
     if not _set_vue_nodes(page, True):
         pytest.skip("this frontend has no Comfy.VueNodes.Enabled setting (no Nodes 2.0 renderer)")
     line = "run records differ in 3 field(s) (compile, attention, num_threads): see the two run records"
-    message = {"text": [f"DIFFERENT PICTURE: decided by PSNR 9.5 dB\n{line}"],
-               "steadfast_compare": [{"identical": False, "expected_to_differ": True,
-                                      "verdict": {"level": "different_picture", "psnr": 9.5,
-                                                  "env_diffs": RECORD_DIFFS}}]}
+    message = {
+        "text": [f"DIFFERENT PICTURE: decided by PSNR 9.5 dB\n{line}"],
+        "steadfast_compare": [
+            {
+                "identical": False,
+                "expected_to_differ": True,
+                "verdict": {"level": "different_picture", "psnr": 9.5, "env_diffs": RECORD_DIFFS},
+            }
+        ],
+    }
     execute = "([id, m]) => window.app.graph.getNodeById(+id).onExecuted(m)"
     try:
         load_template(page, api_to_ui.ui_template_name("optimized_vs_baseline"))
         cmp_id = page.evaluate("() => String(window.app.graph.nodes.find(n => n.type === 'SteadfastCompare').id)")
-        page.evaluate("(id) => { const c = window.app.canvas; c.ds.scale = 1;"
-                      " c.centerOnNode(c.graph.getNodeById(+id)); c.setDirty(true, true) }", cmp_id)
+        page.evaluate(
+            "(id) => { const c = window.app.canvas; c.ds.scale = 1;"
+            " c.centerOnNode(c.graph.getNodeById(+id)); c.setDirty(true, true) }",
+            cmp_id,
+        )
         page.evaluate(execute, [cmp_id, message])
         page.wait_for_timeout(1000)
         folded = page.evaluate(DIFFS_JS, cmp_id)
-        assert folded == {"open": False, "summary": "raw run-record differences (3 fields)",
-                          "raw": "\n".join(RECORD_DIFFS), "shown": False}, folded
+        assert folded == {
+            "open": False,
+            "summary": "raw run-record differences (3 fields)",
+            "raw": "\n".join(RECORD_DIFFS),
+            "shown": False,
+        }, folded
         page.locator(f'.lg-node[data-node-id="{cmp_id}"] details.steadfast-record-diffs summary').click()
         page.wait_for_timeout(1500)  # the element grows, then the nodes below move
         opened = page.evaluate(DIFFS_JS, cmp_id)
@@ -1056,9 +1242,9 @@ def test_vue_compare_folds_raw_record_differences(page: Any) -> None:
     page.wait_for_timeout(500)
     page.evaluate(execute, [cmp_id, message])  # the same report on the canvas: the count line only
     page.wait_for_timeout(300)
-    shown = page.evaluate("(id) => window.app.graph.getNodeById(+id).widgets.map(w => [w.name, w.value ?? null])",
-                          cmp_id)
+    shown = page.evaluate(
+        "(id) => window.app.graph.getNodeById(+id).widgets.map(w => [w.name, w.value ?? null])", cmp_id
+    )
     assert [name for name, _ in shown if name.startswith("steadfast_")] == ["steadfast_info"], shown
     assert line in dict(shown)["steadfast_info"] and not any(d in dict(shown)["steadfast_info"] for d in RECORD_DIFFS)
     assert not page.steadfast_errors, page.steadfast_errors
-

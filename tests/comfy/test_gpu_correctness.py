@@ -6,6 +6,7 @@ fallback), ``tests/comfy/test_fp8_weights.py`` (fp8 + attention auto), ``tests/c
 (Dynamic VRAM emulated), ``tests/core/test_determinism.py`` (cuBLAS judgement, fill), ``tests/core/
 test_pipeline_memory.py`` (pipelines kept on the CPU).
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -130,15 +131,21 @@ def lora_file(tiny_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 
 @pytest.fixture(scope="module")
 def gpu_server(comfyui_path: Path, tiny_ckpt: Path, lora_file: Path) -> Iterator[ComfyServer]:
-    with ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path, cpu=False,
-                     loras={LORA_NAME: lora_file}) as srv:
+    with ComfyServer(
+        {TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path, cpu=False, loras={LORA_NAME: lora_file}
+    ) as srv:
         yield srv
 
 
 @pytest.fixture(scope="module")
 def legacy_server(comfyui_path: Path, tiny_ckpt: Path, lora_file: Path) -> Iterator[ComfyServer]:
-    with ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path, cpu=False, loras={LORA_NAME: lora_file},
-                     extra_args=["--disable-dynamic-vram"]) as srv:
+    with ComfyServer(
+        {TINY_CKPT_NAME: tiny_ckpt},
+        comfyui=comfyui_path,
+        cpu=False,
+        loras={LORA_NAME: lora_file},
+        extra_args=["--disable-dynamic-vram"],
+    ) as srv:
         yield srv
 
 
@@ -147,8 +154,16 @@ def _lora_optimized(**optimize: Any) -> dict[str, Any]:
     wf = workflow("optimized_vs_baseline", steps=2)
     lora = add(wf, "LoraLoaderModelOnly", model=["1", 0], lora_name=LORA_NAME, strength_model=1.0)
     wf["6"]["inputs"]["model"] = [lora, 0]
-    wf["13"]["inputs"].update({"model": [lora, 0], "compile": "off", "qkv_fusion": False, "attention": "auto",
-                               "backend": "eager", **optimize})
+    wf["13"]["inputs"].update(
+        {
+            "model": [lora, 0],
+            "compile": "off",
+            "qkv_fusion": False,
+            "attention": "auto",
+            "backend": "eager",
+            **optimize,
+        }
+    )
     return only(wf, "14")
 
 
@@ -209,8 +224,9 @@ def test_fp8_unet_attention_auto_on_gpu(comfyui_path: Path, tiny_ckpt: Path) -> 
     wf = workflow("optimized_vs_baseline", steps=2)
     wf["6"]["inputs"]["model"] = ["1", 0]
     wf["13"]["inputs"].update({"model": ["1", 0], "compile": "off", "qkv_fusion": False, "attention": "auto"})
-    with ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path, cpu=False,
-                     extra_args=["--fp8_e4m3fn-unet"]) as srv:
+    with ComfyServer(
+        {TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path, cpu=False, extra_args=["--fp8_e4m3fn-unet"]
+    ) as srv:
         entry = run(srv, only(wf, "14"))
     rec = record_of(entry, "7")
     assert "float8_e4m3fn" in rec["fingerprint"]["dtype"] and rec["fingerprint"]["attention"] == "pytorch_sdpa:auto"

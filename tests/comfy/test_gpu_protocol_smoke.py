@@ -5,6 +5,7 @@ runs in its own process, that the JSON and the markdown table are written with e
 the correctness cases a CPU can run pass (sampler families in both seed modes, comfy mode == KSampler, batch
 invariance under Determinism Setup, LoRA + quantize, the pipeline nodes, CPU vs CPU verdict).
 """
+
 from __future__ import annotations
 
 import json
@@ -35,14 +36,32 @@ def protocol(comfyui_path: Path, tmp_path_factory: pytest.TempPathFactory) -> di
         pytest.skip("the GPU protocol targets ComfyUI 0.33 (Dynamic VRAM, its switches); CI runs it on that row")
     out = tmp_path_factory.mktemp("gpu_protocol_out")
     work = tmp_path_factory.mktemp("gpu_protocol_work")
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_protocol.py"), "--smoke", "--out", str(out),
-                           "--work", str(work), "--scale", os.environ.get("STEADFAST_PROTOCOL_SCALE", "4"),
-                           "--budget", "2400"],
-                          capture_output=True, text=True, timeout=3000, check=False,
-                          env=dict(os.environ, COMFYUI_PATH=str(comfyui_path)))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gpu_protocol.py"),
+            "--smoke",
+            "--out",
+            str(out),
+            "--work",
+            str(work),
+            "--scale",
+            os.environ.get("STEADFAST_PROTOCOL_SCALE", "4"),
+            "--budget",
+            "2400",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=3000,
+        check=False,
+        env=dict(os.environ, COMFYUI_PATH=str(comfyui_path)),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return {"json": json.loads((out / "gpu_protocol.json").read_text()),
-            "md": (out / "gpu_protocol.md").read_text(), "stdout": proc.stdout}
+    return {
+        "json": json.loads((out / "gpu_protocol.json").read_text()),
+        "md": (out / "gpu_protocol.md").read_text(),
+        "stdout": proc.stdout,
+    }
 
 
 def test_every_section_is_reported(protocol: dict) -> None:
@@ -57,9 +76,12 @@ def test_every_section_is_reported(protocol: dict) -> None:
 
 
 def test_cpu_runnable_correctness_cases_pass(protocol: dict) -> None:
-    bad = [(name, c["case"], c["status"], c["detail"][:300])
-           for name, sec in protocol["json"]["sections"].items() for c in sec["cases"]
-           if c["status"] not in ("pass", *INFO_ONLY, "refused")]
+    bad = [
+        (name, c["case"], c["status"], c["detail"][:300])
+        for name, sec in protocol["json"]["sections"].items()
+        for c in sec["cases"]
+        if c["status"] not in ("pass", *INFO_ONLY, "refused")
+    ]
     assert bad == []
     nodes = {c["case"]: c for c in protocol["json"]["sections"]["nodes_dynamic_vram_on"]["cases"]}
     for fam in gpu_protocol.SMOKE_FAMILIES:
@@ -80,8 +102,10 @@ def test_a_failing_section_is_recorded_and_the_rest_run(tmp_path: Path, monkeypa
     assert res["sections"]["steady_flux"]["status"].startswith("error: over its 1 s budget")
     assert "| steady_flux | - | error: over its 1 s budget" in (tmp_path / "o" / "gpu_protocol.md").read_text()
     # and a budget too small to start anything: every section says so, the files are still written
-    assert gpu_protocol.main(["--smoke", "--budget", "5", "--out", str(tmp_path / "p"),
-                              "--work", str(tmp_path / "w")]) == 0
+    assert (
+        gpu_protocol.main(["--smoke", "--budget", "5", "--out", str(tmp_path / "p"), "--work", str(tmp_path / "w")])
+        == 0
+    )
     late = json.loads((tmp_path / "p" / "gpu_protocol.json").read_text())
     assert {s["status"] for s in late["sections"].values()} == {"skipped: out of time"}
     assert "skipped: out of time" in (tmp_path / "p" / "gpu_protocol.md").read_text()

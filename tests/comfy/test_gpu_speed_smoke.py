@@ -6,6 +6,7 @@ row of every smoke model comes back with real numbers, written to the JSON and t
 warm second process, and that the random-weight models' outputs depend on their inputs. One smoke run (two child
 processes) serves every test here; the other tests run no model.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,19 +31,30 @@ import gpu_speed  # noqa: E402
 @pytest.fixture(scope="module")
 def speed(comfyui_path: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     if comfyui_version(comfyui_path) < (0, 33):
-        pytest.skip("the GPU speed call runs on ComfyUI 0.33 (what gpu_protocol_prepare.sh carries); CI runs its "
-                    "smoke on that row only (about 40 s of CPU)")
+        pytest.skip(
+            "the GPU speed call runs on ComfyUI 0.33 (what gpu_protocol_prepare.sh carries); CI runs its "
+            "smoke on that row only (about 40 s of CPU)"
+        )
     out = tmp_path_factory.mktemp("gpu_speed_out")
     work = tmp_path_factory.mktemp("gpu_speed_work")
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_speed.py"), "--smoke", "--out", str(out),
-                           "--work", str(work)], capture_output=True, text=True, timeout=900, check=False,
-                          env=dict(os.environ, COMFYUI_PATH=str(comfyui_path)))
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_speed.py"), "--smoke", "--out", str(out), "--work", str(work)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        env=dict(os.environ, COMFYUI_PATH=str(comfyui_path)),
+    )
     seconds = time.monotonic() - t0
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     print(f"gpu_speed.py --smoke: {seconds:.1f} s")
-    return {"json": json.loads((out / "gpu_speed.json").read_text()), "md": (out / "gpu_speed.md").read_text(),
-            "stdout": proc.stdout, "stderr": proc.stderr}
+    return {
+        "json": json.loads((out / "gpu_speed.json").read_text()),
+        "md": (out / "gpu_speed.md").read_text(),
+        "stdout": proc.stdout,
+        "stderr": proc.stderr,
+    }
 
 
 @pytest.mark.comfyui
@@ -100,13 +112,20 @@ def test_random_weight_models_depend_on_their_input(speed: dict) -> None:
 def test_determinism_row_recompiles_for_its_flags_and_says_so(speed: dict) -> None:
     det = speed["json"]["models"]["flux"]["rows"]["steadfast+det"]
     assert det["recompiles"] >= 1 and len(det["recompile_reasons"]) == det["recompiles"]
-    assert all(r.startswith("global flag changed since compile:") and "deterministic_algorithms" in r
-               for r in det["recompile_reasons"]), det["recompile_reasons"]
+    assert all(
+        r.startswith("global flag changed since compile:") and "deterministic_algorithms" in r
+        for r in det["recompile_reasons"]
+    ), det["recompile_reasons"]
 
 
 def test_sdxl_script_is_the_speed_call_on_sdxl() -> None:
-    assert bench_gpu_sdxl.parse_args(["--smoke", "--out", "x"]) == ["--models", "sdxl-b1,sdxl-b4", "--smoke",
-                                                                     "--out", "x"]
+    assert bench_gpu_sdxl.parse_args(["--smoke", "--out", "x"]) == [
+        "--models",
+        "sdxl-b1,sdxl-b4",
+        "--smoke",
+        "--out",
+        "x",
+    ]
     ns = gpu_speed.parse_args(bench_gpu_sdxl.parse_args(["--batch", "4", "--out", "x"]))
     assert ns.models == ["sdxl-b4"] and ns.rows == list(gpu_speed.ROWS) and ns.budget == 540.0
     with pytest.raises(SystemExit):
@@ -114,8 +133,11 @@ def test_sdxl_script_is_the_speed_call_on_sdxl() -> None:
     with pytest.raises(SystemExit):
         gpu_speed.parse_args(["--out", "x", "--images", "2"])  # a median needs at least 3
     assert gpu_speed.plan(["flux", "sdxl-b4"], list(gpu_speed.ROWS), group=False) == [
-        ("cold", ["flux"], ["eager", "steadfast", "steadfast+det", "core"]), ("warm", ["flux"], ["warm"]),
-        ("cold", ["sdxl-b4"], ["eager", "steadfast", "steadfast+det", "core"]), ("warm", ["sdxl-b4"], ["warm"])]
+        ("cold", ["flux"], ["eager", "steadfast", "steadfast+det", "core"]),
+        ("warm", ["flux"], ["warm"]),
+        ("cold", ["sdxl-b4"], ["eager", "steadfast", "steadfast+det", "core"]),
+        ("warm", ["sdxl-b4"], ["warm"]),
+    ]
 
 
 def test_core_rows_count_dynamo_graphs_as_recompiles() -> None:
@@ -124,24 +146,43 @@ def test_core_rows_count_dynamo_graphs_as_recompiles() -> None:
     bench = gpu_speed.Bench("sdxl-b4", None, 4, 64, 64, 1, "fp16", lambda m, s: None, dict)
     meta = {"flops_per_image": 2e12}
     eager = {"s_per_image": 1.0}
-    core = gpu_speed._finish_row("core", {"s_per_image": 2.0, "dynamo_graphs_first": 7, "dynamo_graphs_timed": 1},
-                                 bench, meta, torch.ones(2), torch.zeros(2), eager, 1e12, 0)
+    core = gpu_speed._finish_row(
+        "core",
+        {"s_per_image": 2.0, "dynamo_graphs_first": 7, "dynamo_graphs_timed": 1},
+        bench,
+        meta,
+        torch.ones(2),
+        torch.zeros(2),
+        eager,
+        1e12,
+        0,
+    )
     assert core["s_per_call"] == 2.0 and core["s_per_image"] == 0.5 and core["speedup_vs_eager"] == 2.0
     assert core["tflops"] == pytest.approx(4.0) and core["pct_of_matmul"] == pytest.approx(400.0)
     assert core["recompiles"] == 1 and core["max_abs_diff_vs_eager"] == 1.0 and core["bit_equal_to_eager"] is False
-    sf = gpu_speed._finish_row("steadfast+det", {"s_per_image": 4.0, "compile": {
-        "recompiles": 3, "recompile_reasons": ["a", "b", "c"]}}, bench, meta, torch.ones(2), torch.ones(2), eager,
-        1e12, 1)
+    sf = gpu_speed._finish_row(
+        "steadfast+det",
+        {"s_per_image": 4.0, "compile": {"recompiles": 3, "recompile_reasons": ["a", "b", "c"]}},
+        bench,
+        meta,
+        torch.ones(2),
+        torch.ones(2),
+        eager,
+        1e12,
+        1,
+    )
     assert sf["recompiles"] == 2 and sf["recompile_reasons"] == ["b", "c"] and sf["bit_equal_to_eager"] is True
-    nan = gpu_speed._finish_row("eager", {"s_per_image": 1.0}, bench, meta, torch.tensor([float("nan")]),
-                                torch.zeros(1), None, 1e12, 0)
+    nan = gpu_speed._finish_row(
+        "eager", {"s_per_image": 1.0}, bench, meta, torch.tensor([float("nan")]), torch.zeros(1), None, 1e12, 0
+    )
     assert nan["max_abs_diff_vs_eager"] == float("inf")  # a NaN output is never "equal"
 
 
 def test_a_budget_too_small_records_every_row_and_writes_the_files(tmp_path: Path) -> None:
     """No process starts with less than MIN_START_S left: every row says why, and the JSON and table exist."""
-    assert gpu_speed.main(["--smoke", "--budget", "1", "--out", str(tmp_path / "o"), "--work",
-                           str(tmp_path / "w")]) == 0
+    assert (
+        gpu_speed.main(["--smoke", "--budget", "1", "--out", str(tmp_path / "o"), "--work", str(tmp_path / "w")]) == 0
+    )
     res = json.loads((tmp_path / "o" / "gpu_speed.json").read_text())
     assert [c["status"] for c in res["children"]] == ["skipped: out of time"] * 2
     for model in gpu_speed.SMOKE_MODELS:

@@ -2,6 +2,7 @@
 proved with STOCK ComfyUI nodes only: CheckpointLoaderSimple -> CLIPTextEncode x2 -> EmptyLatentImage 64x64
 -> KSampler (euler, 4 steps) -> VAEDecode -> SaveImage, PNG read back through GET /view, pixels hashed.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -34,10 +35,21 @@ def sd15_prompt(seed: int, text: str, negative: str = "blurry", steps: int = 4) 
         "6": {"class_type": "CLIPTextEncode", "inputs": {"text": text, "clip": ["4", 1]}},
         "7": {"class_type": "CLIPTextEncode", "inputs": {"text": negative, "clip": ["4", 1]}},
         "5": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
-        "3": {"class_type": "KSampler", "inputs": {
-            "seed": seed, "steps": steps, "cfg": 7.0, "sampler_name": "euler", "scheduler": "normal",
-            "denoise": 1.0, "model": ["4", 0], "positive": ["6", 0], "negative": ["7", 0],
-            "latent_image": ["5", 0]}},
+        "3": {
+            "class_type": "KSampler",
+            "inputs": {
+                "seed": seed,
+                "steps": steps,
+                "cfg": 7.0,
+                "sampler_name": "euler",
+                "scheduler": "normal",
+                "denoise": 1.0,
+                "model": ["4", 0],
+                "positive": ["6", 0],
+                "negative": ["7", 0],
+                "latent_image": ["5", 0],
+            },
+        },
         "8": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["4", 2]}},
         "9": {"class_type": "SaveImage", "inputs": {"filename_prefix": "steadfast_harness", "images": ["8", 0]}},
     }
@@ -53,8 +65,9 @@ def render(server: ComfyServer, seed: int, text: str) -> tuple[np.ndarray, dict[
 
 
 def pixel_hash(pixels: np.ndarray) -> str:
-    return hashlib.sha256(f"{pixels.dtype}|{pixels.shape}|".encode()
-                          + np.ascontiguousarray(pixels).tobytes()).hexdigest()
+    return hashlib.sha256(
+        f"{pixels.dtype}|{pixels.shape}|".encode() + np.ascontiguousarray(pixels).tobytes()
+    ).hexdigest()
 
 
 def cached_nodes(entry: dict[str, Any]) -> list[str]:
@@ -76,12 +89,20 @@ def baseline(comfy_server: ComfyServer) -> tuple[np.ndarray, str]:
 
 def test_checkpoint_is_detected_as_sd15_with_clip_and_taesd(tiny_ckpt: Path) -> None:
     # In a child process so this test process never imports comfy.
-    proc = subprocess.run([sys.executable, str(SCRIPTS / "tiny_sd15.py"), str(tiny_ckpt), "--check"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "tiny_sd15.py"), str(tiny_ckpt), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     info = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert (info["model_config"], info["model_type"], info["clip"], info["vae"]) == ("SD15", "EPS", "SD1ClipModel",
-                                                                                     "TAESD")
+    assert (info["model_config"], info["model_type"], info["clip"], info["vae"]) == (
+        "SD15",
+        "EPS",
+        "SD1ClipModel",
+        "TAESD",
+    )
     assert info["cond_max_abs_diff"] > 0.1  # two prompts give clearly different text conditioning
     assert info["max_abs_diff_prompt"] > 0.05 and info["max_abs_diff_seed"] > 0.05
     assert info["max_abs_diff_rerun"] == 0.0
@@ -154,8 +175,12 @@ def test_same_pixels_after_server_restart(comfy_server: ComfyServer, baseline: t
 def test_builder_is_deterministic(tiny_ckpt: Path, tmp_path: Path) -> None:
     # Another process, another time: the bytes must equal the (possibly long-)cached file of the same version.
     out = tmp_path / "rebuilt.safetensors"
-    proc = subprocess.run([sys.executable, str(SCRIPTS / "tiny_sd15.py"), str(out), "--seed", "0"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPTS / "tiny_sd15.py"), str(out), "--seed", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert out.read_bytes() == tiny_ckpt.read_bytes()
     assert tiny_sd15.BUILDER_VERSION in tiny_ckpt.name

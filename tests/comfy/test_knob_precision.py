@@ -10,6 +10,7 @@ Figures for the docs come from ``benchmarks/bench_knobs_precision.py`` (docs/ben
 Runs on its OWN server: Dynamo keeps compiled code per code object for the whole process, and a bf16 graph of
 ``BasicTransformerBlock.forward`` would show up as a recompile reason in other modules' first compiles.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,10 @@ def server(comfyui_path: Path, tiny_ckpt: Path) -> Iterator[ComfyServer]:
 def _branch(wf: dict[str, Any], name: str, **optimize: Any) -> str:
     """Add an Optimize (copy of "opt" with ``optimize``) -> Seeded Sampler (copy of "samp") branch; the sampler id."""
     wf[f"opt_{name}"] = {"class_type": "SteadfastOptimizeModel", "inputs": {**wf["opt"]["inputs"], **optimize}}
-    wf[f"samp_{name}"] = {"class_type": "SteadfastSeededSampler",
-                          "inputs": {**wf["samp"]["inputs"], "model": [f"opt_{name}", 0]}}
+    wf[f"samp_{name}"] = {
+        "class_type": "SteadfastSeededSampler",
+        "inputs": {**wf["samp"]["inputs"], "model": [f"opt_{name}", 0]},
+    }
     return f"samp_{name}"
 
 
@@ -52,8 +55,12 @@ def precisions(server: ComfyServer) -> dict[str, Any]:
     samplers = {p: _branch(wf, p, precision=p) for p in ("fp32", "bf16", "fp16")}
     cmp = {p: _compare(wf, "samp", s) for p, s in samplers.items()}
     entry = run(server, wf)
-    return {"entry": entry, "cmp": {p: compare_of(entry, c) for p, c in cmp.items()}, "samplers": samplers,
-            "cmp_text": {p: text(entry, c) for p, c in cmp.items()}}
+    return {
+        "entry": entry,
+        "cmp": {p: compare_of(entry, c) for p, c in cmp.items()},
+        "samplers": samplers,
+        "cmp_text": {p: text(entry, c) for p, c in cmp.items()},
+    }
 
 
 def test_explicit_fp32_equals_the_fp32_checkpoint(precisions: dict[str, Any]) -> None:
@@ -66,9 +73,11 @@ def test_explicit_fp32_equals_the_fp32_checkpoint(precisions: dict[str, Any]) ->
 @pytest.mark.parametrize("name,dtype", [("bf16", "torch.bfloat16"), ("fp16", "torch.float16")])
 def test_half_precision_vs_fp32_is_measured_and_named(precisions: dict[str, Any], name: str, dtype: str) -> None:
     cmp = precisions["cmp"][name]
-    print(f"\n{name} vs fp32 (tiny SD1.5, 3 steps, latent): identical={cmp['identical']} "
-          f"max_abs={cmp['max_abs']} psnr={cmp['psnr']:.1f} dB (peak {cmp['psnr_peak']:.3g}) "
-          f"pct_values_differ={cmp['pct_values_differ']}")
+    print(
+        f"\n{name} vs fp32 (tiny SD1.5, 3 steps, latent): identical={cmp['identical']} "
+        f"max_abs={cmp['max_abs']} psnr={cmp['psnr']:.1f} dB (peak {cmp['psnr_peak']:.3g}) "
+        f"pct_values_differ={cmp['pct_values_differ']}"
+    )
     assert cmp["identical"] is False and math.isfinite(cmp["max_abs"]) and cmp["max_abs"] > 0
     record = record_of(precisions["entry"], precisions["samplers"][name])
     assert record["fingerprint"]["dtype"] == f"torch.float32 (compute {dtype})"
@@ -117,9 +126,11 @@ def test_inductor_preset_recorded_measured_and_no_recompile(server: ComfyServer)
     report = text(entry, "opt_fast")
     assert "conv_1x1_as_mm=True" in report and "inductor_preset: diffusers-fast" in report  # readable lines
     vs_default, vs_eager = compare_of(entry, c_default), compare_of(entry, c_eager)
-    print(f"\ndiffusers-fast vs default inductor (regional, latent): identical={vs_default['identical']} "
-          f"max_abs={vs_default['max_abs']} psnr={vs_default['psnr']}; "
-          f"vs eager: identical={vs_eager['identical']} max_abs={vs_eager['max_abs']}")
+    print(
+        f"\ndiffusers-fast vs default inductor (regional, latent): identical={vs_default['identical']} "
+        f"max_abs={vs_default['max_abs']} psnr={vs_default['psnr']}; "
+        f"vs eager: identical={vs_eager['identical']} max_abs={vs_eager['max_abs']}"
+    )
     assert vs_eager["identical"] is False and math.isfinite(vs_eager["max_abs"])  # compiled != eager, measured
     assert math.isfinite(vs_default["max_abs"])  # preset vs default: reported, not assumed either way
     assert vs_eager["expected_to_differ"] is True

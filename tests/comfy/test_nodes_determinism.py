@@ -4,6 +4,7 @@ Workflows are ``example_workflows/api/*.json``, edited per test. Everything runs
 (``comfy_server`` fixture: tiny SD1.5, 64x64, CPU). Hashes are never hard-coded: they are compared
 between runs, seeds and prompts.
 """
+
 from __future__ import annotations
 
 import json
@@ -119,7 +120,7 @@ def test_incremental_batch_item_equals_single_run(comfy_server: ComfyServer) -> 
     about the noise stream plus batch-independent kernels."""
     wf = workflow("determinism_check", steps=STEPS)
     wf["5"]["inputs"]["num_threads"] = 1
-    wf["4"]["inputs"]["batch_size"] = 2                      # Run A: batch of 2 at seed 42
+    wf["4"]["inputs"]["batch_size"] = 2  # Run A: batch of 2 at seed 42
     single = add(wf, "EmptyLatentImage", width=64, height=64, batch_size=1)
     wf["7"]["inputs"].update(seed=43, latent_image=[single, 0])  # Run B: batch 1 at seed 43
     s42 = add(wf, "SteadfastSeededSampler", **dict(wf["7"]["inputs"], seed=42))
@@ -145,6 +146,7 @@ def test_comfy_batch_mode_equals_stock_ksampler(comfy_server: ComfyServer) -> No
     """batch_seed_mode=comfy reproduces KSampler bit for bit (batch of 2), with and without per-step noise
     (ancestral, and a CPU Brownian-tree SDE sampler); on x86 AVX2/AVX512, where portable noise is torch's."""
     import torch
+
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):  # the server inherits our environment
         pytest.skip("stock KSampler's noise is torch's non-AVX2 path here; the pack draws the x86 noise (issue 17)")
     wf = workflow("determinism_check", steps=STEPS, batch_seed_mode="comfy", sampler_name="euler")

@@ -4,6 +4,7 @@ Validation errors come back as ``PromptRejected`` (HTTP 400, ``node_errors``), e
 ``PromptFailed`` (``status_str: "error"`` in ``/history``, with the node and exception message).
 A graph break under ``fullgraph`` is an error (that is what fullgraph means in torch).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -36,8 +37,7 @@ def _flip(h: str) -> str:
     return h[:-1] + ("0" if h[-1] != "0" else "1")
 
 
-def test_hash_mismatch_fails_the_prompt_naming_both_hashes(comfy_server: ComfyServer,
-                                                           reference: str) -> None:
+def test_hash_mismatch_fails_the_prompt_naming_both_hashes(comfy_server: ComfyServer, reference: str) -> None:
     wf, good = workflow("determinism_check", steps=STEPS), reference
     wrong = _flip(good)
     wf["11"]["inputs"].update(expected=wrong, fail_on_mismatch=True)
@@ -51,8 +51,7 @@ def test_hash_mismatch_fails_the_prompt_naming_both_hashes(comfy_server: ComfySe
     assert comfy_server.is_running()
 
 
-def test_hash_mismatch_without_fail_only_reports(comfy_server: ComfyServer,
-                                                 reference: str) -> None:
+def test_hash_mismatch_without_fail_only_reports(comfy_server: ComfyServer, reference: str) -> None:
     wf, good = workflow("determinism_check", steps=STEPS), reference
     wf["11"]["inputs"].update(expected=_flip(good), fail_on_mismatch=False)
     entry = run(comfy_server, wf)
@@ -62,8 +61,7 @@ def test_hash_mismatch_without_fail_only_reports(comfy_server: ComfyServer,
 
 
 @pytest.mark.parametrize("expected", ["full", "prefix"])
-def test_hash_with_the_right_expected_passes(comfy_server: ComfyServer, reference: str,
-                                             expected: str) -> None:
+def test_hash_with_the_right_expected_passes(comfy_server: ComfyServer, reference: str, expected: str) -> None:
     wf, good = workflow("determinism_check", steps=STEPS), reference
     wf["11"]["inputs"].update(expected=good if expected == "full" else good[:12].upper(), fail_on_mismatch=True)
     entry = run(comfy_server, wf)
@@ -73,8 +71,7 @@ def test_hash_with_the_right_expected_passes(comfy_server: ComfyServer, referenc
     assert "MATCH" in text(entry, "11") and "MISMATCH" not in text(entry, "11")
 
 
-def test_malformed_expected_is_rejected_by_validation(comfy_server: ComfyServer,
-                                                      reference: str) -> None:
+def test_malformed_expected_is_rejected_by_validation(comfy_server: ComfyServer, reference: str) -> None:
     wf = workflow("determinism_check", steps=STEPS)
     wf["11"]["inputs"]["expected"] = "zz"
     with pytest.raises(PromptRejected) as info:
@@ -86,8 +83,7 @@ def test_malformed_expected_is_rejected_by_validation(comfy_server: ComfyServer,
     assert [e["extra_info"]["input_name"] for e in info.value.node_errors["11"]["errors"]] == ["expected"]
 
 
-def test_malformed_expected_with_fail_on_mismatch_fails_loudly(comfy_server: ComfyServer,
-                                                               reference: str) -> None:
+def test_malformed_expected_with_fail_on_mismatch_fails_loudly(comfy_server: ComfyServer, reference: str) -> None:
     """ComfyUI drops an output node that fails validation and runs the others (SaveImage here), answering with the
     error in ``node_errors``: the harness refuses such a prompt as a whole, naming ``expected`` alone."""
     wf = workflow("determinism_check", steps=STEPS)
@@ -133,11 +129,14 @@ def test_compare_same_shapes_works(comfy_server: ComfyServer) -> None:
     assert compare_of(entry, "3")["identical"] is True
 
 
-@pytest.mark.parametrize("inputs, message", [
-    ({}, "nothing to compare"),
-    ({"image_a": ["1", 0]}, "connect both image_a and image_b"),
-    ({"latent_a": ["2", 0]}, "connect both latent_a and latent_b"),
-])
+@pytest.mark.parametrize(
+    "inputs, message",
+    [
+        ({}, "nothing to compare"),
+        ({"image_a": ["1", 0]}, "connect both image_a and image_b"),
+        ({"latent_a": ["2", 0]}, "connect both latent_a and latent_b"),
+    ],
+)
 def test_compare_with_missing_inputs(comfy_server: ComfyServer, inputs: dict, message: str) -> None:
     wf = {
         "1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": 0}},
@@ -188,8 +187,9 @@ def test_fullgraph_graph_break_fails_the_run_naming_it(comfy_server: ComfyServer
 
 
 @pytest.mark.parametrize("name, value", [("dynamic", "bogus"), ("compile", "bogus"), ("attention", "sdpa")])
-def test_unknown_optimize_choice_is_rejected_by_comfyui_validation(comfy_server: ComfyServer, name: str,
-                                                                   value: str) -> None:
+def test_unknown_optimize_choice_is_rejected_by_comfyui_validation(
+    comfy_server: ComfyServer, name: str, value: str
+) -> None:
     """No ``validate_inputs(**kwargs)`` on our nodes: ComfyUI's own combo check names the input and the value
     (before, ``dynamic='bogus'`` reached execute and failed with a bare ``KeyError: 'bogus'``)."""
     wf = workflow("optimized_vs_baseline", steps=STEPS)
@@ -197,13 +197,16 @@ def test_unknown_optimize_choice_is_rejected_by_comfyui_validation(comfy_server:
     with pytest.raises(PromptRejected) as info:
         comfy_server.queue(wf)
     errors = info.value.node_errors["13"]["errors"]
-    assert any(e["type"] == "value_not_in_list" and e["extra_info"]["input_name"] == name
-               and e["extra_info"]["received_value"] == value for e in errors), errors
+    assert any(
+        e["type"] == "value_not_in_list"
+        and e["extra_info"]["input_name"] == name
+        and e["extra_info"]["received_value"] == value
+        for e in errors
+    ), errors
 
 
 @pytest.mark.parametrize("node, workflow_name", [("13", "optimized_vs_baseline"), ("15", "warmup_then_generate")])
-def test_a_clip_wired_into_model_is_rejected_by_type(comfy_server: ComfyServer, node: str,
-                                                     workflow_name: str) -> None:
+def test_a_clip_wired_into_model_is_rejected_by_type(comfy_server: ComfyServer, node: str, workflow_name: str) -> None:
     """Optimize and Warmup take a plain MODEL: a CLIP is refused by ComfyUI's type check before anything runs
     (it used to pass a MODEL-or-pipeline input and fail at run time with an AttributeError)."""
     wf = workflow(workflow_name, steps=STEPS)
@@ -211,5 +214,7 @@ def test_a_clip_wired_into_model_is_rejected_by_type(comfy_server: ComfyServer, 
     with pytest.raises(PromptRejected) as info:
         comfy_server.queue(wf)
     errors = info.value.node_errors[node]["errors"]
-    assert any(e["type"] == "return_type_mismatch" and e["extra_info"]["input_name"] == "model"
-               and "CLIP" in e["details"] for e in errors), errors
+    assert any(
+        e["type"] == "return_type_mismatch" and e["extra_info"]["input_name"] == "model" and "CLIP" in e["details"]
+        for e in errors
+    ), errors

@@ -13,6 +13,7 @@ or passed by which modules ran before it. Within the module each test that needs
 configuration: attention auto (compile-state test, the module's first compile), flash (Warmup test), math
 (attention and LoRA tests; never asserted to be a first compile).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -141,7 +142,7 @@ def test_attention_override_really_runs(comfy_server: ComfyServer, eager_auto: d
     h_plain = add(wf, "SteadfastHash", image=[decoded, 0])
     entry = run(comfy_server, wf)
     compiled_math = hash_of(entry, "11")
-    assert compiled_math == hash_of(entry, h_plain)          # compiled (eager backend) == uncompiled
+    assert compiled_math == hash_of(entry, h_plain)  # compiled (eager backend) == uncompiled
     assert compiled_math != hash_of(eager_auto["run1"], "11")  # math != auto
     assert "attention pytorch_sdpa:math" in text(entry, "7")
     assert "backend math" in text(entry, "13")
@@ -226,8 +227,10 @@ def lora_workflow() -> dict[str, Any]:
     fused_only = add(wf, "SteadfastOptimizeModel", **dict(wf["13"]["inputs"], attention="comfy", compile="off"))
     wf["s_fused"] = {"class_type": "SteadfastSeededSampler", "inputs": dict(wf["7"]["inputs"], model=[fused_only, 0])}
     wf["s_lora"] = {"class_type": "SteadfastSeededSampler", "inputs": dict(wf["7"]["inputs"], model=[lora_model, 0])}
-    wf["c_fusion"] = {"class_type": "SteadfastCompare",
-                      "inputs": {"latent_a": ["s_fused", 0], "latent_b": ["s_lora", 0]}}
+    wf["c_fusion"] = {
+        "class_type": "SteadfastCompare",
+        "inputs": {"latent_a": ["s_fused", 0], "latent_b": ["s_lora", 0]},
+    }
     wf["c_lora"] = {"class_type": "SteadfastCompare", "inputs": {"latent_a": ["s_lora", 0], "latent_b": ["6", 0]}}
     wf["c_opt"] = {"class_type": "SteadfastCompare", "inputs": {"latent_a": ["7", 0], "latent_b": ["s_lora", 0]}}
     return wf
@@ -299,8 +302,9 @@ def test_compare_tells_a_difference_by_design_from_a_failure(comfy_server: Comfy
     assert lines[0].startswith({"same_picture": "SAME PICTURE", "different_picture": "DIFFERENT PICTURE"}[level])
     assert "decided by PSNR" in lines[0] and lines[1].startswith("different, as expected"), lines
     folded = lines.index("measured on the full output (not what decides):")
-    assert all(line.startswith("  ") for line in lines[folded + 1:]
-               if not line.startswith("run records differ")), lines
+    assert all(line.startswith("  ") for line in lines[folded + 1 :] if not line.startswith("run records differ")), (
+        lines
+    )
     assert sum("PSNR" in line for line in lines[:folded]) == 1, lines  # one PSNR above the fold: the deciding one
     # the run records' differences are folded into one line (a count and the fields' names), no raw values
     differ = [line for line in lines if line.startswith("run records differ in ")]

@@ -7,6 +7,7 @@ This drives ``SteadfastSeededSampler.execute`` with a real ModelPatcher (tiny ch
 subprocess, for every name in ``KSampler.SAMPLERS`` and both seed modes, with the sampling device being ``meta``
 (``tests/comfy/noise_device_worker.py``).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -38,9 +39,17 @@ def test_seeded_sampler_per_step_noise_follows_x_to_a_second_device(device_runs)
     # the families of the issue are really driven, not skipped: default (ancestral, CFG++) and Brownian (SDE,
     # _gpu) per-step noise in incremental mode, the default family in comfy mode on this (CPU-loaded) model
     driven = {k for k, v in results.items() if v["installed"]}
-    for name in ("euler_ancestral/incremental", "euler_ancestral/comfy", "euler_ancestral_cfg_pp/incremental",
-                 "euler_ancestral_cfg_pp/comfy", "dpmpp_2s_ancestral/comfy", "dpmpp_sde/incremental",
-                 "dpmpp_sde_gpu/incremental", "dpmpp_2m_sde_gpu/incremental", "dpmpp_3m_sde/incremental"):
+    for name in (
+        "euler_ancestral/incremental",
+        "euler_ancestral/comfy",
+        "euler_ancestral_cfg_pp/incremental",
+        "euler_ancestral_cfg_pp/comfy",
+        "dpmpp_2s_ancestral/comfy",
+        "dpmpp_sde/incremental",
+        "dpmpp_sde_gpu/incremental",
+        "dpmpp_2m_sde_gpu/incremental",
+        "dpmpp_3m_sde/incremental",
+    ):
         if name.split("/")[0] in kinds:
             assert name in driven, name
     assert {kinds[k.split("/")[0]] for k in driven} == {"default", "brownian"}

@@ -7,6 +7,7 @@ a fact the table states. Nothing is read from source: ``tests/comfy/noise_table_
 samplers, and reports which noise sampler ComfyUI builds when handed none, how often it is called, how often a
 handed one is called, and whether the output depends on the per-step noise seed.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -43,18 +44,25 @@ def test_table_rows_match_what_comfyuis_samplers_do(measured):
         kind = table[row["function"]]
         if kind in ("default", "brownian"):
             built = ["default"] if kind == "default" else [["brownian cpu"], ["brownian device"]]
-            ok = (row["built"] == built if kind == "default" else row["built"] in built) \
-                and row["takes_noise_sampler"] and "error" not in row and row["built_when_handed"] == [] \
-                and row["handed_calls"] == row["own_calls"] \
+            ok = (
+                (row["built"] == built if kind == "default" else row["built"] in built)
+                and row["takes_noise_sampler"]
+                and "error" not in row
+                and row["built_when_handed"] == []
+                and row["handed_calls"] == row["own_calls"]
                 and (row["seed_dependent"] if row["function"] not in ETA_ZERO else not row["seed_dependent"])
+            )
         else:
             ok = row.get("seed_dependent") is False
         if not ok:
             wrong[name] = (kind, row)
     assert not wrong, wrong
     # the families are really there: ancestral (default), SDE (brownian, CPU and _gpu), none
-    assert {table[samplers[n]["function"]] for n in ("euler_ancestral", "dpmpp_sde", "dpmpp_sde_gpu", "euler")} \
-        == {"default", "brownian", "none"}
+    assert {table[samplers[n]["function"]] for n in ("euler_ancestral", "dpmpp_sde", "dpmpp_sde_gpu", "euler")} == {
+        "default",
+        "brownian",
+        "none",
+    }
 
 
 @pytest.mark.comfyui
@@ -63,8 +71,11 @@ def test_pack_treats_each_sampler_as_its_row(measured):
     ``dpmpp_2m_sde_heun`` was handed the pack's per-item CPU noise instead of ComfyUI's Brownian tree); it never
     hands a noise sampler to a function that does not take one."""
     samplers, table = measured["samplers"], measured["table"]
-    wrong = {name: (row["pack_kind"], table[row["function"]]) for name, row in samplers.items()
-             if row["pack_kind"] != table[row["function"]]}
+    wrong = {
+        name: (row["pack_kind"], table[row["function"]])
+        for name, row in samplers.items()
+        if row["pack_kind"] != table[row["function"]]
+    }
     assert not wrong, wrong
     assert samplers["dpmpp_2m_sde_heun"]["pack_kind"] == "brownian"
     assert all(row["takes_noise_sampler"] for row in samplers.values() if row["pack_kind"] != "none")

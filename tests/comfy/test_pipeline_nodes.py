@@ -6,6 +6,7 @@ on the tiny random-weight SD pipeline built here (``headless/tiny_pipelines.py``
 ``models/diffusers``; LoRAs are built here too and linked into ``models/loras``. Compiles use Dynamo's
 ``eager`` backend: recompiles are decided by Dynamo's guards, which do not depend on the backend.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,9 +24,18 @@ pytestmark = pytest.mark.comfyui
 SD, FLUX, BROKEN = "steadfast-tiny-sd", "steadfast-tiny-flux", "steadfast-broken"
 LORA_A, LORA_B = "steadfast-tiny-lora-a.safetensors", "steadfast-tiny-lora-b.safetensors"
 SIZE, STEPS = 64, 2
-EAGER_REGIONAL = dict(qkv_fusion=True, channels_last=False, attention="auto", compile="regional",
-                      backend="eager", mode="default", dynamic="auto", fullgraph=False, vae_slicing=False,
-                      vae_tiling=False)
+EAGER_REGIONAL = dict(
+    qkv_fusion=True,
+    channels_last=False,
+    attention="auto",
+    compile="regional",
+    backend="eager",
+    mode="default",
+    dynamic="auto",
+    fullgraph=False,
+    vae_slicing=False,
+    vae_tiling=False,
+)
 BAD_LORA = "steadfast-bad-header.safetensors"
 
 
@@ -43,8 +53,10 @@ def server(comfy_server: ComfyServer, tmp_path_factory: pytest.TempPathFactory) 
     from diffusers import UNet2DConditionModel
 
     unet = UNet2DConditionModel.from_pretrained(str(sd / "unet"))
-    loras = {LORA_A: tiny.save_tiny_lora(tiny.tiny_lora_state_dict(unet, rank=4, seed=1), root / LORA_A),
-             LORA_B: tiny.save_tiny_lora(tiny.tiny_lora_state_dict(unet, rank=2, seed=2), root / LORA_B)}
+    loras = {
+        LORA_A: tiny.save_tiny_lora(tiny.tiny_lora_state_dict(unet, rank=4, seed=1), root / LORA_A),
+        LORA_B: tiny.save_tiny_lora(tiny.tiny_lora_state_dict(unet, rank=2, seed=2), root / LORA_B),
+    }
     header = json.dumps({"lora_unet_x.lora_down.weight": "not a tensor description"}).encode()
     (root / BAD_LORA).write_bytes(struct.pack("<Q", len(header)) + header)
     loras[BAD_LORA] = root / BAD_LORA
@@ -55,8 +67,17 @@ def server(comfy_server: ComfyServer, tmp_path_factory: pytest.TempPathFactory) 
 
 def sampler(wf: dict, pipeline: list, prompt: str = "a cat", seed: int = 3, size: int = SIZE, **kw: Any) -> str:
     """Add a Pipeline Sampler and a Hash of its IMAGE; returns the sampler's id (the Hash is the next id)."""
-    inputs = dict(pipeline=pipeline, prompt=prompt, negative_prompt="", seed=seed, steps=STEPS, cfg=5.0,
-                  width=size, height=size, batch_size=1)
+    inputs = dict(
+        pipeline=pipeline,
+        prompt=prompt,
+        negative_prompt="",
+        seed=seed,
+        steps=STEPS,
+        cfg=5.0,
+        width=size,
+        height=size,
+        batch_size=1,
+    )
     inputs.update(kw)
     node = add(wf, "SteadfastPipelineSampler", **inputs)
     add(wf, "SteadfastHash", image=[node, 0])
@@ -68,8 +89,12 @@ def optimize(wf: dict, pipeline: list, **kw: Any) -> str:
 
 
 def warmup(wf: dict, pipeline: list, **kw: Any) -> str:
-    return add(wf, "SteadfastPipelineWarmup", pipeline=pipeline, **{**dict(width=SIZE, height=SIZE, batch_size=1,
-                                                                          cfg=5.0), **kw})
+    return add(
+        wf,
+        "SteadfastPipelineWarmup",
+        pipeline=pipeline,
+        **{**dict(width=SIZE, height=SIZE, batch_size=1, cfg=5.0), **kw},
+    )
 
 
 def loader(wf: dict, name: str = SD) -> str:
@@ -88,13 +113,38 @@ def test_one_node_per_job_and_model_nodes_keep_their_inputs(server: ComfyServer)
     for node in (opt, wu, smp, info["SteadfastDeterminismSetup"]):
         assert node["input"]["required"]["model"][0] == "MODEL"
     assert opt["output"][0] == wu["output"][0] == "MODEL"
-    assert opt["input_order"]["required"] == ["model", "qkv_fusion", "channels_last", "attention", "compile",
-                                              "backend", "mode", "dynamic", "fullgraph"]
+    assert opt["input_order"]["required"] == [
+        "model",
+        "qkv_fusion",
+        "channels_last",
+        "attention",
+        "compile",
+        "backend",
+        "mode",
+        "dynamic",
+        "fullgraph",
+    ]
     # optional inputs only ever appended: saved workflows keep their positions
-    assert opt["input_order"]["optional"] == ["strict_recompiles", "compile_cache", "precision", "inductor_preset",
-                                              "quantize"]
-    assert smp["input_order"]["required"] == ["model", "seed", "steps", "cfg", "sampler_name", "scheduler",
-                                              "positive", "negative", "latent_image", "denoise", "batch_seed_mode"]
+    assert opt["input_order"]["optional"] == [
+        "strict_recompiles",
+        "compile_cache",
+        "precision",
+        "inductor_preset",
+        "quantize",
+    ]
+    assert smp["input_order"]["required"] == [
+        "model",
+        "seed",
+        "steps",
+        "cfg",
+        "sampler_name",
+        "scheduler",
+        "positive",
+        "negative",
+        "latent_image",
+        "denoise",
+        "batch_seed_mode",
+    ]
     assert "optional" not in smp["input_order"] or not smp["input_order"]["optional"]
     assert smp["output"] == ["LATENT", "STRING"]
     # pipeline nodes: DIFFUSERS_PIPELINE in, only the inputs a pipeline uses
@@ -109,8 +159,14 @@ def test_one_node_per_job_and_model_nodes_keep_their_inputs(server: ComfyServer)
         assert opt["input"]["required"][name] == p_opt["input"]["required"][name], name
     for name in ("strict_recompiles", "compile_cache"):
         assert opt["input"]["optional"][name] == p_opt["input"]["optional"][name], name
-    for name in ("SteadfastLoadDiffusersPipeline", "SteadfastPipelineLoRA", "SteadfastPipelineOptimize",
-                 "SteadfastPipelineSampler", "SteadfastPipelineWarmup", "SteadfastPipelineDeterminismSetup"):
+    for name in (
+        "SteadfastLoadDiffusersPipeline",
+        "SteadfastPipelineLoRA",
+        "SteadfastPipelineOptimize",
+        "SteadfastPipelineSampler",
+        "SteadfastPipelineWarmup",
+        "SteadfastPipelineDeterminismSetup",
+    ):
         inputs = {**info[name]["input"]["required"], **info[name]["input"].get("optional", {})}
         assert all(spec[1].get("tooltip") for spec in inputs.values()), name
     names = info["SteadfastLoadDiffusersPipeline"]["input"]["required"]["pipeline_name"]
@@ -157,8 +213,10 @@ def test_same_seed_identical_after_free_and_optimized_run(server: ComfyServer) -
     assert rec["label"].startswith("StableDiffusionPipeline.unet (regional") and rec["status"] == "warm"
     assert rec["block_count"] == len(rec["blocks"]) > 0 and rec["options"]["backend"] == "eager"
     c = compare_of(first, cmp)
-    print(f"tiny SD, qkv fusion + eager regional compile vs baseline: identical={c['identical']} "
-          f"max|d|={c['max_abs']:.3g}; first run {first['seconds']:.1f} s, second {second['seconds']:.1f} s")
+    print(
+        f"tiny SD, qkv fusion + eager regional compile vs baseline: identical={c['identical']} "
+        f"max|d|={c['max_abs']:.3g}; first run {first['seconds']:.1f} s, second {second['seconds']:.1f} s"
+    )
     assert c["max_abs"] < 1e-4  # fp32 QKV fusion and Dynamo's eager backend: at most rounding
 
 
@@ -224,8 +282,7 @@ def test_a_lora_with_a_broken_header_names_the_file(server: ComfyServer) -> None
 def test_pipeline_determinism_setup_applies_its_policy_for_the_run_only(server: ComfyServer) -> None:
     wf: dict = {}
     src = loader(wf)
-    det = add(wf, "SteadfastPipelineDeterminismSetup", pipeline=[src, 0], strict=True, allow_tf32=False,
-              num_threads=1)
+    det = add(wf, "SteadfastPipelineDeterminismSetup", pipeline=[src, 0], strict=True, allow_tf32=False, num_threads=1)
     pinned, again, plain = sampler(wf, [det, 0]), sampler(wf, [det, 0]), sampler(wf, [src, 0])
     entry = run(server, wf)
     assert "pinned to 1" in text(entry, det)
@@ -269,15 +326,20 @@ def test_lora_hotswap_into_the_compiled_pipeline_does_not_recompile(server: Comf
     assert cb["created"] == ca["created"] and cb["status"] == "warm"  # one compile record, kept
     assert len(cb["recompiles"]) == len(ca["recompiles"]) and cb["graphs"] == ca["graphs"]  # 0 recompiles
     assert rec_b["recompiles_this_run"] == 0 and rec_b["details"]["lora"]["name"] == LORA_B
-    h = {"a": hash_of(run_a, after(ids["fast"])), "b": hash_of(run_b, after(ids["fast"])),
-         "plain": hash_of(run_b, after(ids["plain"]))}
+    h = {
+        "a": hash_of(run_a, after(ids["fast"])),
+        "b": hash_of(run_b, after(ids["fast"])),
+        "plain": hash_of(run_b, after(ids["plain"])),
+    }
     assert len(set(h.values())) == 3  # each LoRA acts, and differently
     for entry in (run_a, run_b):  # the hot-swapped compiled pipeline equals the LoRA loaded directly
         c = compare_of(entry, ids["cmp"])
         assert c["max_abs"] < 1e-4, c
-    print(f"LoRA hot-swap: graphs {cb['graphs']}, recompiles {len(cb['recompiles'])} before and after; "
-          f"compiled+swapped vs direct max|d| {compare_of(run_b, ids['cmp'])['max_abs']:.3g}; "
-          f"runs {run_a['seconds']:.1f} s / {run_b['seconds']:.1f} s")
+    print(
+        f"LoRA hot-swap: graphs {cb['graphs']}, recompiles {len(cb['recompiles'])} before and after; "
+        f"compiled+swapped vs direct max|d| {compare_of(run_b, ids['cmp'])['max_abs']:.3g}; "
+        f"runs {run_a['seconds']:.1f} s / {run_b['seconds']:.1f} s"
+    )
     for r in cb["recompiles"]:
         print("  recompile (first run):", r["reason"][:200])
 
@@ -301,8 +363,9 @@ def test_warmup_sizes_then_no_recompile_in_the_sampler(server: ComfyServer) -> N
 def test_flux_pipeline_depends_on_prompt_and_seed_and_repeats(server: ComfyServer) -> None:
     wf: dict = {}
     src = [loader(wf, FLUX), 0]
-    a3, a3_again, a4, b3 = (sampler(wf, src, p, s, size=32) for p, s in
-                            (("a cat", 3), ("a cat", 3), ("a cat", 4), ("a dog", 3)))
+    a3, a3_again, a4, b3 = (
+        sampler(wf, src, p, s, size=32) for p, s in (("a cat", 3), ("a cat", 3), ("a cat", 4), ("a dog", 3))
+    )
     entry = run(server, wf)
     h = {n: hash_of(entry, after(n)) for n in (a3, a3_again, a4, b3)}
     assert h[a3] == h[a3_again] and len({h[a3], h[a4], h[b3]}) == 3
@@ -343,13 +406,24 @@ def test_pipeline_batch_item_equals_single_run_at_seed_plus_i(server: ComfyServe
     """Under Pipeline Determinism Setup (batch_invariant on by default) image i of a batch of 2 equals the
     batch-1 image at seed + i, plain and with regional compile (eager backend)."""
     wf: dict = {}
-    src = [add(wf, "SteadfastPipelineDeterminismSetup", pipeline=[loader(wf), 0], strict=True, allow_tf32=False,
-               num_threads=0), 0]
+    src = [
+        add(
+            wf,
+            "SteadfastPipelineDeterminismSetup",
+            pipeline=[loader(wf), 0],
+            strict=True,
+            allow_tf32=False,
+            num_threads=0,
+        ),
+        0,
+    ]
     if optimized:
         src = [optimize(wf, src), 0]
     batch = sampler(wf, src, seed=3, batch_size=2)
-    items = [add(wf, "SteadfastHash", image=[add(wf, "ImageFromBatch", image=[batch, 0], batch_index=i, length=1), 0])
-             for i in range(2)]
+    items = [
+        add(wf, "SteadfastHash", image=[add(wf, "ImageFromBatch", image=[batch, 0], batch_index=i, length=1), 0])
+        for i in range(2)
+    ]
     singles = [after(sampler(wf, src, seed=3 + i)) for i in range(2)]
     entry = run(server, wf, timeout=900)
     got = [hash_of(entry, h) for h in items]

@@ -10,6 +10,7 @@
   "the same picture" (exit 3), another seed is "a different picture" (exit 1), the same settings give
   identical bytes (exit 0), against the first run and against a pinned reference.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,13 +35,16 @@ from core.determinism import portable  # noqa: E402
 # Measured with: COMFYUI_PATH=~/comfy/ComfyUI-0.33.0 ~/comfy/venv-0.33.0/bin/python scripts/steadfast.py run \
 #   example_workflows/api/determinism_check.json --portable --runs 1
 GOLDEN = {
-    ("0.33.0", "2.11.0"): ("1db636f2b4b1a1f90658b173575f4125dd442cea19c390573cc850dca49d1bf7",
-                           "2026-11-25, AMD EPYC (family 25 model 17; KVM exposes AVX2+FMA, no AVX512), "
-                           "torch 2.11.0+cu130 (MKL 2024.2, oneDNN 3.10.2), ComfyUI 0.33.0, 1 thread"),
+    ("0.33.0", "2.11.0"): (
+        "1db636f2b4b1a1f90658b173575f4125dd442cea19c390573cc850dca49d1bf7",
+        "2026-11-25, AMD EPYC (family 25 model 17; KVM exposes AVX2+FMA, no AVX512), "
+        "torch 2.11.0+cu130 (MKL 2024.2, oneDNN 3.10.2), ComfyUI 0.33.0, 1 thread",
+    ),
     # the same bytes on the other tested row (another torch, oneDNN 3.12.0, another ComfyUI), same machine
-    ("0.8.0", "2.14.1"): ("1db636f2b4b1a1f90658b173575f4125dd442cea19c390573cc850dca49d1bf7",
-                          "2026-11-25, the same AMD EPYC, torch 2.14.1+cu130 (oneDNN 3.12.0), ComfyUI 0.8.0, "
-                          "1 thread"),
+    ("0.8.0", "2.14.1"): (
+        "1db636f2b4b1a1f90658b173575f4125dd442cea19c390573cc850dca49d1bf7",
+        "2026-11-25, the same AMD EPYC, torch 2.14.1+cu130 (oneDNN 3.12.0), ComfyUI 0.8.0, 1 thread",
+    ),
 }
 
 
@@ -98,22 +102,34 @@ def test_golden_portable_hash(portable_hash: tuple[str, dict], comfyui_path: Pat
     """The constant measured on the developers' machine: another x86-64 CPU (Intel or AMD) must give it too."""
     key = _versions(comfyui_path)
     if key not in GOLDEN:
-        pytest.skip(f"NO GOLDEN portable hash measured for ComfyUI {key[0]} + torch {key[1]}: the cross-machine "
-                    f"guarantee is NOT checked here. Measure it (command in this file) and add it to GOLDEN.")
+        pytest.skip(
+            f"NO GOLDEN portable hash measured for ComfyUI {key[0]} + torch {key[1]}: the cross-machine "
+            f"guarantee is NOT checked here. Measure it (command in this file) and add it to GOLDEN."
+        )
     want, where = GOLDEN[key]
     got, record = portable_hash
-    assert got == want, (f"portable-mode hash {got} differs from the golden {want} measured {where}; this "
-                         f"machine: {record['fingerprint'].get('cpu')}, torch {record['fingerprint'].get('torch')}, "
-                         f"settings {record['fingerprint']['cpu_settings']}")
+    assert got == want, (
+        f"portable-mode hash {got} differs from the golden {want} measured {where}; this "
+        f"machine: {record['fingerprint'].get('cpu')}, torch {record['fingerprint'].get('torch')}, "
+        f"settings {record['fingerprint']['cpu_settings']}"
+    )
 
 
-@pytest.mark.parametrize("caps", [
-    {"ONEDNN_MAX_CPU_ISA": "SSE41", "DNNL_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
-    {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX", "DNNL_MAX_CPU_ISA": "AVX512_CORE_AMX",
-     "MKL_ENABLE_INSTRUCTIONS": "AVX512"},
-], ids=["caps-below", "caps-above"])
-def test_portable_hash_holds_under_other_isa_caps(caps: dict, portable_hash: tuple[str, dict],
-                                                  comfyui_path: Path, tiny_ckpt: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "caps",
+    [
+        {"ONEDNN_MAX_CPU_ISA": "SSE41", "DNNL_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
+        {
+            "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX",
+            "DNNL_MAX_CPU_ISA": "AVX512_CORE_AMX",
+            "MKL_ENABLE_INSTRUCTIONS": "AVX512",
+        },
+    ],
+    ids=["caps-below", "caps-above"],
+)
+def test_portable_hash_holds_under_other_isa_caps(
+    caps: dict, portable_hash: tuple[str, dict], comfyui_path: Path, tiny_ckpt: Path, tmp_path: Path
+) -> None:
     """In default mode the oneDNN cap alone changes conv2d/GELU bytes (scripts/measure_portable.py); in portable
     mode oneDNN is off and MKL runs its COMPATIBLE branch, so these caps leave the hash as it is."""
     wf = tmp_path / "wf.json"
@@ -131,18 +147,39 @@ def test_portable_overrides_the_callers_cpu_settings(portable_hash: tuple[str, d
     still gets the portable hash: --portable replaces every one of them."""
     wf = tmp_path / "wf.json"
     wf.write_text(WORKFLOW.read_text())
-    code, out, report = steadfast_run(wf, "--portable", "--runs", "1", env={
-        "ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "AVX2", "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2",
-        "ONEDNN_MAX_CPU_ISA": "SSE41"})
+    code, out, report = steadfast_run(
+        wf,
+        "--portable",
+        "--runs",
+        "1",
+        env={
+            "ATEN_CPU_CAPABILITY": "default",
+            "MKL_CBWR": "AVX2",
+            "OMP_NUM_THREADS": "2",
+            "MKL_NUM_THREADS": "2",
+            "ONEDNN_MAX_CPU_ISA": "SSE41",
+        },
+    )
     assert code == 0, out
     assert _only_hash(report) == portable_hash[0]
 
 
 def test_portable_mode_refuses_compile_with_a_clear_error(tiny_ckpt: Path, tmp_path: Path) -> None:
     wf = json.loads(WORKFLOW.read_text())
-    wf["90"] = {"class_type": "SteadfastOptimizeModel", "inputs": {
-        "model": ["5", 0], "qkv_fusion": False, "channels_last": False, "attention": "comfy", "compile": "regional",
-        "backend": "inductor", "mode": "default", "dynamic": "false", "fullgraph": False}}
+    wf["90"] = {
+        "class_type": "SteadfastOptimizeModel",
+        "inputs": {
+            "model": ["5", 0],
+            "qkv_fusion": False,
+            "channels_last": False,
+            "attention": "comfy",
+            "compile": "regional",
+            "backend": "inductor",
+            "mode": "default",
+            "dynamic": "false",
+            "fullgraph": False,
+        },
+    }
     for n in ("6", "7"):
         wf[n]["inputs"]["model"] = ["90", 0]
     path = tmp_path / "compile.json"
@@ -167,8 +204,10 @@ OTHER_CPU = {"ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_CBWR": "COMPATIBLE", "OMP_NUM_T
 
 @pytest.fixture(scope="module")
 def two_servers(comfyui_path: Path, tiny_ckpt: Path) -> Iterator[tuple[ComfyServer, ComfyServer]]:
-    with ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path) as a, \
-            ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path, env=OTHER_CPU) as b:
+    with (
+        ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path) as a,
+        ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path, env=OTHER_CPU) as b,
+    ):
         yield a, b
 
 
@@ -177,8 +216,9 @@ def test_graded_verdicts(two_servers: tuple[ComfyServer, ComfyServer], tmp_path:
     wf = tmp_path / "wf.json"
     wf.write_text(json.dumps(_small()))
     # same settings -> identical bytes, exit 0
-    code, out, report = steadfast_run(wf, "--server", a.url, "--server", a.url, "--runs", "1",
-                                      "--pin", tmp_path / "pinned.json")
+    code, out, report = steadfast_run(
+        wf, "--server", a.url, "--server", a.url, "--runs", "1", "--pin", tmp_path / "pinned.json"
+    )
     assert code == 0 and report["verdict"] == "identical", out
     # other ISA / MKL / thread settings -> other bytes, the same picture, exit 3, with the settings named
     code, out, report = steadfast_run(wf, "--server", a.url, "--server", b.url, "--runs", "1")
@@ -187,8 +227,9 @@ def test_graded_verdicts(two_servers: tuple[ComfyServer, ComfyServer], tmp_path:
     grade = next(g for g in report["grades"] if g["level"] == "same_picture")
     assert grade["verdict"]["psnr"] >= grade["verdict"]["threshold_db"]
     assert any("cpu_settings.mkl_cbwr" in d for d in grade["verdict"]["env_diffs"]), grade
-    print(f"\nother CPU settings: PSNR {grade['verdict']['psnr']:.1f} dB, "
-          f"max |delta| {grade['verdict']['max_abs']:.3g}")
+    print(
+        f"\nother CPU settings: PSNR {grade['verdict']['psnr']:.1f} dB, max |delta| {grade['verdict']['max_abs']:.3g}"
+    )
     # the pinned workflow carries the reference: graded by the Hash node itself on the other server
     pinned = json.loads((tmp_path / "pinned.json").read_text())
     assert json.loads(pinned["11"]["inputs"]["expected_reference"])["format"] == "steadfast-thumb/1"
@@ -220,16 +261,45 @@ def _stock_pair(invariant: bool) -> tuple[dict, dict[str, str]]:
     pos = add(wf, "CLIPTextEncode", text="a lighthouse on a cliff at dawn, oil painting", clip=["1", 1])
     neg = add(wf, "CLIPTextEncode", text="blurry, low quality", clip=["1", 1])
     latent = add(wf, "EmptyLatentImage", width=64, height=64, batch_size=2)
-    model = ([add(wf, "SteadfastDeterminismSetup", model=["1", 0], strict=True, allow_tf32=False, num_threads=0,
-                  batch_invariant=True), 0] if invariant else ["1", 0])
+    model = (
+        [
+            add(
+                wf,
+                "SteadfastDeterminismSetup",
+                model=["1", 0],
+                strict=True,
+                allow_tf32=False,
+                num_threads=0,
+                batch_invariant=True,
+            ),
+            0,
+        ]
+        if invariant
+        else ["1", 0]
+    )
     decoder = "SteadfastVAEDecode" if invariant else "VAEDecode"
     hashes: dict[str, str] = {}
     for name, free_mb in (("quiet", None), ("busy", 1)):
         m = model if free_mb is None else [add(wf, "TestSqueezeFreeMemoryModel", model=model, free_mb=free_mb), 0]
-        s = add(wf, "KSampler", model=m, seed=42, steps=2, cfg=7.0, sampler_name="euler", scheduler="normal",
-                positive=[pos, 0], negative=[neg, 0], latent_image=[latent, 0], denoise=1.0)
-        img = (add(wf, decoder, samples=[s, 0], vae=["1", 2]) if free_mb is None else
-               add(wf, "TestSqueezedVAEDecode", samples=[s, 0], vae=["1", 2], free_mb=free_mb, decoder=decoder))
+        s = add(
+            wf,
+            "KSampler",
+            model=m,
+            seed=42,
+            steps=2,
+            cfg=7.0,
+            sampler_name="euler",
+            scheduler="normal",
+            positive=[pos, 0],
+            negative=[neg, 0],
+            latent_image=[latent, 0],
+            denoise=1.0,
+        )
+        img = (
+            add(wf, decoder, samples=[s, 0], vae=["1", 2])
+            if free_mb is None
+            else add(wf, "TestSqueezedVAEDecode", samples=[s, 0], vae=["1", 2], free_mb=free_mb, decoder=decoder)
+        )
         hashes[name + "_latent"] = add(wf, "SteadfastHash", latent=[s, 0])
         hashes[name + "_image"] = add(wf, "SteadfastHash", image=[img, 0])
     return wf, hashes
@@ -245,8 +315,9 @@ def test_portable_mode_and_free_memory(comfyui_path: Path, tiny_ckpt: Path, tmp_
     stock, h = _stock_pair(invariant=False)
     fixed, hf = _stock_pair(invariant=True)
     refused = portable.free_memory_refusals(stock)
-    assert [r.split(":")[0] for r in refused] == ["node 5 (KSampler)", "node 6 (VAEDecode)",
-                                                  "node 10 (KSampler)"], refused
+    assert [r.split(":")[0] for r in refused] == ["node 5 (KSampler)", "node 6 (VAEDecode)", "node 10 (KSampler)"], (
+        refused
+    )
     assert portable.free_memory_refusals(fixed) == []
     path = tmp_path / "stock.json"
     path.write_text(json.dumps(stock))
@@ -255,8 +326,12 @@ def test_portable_mode_and_free_memory(comfyui_path: Path, tiny_ckpt: Path, tmp_
     assert "portable CPU mode refuses this workflow" in out and "node 5 (KSampler)" in out, out
     assert "node 6 (VAEDecode)" in out and "Fix: use VAE Decode (Steadfast)" in out, out
 
-    with ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path, env=portable.portable_env(),
-                     node_packs={"steadfast_test_squeeze": SQUEEZE_PACK}) as server:
+    with ComfyServer(
+        {TINY_CKPT_NAME: tiny_ckpt},
+        comfyui=comfyui_path,
+        env=portable.portable_env(),
+        node_packs={"steadfast_test_squeeze": SQUEEZE_PACK},
+    ) as server:
         e_stock, e_fixed = run(server, stock), run(server, fixed)
     stock_h = {k: hash_of(e_stock, v) for k, v in h.items()}
     fixed_h = {k: hash_of(e_fixed, v) for k, v in hf.items()}

@@ -7,6 +7,7 @@ inputs of the artifact, changed in place) gives the jit's bytes for that strengt
 pack is never loaded: the fallback and its reason are in the compile state and the run record. Torch 2.11 loads
 SD1.5's artifacts only with :func:`core.torch_compat.portable_guard_state` in force while saving.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,9 @@ def _artifacts(server) -> list[Path]:
     return sorted(p for p in root.glob("*/precompiled/*.pt2") if ".bad-" not in p.parts[-3])
 
 
-def test_precompiled_warm_start_is_bit_equal_and_fallbacks_are_visible(comfyui_path: Path, tiny_ckpt: Path,
-                                                                      tmp_path: Path) -> None:
+def test_precompiled_warm_start_is_bit_equal_and_fallbacks_are_visible(
+    comfyui_path: Path, tiny_ckpt: Path, tmp_path: Path
+) -> None:
     run = {"backend": "inductor", "warm": ""}
     with server_with_lora(comfyui_path, tiny_ckpt, tmp_path, LORA) as s:
         cold = go(s, **run, lora=(LORA, 1.0))
@@ -51,9 +53,11 @@ def test_precompiled_warm_start_is_bit_equal_and_fallbacks_are_visible(comfyui_p
         assert warm["compile"]["precompiled"]["enabled"] is True  # in the run record too
         assert warm_rec["graphs"] == 0 and state["loads"] == cold_state["saves"] and state["fallbacks"] == 0
         assert state["hits"] > warm_rec["precompiled"]["hits"] > 0  # the LoRA run hit the artifacts too
-        print(f"\n[precompiled, tiny SD1.5, ComfyUI] first call (Warmup) after the restart "
-              f"{warm_rec['first_call_seconds']:.2f} s; the cold process saved {cold_state['save_seconds']:.2f} s "
-              f"of artifacts, the warm one loaded them in {state['load_seconds']:.2f} s")
+        print(
+            f"\n[precompiled, tiny SD1.5, ComfyUI] first call (Warmup) after the restart "
+            f"{warm_rec['first_call_seconds']:.2f} s; the cold process saved {cold_state['save_seconds']:.2f} s "
+            f"of artifacts, the warm one loaded them in {state['load_seconds']:.2f} s"
+        )
 
         # an artifact that the pack did not record (dropped in, or its record edited): never loaded
         art = _artifacts(s)[0]
@@ -88,7 +92,8 @@ def _pinned_run(server, **kw: Any) -> dict[str, Any]:
 
 
 def test_servers_sharing_one_cache_folder_answer_with_their_own_configurations_bytes(
-        comfyui_path: Path, tiny_ckpt: Path, tmp_path: Path) -> None:
+    comfyui_path: Path, tiny_ckpt: Path, tmp_path: Path
+) -> None:
     """Three servers share one compile cache folder ($STEADFAST_COMPILE_CACHE) and differ only by an attention flag.
     A (``--use-pytorch-cross-attention``) compiles and saves; B (no flag: ComfyUI's sub-quadratic attention on CPU)
     is warm-started from the same folder and must give the hash of the jit of its own configuration (the third
@@ -107,12 +112,14 @@ def test_servers_sharing_one_cache_folder_answer_with_their_own_configurations_b
     env = {"STEADFAST_COMPILE_CACHE": str(tmp_path / "shared")}
     run = {"backend": "inductor", "attention": "comfy"}  # ComfyUI's own attention: the global the flag picks
     ckpt = {TINY_CKPT_NAME: tiny_ckpt}
-    with ComfyServer(ckpt, comfyui=comfyui_path, env=env, node_packs=SQUEEZE_PACK,
-                     extra_args=["--use-pytorch-cross-attention"]) as a:
+    with ComfyServer(
+        ckpt, comfyui=comfyui_path, env=env, node_packs=SQUEEZE_PACK, extra_args=["--use-pytorch-cross-attention"]
+    ) as a:
         a_hash = _pinned_run(a, **run)["hash"]
         assert _record(a)["precompiled"]["saves"] >= 1, json.dumps(_record(a))
-    with ComfyServer(ckpt, comfyui=comfyui_path, env={**env, "STEADFAST_PRECOMPILED": "0"},
-                     node_packs=SQUEEZE_PACK) as jit:
+    with ComfyServer(
+        ckpt, comfyui=comfyui_path, env={**env, "STEADFAST_PRECOMPILED": "0"}, node_packs=SQUEEZE_PACK
+    ) as jit:
         jit_run = _pinned_run(jit, **run)
         jit_hash = jit_run["hash"]
     assert jit_hash != a_hash  # the flag changes the bytes: the case is not vacuous
@@ -126,7 +133,9 @@ def test_servers_sharing_one_cache_folder_answer_with_their_own_configurations_b
         again = _pinned_run(b, **run)
         state = _record(b)["precompiled"]
         assert again["hash"] == jit_hash, json.dumps([state, again["compile"]])
-        print(f"\n[shared cache, attention flag] A {a_hash[:12]}, jit of B {jit_hash[:12]}, "
-              f"B warm {b_run['hash'][:12]}, B restarted {again['hash'][:12]}; B saved {b_state['saves']}, "
-              f"its restart: {state['hits']} hit(s), {state['fallbacks']} fallback(s), reasons "
-              f"{again['compile']['precompiled'].get('reasons')}")
+        print(
+            f"\n[shared cache, attention flag] A {a_hash[:12]}, jit of B {jit_hash[:12]}, "
+            f"B warm {b_run['hash'][:12]}, B restarted {again['hash'][:12]}; B saved {b_state['saves']}, "
+            f"its restart: {state['hits']} hit(s), {state['fallbacks']} fallback(s), reasons "
+            f"{again['compile']['precompiled'].get('reasons')}"
+        )

@@ -7,6 +7,7 @@ Compared: environment variables, torch's global flags and thread count, logging 
 every logger that existed before), Dynamo and inductor config values, and the diffusion model's Parameters
 (where their data lives, and their values).
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -51,14 +52,20 @@ def changes(before: dict[str, Any], after: dict[str, Any]) -> set[str]:
 @pytest.fixture(scope="module")
 def state(tiny_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     import os
+
     env = {**os.environ, "STEADFAST_COMPILE_CACHE": str(tmp_path_factory.mktemp("cc"))}
     for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "CUBLAS_WORKSPACE_CONFIG"):
         env.pop(name, None)  # this test process imported the pack already; the child starts clean
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("process_state_child.py")), str(ROOT),
-                           str(tiny_ckpt)], capture_output=True, text=True, timeout=900, env=env)
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("process_state_child.py")), str(ROOT), str(tiny_ckpt)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("STATE "))
-    return json.loads(line[len("STATE "):])
+    return json.loads(line[len("STATE ") :])
 
 
 def _undocumented(observed: set[str], phase: str) -> list[str]:

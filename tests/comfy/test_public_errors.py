@@ -10,6 +10,7 @@ the recompiled function by its file in ComfyUI (``forward in comfy/...py:LINE``)
 ComfyUI names an error's type ``module.Class`` and a custom node's module by its folder's path: the pack's
 exception types come back as ``steadfast.core....Error``.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,8 +60,17 @@ def server(comfy_server: ComfyServer, tmp_path_factory: pytest.TempPathFactory) 
     half = shutil.copytree(sd, root / "half", ignore=shutil.ignore_patterns("unet"))
     bad_config = shutil.copytree(sd, root / "bad_config")
     (bad_config / "unet" / "config.json").write_text("{broken", encoding="utf-8")
-    comfy_server.link_models("diffusers", {SD: sd, "corrupt_index": corrupt, "no_index": no_index,
-                                           "no_class": no_class, "half": half, "bad_config": bad_config})
+    comfy_server.link_models(
+        "diffusers",
+        {
+            SD: sd,
+            "corrupt_index": corrupt,
+            "no_index": no_index,
+            "no_class": no_class,
+            "half": half,
+            "bad_config": bad_config,
+        },
+    )
     garbage = root / "garbage.safetensors"
     garbage.write_bytes(os.urandom(256))
     header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
@@ -68,21 +78,26 @@ def server(comfy_server: ComfyServer, tmp_path_factory: pytest.TempPathFactory) 
     not_lora.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)
     listy = root / "listy.safetensors"
     listy.write_bytes(struct.pack("<Q", 2) + b"[]")
-    comfy_server.link_models("loras", {"garbage.safetensors": garbage, "not_lora.safetensors": not_lora,
-                                       "listy.safetensors": listy})
+    comfy_server.link_models(
+        "loras", {"garbage.safetensors": garbage, "not_lora.safetensors": not_lora, "listy.safetensors": listy}
+    )
     return comfy_server
 
 
 def _load(name: str) -> dict[str, Any]:
     """The loader, its report shown by ComfyUI's Preview Any (an output node, so the loader runs)."""
-    return {"1": {"class_type": "SteadfastLoadDiffusersPipeline", "inputs": {"pipeline_name": name, "dtype": "fp32"}},
-            "9": {"class_type": "PreviewAny", "inputs": {"source": ["1", 1]}}}
+    return {
+        "1": {"class_type": "SteadfastLoadDiffusersPipeline", "inputs": {"pipeline_name": name, "dtype": "fp32"}},
+        "9": {"class_type": "PreviewAny", "inputs": {"source": ["1", 1]}},
+    }
 
 
 def _lora(lora: str) -> dict[str, Any]:
     wf = _load(SD)
-    wf["2"] = {"class_type": "SteadfastPipelineLoRA", "inputs": {"pipeline": ["1", 0], "lora_name": lora,
-                                                                 "max_rank": 64}}
+    wf["2"] = {
+        "class_type": "SteadfastPipelineLoRA",
+        "inputs": {"pipeline": ["1", 0], "lora_name": lora, "max_rank": 64},
+    }
     wf["9"]["inputs"]["source"] = ["2", 1]
     return wf
 

@@ -3,6 +3,7 @@
 One fresh server for this module (recompile counts here cannot come from another module), with the tiny
 SD1.5-architecture checkpoint and a seeded LoRA on its to_q/to_k/to_v. Skipped when torchao is missing.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -34,8 +35,13 @@ def go(server: ComfyServer, quantize: str = "int8-dynamic", **kw: Any) -> dict[s
     wf["opt"]["inputs"]["quantize"] = quantize
     entry = run(server, wf, timeout=900)
     record = record_of(entry, "samp")
-    return {"entry": entry, "record": record, "compile": record["fingerprint"]["compile"],
-            "hash": record["output_sha256"], "report": text(entry, "opt")}
+    return {
+        "entry": entry,
+        "record": record,
+        "compile": record["fingerprint"]["compile"],
+        "hash": record["output_sha256"],
+        "report": text(entry, "opt"),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +79,10 @@ def test_compare_node_says_different_as_expected(server: ComfyServer) -> None:
     assert "different, as expected" in text(entry, "14") and "fingerprint.quantize" in text(entry, "14")
     # q/k/v of fused attention run in the fused matmul: not quantized, and said so
     assert "fused by qkv_fusion" in text(entry, "13")
-    print(f"\n[quantize] tiny SD1.5, int8-dynamic vs fp32, 2 steps: latent max|d| {latents['max_abs']:.4g}, "
-          f"image max|d| {compare_of(entry, '10')['max_abs']:.4g}")
+    print(
+        f"\n[quantize] tiny SD1.5, int8-dynamic vs fp32, 2 steps: latent max|d| {latents['max_abs']:.4g}, "
+        f"image max|d| {compare_of(entry, '10')['max_abs']:.4g}"
+    )
 
 
 def test_lora_is_quantized_with_the_weights(server: ComfyServer, eager_runs: dict[str, Any]) -> None:

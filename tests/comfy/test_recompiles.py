@@ -8,6 +8,7 @@ Backend ``eager`` (Dynamo tracing only): guards, and so recompiles, do not depen
 (``tests/comfy/test_compile_cache_server.py`` runs inductor). Counts come from the sampler's run
 record (per run) and ``GET /steadfast/compile_state`` (per model), as a user would read them.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -23,8 +24,11 @@ from tiny_sd15 import CHECKPOINT_NAME as TINY_CKPT_NAME  # headless/ is on sys.p
 pytestmark = pytest.mark.comfyui
 
 LORA = "steadfast_recompile_lora.safetensors"
-PROMPTS = ["a lighthouse on a cliff at dawn, oil painting", "a harbour at night, watercolour",
-           "a red fox in the snow, photograph"]
+PROMPTS = [
+    "a lighthouse on a cliff at dawn, oil painting",
+    "a harbour at night, watercolour",
+    "a red fox in the snow, photograph",
+]
 STRENGTHS = [1.0, 0.25, 0.5, 0.75, 1.0, 0.1, 0.9, 0.6, 0.3, 0.8]
 
 
@@ -38,8 +42,11 @@ def server(comfyui_path: Path, tiny_ckpt: Path, tmp_path_factory: pytest.TempPat
 def lora_runs(server: ComfyServer) -> dict[str, Any]:
     """No LoRA -> load -> strength change -> /free -> same strength -> unload; then 10 runs varying
     seed, prompt and strength. Optimize: regional compile, eager backend, SDPA auto."""
-    out: dict[str, Any] = {"base": go(server), "lora_1.0": go(server, lora=(LORA, 1.0)),
-                           "lora_0.5": go(server, lora=(LORA, 0.5))}
+    out: dict[str, Any] = {
+        "base": go(server),
+        "lora_1.0": go(server, lora=(LORA, 1.0)),
+        "lora_0.5": go(server, lora=(LORA, 0.5)),
+    }
     out["records_before_free"] = compile_records(server)
     server.free()
     out["lora_0.5_after_free"] = go(server, lora=(LORA, 0.5))
@@ -80,8 +87,10 @@ def test_ten_varied_runs_zero_recompiles(lora_runs: dict[str, Any]) -> None:
     assert sum(run["recompiles"] for rec in records for run in rec["run_log"]) == 0
     # the reloaded model's record counted every run since /free: 1 + 1 (unloaded) + 10
     assert [r["recompiles"] for r in records[-1]["run_log"]] == [0] * 12
-    print(f"\n[recompiles] LoRA load/strength/unload/free + 10 varied runs: {sum(counts)} recompiles, "
-          f"graphs compiled by the reloaded model's record: {records[-1]['graphs']}")
+    print(
+        f"\n[recompiles] LoRA load/strength/unload/free + 10 varied runs: {sum(counts)} recompiles, "
+        f"graphs compiled by the reloaded model's record: {records[-1]['graphs']}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -144,12 +153,13 @@ def size_runs(sizes_server: ComfyServer) -> dict[str, Any]:
     out["auto_batch2"] = go(s, attention="math", batch=2)
     # dynamic=true: one Warmup size, then sizes and batch sizes
     out["true_warm"] = go(s, attention="flash", dynamic="true", warm="")
-    out["true"] = [go(s, attention="flash", dynamic="true", width=w, height=h, batch=b)
-                   for w, h, b in ((96, 64, 1), (128, 128, 1), (64, 64, 2))]
+    out["true"] = [
+        go(s, attention="flash", dynamic="true", width=w, height=h, batch=b)
+        for w, h, b in ((96, 64, 1), (128, 128, 1), (64, 64, 2))
+    ]
     out["true_record"] = max(compile_records(s), key=lambda r: r["created"])
     # dynamic=false: one graph per size until the process-wide limit: the warning must come first
-    out["static"] = go(s, attention="auto", dynamic="false",
-                       warm="72x64,80x64,88x64,96x64,104x64")
+    out["static"] = go(s, attention="auto", dynamic="false", warm="72x64,80x64,88x64,96x64,104x64")
     out["static_record"] = max(compile_records(s), key=lambda r: r["created"])
     return out
 

@@ -24,6 +24,7 @@ step; ``dpm_adaptive`` picks its own steps (about 70 here). The seconds are prin
 written with the results to ``test-artifacts/sampler_matrix.json``. ``STEADFAST_MATRIX_SAMPLERS=a,b`` runs only
 those names, for a quick look while debugging (the coverage test then fails: CI always runs all).
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,12 @@ from steadfast_workflows import add, hash_of, run
 pytestmark = pytest.mark.comfyui
 
 SEED, STEPS, SCHEDULER, CFG = 5, 3, "karras", 1.0
-CHECKS = ("comfy == KSampler (batch 2)", "incremental item i == seed + i (Determinism Setup)",
-          "repeat identical", "fp16 LATENT comfy == KSampler")
+CHECKS = (
+    "comfy == KSampler (batch 2)",
+    "incremental item i == seed + i (Determinism Setup)",
+    "repeat identical",
+    "fp16 LATENT comfy == KSampler",
+)
 ONLY = [n for n in os.environ.get("STEADFAST_MATRIX_SAMPLERS", "").split(",") if n]
 
 
@@ -67,14 +72,23 @@ def samples_half_in_float32(server: ComfyServer) -> bool:
 def _base() -> dict[str, Any]:
     return {
         "ckpt": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "steadfast_tiny_sd15.safetensors"}},
-        "pos": {"class_type": "CLIPTextEncode", "inputs": {"text": "a lighthouse on a cliff at dawn",
-                                                           "clip": ["ckpt", 1]}},
+        "pos": {
+            "class_type": "CLIPTextEncode",
+            "inputs": {"text": "a lighthouse on a cliff at dawn", "clip": ["ckpt", 1]},
+        },
         "neg": {"class_type": "CLIPTextEncode", "inputs": {"text": "blurry", "clip": ["ckpt", 1]}},
         "b2": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 2}},
         "b1": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
-        "det": {"class_type": "SteadfastDeterminismSetup",
-                "inputs": {"model": ["ckpt", 0], "strict": True, "allow_tf32": False, "num_threads": 0,
-                           "batch_invariant": True}},
+        "det": {
+            "class_type": "SteadfastDeterminismSetup",
+            "inputs": {
+                "model": ["ckpt", 0],
+                "strict": True,
+                "allow_tf32": False,
+                "num_threads": 0,
+                "batch_invariant": True,
+            },
+        },
     }
 
 
@@ -82,12 +96,26 @@ def _prompts(name: str, half: bool = True) -> list[tuple[dict[str, Any], dict[st
     """The prompts of one sampler with the ids of their Hash nodes: the float32 checks, then (``half``) the
     float16 LATENT in ``comfy`` mode and through stock KSampler, each in a prompt of its own (a refusal of one
     hides nothing of the others)."""
-    common = dict(steps=STEPS, cfg=CFG, sampler_name=name, scheduler=SCHEDULER, positive=["pos", 0],
-                  negative=["neg", 0], denoise=1.0)
+    common = dict(
+        steps=STEPS,
+        cfg=CFG,
+        sampler_name=name,
+        scheduler=SCHEDULER,
+        positive=["pos", 0],
+        negative=["neg", 0],
+        denoise=1.0,
+    )
 
     def seeded(wf: dict, model: str, latent: str, mode: str, seed: int = SEED) -> str:
-        return add(wf, "SteadfastSeededSampler", model=[model, 0], seed=seed, latent_image=[latent, 0],
-                   batch_seed_mode=mode, **common)
+        return add(
+            wf,
+            "SteadfastSeededSampler",
+            model=[model, 0],
+            seed=seed,
+            latent_image=[latent, 0],
+            batch_seed_mode=mode,
+            **common,
+        )
 
     def stock(wf: dict, latent: str) -> str:
         return add(wf, "KSampler", model=["ckpt", 0], seed=SEED, latent_image=[latent, 0], **common)
@@ -99,15 +127,18 @@ def _prompts(name: str, half: bool = True) -> list[tuple[dict[str, Any], dict[st
 
     wf = _base()
     inc = seeded(wf, "det", "b2", "incremental")
-    ids = {"comfy": h(wf, seeded(wf, "ckpt", "b2", "comfy")), "ksampler": h(wf, stock(wf, "b2")),
-           "item0": h(wf, inc, 0), "item1": h(wf, inc, 1),
-           "single0": h(wf, seeded(wf, "det", "b1", "incremental")),
-           "single0_again": h(wf, seeded(wf, "det", "b1", "incremental")),
-           "single1": h(wf, seeded(wf, "det", "b1", "incremental", SEED + 1))}
+    ids = {
+        "comfy": h(wf, seeded(wf, "ckpt", "b2", "comfy")),
+        "ksampler": h(wf, stock(wf, "b2")),
+        "item0": h(wf, inc, 0),
+        "item1": h(wf, inc, 1),
+        "single0": h(wf, seeded(wf, "det", "b1", "incremental")),
+        "single0_again": h(wf, seeded(wf, "det", "b1", "incremental")),
+        "single1": h(wf, seeded(wf, "det", "b1", "incremental", SEED + 1)),
+    }
     out = [(wf, ids)]
     if half:
-        for key, make in (("comfy_fp16", lambda wf, lat: seeded(wf, "ckpt", lat, "comfy")),
-                          ("ksampler_fp16", stock)):
+        for key, make in (("comfy_fp16", lambda wf, lat: seeded(wf, "ckpt", lat, "comfy")), ("ksampler_fp16", stock)):
             wf = _base()
             fp16 = add(wf, "TestLatentDtype", samples=["b1", 0], dtype="float16")
             out.append((wf, {key: h(wf, make(wf, fp16))}))
@@ -131,6 +162,7 @@ def _run_one(server: ComfyServer, name: str, half: bool) -> dict[str, Any]:
 def verdicts(name: str, r: dict[str, Any]) -> dict[str, str | None]:
     """``{check: None (held) or what went wrong}`` for one sampler's results. A refusal must name the sampler
     (anything else is a crash, not a refusal); a refused fp16 ``comfy`` run also says whether KSampler failed."""
+
     def refused(*keys: str) -> str | None:
         for k in keys:
             if str(r.get(k, "")).startswith("refused: "):
@@ -146,14 +178,19 @@ def verdicts(name: str, r: dict[str, Any]) -> dict[str, str | None]:
     main = refused("comfy", "ksampler", "item0", "single0", "single1")
     return {
         CHECKS[0]: main or (None if r["comfy"] == r["ksampler"] else "comfy mode differs from KSampler"),
-        CHECKS[1]: main or (None if (r["item0"], r["item1"]) == (r["single0"], r["single1"])
-                            and r["item0"] != r["item1"]
-                            else ("the two items are equal: the output ignores the seed" if r["item0"] == r["item1"]
-                                  else f"items {[i for i in (0, 1) if r[f'item{i}'] != r[f'single{i}']]} differ "
-                                       "from the batch-1 runs")),
+        CHECKS[1]: main
+        or (
+            None
+            if (r["item0"], r["item1"]) == (r["single0"], r["single1"]) and r["item0"] != r["item1"]
+            else (
+                "the two items are equal: the output ignores the seed"
+                if r["item0"] == r["item1"]
+                else f"items {[i for i in (0, 1) if r[f'item{i}'] != r[f'single{i}']]} differ from the batch-1 runs"
+            )
+        ),
         CHECKS[2]: main or (None if r["single0"] == r["single0_again"] else "a repeat gave other bytes"),
-        CHECKS[3]: refused("comfy_fp16") or (None if r.get("comfy_fp16") == r.get("ksampler_fp16")
-                                             else "fp16 comfy mode differs from KSampler"),
+        CHECKS[3]: refused("comfy_fp16")
+        or (None if r.get("comfy_fp16") == r.get("ksampler_fp16") else "fp16 comfy mode differs from KSampler"),
     }
 
 
@@ -165,11 +202,17 @@ def matrix(comfy_server: ComfyServer) -> dict[str, Any]:
     results = {name: _run_one(comfy_server, name, in_float32 or name not in HALF_TOO_SLOW) for name in names}
     seconds = time.perf_counter() - t0
     slowest = sorted(results, key=lambda n: -results[n]["seconds"])[:3]
-    print(f"\n[sampler matrix] {len(names)} samplers in {seconds:.1f} s (slowest: "
-          + ", ".join(f"{n} {results[n]['seconds']:.1f} s" for n in slowest) + ")")
-    report = {"seconds": seconds, "results": results,
-              "fp16_not_run": [n for n in names if "comfy_fp16" not in results[n]],
-              "verdicts": {n: verdicts(n, r) for n, r in results.items()}}
+    print(
+        f"\n[sampler matrix] {len(names)} samplers in {seconds:.1f} s (slowest: "
+        + ", ".join(f"{n} {results[n]['seconds']:.1f} s" for n in slowest)
+        + ")"
+    )
+    report = {
+        "seconds": seconds,
+        "results": results,
+        "fp16_not_run": [n for n in names if "comfy_fp16" not in results[n]],
+        "verdicts": {n: verdicts(n, r) for n, r in results.items()},
+    }
     artifacts = Path(os.environ.get("STEADFAST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts"))
     artifacts.mkdir(parents=True, exist_ok=True)  # as the artifacts_dir fixture (function-scoped: not usable here)
     (artifacts / "sampler_matrix.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
@@ -189,8 +232,11 @@ def test_matrix_covers_every_sampler(matrix, comfy_server: ComfyServer) -> None:
 @pytest.mark.parametrize("check", CHECKS)
 def test_every_sampler_keeps_the_promise(matrix, check: str) -> None:
     """No sampler differs silently: each one holds the check or refused with a message naming it."""
-    wrong = {n: why for n, why in _failures(matrix, check).items()
-             if not (why.startswith("refused: ") and "failed without naming" not in why)}
+    wrong = {
+        n: why
+        for n, why in _failures(matrix, check).items()
+        if not (why.startswith("refused: ") and "failed without naming" not in why)
+    }
     assert not wrong, wrong
 
 
@@ -200,24 +246,39 @@ def test_samplers_are_really_sampled(matrix) -> None:
     sampled = {n: r for n, r in matrix["results"].items() if not str(r["comfy"]).startswith("refused")}
     assert len(sampled) > 30
     assert len({r["comfy"] for r in sampled.values()}) > len(sampled) // 2
-    assert all(r["comfy_fp16"] != r["item0"] for r in sampled.values()
-               if not str(r.get("comfy_fp16", "refused")).startswith("refused"))
+    assert all(
+        r["comfy_fp16"] != r["item0"]
+        for r in sampled.values()
+        if not str(r.get("comfy_fp16", "refused")).startswith("refused")
+    )
     assert set(matrix["fp16_not_run"]) <= HALF_TOO_SLOW
 
 
 def _one(name: str, seed: int, batch: int, mode: str, stock: bool = False) -> tuple[dict[str, Any], str]:
     wf = {k: v for k, v in _base().items() if k in ("ckpt", "pos", "neg", "b1")}
     wf["b1"]["inputs"]["batch_size"] = batch
-    common = dict(model=["ckpt", 0], seed=seed, steps=STEPS, cfg=CFG, sampler_name=name, scheduler=SCHEDULER,
-                  positive=["pos", 0], negative=["neg", 0], latent_image=["b1", 0], denoise=1.0)
-    node = add(wf, "KSampler", **common) if stock else add(wf, "SteadfastSeededSampler", **common,
-                                                           batch_seed_mode=mode)
+    common = dict(
+        model=["ckpt", 0],
+        seed=seed,
+        steps=STEPS,
+        cfg=CFG,
+        sampler_name=name,
+        scheduler=SCHEDULER,
+        positive=["pos", 0],
+        negative=["neg", 0],
+        latent_image=["b1", 0],
+        denoise=1.0,
+    )
+    node = (
+        add(wf, "KSampler", **common) if stock else add(wf, "SteadfastSeededSampler", **common, batch_seed_mode=mode)
+    )
     return wf, add(wf, "SteadfastHash", latent=[node, 0])
 
 
 @pytest.mark.parametrize("mode, batch, offset", [("comfy", 1, 1), ("incremental", 2, 2)])
-def test_a_seed_near_2_64_gets_one_clear_message(comfy_server: ComfyServer, mode: str, batch: int,
-                                                 offset: int) -> None:
+def test_a_seed_near_2_64_gets_one_clear_message(
+    comfy_server: ComfyServer, mode: str, batch: int, offset: int
+) -> None:
     """One seed check covers the initial and the per-step noise: euler_ancestral's per-step noise uses seed + 1
     (ComfyUI's CPU generator), + the item in incremental mode. Before issue 37 the initial-noise check passed and
     the per-step one failed on a number the user never typed."""

@@ -6,6 +6,7 @@ Optimize's ``compile_cache`` at the upload made inductor load the attacker's pic
 is a *name* under the operator's root, refused at validation when it is anything else, and the root is
 refused when it overlaps a folder clients can write.
 """
+
 from __future__ import annotations
 
 import json
@@ -54,8 +55,9 @@ def server(comfyui_path: Path, tiny_ckpt: Path) -> Iterator[ComfyServer]:
 
 
 @pytest.mark.parametrize("value", ESCAPES)
-def test_a_path_as_compile_cache_is_rejected_before_anything_runs(server: ComfyServer, value: str,
-                                                                  tmp_path: Path) -> None:
+def test_a_path_as_compile_cache_is_rejected_before_anything_runs(
+    server: ComfyServer, value: str, tmp_path: Path
+) -> None:
     marker = tmp_path / "marker"
     planted = _plant_poison(server, marker, "poison")
     assert all((server.base_dir / "input" / p).is_file() for p in planted)  # the upload really landed
@@ -75,8 +77,9 @@ def test_compile_state_reveals_no_path_or_key(server: ComfyServer) -> None:
     assert str(server.base_dir) not in raw and key not in raw and "/tmp" not in raw
 
 
-def test_operator_root_inside_input_is_refused_and_poison_never_runs(comfyui_path: Path, tiny_ckpt: Path,
-                                                                     tmp_path: Path) -> None:
+def test_operator_root_inside_input_is_refused_and_poison_never_runs(
+    comfyui_path: Path, tiny_ckpt: Path, tmp_path: Path
+) -> None:
     """An operator who points ``$STEADFAST_COMPILE_CACHE`` into ``input/`` gets a clear error, not an RCE."""
     marker = tmp_path / "marker"
     probe = ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path)

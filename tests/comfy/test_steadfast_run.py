@@ -1,5 +1,6 @@
 """``steadfast run`` end to end: runs + restart, two servers, a PNG, --pin round trip, every error case, and a
 real cross-server difference explained field by field (another thread count)."""
+
 from __future__ import annotations
 
 import json
@@ -50,8 +51,10 @@ def wf_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def servers(comfyui_path: Path, tiny_ckpt: Path) -> Iterator[tuple[ComfyServer, ComfyServer]]:
     """Two servers with the same model; the second sees one CPU thread (as a smaller machine would)."""
-    with ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path) as a, \
-            ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path, env={"OMP_NUM_THREADS": "1"}) as b:
+    with (
+        ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path) as a,
+        ComfyServer({TINY_CKPT_NAME: tiny_ckpt}, comfyui=comfyui_path, env={"OMP_NUM_THREADS": "1"}) as b,
+    ):
         yield a, b
 
 

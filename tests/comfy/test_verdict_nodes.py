@@ -3,6 +3,7 @@ whose 5th item differs from the pinned reference is "ungraded" on the Hash node 
 compared by their bytes, never called the same picture), Compare grades every item (item 5 is a different
 picture). (Compare refuses two outputs of different shapes with an error; the Hash node's "shape differs" verdict
 is tests/core/test_verdict.py.)"""
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,9 @@ def _batch_of_6_and_item_5_inverted() -> tuple[dict, str, str]:
     first4 = add(wf, "ImageFromBatch", image=[a, 0], batch_index=0, length=4)
     fifth = add(wf, "ImageInvert", image=[add(wf, "ImageFromBatch", image=[a, 0], batch_index=4, length=1), 0])
     sixth = add(wf, "ImageFromBatch", image=[a, 0], batch_index=5, length=1)
-    b = add(wf, "ImageBatch", image1=[add(wf, "ImageBatch", image1=[first4, 0], image2=[fifth, 0]), 0],
-            image2=[sixth, 0])
+    b = add(
+        wf, "ImageBatch", image1=[add(wf, "ImageBatch", image1=[first4, 0], image2=[fifth, 0]), 0], image2=[sixth, 0]
+    )
     return wf, a, b
 
 

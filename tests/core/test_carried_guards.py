@@ -1,5 +1,6 @@
 """The guards a precompiled artifact cannot carry, carried by the pack (core/compile/carried_guards.py): described
 the same way in any process, read back without eval, and re-checked by identity or value."""
+
 from __future__ import annotations
 
 import types
@@ -23,6 +24,7 @@ def other_attention(q):
 def make(factor):
     def f(x):
         return x * factor
+
     return f
 
 
@@ -44,12 +46,14 @@ def test_guards_are_carried_matched_and_rechecked_by_identity_and_value(monkeypa
     block = Block()
     binder = cg.Binder(Block.forward)
     env = binder(block, (torch.ones(2),), {})
-    entries = [entry("G['attention']", "CLOSURE_MATCH", attention),
-               entry("G['SCALE']", "CONSTANT_MATCH", SCALE),
-               entry("self.act", "CLOSURE_MATCH", block.act),
-               entry("self.act.__closure__[0].cell_contents", "CONSTANT_MATCH", 0.5),
-               entry("type(self._modules['lin'])", "ID_MATCH", torch.nn.Linear),
-               entry(f"G['__import_{__name__.replace('.', '_dot_')}'].attention", "FUNCTION_MATCH", attention)]
+    entries = [
+        entry("G['attention']", "CLOSURE_MATCH", attention),
+        entry("G['SCALE']", "CONSTANT_MATCH", SCALE),
+        entry("self.act", "CLOSURE_MATCH", block.act),
+        entry("self.act.__closure__[0].cell_contents", "CONSTANT_MATCH", 0.5),
+        entry("type(self._modules['lin'])", "ID_MATCH", torch.nn.Linear),
+        entry(f"G['__import_{__name__.replace('.', '_dot_')}'].attention", "FUNCTION_MATCH", attention),
+    ]
     guards, problems = cg.carry(entries, env)
     assert problems == [] and len(guards) == len(entries)
     assert {g.value for g in guards} >= {"float:1.0", "float:0.5", "class torch.nn.modules.linear.Linear"}
@@ -72,9 +76,14 @@ def test_what_cannot_be_described_is_named_not_guessed() -> None:
     env = cg.Binder(Block.forward)(block, (torch.ones(2),), {})
     block.act = make(torch.ones(1))  # a captured tensor: no portable description
     env = cg.Binder(Block.forward)(block, (torch.ones(2),), {})
-    _, problems = cg.carry([entry("self.act", "FUNCTION_MATCH", block.act),
-                            entry("self.lin", "DICT_VERSION", block.lin),
-                            entry("___odict_getitem(self._modules, 'lin')", "ID_MATCH", block.lin)], env)
+    _, problems = cg.carry(
+        [
+            entry("self.act", "FUNCTION_MATCH", block.act),
+            entry("self.lin", "DICT_VERSION", block.lin),
+            entry("___odict_getitem(self._modules, 'lin')", "ID_MATCH", block.lin),
+        ],
+        env,
+    )
     assert len(problems) == 3
     assert "self.act" in problems[0] and "Tensor" in problems[0]
     assert "DICT_VERSION" in problems[1] and "cannot be carried" in problems[1]
@@ -126,16 +135,19 @@ def test_the_generated_check_agrees_with_the_interpreter_for_every_kind(monkeypa
     block.names = ["a", "b"]
     block.table = {"x": 1, "y": 2}
     binder = cg.Binder(Block.forward)
-    entries = [entry("G['attention']", "CLOSURE_MATCH", attention),
-               entry("G['SCALE']", "CONSTANT_MATCH", SCALE),
-               entry("self.act", "CLOSURE_MATCH", block.act),
-               entry("self.act.__closure__[0].cell_contents", "CONSTANT_MATCH", 0.5),
-               entry("type(self._modules['lin'])", "ID_MATCH", torch.nn.Linear),
-               entry("self._modules['lin']", "TYPE_MATCH", block.lin),
-               entry("self.names", "LIST_LENGTH", block.names),
-               entry("self.table", "DICT_KEYS_MATCH", block.table)]
-    contains = types.SimpleNamespace(name="dict(type(self._modules['lin']).__dict__)", guard_type="DICT_CONTAINS",
-                                     value=None, has_value=False)
+    entries = [
+        entry("G['attention']", "CLOSURE_MATCH", attention),
+        entry("G['SCALE']", "CONSTANT_MATCH", SCALE),
+        entry("self.act", "CLOSURE_MATCH", block.act),
+        entry("self.act.__closure__[0].cell_contents", "CONSTANT_MATCH", 0.5),
+        entry("type(self._modules['lin'])", "ID_MATCH", torch.nn.Linear),
+        entry("self._modules['lin']", "TYPE_MATCH", block.lin),
+        entry("self.names", "LIST_LENGTH", block.names),
+        entry("self.table", "DICT_KEYS_MATCH", block.table),
+    ]
+    contains = types.SimpleNamespace(
+        name="dict(type(self._modules['lin']).__dict__)", guard_type="DICT_CONTAINS", value=None, has_value=False
+    )
     monkeypatch.setattr(cg.torch_compat, "guard_arguments", lambda e: {"key": "forward"})
     guards, problems = cg.carry([*entries, contains], binder(block, (torch.ones(2),), {}))
     assert problems == [] and {g.kind for g in guards} >= {"code", "eq", "is", "type", "len", "keys", "contains"}
@@ -145,15 +157,17 @@ def test_the_generated_check_agrees_with_the_interpreter_for_every_kind(monkeypa
     def env():
         return binder(block, (torch.ones(2),), {})
 
-    changes = [lambda: None,
-               lambda: setattr(block, "act", make(0.75)),
-               lambda: setattr(block, "act", make(0.5)),
-               lambda: block.names.append("c"),
-               lambda: block.names.pop(),
-               lambda: block.table.update(z=3),
-               lambda: block.table.pop("z"),
-               lambda: setattr(block, "lin", torch.nn.Linear(2, 2)),
-               lambda: delattr(block, "table")]
+    changes = [
+        lambda: None,
+        lambda: setattr(block, "act", make(0.75)),
+        lambda: setattr(block, "act", make(0.5)),
+        lambda: block.names.append("c"),
+        lambda: block.names.pop(),
+        lambda: block.table.update(z=3),
+        lambda: block.table.pop("z"),
+        lambda: setattr(block, "lin", torch.nn.Linear(2, 2)),
+        lambda: delattr(block, "table"),
+    ]
     results = []
     for change in changes:
         change()

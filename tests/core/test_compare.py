@@ -1,4 +1,5 @@
 """compare() / compare_outputs(): bytes decide identity; differences are measured, located and reported."""
+
 from __future__ import annotations
 
 import json

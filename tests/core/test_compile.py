@@ -5,6 +5,7 @@ Plumbing tests use ``backend="eager"`` (Dynamo tracing only, no C++ compiler). O
 test shows the real thing: identical blocks share one graph and compiled output is run-to-run
 identical; its parity with eager is measured and printed, not asserted.
 """
+
 from __future__ import annotations
 
 import time
@@ -125,9 +126,16 @@ def test_named_classes_outermost_only():
     m = Mixed()
     assert choose_blocks(m, classes=["Nested"]).paths == ["layers.0", "layers.1", "head"]
     assert choose_blocks(m, classes=["Other"]).paths == [
-        "layers.0.inner.0", "layers.0.inner.1", "layers.0.inner.2",
-        "layers.1.inner.0", "layers.1.inner.1", "layers.1.inner.2", "layers.2",
-        "head.inner.0", "head.inner.1", "head.inner.2",
+        "layers.0.inner.0",
+        "layers.0.inner.1",
+        "layers.0.inner.2",
+        "layers.1.inner.0",
+        "layers.1.inner.1",
+        "layers.1.inner.2",
+        "layers.2",
+        "head.inner.0",
+        "head.inner.1",
+        "head.inner.2",
     ]
     # Nested and its inner Others both match: only the outermost are kept
     choice = choose_blocks(m, classes=["Nested", "Other"])
@@ -237,8 +245,10 @@ def test_inductor_regional_shared_graph_and_run_to_run(capsys):
     max_abs = (first - eager).abs().max().item()
     assert max_abs < 1e-4  # same maths; bit-equality with eager is NOT claimed
     with capsys.disabled():
-        print(f"\n[inductor regional] first call {first_s:.2f} s, compiled vs eager: "
-              f"bit-equal={torch.equal(first, eager)}, max|d|={max_abs:.3g}")
+        print(
+            f"\n[inductor regional] first call {first_s:.2f} s, compiled vs eager: "
+            f"bit-equal={torch.equal(first, eager)}, max|d|={max_abs:.3g}"
+        )
 
 
 def test_compiled_blocks_are_only_for_the_model_they_were_made_from() -> None:

@@ -1,6 +1,7 @@
 """core/compile/artifact.py: a compile cache exported in one process warm-starts a fresh one (same bytes, an
 inductor cache hit); tampered, foreign, traversing, linked or unpinned artifacts are refused and write nothing;
 unrecorded files are not carried."""
+
 from __future__ import annotations
 
 import io
@@ -68,11 +69,16 @@ print("RESULT " + json.dumps({"counters": torch_compat.dynamo_counters(), "outs"
 
 def _child(mode: str, root: Path, path: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in (cc.INDUCTOR_ENV, cc.TRITON_ENV, loc.CACHE_ENV)}
-    out = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), mode, str(root), str(path)], capture_output=True,
-                         text=True, env=env, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(ROOT), mode, str(root), str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 def test_artifact_from_one_process_warm_starts_another(tmp_path):
@@ -84,8 +90,11 @@ def test_artifact_from_one_process_warm_starts_another(tmp_path):
     assert art.file_sha256(artifact) == made["exported"]["sha256"]
 
     warm = _child("import", tmp_path / "two", artifact)
-    assert warm["imported"] == {"files": made["exported"]["files"], "written": made["exported"]["files"],
-                                "name": "fleet"}
+    assert warm["imported"] == {
+        "files": made["exported"]["files"],
+        "written": made["exported"]["files"],
+        "name": "fleet",
+    }
     assert warm["outs"] == made["outs"]  # bit-equal to the cold compile
     assert warm["counters"]["fxgraph_cache_hit"] == 1 and warm["counters"]["fxgraph_cache_miss"] == 0
     assert warm["sos"] == made["sos"] and warm["messages"] == []  # no new kernel built, every file trusted
@@ -109,8 +118,11 @@ def _recorded_cache(root: Path, name: str = "fleet") -> cc.CompileCache:
 
 
 def _tree(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()} \
-        if root.exists() else {}
+    return (
+        {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+        if root.exists()
+        else {}
+    )
 
 
 @pytest.fixture
@@ -140,6 +152,7 @@ def _edit_manifest(src: Path, dst: Path, change) -> None:
             change(body)
             data = json.dumps(body).encode()
         return m, data
+
     _rewrite(src, dst, edit)
 
 
@@ -250,18 +263,27 @@ def test_clash_with_existing_bytes_refuses_and_keeps_the_cache(made, tmp_path):
 
 
 def test_load_from_env_lists_imports_and_refusals(made, tmp_path, monkeypatch):
-    env = {art.ARTIFACT_ENV: os.pathsep.join([str(made), str(tmp_path / "missing.tar")]),
-           art.ARTIFACT_SHA_ENV: f"{art.file_sha256(made)},{'0' * 64}"}
+    env = {
+        art.ARTIFACT_ENV: os.pathsep.join([str(made), str(tmp_path / "missing.tar")]),
+        art.ARTIFACT_SHA_ENV: f"{art.file_sha256(made)},{'0' * 64}",
+    }
     monkeypatch.setattr(art, "_LOADED", [])
     out = art.load_from_env(tmp_path / "dst", device="cpu", environ=env)
     assert [e["status"] for e in out] == ["imported", "refused"] and out[0]["files"] == len(FILES)
     assert "missing.tar" in out[1]["reason"] and str(tmp_path) not in json.dumps(out)
-    assert art.loaded_artifacts() == out and art.cache_note("fleet") == f"warm state from compile artifact " \
-        f"warm.tar ({len(FILES)} files)" and art.cache_note("default") is None
+    assert (
+        art.loaded_artifacts() == out
+        and art.cache_note("fleet") == f"warm state from compile artifact warm.tar ({len(FILES)} files)"
+        and art.cache_note("default") is None
+    )
     wrong = art.load_from_env(tmp_path / "dst", device="cpu", environ={**env, art.ARTIFACT_SHA_ENV: "0" * 64})
     assert [e["status"] for e in wrong] == ["refused", "refused"] and "2 artifact" in wrong[0]["reason"]
-    off = art.load_from_env(None, device="cpu", root_note="disabled",
-                            environ={art.ARTIFACT_ENV: str(made), art.ARTIFACT_SHA_ENV: art.file_sha256(made)})
+    off = art.load_from_env(
+        None,
+        device="cpu",
+        root_note="disabled",
+        environ={art.ARTIFACT_ENV: str(made), art.ARTIFACT_SHA_ENV: art.file_sha256(made)},
+    )
     assert off[0]["status"] == "refused" and "compile cache is off (disabled)" in off[0]["reason"]
 
 
@@ -271,8 +293,9 @@ def test_an_unpinned_artifact_is_refused_unless_the_operator_opts_in(made, tmp_p
     unpinned = art.load_from_env(dst, device="cpu", environ={art.ARTIFACT_ENV: str(made)})
     assert unpinned[0]["status"] == "refused" and art.UNPINNED_ENV in unpinned[0]["reason"] and not dst.exists()
     two = os.pathsep.join([str(made), str(made)])
-    empty = art.load_from_env(dst, device="cpu", environ={art.ARTIFACT_ENV: two,
-                                                         art.ARTIFACT_SHA_ENV: f",{art.file_sha256(made)}"})
+    empty = art.load_from_env(
+        dst, device="cpu", environ={art.ARTIFACT_ENV: two, art.ARTIFACT_SHA_ENV: f",{art.file_sha256(made)}"}
+    )
     assert empty[0]["status"] == "refused" and "is empty" in empty[0]["reason"]  # an empty entry is an error
     opted = art.load_from_env(dst, device="cpu", environ={art.ARTIFACT_ENV: str(made), art.UNPINNED_ENV: "1"})
     assert opted[0]["status"] == "imported" and opted[0]["files"] == len(FILES)
@@ -287,8 +310,11 @@ def test_a_world_writable_artifact_or_cache_root_is_warned_about(made, tmp_path,
     copy = shared / "warm.tar"
     copy.write_bytes(made.read_bytes())
     with caplog.at_level(logging.WARNING, logger="steadfast.compile_cache"):
-        out = art.load_from_env(shared / "root", device="cpu",
-                                environ={art.ARTIFACT_ENV: str(copy), art.ARTIFACT_SHA_ENV: art.file_sha256(copy)})
+        out = art.load_from_env(
+            shared / "root",
+            device="cpu",
+            environ={art.ARTIFACT_ENV: str(copy), art.ARTIFACT_SHA_ENV: art.file_sha256(copy)},
+        )
     assert out[0]["status"] == "imported"
     assert any("artifact's folder is world-writable" in r.getMessage() for r in caplog.records), caplog.text
     sticky = tmp_path / "sticky"

@@ -1,5 +1,6 @@
 """core/compile/cache.py: key, root resolution, manifest checks, env set/restore, and - in FRESH
 processes - real inductor cache hits, plus recovery from a corrupted cache (no crash)."""
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,13 @@ def test_key_separates_environments():
     key = cc.cache_key(fields)
     assert key.startswith("torch") and "-cpu-" in key and all(c.isalnum() or c in "._-" for c in key)
     assert cc.cache_key(dict(fields)) == key  # stable
-    for name, value in (("torch", "9.9.9"), ("device", "cuda NVIDIA H100 sm90"), ("pack", "0.2.0"),
-                        ("triton", "triton 3.5.0"), ("python", "CPython 3.12")):
+    for name, value in (
+        ("torch", "9.9.9"),
+        ("device", "cuda NVIDIA H100 sm90"),
+        ("pack", "0.2.0"),
+        ("triton", "triton 3.5.0"),
+        ("python", "CPython 3.12"),
+    ):
         assert cc.cache_key({**fields, name: value}) != key, name
 
 
@@ -60,8 +66,9 @@ def test_manifest_mismatch_and_corruption_are_moved_aside(tmp_path):
     (cache.path / cc.MANIFEST).write_text(json.dumps(manifest))
     again = cc.open_cache(tmp_path, device="cpu")
     assert again is not None and len(again.messages) == 1
-    assert ("made for another environment (differs in torch)" in again.messages[0]
-            and "moved aside" in again.messages[0])
+    assert (
+        "made for another environment (differs in torch)" in again.messages[0] and "moved aside" in again.messages[0]
+    )
     assert not (again.path / "fxgraph").exists() and (again.path / cc.MANIFEST).exists()
     assert len(list(cache.root.glob(f"{cache.key}.bad-*"))) == 1  # kept, not deleted
 
@@ -148,8 +155,9 @@ print(json.dumps({"seconds": seconds, "hit": counters["inductor"]["fxgraph_cache
 
 def _child(root: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in (cc.INDUCTOR_ENV, cc.TRITON_ENV, loc.CACHE_ENV)}
-    out = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), str(root)], capture_output=True, text=True,
-                         env=env, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(ROOT), str(root)], capture_output=True, text=True, env=env, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -161,8 +169,10 @@ def test_fresh_process_hits_and_survives_corruption(tmp_path):
     assert warm["sum"] == cold["sum"] and cold["env_restored"] and warm["env_restored"]
     assert cold["messages"] == warm["messages"] == []  # all that inductor wrote was recorded while watched
     assert warm["seconds"] < cold["seconds"]
-    print(f"\n[compile cache, fresh process, 1 block] cold {cold['seconds']:.2f} s, warm {warm['seconds']:.2f} s, "
-          f"ratio {cold['seconds'] / warm['seconds']:.1f}x")
+    print(
+        f"\n[compile cache, fresh process, 1 block] cold {cold['seconds']:.2f} s, warm {warm['seconds']:.2f} s, "
+        f"ratio {cold['seconds'] / warm['seconds']:.1f}x"
+    )
 
     # Corrupt every cached file: graph entries (inductor skips them) and compiled .so (would crash)
     (key_dir,) = [p for p in (tmp_path / loc.DEFAULT_NAME).iterdir() if p.is_dir() and ".bad-" not in p.name]
@@ -197,6 +207,7 @@ class _Inductor:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(data)
             return "compiled"
+
         return cc.run_cached(cache, fn)
 
 
@@ -287,12 +298,18 @@ def test_record_of_an_earlier_version_is_checked_by_checksum(tmp_path):
     (cache.path / "ok.so").write_bytes(b"good")
     (cache.path / "bad.so").write_bytes(b"evil")
     st_ok, st_bad = (cache.path / "ok.so").stat(), (cache.path / "bad.so").stat()
-    (cache.path / cc.FILES).write_text(json.dumps({
-        "ok.so": [st_ok.st_size, st_ok.st_mtime_ns, cc._sha256(cache.path / "ok.so")],
-        "gone.so": [1, 1, "00"]}))
-    assert cc.open_cache(tmp_path, device="cpu").messages[0].startswith(
-        "compile cache 'default': 1 file(s) not written while Steadfast watched (e.g. bad.so)")
-    assert _recorded(cache) == {"ok.so": [st_ok.st_size, st_ok.st_mtime_ns, st_ok.st_ctime_ns,
-                                          cc._sha256(cache.path / "ok.so")]}
+    (cache.path / cc.FILES).write_text(
+        json.dumps(
+            {"ok.so": [st_ok.st_size, st_ok.st_mtime_ns, cc._sha256(cache.path / "ok.so")], "gone.so": [1, 1, "00"]}
+        )
+    )
+    assert (
+        cc.open_cache(tmp_path, device="cpu")
+        .messages[0]
+        .startswith("compile cache 'default': 1 file(s) not written while Steadfast watched (e.g. bad.so)")
+    )
+    assert _recorded(cache) == {
+        "ok.so": [st_ok.st_size, st_ok.st_mtime_ns, st_ok.st_ctime_ns, cc._sha256(cache.path / "ok.so")]
+    }
     (cache.path / cc.FILES).write_text(json.dumps({"bad.so": [st_bad.st_size, st_bad.st_mtime_ns, "0" * 64]}))
     assert "bad.so: checksum differs" in cc.open_cache(tmp_path, device="cpu").messages[0]

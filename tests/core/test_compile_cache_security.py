@@ -3,6 +3,7 @@
 Inductor and Triton unpickle and ``dlopen`` what they find in their cache directory; a workflow that could
 point it at a folder HTTP clients write (``input/`` via ``POST /upload/image``) could run code in the server.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,27 @@ import pytest
 from steadfast.core.compile import cache as cc
 from steadfast.core.compile import cache_location as loc
 
-ESCAPES = ["/tmp/x", "/", "..", "../input", "../../input/evil", "a/b", "a\\\\b", "~", "~root", ".hidden",
-           "name/..", "x..y", "-dash", "", " ", "a" * 65, "c:\\\\temp", "input/", "%2e%2e"]
+ESCAPES = [
+    "/tmp/x",
+    "/",
+    "..",
+    "../input",
+    "../../input/evil",
+    "a/b",
+    "a\\\\b",
+    "~",
+    "~root",
+    ".hidden",
+    "name/..",
+    "x..y",
+    "-dash",
+    "",
+    " ",
+    "a" * 65,
+    "c:\\\\temp",
+    "input/",
+    "%2e%2e",
+]
 
 
 @pytest.mark.parametrize("value", [v for v in ESCAPES if v.strip()])
@@ -45,12 +65,16 @@ def test_cache_lives_under_root_and_name(tmp_path: Path) -> None:
     public = repr(cache.as_dict())
     assert str(tmp_path) not in public and cache.key not in public
     assert cache.as_dict() == {"name": "flux", "source": "", "messages": []}
-    assert cache.redact(f"ImportError: {cache.path.resolve()}/ab/x.so: file too short") == \
-        "ImportError: <compile cache 'flux'>/ab/x.so: file too short"
+    assert (
+        cache.redact(f"ImportError: {cache.path.resolve()}/ab/x.so: file too short")
+        == "ImportError: <compile cache 'flux'>/ab/x.so: file too short"
+    )
     # one redactor (core/paths.py): the cache's folders are its label, any other absolute path is hidden too
     aside, elsewhere = cache.root / f"{cache.key}.bad-1", tmp_path / "elsewhere" / "x.so"
-    assert cache.redact(f"moved {aside} ({elsewhere})") == \
-        f"moved <compile cache 'flux'>/{cache.key}.bad-1 (.../elsewhere/x.so)"
+    assert (
+        cache.redact(f"moved {aside} ({elsewhere})")
+        == f"moved <compile cache 'flux'>/{cache.key}.bad-1 (.../elsewhere/x.so)"
+    )
 
 
 @pytest.mark.parametrize("where", ["input", "output", "temp", "user/default", "input/deep/er"])
@@ -112,6 +136,11 @@ def test_client_writable_lists_comfyuis_client_folders(tmp_path):
     (user / "alice").mkdir(parents=True)
     (user / "steadfast").mkdir()
     dirs = loc.client_writable(tmp_path / "in", tmp_path / "out", tmp_path / "tmp", user)
-    assert set(dirs) == {str(tmp_path / "in"), str(tmp_path / "out"), str(tmp_path / "tmp"), str(user / "default"),
-                         str(user / "alice")}  # the pack's own folder under user is not a client's
+    assert set(dirs) == {
+        str(tmp_path / "in"),
+        str(tmp_path / "out"),
+        str(tmp_path / "tmp"),
+        str(user / "default"),
+        str(user / "alice"),
+    }  # the pack's own folder under user is not a client's
     assert loc.client_writable("i", "o", "t", tmp_path / "nouser")[3] == str(tmp_path / "nouser" / "default")

@@ -1,4 +1,5 @@
 """Warm start at server start (core.compile.preload): when the compile stack is imported, and that it is."""
+
 from __future__ import annotations
 
 import json
@@ -31,11 +32,19 @@ def test_has_compiled_files_reads_the_file_records(tmp_path: Path) -> None:
     assert preload.has_compiled_files(tmp_path / "full")
 
 
-@pytest.mark.parametrize(("env", "files", "expected"), [
-    ("", False, False), ("", True, True), ("auto", True, True), ("0", True, False), ("1", False, True),
-])
-def test_decide_follows_the_switch_then_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: str,
-                                                  files: bool, expected: bool) -> None:
+@pytest.mark.parametrize(
+    ("env", "files", "expected"),
+    [
+        ("", False, False),
+        ("", True, True),
+        ("auto", True, True),
+        ("0", True, False),
+        ("1", False, True),
+    ],
+)
+def test_decide_follows_the_switch_then_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: str, files: bool, expected: bool
+) -> None:
     monkeypatch.setenv(preload.PRELOAD_ENV, env)
     _cache_with_record(tmp_path, json.dumps({"a.so": [1, 2, 3, "00"]}) if files else "{}")
     yes, why = preload.decide(tmp_path)
@@ -61,8 +70,14 @@ print(json.dumps({"before": before, "after": "torch._inductor.compile_fx" in sys
 @pytest.mark.parametrize(("switch", "freeze"), [("1", ""), ("1", "0"), ("0", "")])
 def test_preload_imports_the_compile_stack_in_a_fresh_process(tmp_path: Path, switch: str, freeze: str) -> None:
     env = {**os.environ, preload.PRELOAD_ENV: switch, preload.GC_FREEZE_ENV: freeze}
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(ROOT / "scripts"), str(tmp_path)], env=env,
-                         capture_output=True, text=True, timeout=300, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(ROOT / "scripts"), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["before"] is False  # importing the pack does not import inductor's compiler
     assert r["after"] is (switch == "1") and r["state"]["compile_stack_preloaded"] is (switch == "1")
@@ -72,6 +87,7 @@ def test_preload_imports_the_compile_stack_in_a_fresh_process(tmp_path: Path, sw
         import torch._inductor.cpu_vec_isa as isa  # the pick inductor makes here, in this process (same machine)
 
         from steadfast.core import torch_compat
+
         with torch_compat.trusted_cpu_isa():
             assert r["state"]["cpu_isa"] == str(isa.pick_vec_isa())
         assert r["state"]["cpu_isa_seconds"] >= 0
@@ -111,15 +127,22 @@ def test_the_isa_pick_at_start_runs_in_this_machines_compile_cache(tmp_path: Pat
     the managed cache of this machine's key, recorded as a compile's files are (a later open finds no file it did
     not write; an artifact carries them)."""
     env = {**os.environ, preload.PRELOAD_ENV: "1"}
-    out = subprocess.run([sys.executable, "-c", _ISA_CACHE_CHILD, str(ROOT / "scripts"), str(tmp_path)], env=env,
-                         capture_output=True, text=True, timeout=600, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _ISA_CACHE_CHILD, str(ROOT / "scripts"), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["state"]["cpu_isa_cache"] == "default" and "not picked" not in r["state"]["cpu_isa"]
     if "avx512" in r["state"]["cpu_isa"]:  # inductor builds its AVX512 sub-feature probes (AMX, VNNI ...) there
         assert any(n.endswith(".so") for n in r["new"]), r  # built inside the activated cache
         # and recorded (locks and the cache's own hidden bookkeeping, e.g. its writers list, are never artifacts)
-        assert {n for n in r["new"] if not n.endswith(".lock") and not n.split("/")[-1].startswith(".")} \
-            <= set(r["recorded"]), r
+        assert {n for n in r["new"] if not n.endswith(".lock") and not n.split("/")[-1].startswith(".")} <= set(
+            r["recorded"]
+        ), r
     assert r["other"] == [] and "ab/k.so" in r["recorded"]
 
 

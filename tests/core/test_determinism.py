@@ -4,6 +4,7 @@ Covers ``core/determinism/apply.py`` (application), ``core/determinism/policy.py
 ``core/determinism/torch_state.py`` (snapshot / restore), ``core/determinism/cublas.py`` and
 ``core/record/environment.py`` (it reports the same flags).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -98,9 +99,19 @@ def test_apply_sets_every_flag_and_returns_previous_state():
     assert previous == dirty
     flags = _raw_flags()
     assert flags == {
-        "det": True, "warn_only": False, "cudnn_det": True, "benchmark": False, "mkldnn_det": True,
-        "tf32_mm": False, "tf32_cudnn": False, "precision": "highest", "fp16_red": False,
-        "bf16_red": False, "fp16_acc": False, "fill": False, "threads": 2,
+        "det": True,
+        "warn_only": False,
+        "cudnn_det": True,
+        "benchmark": False,
+        "mkldnn_det": True,
+        "tf32_mm": False,
+        "tf32_cudnn": False,
+        "precision": "highest",
+        "fp16_red": False,
+        "bf16_red": False,
+        "fp16_acc": False,
+        "fill": False,
+        "threads": 2,
     }
     import torch._inductor.config as inductor_config
 
@@ -386,6 +397,5 @@ def test_describe_policy_does_not_apply_anything():
 
 def test_policy_as_dict():
     d = DeterminismPolicy(num_threads=2, seed=9).as_dict()
-    assert d == {"strict": True, "allow_tf32": False, "num_threads": 2, "seed": 9,
-                 "fill_uninitialized_memory": False}
+    assert d == {"strict": True, "allow_tf32": False, "num_threads": 2, "seed": 9, "fill_uninitialized_memory": False}
     json.dumps(d)

@@ -1,12 +1,19 @@
 """core.record.environment: which settings of the running ComfyUI are known to break run-to-run equality, and
 explain's labels."""
+
 from __future__ import annotations
 
 from steadfast.core.record.environment import run_to_run_risks
 from steadfast.core.record.explain import explain
 
-QUIET = {"comfy_aimdo": None, "comfy_kitchen": None, "dynamic_vram": False, "comfy_fast": [],
-         "comfy_numeric_args": {}, "fp16_accumulation": False}
+QUIET = {
+    "comfy_aimdo": None,
+    "comfy_kitchen": None,
+    "dynamic_vram": False,
+    "comfy_fast": [],
+    "comfy_numeric_args": {},
+    "fp16_accumulation": False,
+}
 
 
 def test_quiet_server_has_no_known_risk():
@@ -33,11 +40,23 @@ def _record(**fp):
 
 
 def test_explain_labels_each_new_comfy_field_as_changing_bits():
-    changed = {"comfyui": "0.8.0", "dynamic_vram": True, "comfy_fast": ["fp16_accumulation"],
-               "fp16_accumulation": True, "comfy_numeric_args": {"force_fp16": True}, "comfy_kitchen": "0.2.1"}
+    changed = {
+        "comfyui": "0.8.0",
+        "dynamic_vram": True,
+        "comfy_fast": ["fp16_accumulation"],
+        "fp16_accumulation": True,
+        "comfy_numeric_args": {"force_fp16": True},
+        "comfy_kitchen": "0.2.1",
+    }
     diffs = {d.field: d for d in explain(_record(), _record(**changed)).diffs}
-    for name in ("comfyui", "dynamic_vram", "comfy_fast", "fp16_accumulation", "comfy_numeric_args.force_fp16",
-                 "comfy_kitchen"):
+    for name in (
+        "comfyui",
+        "dynamic_vram",
+        "comfy_fast",
+        "fp16_accumulation",
+        "comfy_numeric_args.force_fp16",
+        "comfy_kitchen",
+    ):
         assert diffs[f"fingerprint.{name}"].known, name
     assert "16490" not in diffs["fingerprint.dynamic_vram"].why  # the reason is short; the report names the issue
     assert "Dynamic VRAM" in diffs["fingerprint.dynamic_vram"].why

@@ -1,4 +1,5 @@
 """core/record/explain.py: a mismatch lists every recorded field that differs, classed; identical explains nothing."""
+
 from __future__ import annotations
 
 import copy
@@ -10,31 +11,49 @@ from steadfast.core.record import explain
 
 
 def _record() -> dict:
-    return {"seeds": [42, 43], "batch_seed_mode": "incremental", "sampler": "euler", "scheduler": "normal",
-            "steps": 4, "cfg": 7.0, "denoise": 1.0, "latent_shape": [2, 4, 8, 8], "latent_sha256": "ab" * 32,
-            "model": {"digest": "11" * 32, "file": "tiny.safetensors", "file_size": 123},
-            "fingerprint": {"torch": "2.14.1", "python": "3.11.7", "num_threads": 2, "dtype": "torch.float32",
-                            "attention": "pytorch_sdpa:auto", "compile": {"mode": "regional", "backend": "inductor",
-                                                                         "first_call_seconds": 12.5},
-                            "flags": {"deterministic_algorithms": True}, "comfyui": "0.8.0"}}
+    return {
+        "seeds": [42, 43],
+        "batch_seed_mode": "incremental",
+        "sampler": "euler",
+        "scheduler": "normal",
+        "steps": 4,
+        "cfg": 7.0,
+        "denoise": 1.0,
+        "latent_shape": [2, 4, 8, 8],
+        "latent_sha256": "ab" * 32,
+        "model": {"digest": "11" * 32, "file": "tiny.safetensors", "file_size": 123},
+        "fingerprint": {
+            "torch": "2.14.1",
+            "python": "3.11.7",
+            "num_threads": 2,
+            "dtype": "torch.float32",
+            "attention": "pytorch_sdpa:auto",
+            "compile": {"mode": "regional", "backend": "inductor", "first_call_seconds": 12.5},
+            "flags": {"deterministic_algorithms": True},
+            "comfyui": "0.8.0",
+        },
+    }
 
 
-@pytest.mark.parametrize("path,value,field", [
-    (("fingerprint", "num_threads"), 1, "fingerprint.num_threads"),
-    (("fingerprint", "attention"), "pytorch_sdpa:math", "fingerprint.attention"),
-    (("fingerprint", "compile", "mode"), "full", "fingerprint.compile.mode"),
-    (("fingerprint", "dtype"), "torch.bfloat16", "fingerprint.dtype"),
-    (("seeds",), [7, 8], "seeds"),
-    (("model", "digest"), "22" * 32, "model.digest"),
-    (("fingerprint", "flags", "deterministic_algorithms"), False, "fingerprint.flags.deterministic_algorithms"),
-    # issue 24: ComfyUI 0.33's loading switches and the model digest's parts are labelled
-    (("fingerprint", "fast_disk"), True, "fingerprint.fast_disk"),
-    (("fingerprint", "cuda_graphs"), "disabled (--disable-cuda-graphs)", "fingerprint.cuda_graphs"),
-    (("fingerprint", "comfy_compiler"), "on", "fingerprint.comfy_compiler"),
-    (("fingerprint", "dynamic_vram"), True, "fingerprint.dynamic_vram"),
-    (("model", "patches_digest"), "33" * 32, "model.patches_digest"),
-    (("model", "base_digest"), "44" * 32, "model.base_digest"),
-])
+@pytest.mark.parametrize(
+    "path,value,field",
+    [
+        (("fingerprint", "num_threads"), 1, "fingerprint.num_threads"),
+        (("fingerprint", "attention"), "pytorch_sdpa:math", "fingerprint.attention"),
+        (("fingerprint", "compile", "mode"), "full", "fingerprint.compile.mode"),
+        (("fingerprint", "dtype"), "torch.bfloat16", "fingerprint.dtype"),
+        (("seeds",), [7, 8], "seeds"),
+        (("model", "digest"), "22" * 32, "model.digest"),
+        (("fingerprint", "flags", "deterministic_algorithms"), False, "fingerprint.flags.deterministic_algorithms"),
+        # issue 24: ComfyUI 0.33's loading switches and the model digest's parts are labelled
+        (("fingerprint", "fast_disk"), True, "fingerprint.fast_disk"),
+        (("fingerprint", "cuda_graphs"), "disabled (--disable-cuda-graphs)", "fingerprint.cuda_graphs"),
+        (("fingerprint", "comfy_compiler"), "on", "fingerprint.comfy_compiler"),
+        (("fingerprint", "dynamic_vram"), True, "fingerprint.dynamic_vram"),
+        (("model", "patches_digest"), "33" * 32, "model.patches_digest"),
+        (("model", "base_digest"), "44" * 32, "model.base_digest"),
+    ],
+)
 def test_each_change_is_named_and_known(path, value, field) -> None:
     ref, now = _record(), _record()
     target = now
@@ -90,7 +109,9 @@ def test_expected_difference_tells_design_from_failure() -> None:
     slower = copy.deepcopy(ref)
     slower["fingerprint"]["compile"]["first_call_seconds"] = 99.0
     assert explain.expected_difference(ref, slower) == (
-        False, "DIFFERENT although no recorded setting known to change bits differs: a broken promise")
+        False,
+        "DIFFERENT although no recorded setting known to change bits differs: a broken promise",
+    )
     assert explain.expected_difference(ref, None)[0] is False
     with pytest.raises(ValueError):
         explain.expected_difference("not json", ref)
@@ -100,5 +121,6 @@ def test_every_cpu_setting_has_its_label_in_explain() -> None:
     """The labels live with their user (core/record/explain.py), one per key of ``portable.cpu_settings()``: a new
     setting without a label would be explained as "may change bits"; determinism holds no record labels."""
     from steadfast.core.determinism import portable
+
     assert set(explain.EXPLAIN_LABELS) == set(portable.cpu_settings())
     assert not hasattr(portable, "EXPLAIN_LABELS")

@@ -4,6 +4,7 @@ The pipeline loader used to rewrap any ``pipe.to(device)`` failure, CUDA OOM inc
 (so ComfyUI's OOM handling, unload all models + the tip, never ran), and the compile registry recorded an
 interrupt as an error of the compiled model.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,10 +30,13 @@ def _comfy_interrupt(base: type[BaseException]) -> BaseException:
 
 
 def _failures() -> dict[str, BaseException]:
-    return {"oom": torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
-            "keyboard": KeyboardInterrupt(), "comfy_interrupt_033": _comfy_interrupt(BaseException),
-            "comfy_interrupt_080": _comfy_interrupt(Exception),
-            "accelerator_oom": RuntimeError("CUDA error: out of memory")}
+    return {
+        "oom": torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+        "keyboard": KeyboardInterrupt(),
+        "comfy_interrupt_033": _comfy_interrupt(BaseException),
+        "comfy_interrupt_080": _comfy_interrupt(Exception),
+        "accelerator_oom": RuntimeError("CUDA error: out of memory"),
+    }
 
 
 def test_the_classification() -> None:
@@ -82,8 +86,11 @@ def test_loader_lets_oom_and_interrupts_through(monkeypatch, pipeline_folder: Pa
 def test_loader_still_wraps_other_failures(monkeypatch, pipeline_folder: Path) -> None:
     import diffusers
 
-    monkeypatch.setattr(diffusers.DiffusionPipeline, "from_pretrained",
-                        lambda *a, **k: _FakePipe(RuntimeError("Torch not compiled with CUDA enabled")))
+    monkeypatch.setattr(
+        diffusers.DiffusionPipeline,
+        "from_pretrained",
+        lambda *a, **k: _FakePipe(RuntimeError("Torch not compiled with CUDA enabled")),
+    )
     with pytest.raises(load.PipelineLoadError, match="cannot move the pipeline to 'cuda'.*CUDA enabled"):
         load.load_pipeline(pipeline_folder, device="cuda")
 

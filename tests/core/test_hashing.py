@@ -1,4 +1,5 @@
 """Digests are bit identity with dtype and shape; images hash as SaveImage writes them."""
+
 from __future__ import annotations
 
 import hashlib
@@ -69,8 +70,10 @@ def test_layout_does_not_matter():
     assert tensor_digest(sliced) == tensor_digest(sliced.contiguous())
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.bool, torch.int64,
-                                   torch.complex64, torch.float8_e4m3fn, torch.uint8])
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.bfloat16, torch.float16, torch.bool, torch.int64, torch.complex64, torch.float8_e4m3fn, torch.uint8],
+)
 def test_all_dtypes_hash(dtype):
     t = (torch.randn(2, 3, 4) * 3).to(dtype)
     d = tensor_digest(t)
@@ -112,7 +115,7 @@ def _saveimage_formula(images: torch.Tensor) -> np.ndarray:
     """ComfyUI SaveImage.save_images, per image (nodes.py, v0.8.0)."""
     out = []
     for image in images:
-        i = 255. * image.cpu().numpy()
+        i = 255.0 * image.cpu().numpy()
         out.append(np.clip(i, 0, 255).astype(np.uint8))
     return np.stack(out)
 
@@ -132,12 +135,14 @@ def test_image_to_uint8_truncates_and_clips():
 
 
 @pytest.mark.comfyui
-@pytest.mark.skipif(not COMFY_NODES.is_file(), reason=f"ComfyUI NOT FOUND at {COMFY_NODES}: "
-                    "SaveImage's formula is NOT re-checked against its source in this run")
+@pytest.mark.skipif(
+    not COMFY_NODES.is_file(),
+    reason=f"ComfyUI NOT FOUND at {COMFY_NODES}: SaveImage's formula is NOT re-checked against its source in this run",
+)
 def test_saveimage_source_still_uses_this_formula():
     src = COMFY_NODES.read_text()
-    body = src[src.index("class SaveImage"):]
-    body = body[:body.index("\nclass ", 1)]
+    body = src[src.index("class SaveImage") :]
+    body = body[: body.index("\nclass ", 1)]
     assert "i = 255. * image.cpu().numpy()" in body
     assert "np.clip(i, 0, 255).astype(np.uint8)" in body
 

@@ -1,5 +1,6 @@
 """Precision and inductor-preset knobs in core: the preset table, its errors, the compile cache key, the compute
 dtype names, and explain's labels for a precision / TF32 / preset difference ("changes bits")."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,27 +17,35 @@ def test_diffusers_fast_is_the_published_recipe_and_inductor_knows_it() -> None:
     import torch._inductor.config as config
 
     preset = inductor_presets.preset_options("diffusers-fast", "inductor")
-    assert preset == {"conv_1x1_as_mm": True, "coordinate_descent_tuning": True, "epilogue_fusion": False,
-                      "coordinate_descent_check_all_directions": True}
+    assert preset == {
+        "conv_1x1_as_mm": True,
+        "coordinate_descent_tuning": True,
+        "epilogue_fusion": False,
+        "coordinate_descent_check_all_directions": True,
+    }
     assert all(hasattr(config, k) for k in preset)  # torch.compile(options=...) refuses unknown keys
     preset["epilogue_fusion"] = True  # a fresh dict: the table cannot be edited through it
     assert inductor_presets.PRESETS["diffusers-fast"]["epilogue_fusion"] is False
     assert inductor_presets.preset_options("none", "eager") == {}
 
 
-@pytest.mark.parametrize("name,backend,match", [
-    ("diffusers-fast", "eager", "needs backend 'inductor', got backend 'eager'"),
-    ("diffusers-fast", "cudagraphs", "needs backend 'inductor'"),
-    ("fastest", "inductor", "inductor_preset must be one of none, diffusers-fast"),
-])
+@pytest.mark.parametrize(
+    "name,backend,match",
+    [
+        ("diffusers-fast", "eager", "needs backend 'inductor', got backend 'eager'"),
+        ("diffusers-fast", "cudagraphs", "needs backend 'inductor'"),
+        ("fastest", "inductor", "inductor_preset must be one of none, diffusers-fast"),
+    ],
+)
 def test_preset_errors_are_clear(name: str, backend: str, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         inductor_presets.preset_options(name, backend)
 
 
 def test_preset_merges_with_a_compile_mode() -> None:
-    opts = CompileOptions(mode="max-autotune-no-cudagraphs",
-                          options=inductor_presets.preset_options("diffusers-fast", "inductor"))
+    opts = CompileOptions(
+        mode="max-autotune-no-cudagraphs", options=inductor_presets.preset_options("diffusers-fast", "inductor")
+    )
     kwargs = opts.to_kwargs()
     assert kwargs["mode"] is None  # torch refuses mode with options: the mode's own config is merged under them
     assert kwargs["options"]["max_autotune"] is True and kwargs["options"]["epilogue_fusion"] is False
@@ -60,20 +69,38 @@ def test_precision_names() -> None:
 
 
 def _record(**fp: object) -> dict:
-    return {"seeds": [1], "fingerprint": {"dtype": "torch.float32", "flags": {"cuda_matmul_allow_tf32": False,
-                                                                            "float32_matmul_precision": "highest"},
-                                          "compile": {"mode": "regional", "backend": "inductor"}, **fp}}
+    return {
+        "seeds": [1],
+        "fingerprint": {
+            "dtype": "torch.float32",
+            "flags": {"cuda_matmul_allow_tf32": False, "float32_matmul_precision": "highest"},
+            "compile": {"mode": "regional", "backend": "inductor"},
+            **fp,
+        },
+    }
 
 
-@pytest.mark.parametrize("change,field,why", [
-    ({"dtype": "torch.float32 (compute torch.bfloat16)"}, "fingerprint.dtype", "numeric precision"),
-    ({"flags": {"cuda_matmul_allow_tf32": True, "float32_matmul_precision": "highest"}},
-     "fingerprint.flags.cuda_matmul_allow_tf32", "TF32"),
-    ({"flags": {"cuda_matmul_allow_tf32": False, "float32_matmul_precision": "high"}},
-     "fingerprint.flags.float32_matmul_precision", "TF32"),
-    ({"compile": {"mode": "regional", "backend": "inductor", "inductor_preset": "diffusers-fast"}},
-     "fingerprint.compile.inductor_preset", "inductor config preset"),
-])
+@pytest.mark.parametrize(
+    "change,field,why",
+    [
+        ({"dtype": "torch.float32 (compute torch.bfloat16)"}, "fingerprint.dtype", "numeric precision"),
+        (
+            {"flags": {"cuda_matmul_allow_tf32": True, "float32_matmul_precision": "highest"}},
+            "fingerprint.flags.cuda_matmul_allow_tf32",
+            "TF32",
+        ),
+        (
+            {"flags": {"cuda_matmul_allow_tf32": False, "float32_matmul_precision": "high"}},
+            "fingerprint.flags.float32_matmul_precision",
+            "TF32",
+        ),
+        (
+            {"compile": {"mode": "regional", "backend": "inductor", "inductor_preset": "diffusers-fast"}},
+            "fingerprint.compile.inductor_preset",
+            "inductor config preset",
+        ),
+    ],
+)
 def test_explain_labels_precision_tf32_and_preset_as_changing_bits(change: dict, field: str, why: str) -> None:
     (diff,) = explain.explain(_record(), _record(**change)).diffs
     assert diff.field == field and diff.known and why in diff.why

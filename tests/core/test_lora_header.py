@@ -1,4 +1,5 @@
 """``lora_file_rank`` reads only the safetensors header; a malformed header is an error naming the file."""
+
 from __future__ import annotations
 
 import json
@@ -19,17 +20,25 @@ def _write(path: Path, header) -> Path:
 
 def test_rank_is_the_largest_down_projection(tmp_path: Path) -> None:
     entry = {"dtype": "F32", "data_offsets": [0, 0]}
-    f = _write(tmp_path / "ok.safetensors", {"__metadata__": {"format": "pt"},
-                                             "a.lora_down.weight": {**entry, "shape": [4, 8]},
-                                             "b.lora_A.weight": {**entry, "shape": [16, 8]},
-                                             "b.lora_B.weight": {**entry, "shape": [8, 16]}})
+    f = _write(
+        tmp_path / "ok.safetensors",
+        {
+            "__metadata__": {"format": "pt"},
+            "a.lora_down.weight": {**entry, "shape": [4, 8]},
+            "b.lora_A.weight": {**entry, "shape": [16, 8]},
+            "b.lora_B.weight": {**entry, "shape": [8, 16]},
+        },
+    )
     assert lora_file_rank(f) == 16
 
 
-@pytest.mark.parametrize("header, message", [
-    ({"x.lora_down.weight": "not a dict"}, "header entries ['x.lora_down.weight'] are not tensor descriptions"),
-    ([1, 2], "its header is a JSON list, not an object"),
-])
+@pytest.mark.parametrize(
+    "header, message",
+    [
+        ({"x.lora_down.weight": "not a dict"}, "header entries ['x.lora_down.weight'] are not tensor descriptions"),
+        ([1, 2], "its header is a JSON list, not an object"),
+    ],
+)
 def test_malformed_header_names_the_file(tmp_path: Path, header, message: str) -> None:
     f = _write(tmp_path / "broken-lora.safetensors", header)
     with pytest.raises(LoraLoadError) as info:

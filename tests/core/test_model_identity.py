@@ -1,4 +1,5 @@
 """core/record/model_identity.py: the digest depends on every weight, dtype and name; cached per (module, token)."""
+
 from __future__ import annotations
 
 import torch

@@ -6,6 +6,7 @@ portable noise promises). Where that kernel does not exist (not x86, no AVX2) or
 algorithm (torch < 2.14), the comparison is skipped with the reason; CI row 2 runs this module on torch 2.14.1
 (marker ``torch_version``).
 """
+
 from __future__ import annotations
 
 import os
@@ -68,22 +69,30 @@ def torch_avx2(tmp_path_factory) -> dict:
     """``torch.randn`` itself, in a fresh process under ``ATEN_CPU_CAPABILITY=avx2`` (read at start-up): the
     independent reference for the pack's noise. Skips, naming why, where torch has no AVX2 kernel."""
     out = tmp_path_factory.mktemp("randn") / "avx2.pt"
-    proc = subprocess.run([sys.executable, "-c", TORCH_AVX2_SCRIPT, repr(SHAPES), repr(DTYPES), str(SEED), str(out)],
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "ATEN_CPU_CAPABILITY": "avx2"})
+    proc = subprocess.run(
+        [sys.executable, "-c", TORCH_AVX2_SCRIPT, repr(SHAPES), repr(DTYPES), str(SEED), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "ATEN_CPU_CAPABILITY": "avx2"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     cases = torch.load(out)
     if cases["capability"] not in ("AVX2", "AVX512"):
-        pytest.skip(f"torch has no AVX2 randn kernel on this machine ({cases['capability']}): the pack's noise is "
-                    "NOT compared with torch.randn here (the golden digest in test_portable_randn.py stands in)")
+        pytest.skip(
+            f"torch has no AVX2 randn kernel on this machine ({cases['capability']}): the pack's noise is "
+            "NOT compared with torch.randn here (the golden digest in test_portable_randn.py stands in)"
+        )
     return cases
 
 
 def _skip_half_before_2_14(dtype: torch.dtype) -> None:
     version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
     if dtype != torch.float32 and version < (2, 14):
-        pytest.skip(f"torch {torch.__version__} draws {dtype} with another algorithm than its float32 AVX2 kernel; "
-                    "portable noise follows torch >= 2.14: compared on CI row 2 (torch 2.14.1), not here")
+        pytest.skip(
+            f"torch {torch.__version__} draws {dtype} with another algorithm than its float32 AVX2 kernel; "
+            "portable noise follows torch >= 2.14: compared on CI row 2 (torch 2.14.1), not here"
+        )
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -166,22 +175,31 @@ COMFY_SCRIPT = textwrap.dedent(
 @pytest.fixture(scope="module")
 def comfy_reference(tmp_path_factory):
     if not (COMFY / "comfy" / "sample.py").is_file():
-        pytest.skip(f"ComfyUI NOT FOUND at {COMFY}: bit-compatibility with comfy.sample.prepare_noise "
-                    "is NOT verified in this run")
+        pytest.skip(
+            f"ComfyUI NOT FOUND at {COMFY}: bit-compatibility with comfy.sample.prepare_noise "
+            "is NOT verified in this run"
+        )
     out = tmp_path_factory.mktemp("comfy") / "noise.pt"
     script = out.parent / "ref.py"
     script.write_text(COMFY_SCRIPT)
     comfy_noise = Path(__file__).resolve().parents[2] / "nodes" / "host" / "noise.py"
     # ComfyUI as on an x86 PC (torch's AVX2 randn kernel), whatever ATEN_CPU_CAPABILITY this run has:
     # the pack's noise is portable, ComfyUI's own is not (issue 17)
-    proc = subprocess.run([sys.executable, str(script), str(COMFY), str(out), str(comfy_noise)],
-                          capture_output=True, text=True, timeout=300, cwd=str(out.parent),
-                          env={**os.environ, "ATEN_CPU_CAPABILITY": "avx2"})
+    proc = subprocess.run(
+        [sys.executable, str(script), str(COMFY), str(out), str(comfy_noise)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(out.parent),
+        env={**os.environ, "ATEN_CPU_CAPABILITY": "avx2"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     cases = torch.load(out)
     if cases["capability"] not in ("AVX2", "AVX512"):
-        pytest.skip(f"torch runs no AVX2 kernel here ({cases['capability']}): ComfyUI's own noise is not the "
-                    "x86 noise the pack draws, so bit-compatibility with ComfyUI is NOT checked on this CPU")
+        pytest.skip(
+            f"torch runs no AVX2 kernel here ({cases['capability']}): ComfyUI's own noise is not the "
+            "x86 noise the pack draws, so bit-compatibility with ComfyUI is NOT checked on this CPU"
+        )
     return cases
 
 
@@ -216,7 +234,7 @@ def test_incremental_item_equals_batch1_call_at_seed_plus_i(shape):
     assert tuple(batch.shape) == shape
     for i in range(shape[0]):
         single = seeded_noise((1, *shape[1:]), seed + i)
-        assert torch.equal(batch[i:i + 1], single)
+        assert torch.equal(batch[i : i + 1], single)
         assert torch.equal(single, portable_randn((1, *shape[1:]), torch.Generator().manual_seed(seed + i)))
 
 
@@ -246,19 +264,22 @@ def test_seed_changes_noise_and_same_seed_repeats():
         assert 0.5 < float(a.std()) < 1.5  # standard normal, roughly
 
 
-@pytest.mark.parametrize("shape, seed, kwargs", [
-    ((0, 4, 8, 8), 0, {}),            # empty batch
-    ((4, 8, 8), 0, {}),               # 3-D
-    ((1, 1, 1, 4, 8, 8), 0, {}),      # 6-D
-    ((1, 4, 0, 8), 0, {}),            # empty dimension
-    ((1, 4, 8, 8), -1, {}),           # negative seed
-    ((1, 4, 8, 8), 2**64, {}),        # above ComfyUI's range
-    ((2, 4, 8, 8), 2**64 - 1, {}),    # incremental seed + 1 overflows
-    ((1, 4, 8, 8), 0, {"mode": "gpu"}),
-    ((2, 4, 8, 8), 0, {"batch_index": [0]}),
-    ((1, 4, 8, 8), 0, {"batch_index": [-1]}),
-    ((1, 4, 8, 8), 0, {"batch_index": [-1], "mode": "comfy"}),
-])
+@pytest.mark.parametrize(
+    "shape, seed, kwargs",
+    [
+        ((0, 4, 8, 8), 0, {}),  # empty batch
+        ((4, 8, 8), 0, {}),  # 3-D
+        ((1, 1, 1, 4, 8, 8), 0, {}),  # 6-D
+        ((1, 4, 0, 8), 0, {}),  # empty dimension
+        ((1, 4, 8, 8), -1, {}),  # negative seed
+        ((1, 4, 8, 8), 2**64, {}),  # above ComfyUI's range
+        ((2, 4, 8, 8), 2**64 - 1, {}),  # incremental seed + 1 overflows
+        ((1, 4, 8, 8), 0, {"mode": "gpu"}),
+        ((2, 4, 8, 8), 0, {"batch_index": [0]}),
+        ((1, 4, 8, 8), 0, {"batch_index": [-1]}),
+        ((1, 4, 8, 8), 0, {"batch_index": [-1], "mode": "comfy"}),
+    ],
+)
 def test_seeded_noise_rejects_bad_input(shape, seed, kwargs):
     with pytest.raises(ValueError):
         seeded_noise(shape, seed, **kwargs)
@@ -283,8 +304,12 @@ def test_check_seed_is_the_one_seed_check():
     with pytest.raises(TypeError, match="policy seed must be an int, got bool"):
         check_seed(True, name="policy seed")
     # every caller gives the same errors
-    for call in (lambda s: seeded_noise((1, 4, 2, 2), s), lambda s: DeterminismPolicy(seed=s),
-                 lambda s: image_generators(s, 1), lambda s: CPUNoiseSampler(torch.zeros(1), s)):
+    for call in (
+        lambda s: seeded_noise((1, 4, 2, 2), s),
+        lambda s: DeterminismPolicy(seed=s),
+        lambda s: image_generators(s, 1),
+        lambda s: CPUNoiseSampler(torch.zeros(1), s),
+    ):
         with pytest.raises(ValueError, match=r"seed must be in \[0, 2\*\*64 - 1\], got -1"):
             call(-1)
         with pytest.raises(TypeError, match="seed must be an int, got float"):
@@ -300,8 +325,14 @@ def test_item_seeds_is_item_i_equals_seed_plus_i():
     assert item_seeds(50, 2, "comfy", batch_index=[3, 1]) == [50, 50]
     assert item_seeds(MAX_SEED - 2, 3) == [MAX_SEED - 2, MAX_SEED - 1, MAX_SEED]
     assert [type(s) for s in item_seeds(np.uint64(5), 2)] == [int, int]
-    for bad in ({"batch": 0}, {"mode": "gpu"}, {"batch_index": [0]}, {"batch_index": [0, -1]},
-                {"seed": MAX_SEED - 1, "batch": 3}, {"seed": 0, "batch_index": [0, MAX_SEED + 1]}):
+    for bad in (
+        {"batch": 0},
+        {"mode": "gpu"},
+        {"batch_index": [0]},
+        {"batch_index": [0, -1]},
+        {"seed": MAX_SEED - 1, "batch": 3},
+        {"seed": 0, "batch_index": [0, MAX_SEED + 1]},
+    ):
         args = {"seed": 0, "batch": 2, **bad}
         with pytest.raises(ValueError):
             item_seeds(**args)
@@ -317,11 +348,11 @@ def test_every_batch_derives_its_seeds_from_item_seeds():
     seeds = item_seeds(40, 3, batch_index=[2, 0, 5])
     out = seeded_noise((3, 4, 2, 2), 40, batch_index=[2, 0, 5])
     for j, s in enumerate(seeds):
-        assert torch.equal(out[j:j + 1], seeded_noise((1, 4, 2, 2), s))
+        assert torch.equal(out[j : j + 1], seeded_noise((1, 4, 2, 2), s))
     per_step = CPUNoiseSampler(torch.zeros(3, 4, 2, 2), 40, per_item=True)()
     gens = image_generators(40, 3)
     for j, s in enumerate(item_seeds(40, 3)):
-        assert torch.equal(per_step[j:j + 1], CPUNoiseSampler(torch.zeros(1, 4, 2, 2), s)())
+        assert torch.equal(per_step[j : j + 1], CPUNoiseSampler(torch.zeros(1, 4, 2, 2), s)())
         assert gens[j].initial_seed() == s
 
 
@@ -383,12 +414,12 @@ def test_cpu_noise_sampler_rejects_bad_input():
 def test_cpu_noise_sampler_per_item_matches_batch1_runs():
     x = torch.zeros(3, 4, 8, 8)
     batched = CPUNoiseSampler(x, 20, per_item=True)
-    singles = [CPUNoiseSampler(x[i:i + 1], 20 + i) for i in range(3)]
+    singles = [CPUNoiseSampler(x[i : i + 1], 20 + i) for i in range(3)]
     for _ in range(2):  # two steps: every item keeps its own stream
         step = batched(1.0, 0.5)
         assert step.shape == x.shape
         for i, single in enumerate(singles):
-            assert torch.equal(step[i:i + 1], single(1.0, 0.5))
+            assert torch.equal(step[i : i + 1], single(1.0, 0.5))
     assert not torch.equal(CPUNoiseSampler(x, 20)(), CPUNoiseSampler(x, 20, per_item=True)())
     with pytest.raises(ValueError):
         CPUNoiseSampler(torch.zeros(2, 4), 2**64 - 1, per_item=True)

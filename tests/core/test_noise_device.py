@@ -3,6 +3,7 @@ and portable noise at torch.randn's cost where torch's own bytes are the portabl
 
 GPU-only checks are marked ``gpu`` (skipped without CUDA; ``benchmarks/gpu_protocol.py`` runs them on a lent GPU).
 """
+
 from __future__ import annotations
 
 import threading

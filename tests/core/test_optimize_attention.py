@@ -1,4 +1,5 @@
 """SDPA backend pinning and probing, and the measured parity between CPU backends."""
+
 from __future__ import annotations
 
 import pytest
@@ -91,8 +92,9 @@ def test_backend_parity_on_cpu_is_measured():
     auto_flash = compare_outputs(flash, _sdpa("auto", q, k, v), label="sdpa auto vs flash fp32")
     math_flash = compare_outputs(flash, _sdpa("math", q, k, v), label="sdpa math vs flash fp32")
     qb, kb, vb = (t.bfloat16() for t in (q, k, v))
-    math_flash_bf16 = compare_outputs(_sdpa("flash", qb, kb, vb), _sdpa("math", qb, kb, vb),
-                                      label="sdpa math vs flash bf16")
+    math_flash_bf16 = compare_outputs(
+        _sdpa("flash", qb, kb, vb), _sdpa("math", qb, kb, vb), label="sdpa math vs flash bf16"
+    )
     for rep in (auto_flash, math_flash, math_flash_bf16):
         print(rep.as_text())
     assert auto_flash.bit_equal, auto_flash.as_text()
@@ -134,8 +136,11 @@ def test_plan_lists_the_cases_a_backend_refuses(monkeypatch):
 
     monkeypatch.setattr(attn_mod, "_probe", fake)
     plan = attn_mod.plan_sdpa_backend("flash", "cpu", torch.bfloat16)
-    assert plan.falls_back == ("torch.bfloat16 with an attention mask", "torch.float32",
-                               "torch.float32 with an attention mask")
+    assert plan.falls_back == (
+        "torch.bfloat16 with an attention mask",
+        "torch.float32",
+        "torch.float32 with an attention mask",
+    )
     assert "fall back to torch's own choice" in plan.as_text()
     assert attn_mod.plan_sdpa_backend("cudnn", "cpu", torch.bfloat16).falls_back == ()
     with pytest.raises(UnsupportedBackendError, match="under strict deterministic algorithms"):

@@ -1,4 +1,5 @@
 """channels_last conversion: in place, counted, reversible, values unchanged, output parity measured."""
+
 from __future__ import annotations
 
 import copy
@@ -15,8 +16,12 @@ from steadfast.core.record.hashing import tensor_digest
 def _net(ch: int = 128) -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(
-        nn.Conv2d(4, ch, 3, padding=1), nn.GroupNorm(32, ch), nn.SiLU(),
-        nn.Conv2d(ch, ch, 3, padding=1), nn.GroupNorm(32, ch), nn.SiLU(),
+        nn.Conv2d(4, ch, 3, padding=1),
+        nn.GroupNorm(32, ch),
+        nn.SiLU(),
+        nn.Conv2d(ch, ch, 3, padding=1),
+        nn.GroupNorm(32, ch),
+        nn.SiLU(),
         nn.Conv2d(ch, 4, 3, padding=1),
     ).requires_grad_(False)
 

@@ -4,6 +4,7 @@ The MODEL path (Optimize Model, ``nodes/optimize_node.py``) and the pipeline pat
 both build an :class:`OptimizeOptions` and run :func:`run_steps`; the MODEL side is exercised in
 ``tests/comfy/test_optimize_model_plan.py``, the pipeline side in ``tests/core/test_pipelines.py``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,8 +18,19 @@ from steadfast.core.compile.options import COMPILE_SCOPES, CompileOptions
 from steadfast.core.optimize.plan import OptimizeOptions, OptimizeReport, Step, StepReport, run_steps
 
 # what pipeline run records (``optimize.options``) and verify reports have always held, in this order
-LEGACY_KEYS = ["qkv_fusion", "qkv_fusion_vae", "channels_last", "attention", "vae_slicing", "vae_tiling", "compile",
-               "backend", "mode", "dynamic", "fullgraph"]
+LEGACY_KEYS = [
+    "qkv_fusion",
+    "qkv_fusion_vae",
+    "channels_last",
+    "attention",
+    "vae_slicing",
+    "vae_tiling",
+    "compile",
+    "backend",
+    "mode",
+    "dynamic",
+    "fullgraph",
+]
 
 
 def test_one_type_and_one_list_of_scopes() -> None:
@@ -29,11 +41,14 @@ def test_one_type_and_one_list_of_scopes() -> None:
     assert not hasattr(pipelines, "PipelineOptions")
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    ({"scope": "regionl"}, "compile must be one of off, regional, full"),
-    ({"attention": " "}, "attention must be a backend name"),
-    ({"compile": CompileOptions(backend="")}, "backend must be"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"scope": "regionl"}, "compile must be one of off, regional, full"),
+        ({"attention": " "}, "attention must be a backend name"),
+        ({"compile": CompileOptions(backend="")}, "backend must be"),
+    ],
+)
 def test_options_refuse_invalid_values(kwargs: dict, words: str) -> None:
     with pytest.raises(ValueError, match=words):
         OptimizeOptions(**kwargs)
@@ -45,27 +60,46 @@ def test_compile_settings_must_be_held_whole() -> None:
 
 
 def test_compile_options_are_held_whole() -> None:
-    co = CompileOptions(backend="eager", mode="max-autotune", dynamic=False, fullgraph=True, options={"a": 1},
-                        contiguous_inputs=False)
+    co = CompileOptions(
+        backend="eager", mode="max-autotune", dynamic=False, fullgraph=True, options={"a": 1}, contiguous_inputs=False
+    )
     o = OptimizeOptions(scope="regional", compile=co)
     assert o.compile is co
     d = o.as_dict()
-    assert list(d)[:len(LEGACY_KEYS)] == LEGACY_KEYS
+    assert list(d)[: len(LEGACY_KEYS)] == LEGACY_KEYS
     assert (d["compile"], d["backend"], d["mode"], d["dynamic"], d["fullgraph"]) == (
-        "regional", "eager", "max-autotune", False, True)
+        "regional",
+        "eager",
+        "max-autotune",
+        False,
+        True,
+    )
     assert d["compile_options"] == {"options": {"a": 1}, "contiguous_inputs": False}
 
 
 def test_as_dict_of_pipeline_options_has_exactly_the_legacy_fields() -> None:
     d = OptimizeOptions(qkv_fusion=True, scope="full", compile=CompileOptions(backend="eager")).as_dict()
     assert list(d) == LEGACY_KEYS
-    assert d == {"qkv_fusion": True, "qkv_fusion_vae": True, "channels_last": False, "attention": "auto",
-                 "vae_slicing": False, "vae_tiling": False, "compile": "full", "backend": "eager", "mode": None,
-                 "dynamic": None, "fullgraph": False}
+    assert d == {
+        "qkv_fusion": True,
+        "qkv_fusion_vae": True,
+        "channels_last": False,
+        "attention": "auto",
+        "vae_slicing": False,
+        "vae_tiling": False,
+        "compile": "full",
+        "backend": "eager",
+        "mode": None,
+        "dynamic": None,
+        "fullgraph": False,
+    }
     # MODEL-only settings are written only where set
     m = OptimizeOptions(precision="bf16", quantize="int8", strict_recompiles=True).as_dict()
     assert {k: m[k] for k in ("precision", "quantize", "strict_recompiles")} == {
-        "precision": "bf16", "quantize": "int8", "strict_recompiles": True}
+        "precision": "bf16",
+        "quantize": "int8",
+        "strict_recompiles": True,
+    }
     assert "compile_cache" not in m and "inductor_preset" not in m
 
 
@@ -81,8 +115,10 @@ def test_merged_keeps_switches_of_both_and_merges_compile_field_by_field() -> No
 
 def test_options_stay_hashable_for_the_pipeline_memo() -> None:
     a = OptimizeOptions(scope="full", compile=CompileOptions(backend="eager"))
-    assert hash(a) == hash(dataclasses.replace(a)) and {a: 1}[OptimizeOptions(scope="full",
-                                                                               compile=CompileOptions("eager"))] == 1
+    assert (
+        hash(a) == hash(dataclasses.replace(a))
+        and {a: 1}[OptimizeOptions(scope="full", compile=CompileOptions("eager"))] == 1
+    )
 
 
 def test_run_steps_runs_wanted_steps_in_order_and_keeps_what_ran_before_a_failure() -> None:
@@ -92,6 +128,7 @@ def test_run_steps_runs_wanted_steps_in_order_and_keeps_what_ran_before_a_failur
         def run() -> StepReport:
             ran.append(name)
             return StepReport(name, True)
+
         return run
 
     def boom() -> StepReport:

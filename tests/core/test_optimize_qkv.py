@@ -3,6 +3,7 @@
 The attention modules below mimic ComfyUI's ``CrossAttention`` (to_q/to_k/to_v Linears + heads +
 to_out) without importing ComfyUI.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -30,8 +31,15 @@ from steadfast.core.record.hashing import tensor_digest
 class Attn(nn.Module):
     """ComfyUI-CrossAttention-shaped module; ``fused=True`` projects through :func:`fused_project`."""
 
-    def __init__(self, query_dim: int, context_dim: int | None = None, heads: int = 4, dim_head: int = 16,
-                 bias: bool = False, linear: type[nn.Linear] = nn.Linear) -> None:
+    def __init__(
+        self,
+        query_dim: int,
+        context_dim: int | None = None,
+        heads: int = 4,
+        dim_head: int = 16,
+        bias: bool = False,
+        linear: type[nn.Linear] = nn.Linear,
+    ) -> None:
         super().__init__()
         inner = heads * dim_head
         context_dim = context_dim or query_dim
@@ -137,7 +145,8 @@ def test_self_attention_fusion_shares_one_storage_and_costs_no_memory(bias):
     assert _storage_bytes(attn, extra=[t for t in (rec.weight, rec.bias) if t is not None]) == bytes_before
     assert len({_ptr(p) for p in attn.parameters()}) == n_storages_before - (4 if bias else 2)
     assert rec.nbytes == sum(getattr(attn, n).weight.nbytes for n in ("to_q", "to_k", "to_v")) + (
-        sum(getattr(attn, n).bias.nbytes for n in ("to_q", "to_k", "to_v")) if bias else 0)
+        sum(getattr(attn, n).bias.nbytes for n in ("to_q", "to_k", "to_v")) if bias else 0
+    )
     # Parameter objects, state_dict keys and values unchanged; fused tensors are not params/buffers
     assert {n: p for n, p in attn.named_parameters()}.keys() == params_before.keys()
     assert all(p is params_before[n] for n, p in attn.named_parameters())

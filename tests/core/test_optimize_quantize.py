@@ -2,6 +2,7 @@
 
 Skipped (loudly) when torchao is not installed; the "pip install torchao" error is tested without it.
 """
+
 from __future__ import annotations
 
 import builtins
@@ -51,8 +52,9 @@ def test_choice_counts_and_skips(pair) -> None:
     _, _, choice = pair
     assert choice.paths == ("up", "down")
     assert choice.skipped == {"smaller than 64 features": 1, "features not multiples of 16": 1}
-    assert choice.as_text() == ("2 Linear layers (skipped: 1 features not multiples of 16, "
-                                "1 smaller than 64 features)")
+    assert choice.as_text() == (
+        "2 Linear layers (skipped: 1 features not multiples of 16, 1 smaller than 64 features)"
+    )
 
 
 def test_int8_differs_by_a_measured_bounded_amount(pair) -> None:
@@ -134,12 +136,13 @@ def test_explain_names_quantize_as_expected_to_differ() -> None:
 def test_expected_difference_names_each_reason_once() -> None:
     """Many fields of one setting (QKV fusion counters) cannot push quantize out of the six named reasons."""
     base = {"details": {}, "fingerprint": {"attention": "a"}}
-    now = {"details": {"qkv_fusion": {f"c{i}": i for i in range(8)}},
-           "fingerprint": {"attention": "b", "quantize": {"mode": "int8-dynamic"}}}
+    now = {
+        "details": {"qkv_fusion": {f"c{i}": i for i in range(8)}},
+        "fingerprint": {"attention": "b", "quantize": {"mode": "int8-dynamic"}},
+    }
     expected, text = explain.expected_difference(base, now)
     assert expected is True and text.count("optimization changes the kernels") == 1
     assert "fingerprint.attention" in text and "fingerprint.quantize." in text
-
 
 
 def test_source_and_wrapper_always_hold_the_same_parameters() -> None:

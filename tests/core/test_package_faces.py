@@ -1,5 +1,6 @@
 """Each core package's face (its ``__init__``) hands on names that exist, lazily: importing the pack (whose
 ``__init__`` imports ``core.determinism.cublas`` and ``.portable``) loads no other module of those packages."""
+
 from __future__ import annotations
 
 import importlib
@@ -24,10 +25,12 @@ def test_every_face_name_resolves_and_unknown_names_fail(package: str) -> None:
 
 
 def test_faces_load_nothing_until_a_name_is_used() -> None:
-    code = ("import sys; sys.path.insert(0, 'scripts'); from _steadfast_import import import_steadfast; "
-            "import_steadfast(); import steadfast.core.determinism, steadfast.core.compile, steadfast.core.record; "
-            "print(sorted(m for m in sys.modules if m.startswith('steadfast.core.') and m.count('.') == 3)); "
-            "steadfast.core.determinism.seeded_noise; print('steadfast.core.determinism.noise' in sys.modules)")
+    code = (
+        "import sys; sys.path.insert(0, 'scripts'); from _steadfast_import import import_steadfast; "
+        "import_steadfast(); import steadfast.core.determinism, steadfast.core.compile, steadfast.core.record; "
+        "print(sorted(m for m in sys.modules if m.startswith('steadfast.core.') and m.count('.') == 3)); "
+        "steadfast.core.determinism.seeded_noise; print('steadfast.core.determinism.noise' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     loaded, after = out.stdout.strip().splitlines()
     assert loaded == str(["steadfast.core.determinism.cublas", "steadfast.core.determinism.portable"]), out.stdout

@@ -1,4 +1,5 @@
 """core/paths.py: absolute paths in texts shown relative to known roots, routes and relative names left alone."""
+
 from __future__ import annotations
 
 import os
@@ -20,14 +21,14 @@ def test_a_model_file_is_shown_relative_to_its_folder(tmp_path: Path) -> None:
 
 def test_the_longest_root_wins_and_a_root_alone_is_its_label(tmp_path: Path) -> None:
     roots = [(str(tmp_path), "ComfyUI"), (str(tmp_path / "models" / "loras"), "models/loras")]
-    assert paths.display_path(str(tmp_path / "models" / "loras" / "a.safetensors"), roots) == \
-        "models/loras/a.safetensors"
+    assert (
+        paths.display_path(str(tmp_path / "models" / "loras" / "a.safetensors"), roots) == "models/loras/a.safetensors"
+    )
     assert paths.display_path(str(tmp_path / "models" / "loras"), roots) == "models/loras"
     assert paths.display_path(str(tmp_path / "input" / "x.png"), roots) == "ComfyUI/input/x.png"
 
 
-def test_source_files_show_as_module_paths_and_unknown_paths_lose_their_head(tmp_path: Path,
-                                                                           monkeypatch) -> None:
+def test_source_files_show_as_module_paths_and_unknown_paths_lose_their_head(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
     src = tmp_path / "comfy" / "ldm" / "modules" / "attention.py"
     assert paths.redact(f"forward in {src}:848") == "forward in comfy/ldm/modules/attention.py:848"
@@ -37,8 +38,10 @@ def test_source_files_show_as_module_paths_and_unknown_paths_lose_their_head(tmp
 
 
 def test_routes_urls_and_relative_names_are_not_paths() -> None:
-    text = ("GET /steadfast/compile_state after POST /free; http://127.0.0.1:8188/api/prompt; "
-            "models/diffusers/sd15; bf16/fp16; 1/2")
+    text = (
+        "GET /steadfast/compile_state after POST /free; http://127.0.0.1:8188/api/prompt; "
+        "models/diffusers/sd15; bf16/fp16; 1/2"
+    )
     assert paths.redact(text) == text
     assert paths.find_absolute_paths([text]) == []
 
@@ -58,8 +61,10 @@ def test_redact_value_walks_json(tmp_path: Path) -> None:
 
 def test_a_recompile_record_names_no_install_path() -> None:
     torch_file = os.path.join(os.path.dirname(paths.__file__), "compile.py")  # under a sys.path entry in tests
-    msg = f"Recompiling function forward in {torch_file}:848\n    triggered by the following guard failure(s):\n" \
-          f"    - 0/0: tensor 'x' stride mismatch at index 0"
+    msg = (
+        f"Recompiling function forward in {torch_file}:848\n    triggered by the following guard failure(s):\n"
+        f"    - 0/0: tensor 'x' stride mismatch at index 0"
+    )
     event = parse_recompile(msg)
     assert paths.find_absolute_paths([event["function"], event["reason"]]) == []
     assert event["function"].startswith("forward in ") and event["function"].endswith("compile.py:848")
@@ -69,25 +74,33 @@ def test_posix_roots_with_spaces_are_replaced_whole() -> None:
     """Measured before: ``/home/John Smith/ComfyUI/models/loras/x.safetensors`` came out as
     ``.../home/John Smith/...``: the pattern stopped at the space."""
     roots = [("/home/John Smith/ComfyUI/models/loras", "models/loras"), ("/home/John Smith/ComfyUI", "ComfyUI")]
-    text = ("FileNotFoundError: '/home/John Smith/ComfyUI/models/loras/x.safetensors' is missing; "
-            "logs in /home/John Smith/ComfyUI/user/comfyui.log, install /home/John Smith/ComfyUI")
+    text = (
+        "FileNotFoundError: '/home/John Smith/ComfyUI/models/loras/x.safetensors' is missing; "
+        "logs in /home/John Smith/ComfyUI/user/comfyui.log, install /home/John Smith/ComfyUI"
+    )
     out = paths.redact(text, roots)
-    assert out == ("FileNotFoundError: 'models/loras/x.safetensors' is missing; "
-                   "logs in ComfyUI/user/comfyui.log, install ComfyUI"), out
+    assert out == (
+        "FileNotFoundError: 'models/loras/x.safetensors' is missing; logs in ComfyUI/user/comfyui.log, install ComfyUI"
+    ), out
     assert "John" not in out and "Smith" not in out
 
 
 def test_windows_roots_with_spaces_backslashes_and_drive_letters() -> None:
     """Windows user folders often hold spaces; a path can come with either separator, in another case, or
     with doubled backslashes (an exception's repr of the path)."""
-    roots = [(r"C:\Users\John Smith\ComfyUI\models\loras", "models/loras"),
-             (r"C:\Users\John Smith\ComfyUI", "ComfyUI")]
-    text = (r"cannot open C:\Users\John Smith\ComfyUI\models\loras\x.safetensors; "
-            r"FileNotFoundError: 'c:\\users\\john smith\\comfyui\\input\\a.png'; "
-            r"see C:/Users/John Smith/ComfyUI/output")
+    roots = [
+        (r"C:\Users\John Smith\ComfyUI\models\loras", "models/loras"),
+        (r"C:\Users\John Smith\ComfyUI", "ComfyUI"),
+    ]
+    text = (
+        r"cannot open C:\Users\John Smith\ComfyUI\models\loras\x.safetensors; "
+        r"FileNotFoundError: 'c:\\users\\john smith\\comfyui\\input\\a.png'; "
+        r"see C:/Users/John Smith/ComfyUI/output"
+    )
     out = paths.redact(text, roots)
-    assert out == ("cannot open models/loras/x.safetensors; FileNotFoundError: 'ComfyUI/input/a.png'; "
-                   "see ComfyUI/output"), out
+    assert out == (
+        "cannot open models/loras/x.safetensors; FileNotFoundError: 'ComfyUI/input/a.png'; see ComfyUI/output"
+    ), out
     assert "John" not in out and "Smith" not in out and "\\" not in out
 
 

@@ -4,6 +4,7 @@ A pipeline loaded for a GPU with ``keep_on_cpu`` stays on the CPU; :func:`on_run
 (ComfyUI: ``comfy.model_management.free_memory``), moves it for the call and back after it. The real move to a GPU:
 ``tests/comfy/test_gpu_correctness.py::test_pipeline_moves_to_the_gpu_only_for_the_call``.
 """
+
 from __future__ import annotations
 
 import pipeline_fixtures as tp
@@ -27,8 +28,12 @@ def test_keep_on_cpu_records_the_run_device_and_moves_nothing(sd_dir):
     assert all(p.device.type == "cpu" for p in pipe.unet.parameters())
     assert getattr(share_pipeline(pipe), RUN_DEVICE_ATTR) == "cuda:0"  # the optimized copies run there too
     assert run_device(tp.fresh(sd_dir)) == torch.device("cpu")
-    assert pipeline_bytes(pipe) == sum(t.numel() * t.element_size() for m in pipe.components.values()
-                                       if isinstance(m, torch.nn.Module) for t in [*m.parameters(), *m.buffers()])
+    assert pipeline_bytes(pipe) == sum(
+        t.numel() * t.element_size()
+        for m in pipe.components.values()
+        if isinstance(m, torch.nn.Module)
+        for t in [*m.parameters(), *m.buffers()]
+    )
 
 
 class _FakePipe:

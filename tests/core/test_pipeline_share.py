@@ -5,6 +5,7 @@ optimized it or added a LoRA. Checked on the tiny SD pipeline by bytes (hashes o
 and by looking at the original modules (no fused projections, no compile wrappers, no LoRA layers,
 contiguous conv weights).
 """
+
 from __future__ import annotations
 
 import pipeline_fixtures as tp
@@ -55,8 +56,14 @@ def test_optimized_copy_leaves_the_source_pipeline_as_it_was(sd_dir):
     base = tp.fresh(sd_dir)
     before = hash_image(_run(base))
     processors = dict(base.unet.attn_processors)
-    opts = OptimizeOptions(qkv_fusion=True, channels_last=True, attention="math", vae_tiling=True,
-                           scope="regional", compile=CompileOptions(backend="eager"))
+    opts = OptimizeOptions(
+        qkv_fusion=True,
+        channels_last=True,
+        attention="math",
+        vae_tiling=True,
+        scope="regional",
+        compile=CompileOptions(backend="eager"),
+    )
     h, report, reused = optimized_handle(PipelineHandle(base, "tiny", "fp32"), opts)
     assert not reused and h.owned and h.optimized and h.pipe is not base
     assert report.applied == ["qkv_fusion", "channels_last", "attention", "vae_tiling", "compile"]
@@ -93,8 +100,9 @@ def test_same_source_and_options_reuse_the_copy(sd_dir):
 def test_lora_is_loaded_at_run_time_into_a_copy_and_each_value_runs_with_its_own(sd_dir, tmp_path):
     base = tp.fresh(sd_dir)
     ref = _run(base)
-    files = {r: tiny.save_tiny_lora(tp.tiny_lora(base, rank=r, seed=r), tmp_path / f"r{r}.safetensors")
-             for r in (2, 4)}
+    files = {
+        r: tiny.save_tiny_lora(tp.tiny_lora(base, rank=r, seed=r), tmp_path / f"r{r}.safetensors") for r in (2, 4)
+    }
     assert lora_file_rank(files[4]) == 4
     with pytest.raises(LoraLoadError, match="max_rank"):
         LoraSpec.from_file("r4", files[4], max_rank=2)

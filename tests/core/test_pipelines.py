@@ -4,6 +4,7 @@ Everything runs on tiny random-weight pipelines built at test time (tests/fixtur
 compiled test uses Dynamo's ``eager`` backend: recompiles are decided by Dynamo's guards, which do not
 depend on the backend, so "0 recompiles after a hot-swap" is backend-independent.
 """
+
 from __future__ import annotations
 
 import json
@@ -132,11 +133,11 @@ def test_batch_item_i_is_the_batch1_image_at_seed_plus_i(sd_ref):
     singles = [generate(pipe, "a cat", seed=10 + i, **G) for i in range(3)]
     seq = generate(pipe, "a cat", seed=10, batch=3, batch_mode="sequential", **G)
     for i in range(3):
-        assert torch.equal(seq[i:i + 1], singles[i])
+        assert torch.equal(seq[i : i + 1], singles[i])
     batched = generate(pipe, "a cat", seed=10, batch=3, **G)
     assert batched.shape == (3, tp.SIZE, tp.SIZE, 3)
     for i in range(3):
-        rep = compare(singles[i], batched[i:i + 1])
+        rep = compare(singles[i], batched[i : i + 1])
         # same per-image noise; only CPU kernels' batch-size dependence remains (measured, not assumed)
         print(f"batched item {i} vs batch-1 seed {10 + i}: {rep.as_text()}")
         assert rep.max_abs < 1e-3
@@ -163,7 +164,8 @@ def test_generate_under_policy_restores_global_state(sd_ref):
     rep = compare(ref, img)
     print("deterministic-algorithms policy vs default:", rep.as_text())
     assert hash_image(img, raw=True) == hash_image(
-        generate(pipe, "a cat", seed=3, policy=DeterminismPolicy(strict=True), **G), raw=True)
+        generate(pipe, "a cat", seed=3, policy=DeterminismPolicy(strict=True), **G), raw=True
+    )
 
 
 # ------------------------------------------------------------------ optimizations
@@ -172,8 +174,7 @@ def test_generate_under_policy_restores_global_state(sd_ref):
 def test_optimize_applies_in_order_and_reports(sd_dir, sd_ref):
     _, ref = sd_ref
     pipe = tp.fresh(sd_dir)
-    opts = OptimizeOptions(qkv_fusion=True, channels_last=True, attention="math", vae_slicing=True,
-                           vae_tiling=True)
+    opts = OptimizeOptions(qkv_fusion=True, channels_last=True, attention="math", vae_slicing=True, vae_tiling=True)
     report = optimize_pipeline(pipe, opts)
     assert report.applied == ["qkv_fusion", "channels_last", "attention", "vae_slicing", "vae_tiling"]
     qkv = report.step("qkv_fusion")
@@ -182,8 +183,11 @@ def test_optimize_applies_in_order_and_reports(sd_dir, sd_ref):
         assert c["params_after"] > c["params_before"]  # diffusers keeps to_q/to_k/to_v
         assert c["growth_pct"] == pytest.approx(100 * (c["params_after"] - c["params_before"]) / c["params_before"])
         assert report.params_after[name] == c["params_after"]
-    assert all(hasattr(m, "to_qkv") or hasattr(m, "to_kv") for n, m in pipe.unet.named_modules()
-               if n.endswith("attn1") or n.endswith("attn2"))
+    assert all(
+        hasattr(m, "to_qkv") or hasattr(m, "to_kv")
+        for n, m in pipe.unet.named_modules()
+        if n.endswith("attn1") or n.endswith("attn2")
+    )
     assert report.step("channels_last").details["converted"]["unet"] > 0
     assert pipe.unet.conv_in.weight.is_contiguous(memory_format=torch.channels_last)
     att = report.step("attention")
@@ -209,8 +213,11 @@ def test_qkv_fusion_alone_is_bit_equal_in_fp32_on_cpu(sd_dir, sd_ref):
 
 def test_attention_backend_errors_before_any_change(sd_dir):
     pipe = tp.fresh(sd_dir)
-    for name, pattern in (("efficient", "does not run"), ("flex", "call torch SDPA directly"),
-                          ("no-such-backend", "unknown attention backend")):
+    for name, pattern in (
+        ("efficient", "does not run"),
+        ("flex", "call torch SDPA directly"),
+        ("no-such-backend", "unknown attention backend"),
+    ):
         with pytest.raises(UnsupportedAttentionError, match=pattern):
             optimize_pipeline(pipe, OptimizeOptions(qkv_fusion=True, attention=name))
     assert not hasattr(pipe.unet.down_blocks[1].attentions[0].transformer_blocks[0].attn1, "to_qkv")
@@ -237,8 +244,10 @@ def test_flux_uses_diffusers_dispatcher_and_keeps_global_backend(flux_dir):
     assert compare(base, generate(pipe, "a fox", seed=1, **G)).pct_pixels_differ > 50
     assert compare(base, generate(pipe, "a cat", seed=2, **G)).pct_pixels_differ > 50
     opt = tp.fresh(flux_dir)
-    rep = optimize_pipeline(opt, OptimizeOptions(qkv_fusion=True, attention="math", scope="regional",
-                                                 compile=CompileOptions(backend="eager")))
+    rep = optimize_pipeline(
+        opt,
+        OptimizeOptions(qkv_fusion=True, attention="math", scope="regional", compile=CompileOptions(backend="eager")),
+    )
     att = rep.step("attention")
     assert att.details["diffusers_backend"] == "_native_math" and att.details["dispatch_modules"] == 4
     assert _AttentionBackendRegistry.get_active_backend()[0] == before
@@ -384,8 +393,9 @@ def test_warmup_does_not_recompile_on_strided_block_inputs(sd_dir, sd_ref):
     warm-up recompiled ("stride mismatch at index 1"). The blocks' compiled call now gets contiguous inputs, so
     the warm-up compiles one graph and the image is the same bits as without the fix's copies (eager backend)."""
     pipe = tp.fresh(sd_dir)
-    rep = optimize_pipeline(pipe, OptimizeOptions(qkv_fusion=False, scope="regional",
-                                                  compile=CompileOptions(backend="eager")))
+    rep = optimize_pipeline(
+        pipe, OptimizeOptions(qkv_fusion=False, scope="regional", compile=CompileOptions(backend="eager"))
+    )
     assert not [s.note for s in rep.steps if s.step == "compile" and "contiguous" in s.note]
     w = warmup(pipe, tp.SIZE, tp.SIZE, guidance=7.0)
     rec = compile_record(pipe)

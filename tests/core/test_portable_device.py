@@ -1,6 +1,7 @@
 """Portable mode refuses a model or pipeline on a GPU (issue 24 item 9): its records would say ``portable: true`` for
 bits a GPU computed. Through a server on a GPU:
 ``tests/comfy/test_gpu_correctness.py::test_portable_mode_refuses_a_cuda_model``."""
+
 from __future__ import annotations
 
 import pytest

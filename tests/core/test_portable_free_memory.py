@@ -2,6 +2,7 @@
 (stock samplers without Determinism Setup's batch_invariant, ComfyUI's VAE Decode / Encode), with the fix.
 The end-to-end half (the hazard under squeezed free memory on a portable server, the CLI's refusal) is
 tests/comfy/test_portable.py::test_portable_mode_and_free_memory."""
+
 from __future__ import annotations
 
 import copy
@@ -20,10 +21,21 @@ def stock() -> dict:
         "2": {"class_type": "CLIPTextEncode", "inputs": {"text": "a", "clip": ["1", 1]}},
         "3": {"class_type": "CLIPTextEncode", "inputs": {"text": "b", "clip": ["1", 1]}},
         "4": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
-        "5": {"class_type": "KSampler", "inputs": {"model": ["1", 0], "positive": ["2", 0], "negative": ["3", 0],
-                                                   "latent_image": ["4", 0], "seed": 1, "steps": 2, "cfg": 7.0,
-                                                   "sampler_name": "euler", "scheduler": "normal",
-                                                   "denoise": 1.0}},
+        "5": {
+            "class_type": "KSampler",
+            "inputs": {
+                "model": ["1", 0],
+                "positive": ["2", 0],
+                "negative": ["3", 0],
+                "latent_image": ["4", 0],
+                "seed": 1,
+                "steps": 2,
+                "cfg": 7.0,
+                "sampler_name": "euler",
+                "scheduler": "normal",
+                "denoise": 1.0,
+            },
+        },
         "6": {"class_type": "VAEDecode", "inputs": {"samples": ["5", 0], "vae": ["1", 2]}},
         "7": {"class_type": "SaveImage", "inputs": {"images": ["6", 0], "filename_prefix": "x"}},
     }
@@ -34,8 +46,10 @@ def fixed() -> dict:
     Decode (Steadfast): nothing left to free memory."""
     wf = stock()
     wf["8"] = {"class_type": "SteadfastDeterminismSetup", "inputs": {"model": ["1", 0]}}
-    wf["9"] = {"class_type": "LoraLoaderModelOnly", "inputs": {"model": ["8", 0], "lora_name": "l.safetensors",
-                                                               "strength_model": 1.0}}
+    wf["9"] = {
+        "class_type": "LoraLoaderModelOnly",
+        "inputs": {"model": ["8", 0], "lora_name": "l.safetensors", "strength_model": 1.0},
+    }
     wf["5"]["inputs"]["model"] = ["9", 0]
     wf["6"]["class_type"] = "SteadfastVAEDecode"
     return wf
@@ -72,8 +86,10 @@ def test_batch_invariant_off_or_on_another_branch_is_refused() -> None:
 
 def test_custom_sampler_through_its_guider_and_vae_encode() -> None:
     wf = fixed()
-    wf["12"] = {"class_type": "CFGGuider", "inputs": {"model": ["9", 0], "positive": ["2", 0],
-                                                      "negative": ["3", 0], "cfg": 7.0}}
+    wf["12"] = {
+        "class_type": "CFGGuider",
+        "inputs": {"model": ["9", 0], "positive": ["2", 0], "negative": ["3", 0], "cfg": 7.0},
+    }
     wf["13"] = {"class_type": "SamplerCustomAdvanced", "inputs": {"guider": ["12", 0], "latent_image": ["4", 0]}}
     assert portable.free_memory_refusals(wf) == []
     wf["12"]["inputs"]["model"] = ["1", 0]

@@ -9,6 +9,7 @@ Three kinds of evidence:
   FMAs, a line-by-line transcription of ``avx_mathfun.h``) matches bit for bit;
 - a golden digest measured on an x86-64 AVX2 machine that every other platform must reproduce.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -97,9 +98,13 @@ def isa_runs():
     runs = {}
     for isa in ("avx512", "avx2", "default"):
         env = {**os.environ, "ATEN_CPU_CAPABILITY": isa}
-        proc = subprocess.run([sys.executable, "-c", ISA_SCRIPT, str(REPO / "scripts"),
-                               json.dumps([SIZES, SEEDS])],
-                              capture_output=True, text=True, timeout=600, env=env)
+        proc = subprocess.run(
+            [sys.executable, "-c", ISA_SCRIPT, str(REPO / "scripts"), json.dumps([SIZES, SEEDS])],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[isa] = json.loads(proc.stdout.strip().splitlines()[-1])
     return runs
@@ -130,12 +135,15 @@ def test_portable_equals_torch_avx2_randn(isa_runs, dtype):
     if not _x86_avx2(run):
         pytest.skip(f"no AVX2 torch kernel on this machine ({run['capability']}): the golden test stands in")
     if dtype != "float32" and not _torch_at_least(run["torch"], (2, 14)):
-        pytest.skip(f"torch {run['torch']} draws {dtype} with another algorithm; portable noise follows torch >= "
-                    "2.14 (half types through the float32 AVX2 kernel): compared on CI row 2 (torch 2.14.1)")
+        pytest.skip(
+            f"torch {run['torch']} draws {dtype} with another algorithm; portable noise follows torch >= "
+            "2.14 (half types through the float32 AVX2 kernel): compared on CI row 2 (torch 2.14.1)"
+        )
     keys = [k for k in run["numpy"] if k.startswith(dtype + "/")]
     # the numpy emulation (not the fast path, which is torch.randn itself here) against torch's kernel
-    assert keys and all(run["numpy"][k] == run["randn"][k] for k in keys), \
-        [k for k in keys if run["numpy"][k] != run["randn"][k]]
+    assert keys and all(run["numpy"][k] == run["randn"][k] for k in keys), [
+        k for k in keys if run["numpy"][k] != run["randn"][k]
+    ]
 
 
 def test_fast_path_only_where_torch_gives_the_portable_bytes(isa_runs):
@@ -239,12 +247,26 @@ def _fma_exact(a: float, b: float, c: float) -> float:
 
 # avx_mathfun.h literals (the header's own decimal text)
 LIT = {
-    "SQRTHF": 0.707106781186547524, "q1": -2.12194440e-4, "q2": 0.693359375, "FOPI": 1.27323954473516,
-    "DP1": -0.78515625, "DP2": -2.4187564849853515625e-4, "DP3": -3.77489497744594108e-8,
-    "cos": [2.443315711809948E-005, -1.388731625493765E-003, 4.166664568298827E-002],
-    "sin": [-1.9515295891E-4, 8.3321608736E-3, -1.6666654611E-1],
-    "log": [7.0376836292E-2, -1.1514610310E-1, 1.1676998740E-1, -1.2420140846E-1, 1.4249322787E-1,
-            -1.6668057665E-1, 2.0000714765E-1, -2.4999993993E-1, 3.3333331174E-1],
+    "SQRTHF": 0.707106781186547524,
+    "q1": -2.12194440e-4,
+    "q2": 0.693359375,
+    "FOPI": 1.27323954473516,
+    "DP1": -0.78515625,
+    "DP2": -2.4187564849853515625e-4,
+    "DP3": -3.77489497744594108e-8,
+    "cos": [2.443315711809948e-005, -1.388731625493765e-003, 4.166664568298827e-002],
+    "sin": [-1.9515295891e-4, 8.3321608736e-3, -1.6666654611e-1],
+    "log": [
+        7.0376836292e-2,
+        -1.1514610310e-1,
+        1.1676998740e-1,
+        -1.2420140846e-1,
+        1.4249322787e-1,
+        -1.6668057665e-1,
+        2.0000714765e-1,
+        -2.4999993993e-1,
+        3.3333331174e-1,
+    ],
 }
 
 
@@ -315,9 +337,9 @@ def _reference_randn(n: int, seed: int) -> np.ndarray:
     u = [(mt.next() & 0xFFFFFF) / 2.0**24 for _ in range(n + (16 if n % 16 else 0))]
     out = [0.0] * n
     for i in range(0, n - 15, 16):
-        out[i:i + 16] = _ref_chunk(u[i:i + 16])
+        out[i : i + 16] = _ref_chunk(u[i : i + 16])
     if n % 16:
-        out[n - 16:] = _ref_chunk(u[n:])
+        out[n - 16 :] = _ref_chunk(u[n:])
     return np.array(out, dtype=np.float32)
 
 
@@ -326,8 +348,9 @@ def _reference_randn(n: int, seed: int) -> np.ndarray:
 def test_matches_independent_pure_python_reference(n, seed, backend):
     ours = portable_randn((n,), torch.Generator().manual_seed(seed), backend=backend).numpy()
     ref = _reference_randn(n, seed)
-    assert np.array_equal(ours.view(np.uint32), ref.view(np.uint32)), \
+    assert np.array_equal(ours.view(np.uint32), ref.view(np.uint32)), (
         f"{int((ours.view(np.uint32) != ref.view(np.uint32)).sum())} of {n} differ"
+    )
 
 
 def test_reference_mt19937_is_torchs_stream():
@@ -385,7 +408,7 @@ def test_generator_advances_exactly_like_torch_randn(backend):
             portable_randn((n,), g1, dtype=dtype, backend=backend)
             torch.randn(n, generator=g2, dtype=dtype)
             s1, s2 = g1.get_state(), g2.get_state()
-            assert torch.equal(s1[:y.start], s2[:y.start]) and torch.equal(s1[y.stop:], s2[y.stop:]), (dtype, n)
+            assert torch.equal(s1[: y.start], s2[: y.start]) and torch.equal(s1[y.stop :], s2[y.stop :]), (dtype, n)
             c1, c2 = (struct.unpack("<d", bytes(s[y].numpy()))[0] for s in (s1, s2))
             assert np.float32(c1) == np.float32(c2) and abs(c1 - c2) <= abs(math.ulp(c2)), (dtype, n)
 
@@ -457,8 +480,13 @@ def test_generator_randn_routing_is_scoped_and_selective(force_route):
     with route.portable_generator_randn():
         with route.portable_generator_randn():  # re-entrant
             routed = torch.randn(3, 40, generator=torch.Generator().manual_seed(8))
-            routed_kw = torch.randn(size=(3, 40), generator=torch.Generator().manual_seed(8), device="cpu",
-                                    dtype=torch.float32, layout=torch.strided)
+            routed_kw = torch.randn(
+                size=(3, 40),
+                generator=torch.Generator().manual_seed(8),
+                device="cpu",
+                dtype=torch.float32,
+                layout=torch.strided,
+            )
             torch.manual_seed(0)
             global_inside = torch.randn(100)  # no generator: torch's own path, untouched
             double = torch.randn(40, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
@@ -515,15 +543,21 @@ def test_comfyui_brownian_tree_noise_is_isa_independent_when_routed():
     pytest.importorskip("torchsde")
     runs = {}
     for isa in ("avx2", "default"):
-        proc = subprocess.run([sys.executable, "-c", BROWNIAN_SCRIPT, str(comfy), str(REPO / "scripts")],
-                              capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "ATEN_CPU_CAPABILITY": isa})
+        proc = subprocess.run(
+            [sys.executable, "-c", BROWNIAN_SCRIPT, str(comfy), str(REPO / "scripts")],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "ATEN_CPU_CAPABILITY": isa},
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[isa] = proc.stdout.split()[-3:]
     assert runs["default"][0] == "DEFAULT"
     assert runs["avx2"][1] == runs["default"][1]  # routed: the same steps on both ISAs
     if runs["avx2"][0] not in ("AVX2", "AVX512"):
-        pytest.skip(f"no AVX2 torch kernel on this machine ({runs['avx2'][0]}): the routed steps are the same on "
-                    "both ISAs (checked above) but are NOT compared with torch's own AVX2 bytes here")
+        pytest.skip(
+            f"no AVX2 torch kernel on this machine ({runs['avx2'][0]}): the routed steps are the same on "
+            "both ISAs (checked above) but are NOT compared with torch's own AVX2 bytes here"
+        )
     assert runs["avx2"][1] == runs["avx2"][2]  # and torch's own AVX2 bytes
     assert runs["default"][2] != runs["avx2"][2]  # unrouted, torch's default path differs

@@ -4,6 +4,7 @@ bytes (the child's block carries an unread dtype attribute and ``transformer_opt
 ``core.torch_compat.portable_guard_state`` its artifact fails to load); a replaced attention override, an added
 patch, weights changed in place, a changed Python constant and a new shape are honoured bit-equal to the jit path
 with the fallback visible in the state; a corrupted or unrecorded artifact is never loaded."""
+
 from __future__ import annotations
 
 import json
@@ -36,6 +37,7 @@ CHILD = ROOT / "tests" / "fixtures" / "precompiled_child.py"
 def _closure(factor):
     def scaled(q):
         return q * factor
+
     return scaled
 
 
@@ -53,14 +55,27 @@ def test_callables_are_described_by_code_and_captured_values():
 
 def test_call_key_covers_inputs_callables_and_flags_not_per_step_values():
     from tiny_modules import Block
+
     block = Block()
     fp, static = pc.block_fingerprint(block), pc.static_fields(CompileOptions())
     x = torch.randn(2, 4, 16)
 
     def key(x=x, flags=None, **to):
-        return pc.call_key(fp, static, (x,), flags=flags, kwargs={"transformer_options": {
-            "optimized_attention_override": _closure(1.0), "block_index": 0, "sigmas": torch.tensor([1.0]),
-            "uuids": [object()], **to}})
+        return pc.call_key(
+            fp,
+            static,
+            (x,),
+            flags=flags,
+            kwargs={
+                "transformer_options": {
+                    "optimized_attention_override": _closure(1.0),
+                    "block_index": 0,
+                    "sigmas": torch.tensor([1.0]),
+                    "uuids": [object()],
+                    **to,
+                }
+            },
+        )
 
     base = key()
     assert key(block_index=7, sigmas=torch.tensor([0.5]), uuids=[object()]) == base  # the jit drops these guards
@@ -96,8 +111,10 @@ def test_call_key_covers_inputs_callables_and_flags_not_per_step_values():
     for _ in range(n):
         pc.flags_text()
     flags_us = (time.perf_counter() - t0) / n * 1e6
-    print(f"\n[precompiled] call key: {us:.0f} us per block call, + {flags_us:.0f} us once per model call for the "
-          "flags (this machine, shared)")
+    print(
+        f"\n[precompiled] call key: {us:.0f} us per block call, + {flags_us:.0f} us once per model call for the "
+        "flags (this machine, shared)"
+    )
     assert us < 5000
 
 
@@ -132,6 +149,7 @@ def test_values_are_described_by_their_kind_subclasses_included():
 
 def test_fingerprint_names_structure_and_source_files():
     from tiny_modules import Block
+
     fp = pc.block_fingerprint(Block())
     assert fp["class"] == "tiny_modules.Block" and ["lin", "torch.nn.modules.linear.Linear"] in fp["modules"]
     assert list(fp["files"]) == ["tiny_modules"] and len(fp["files"]["tiny_modules"]) == 16
@@ -154,6 +172,7 @@ def test_the_route_is_opt_in_on_devices_it_has_not_passed_on(monkeypatch):
     unless ``$STEADFAST_PRECOMPILED=1``, and the fallback names the device and the switch. A meta tensor stands in
     for a CUDA one here (the gate reads the device type of the call's first tensor, before the key)."""
     from tiny_modules import Block
+
     assert pc.untried_device((torch.ones(1),)) is None and pc.untried_device((3, {})) is None
     assert pc.untried_device((7, torch.empty(2, device="meta"))) == "meta"
     monkeypatch.delenv(torch_compat.PRECOMPILED_ENV, raising=False)
@@ -171,6 +190,7 @@ def test_the_route_is_opt_in_on_devices_it_has_not_passed_on(monkeypatch):
 
 def test_records_carry_the_precompiled_state(monkeypatch):
     from tiny_modules import Tiny, block_paths
+
     monkeypatch.delenv(torch_compat.PRECOMPILED_ENV, raising=False)  # the default
     reg, model = CompileRegistry(), Tiny()
     rec, _ = reg.get_or_create(model, CompileOptions(), block_paths(model), guard_filter_fn=comfy_guard_filter())
@@ -180,6 +200,7 @@ def test_records_carry_the_precompiled_state(monkeypatch):
     assert rec.block_modules()["blocks.0"] is model.blocks[0]
     x = torch.randn(1, 3, 8)
     from steadfast.core.compile.swap import compile_blocks, swap_in
+
     plain = compile_blocks(model, ["blocks.0"], CompileOptions(), comfy_guard_filter())
     with torch.no_grad():  # no compile cache active: the jit alone answers, the route counts nothing
         with swap_in(model, {"blocks.0": rec.compiled["blocks.0"]}):
@@ -197,8 +218,9 @@ def test_records_carry_the_precompiled_state(monkeypatch):
 def _child(root: Path, mode: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in (cc.INDUCTOR_ENV, cc.TRITON_ENV, loc.CACHE_ENV)}
     env.pop(torch_compat.PRECOMPILED_ENV, None)  # the default: on, both rows
-    out = subprocess.run([sys.executable, str(CHILD), str(ROOT), str(root), mode], capture_output=True, text=True,
-                         env=env, timeout=600)
+    out = subprocess.run(
+        [sys.executable, str(CHILD), str(ROOT), str(root), mode], capture_output=True, text=True, env=env, timeout=600
+    )
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     assert out.returncode == 0 and lines, (out.stdout[-2000:], out.stderr[-3000:])
     return json.loads(lines[-1][7:])
@@ -230,9 +252,11 @@ def test_an_artifact_from_one_process_answers_another_bit_equal(cold):
     cases = w["cases"]
     first = cases["override_replaced"]["state"]
     assert first["loads"] == 1 and first["hits"] == 3 and first["fallbacks"] == 0
-    print(f"\n[precompiled, fresh process, 3 blocks] cold first call {c['first_s']:.2f} s (saves "
-          f"{s['save_seconds']:.2f} s after it), warm first call {w['first_s']:.2f} s (load "
-          f"{first['load_seconds']:.2f} s), torch {w['torch']}")
+    print(
+        f"\n[precompiled, fresh process, 3 blocks] cold first call {c['first_s']:.2f} s (saves "
+        f"{s['save_seconds']:.2f} s after it), warm first call {w['first_s']:.2f} s (load "
+        f"{first['load_seconds']:.2f} s), torch {w['torch']}"
+    )
     for name, case in cases.items():  # every change honoured, bit-equal to the jit path
         assert case["same"] and case["changed"], name
     # a replaced override, or the same code with another captured value: new keys (saved), never the old trace

@@ -7,6 +7,7 @@ route and through a plain jit compiled there. On the code before this test (019f
 ``forward``, closures, the ``weight_function`` closure, the edited helper file and the inductor config cases
 answered with the saved configuration's bytes (see docs/benchmarks.md section 16).
 """
+
 from __future__ import annotations
 
 import json
@@ -52,18 +53,39 @@ CASES = {
     "shape": "equal",
 }
 #: changes whose jit output differs from the saved configuration's (the case is not vacuous)
-CHANGES_OUTPUT = {"global_attention_flag", "global_monkeypatched", "global_constant", "forward_hook",
-                  "forward_pre_hook", "submodule_hook", "instance_forward", "object_patch_submodule",
-                  "closure_value", "function_attribute", "lora_in_place", "lowvram_lora_closure",
-                  "lowvram_lora_object", "dynamic_vram_bias_function", "attn_patch", "attention_override",
-                  "source_edited", "dtype", "shape"}
+CHANGES_OUTPUT = {
+    "global_attention_flag",
+    "global_monkeypatched",
+    "global_constant",
+    "forward_hook",
+    "forward_pre_hook",
+    "submodule_hook",
+    "instance_forward",
+    "object_patch_submodule",
+    "closure_value",
+    "function_attribute",
+    "lora_in_place",
+    "lowvram_lora_closure",
+    "lowvram_lora_object",
+    "dynamic_vram_bias_function",
+    "attn_patch",
+    "attention_override",
+    "source_edited",
+    "dtype",
+    "shape",
+}
 
 
 def _child(mods: Path, cache: Path, case: str, extra_env: dict | None = None) -> dict:
     env = {**os.environ, "STEADFAST_PRECOMPILED": "1", **(extra_env or {})}
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)
-    out = subprocess.run([sys.executable, str(CHILD), str(ROOT), str(mods), str(cache), case], capture_output=True,
-                         text=True, env=env, timeout=600)
+    out = subprocess.run(
+        [sys.executable, str(CHILD), str(ROOT), str(mods), str(cache), case],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     assert out.returncode == 0 and lines, (case, out.stdout[-2000:], out.stderr[-3000:])
     return json.loads(lines[-1][7:])
@@ -99,8 +121,10 @@ def test_a_precompiled_answer_equals_the_jit_of_the_changed_configuration(saved,
         extra["TORCHINDUCTOR_FREEZING"] = "1"
     got = _child(mods, cache, case, extra)
     state, want = got["state"], CASES[case]
-    print(f"\n[{case}] route {got['route'][:12]} jit {got['jit'][:12]} saved {saved_jit[:12]} hits {state['hits']} "
-          f"loads {state['loads']} fallbacks {state['fallbacks']} reasons {state['reasons']}")
+    print(
+        f"\n[{case}] route {got['route'][:12]} jit {got['jit'][:12]} saved {saved_jit[:12]} hits {state['hits']} "
+        f"loads {state['loads']} fallbacks {state['fallbacks']} reasons {state['reasons']}"
+    )
     assert got["input_matters"]
     assert got["route"] == got["jit"], (case, state)  # never another configuration's bytes
     if case in CHANGES_OUTPUT:

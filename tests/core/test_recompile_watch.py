@@ -3,6 +3,7 @@ recompile reasons, per-run recompile counts, parameter identity, the warning bef
 
 Compiles use ``backend="eager"``: Dynamo's guards (and so its recompiles) do not depend on the backend.
 """
+
 from __future__ import annotations
 
 import logging
@@ -62,19 +63,28 @@ def compiled(reg: CompileRegistry, strict: bool = False):
 def call(reg, m, rec, x):
     """One run of one tracked call, without autograd (as ComfyUI samples)."""
     from steadfast.core.compile.swap import swap_in
+
     with torch.no_grad(), reg.run(rec), reg.track(rec, shape=x), swap_in(m, rec.compiled):
         return m(x)
 
 
 def global_state_event(*names: str) -> dict:
-    return parse_recompile("Recompiling function forward in x.py:1\n    triggered by the following guard failure(s):\n"
-                           f"    - 0/0: GLOBAL_STATE changed: {' '.join(names)} ")
+    return parse_recompile(
+        "Recompiling function forward in x.py:1\n    triggered by the following guard failure(s):\n"
+        f"    - 0/0: GLOBAL_STATE changed: {' '.join(names)} "
+    )
 
 
 def test_fingerprint_and_diff():
     before = guarded_flags()
-    assert {"deterministic_algorithms", "float32_matmul_precision", "num_threads", "grad_mode",
-            "default_dtype", "allow_fp16_accumulation"} <= set(before)
+    assert {
+        "deterministic_algorithms",
+        "float32_matmul_precision",
+        "num_threads",
+        "grad_mode",
+        "default_dtype",
+        "allow_fp16_accumulation",
+    } <= set(before)
     torch.use_deterministic_algorithms(True)
     now = guarded_flags()
     event = explain_recompile(global_state_event("deterministic_algorithms"), [before])
@@ -90,7 +100,10 @@ def test_fingerprint_and_diff():
     tf32 = explain_recompile(global_state_event("allow_tf32", "num_threads"), [now])
     assert tf32["flag_changes"] == ["float32_matmul_precision highest -> high"]
     assert explain_recompile(parse_recompile("Recompiling function f\n - 0/1: size mismatch"), [now]).keys() == {
-        "function", "reason", "reasons"}
+        "function",
+        "reason",
+        "reasons",
+    }
 
 
 def test_flag_change_is_the_recompile_reason(reg):
@@ -108,12 +121,14 @@ def test_flag_change_is_the_recompile_reason(reg):
     assert rec.stats.last_run["recompiles"] == 1 and rec.stats.last_run["reasons"] == [event["reason"]]
     torch.use_deterministic_algorithms(False)
     call(reg, m, rec, x)  # the graph compiled under the old flags is still cached
-    assert (len(rec.stats.recompiles) == 1 and rec.stats.last_run["recompiles"] == 0
-            and rec.stats.last_run["graphs"] == 0)
+    assert (
+        len(rec.stats.recompiles) == 1 and rec.stats.last_run["recompiles"] == 0 and rec.stats.last_run["graphs"] == 0
+    )
     torch.set_float32_matmul_precision("high")  # Dynamo sees it as "allow_tf32"
     call(reg, m, rec, x)
-    assert rec.stats.recompiles[-1]["reason"] == ("global flag changed since compile: "
-                                            "float32_matmul_precision highest -> high")
+    assert rec.stats.recompiles[-1]["reason"] == (
+        "global flag changed since compile: float32_matmul_precision highest -> high"
+    )
     assert "recompile(s)" in rec.as_text() and f"run {rec.stats.runs}: 1 recompile(s)" in rec.as_text()
 
 

@@ -3,6 +3,7 @@
 All compiles use ``backend="eager"`` (Dynamo tracing only): graphs, guards and recompiles behave as
 with inductor, without a C++ compiler. Each test uses its own CompileRegistry and closes it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -82,6 +83,7 @@ def test_released_record_keeps_compile_seconds_recompiles_reasons_and_says_next_
 
 def test_released_records_are_bounded_to_the_last_32(reg):
     from steadfast.core.compile.registry import RELEASED_KEPT
+
     assert RELEASED_KEPT == 32
     for i in range(RELEASED_KEPT + 5):
         m = Tiny(n=1)
@@ -110,8 +112,9 @@ def test_next_run_says_when_the_compile_cache_makes_a_restart_warm():
     from steadfast.core.compile.registry import next_run
 
     def record(backend: str, **stats) -> CompileRecord:
-        return CompileRecord(label="x", blocks=("b",), options={"backend": backend}, compiled={},
-                             stats=CompileStats(**stats))
+        return CompileRecord(
+            label="x", blocks=("b",), options={"backend": backend}, compiled={}, stats=CompileStats(**stats)
+        )
 
     warm = dict(status="warm", graphs=1)
     here, cached, text = next_run(record("inductor", compile_cache={"name": "default"}, **warm))
@@ -134,8 +137,10 @@ def test_record_identity_is_frozen(reg):
 
 
 _STATS = "|".join(f.name for f in dataclasses.fields(CompileStats))
-_WRITE = re.compile(rf"\.stats\.(?:{_STATS})\b\s*(?:[+-]?=(?!=)|\[[^\]]*\]\s*[+-]?=(?!=)|"
-                    r"\.(?:append|extend|add|update|clear|pop|discard|remove)\()")
+_WRITE = re.compile(
+    rf"\.stats\.(?:{_STATS})\b\s*(?:[+-]?=(?!=)|\[[^\]]*\]\s*[+-]?=(?!=)|"
+    r"\.(?:append|extend|add|update|clear|pop|discard|remove)\()"
+)
 
 
 def stats_writes(folders=("core", "nodes", "headless", "benchmarks", "scripts")) -> dict[str, list[int]]:
@@ -330,16 +335,24 @@ def test_close_restores_logging_state():
     from torch._logging import _internal as tlog
 
     logger = logging.getLogger("torch._dynamo.guards.__recompiles")
-    before = (dict(tlog.log_state.log_qname_to_level), set(tlog.log_state.artifact_names),
-              logger.propagate, list(logger.handlers))
+    before = (
+        dict(tlog.log_state.log_qname_to_level),
+        set(tlog.log_state.artifact_names),
+        logger.propagate,
+        list(logger.handlers),
+    )
     r = CompileRegistry()
     m = Tiny(n=3)
     rec, _ = register(r, m)
     call(r, m, rec, torch.randn(1, 4, 8))
     assert "recompiles" in tlog.log_state.artifact_names and logger.propagate is False
     r.close()
-    after = (dict(tlog.log_state.log_qname_to_level), set(tlog.log_state.artifact_names),
-             logger.propagate, list(logger.handlers))
+    after = (
+        dict(tlog.log_state.log_qname_to_level),
+        set(tlog.log_state.artifact_names),
+        logger.propagate,
+        list(logger.handlers),
+    )
     assert after == before
 
 

@@ -1,5 +1,6 @@
 """The one run-record schema of both samplers: validation, JSON round trip, the node's summary text, and the one
 builder both samplers call (``for_model``, ``for_pipeline``)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,29 +18,44 @@ from steadfast.core.record.run_record import RunRecord
 
 def _record(**changes) -> RunRecord:
     latent = torch.arange(2 * 4 * 8 * 8, dtype=torch.float32).reshape(2, 4, 8, 8)
-    fields = dict(kind="model", seeds=[7, 8], batch_seed_mode="incremental", steps=4, cfg=7.0, denoise=1.0,
-                  sampler="euler", scheduler="normal", output="latent", output_shape=list(latent.shape),
-                  output_sha256=tensor_digest(latent), fingerprint=environment_fingerprint(attention="math"),
-                  details={"per_step_noise": "cpu"})
+    fields = dict(
+        kind="model",
+        seeds=[7, 8],
+        batch_seed_mode="incremental",
+        steps=4,
+        cfg=7.0,
+        denoise=1.0,
+        sampler="euler",
+        scheduler="normal",
+        output="latent",
+        output_shape=list(latent.shape),
+        output_sha256=tensor_digest(latent),
+        fingerprint=environment_fingerprint(attention="math"),
+        details={"per_step_noise": "cpu"},
+    )
     fields.update(changes)
     return RunRecord(**fields)
 
 
 def test_json_round_trip_gives_the_same_record() -> None:
-    rec = _record(compile={"mode": "regional", "backend": "eager", "status": "warm", "graphs": 1, "recompiles": 0},
-                  seconds=0.25)
+    rec = _record(
+        compile={"mode": "regional", "backend": "eager", "status": "warm", "graphs": 1, "recompiles": 0}, seconds=0.25
+    )
     text = rec.as_json()
     back = RunRecord.from_json(text)
     assert back == rec and json.loads(text) == back.as_dict()
     assert set(back.as_dict()) == {f.name for f in dataclasses.fields(RunRecord)}
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"kind": "ksampler"}, "kind must be one of"),
-    ({"output": "video"}, "output must be one of"),
-    ({"output_sha256": "abc"}, "64 lowercase hex"),
-    ({"seeds": [7]}, "1 seeds for an output of shape [2, 4, 8, 8]"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"kind": "ksampler"}, "kind must be one of"),
+        ({"output": "video"}, "output must be one of"),
+        ({"output_sha256": "abc"}, "64 lowercase hex"),
+        ({"seeds": [7]}, "1 seeds for an output of shape [2, 4, 8, 8]"),
+    ],
+)
 def test_bad_fields_are_refused_naming_the_field(changes: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         _record(**changes)
@@ -66,9 +82,17 @@ def test_summary_depends_on_the_record() -> None:
 
 
 def test_summary_shows_recompile_reasons_and_a_compile_failure_loudly() -> None:
-    comp = {"mode": "regional", "backend": "inductor", "status": "disabled", "graphs": 2, "recompiles": 1,
-            "recompile_reasons_this_run": ["size changed"], "warnings": ["near the recompile limit"],
-            "disabled": True, "fallbacks": ["Unsupported: graph break"]}
+    comp = {
+        "mode": "regional",
+        "backend": "inductor",
+        "status": "disabled",
+        "graphs": 2,
+        "recompiles": 1,
+        "recompile_reasons_this_run": ["size changed"],
+        "warnings": ["near the recompile limit"],
+        "disabled": True,
+        "fallbacks": ["Unsupported: graph break"],
+    }
     text = _record(compile=comp, recompiles_this_run=1).summary_text()
     assert "this run: 1 recompile(s)" in text and "recompiled: size changed" in text
     assert "WARNING: near the recompile limit" in text
@@ -77,18 +101,35 @@ def test_summary_shows_recompile_reasons_and_a_compile_failure_loudly() -> None:
 
 def test_pipeline_summary_names_pipeline_lora_and_compile_label() -> None:
     image = torch.zeros(1, 16, 16, 3)
-    rec = _record(kind="pipeline", seeds=[3], batch_seed_mode="incremental", sampler="EulerDiscreteScheduler",
-                  scheduler="pipeline's own", output="image", output_shape=list(image.shape),
-                  output_sha256="0" * 64, seconds=1.5,
-                  compile={"label": "StableDiffusionPipeline.unet (regional)", "status": "warm", "graphs": 1,
-                           "recompiles": [{"reason": "x"}]},
-                  details={"pipeline": "StableDiffusionPipeline", "dtype": "fp32",
-                           "lora": {"name": "a.safetensors", "rank": 4, "max_rank": 4},
-                           "lora_events": ["loaded LoRA a.safetensors"]})
+    rec = _record(
+        kind="pipeline",
+        seeds=[3],
+        batch_seed_mode="incremental",
+        sampler="EulerDiscreteScheduler",
+        scheduler="pipeline's own",
+        output="image",
+        output_shape=list(image.shape),
+        output_sha256="0" * 64,
+        seconds=1.5,
+        compile={
+            "label": "StableDiffusionPipeline.unet (regional)",
+            "status": "warm",
+            "graphs": 1,
+            "recompiles": [{"reason": "x"}],
+        },
+        details={
+            "pipeline": "StableDiffusionPipeline",
+            "dtype": "fp32",
+            "lora": {"name": "a.safetensors", "rank": 4, "max_rank": 4},
+            "lora_events": ["loaded LoRA a.safetensors"],
+        },
+    )
     lines = rec.summary_text().splitlines()
     assert lines[0].startswith("image sha256 0000000000000000")
-    assert (lines[1].startswith("StableDiffusionPipeline (fp32), scheduler EulerDiscreteScheduler")
-            and "1.50 s" in lines[1])
+    assert (
+        lines[1].startswith("StableDiffusionPipeline (fp32), scheduler EulerDiscreteScheduler")
+        and "1.50 s" in lines[1]
+    )
     assert lines[2] == "LoRA a.safetensors: loaded LoRA a.safetensors"
     assert lines[3].startswith("compile StableDiffusionPipeline.unet (regional): warm, 1 graph(s), 1 recompile(s)")
 
@@ -100,23 +141,46 @@ HOST = {"comfyui": "0.33.0", "steadfast": "9.9.9", "dynamic_vram": False, "comfy
 
 def _model(**changes) -> RunRecord:
     latent = torch.arange(3 * 4 * 2 * 2, dtype=torch.float32).reshape(3, 4, 2, 2)
-    args = {"seed": 7, "batch": 3, "batch_seed_mode": "incremental", "steps": 4, "cfg": 7.0, "denoise": 1.0,
-            "sampler": "euler", "scheduler": "normal", "samples": latent,
-            "settings": {"device": "cpu", "attention": "math"}, "host": HOST,
-            "during": {"num_threads": 99, "flags": {"measured": "inside"}, "cpu_settings": {"threads": 99}},
-            "compile": {"mode": "regional", "recompiles_this_run": 2},
-            "model_identity": {"digest": "d", "cached": True}, "model_file": {"file": "m.safetensors"},
-            "seconds": 0.123456, "details": {"per_step_noise": "cpu"}}
+    args = {
+        "seed": 7,
+        "batch": 3,
+        "batch_seed_mode": "incremental",
+        "steps": 4,
+        "cfg": 7.0,
+        "denoise": 1.0,
+        "sampler": "euler",
+        "scheduler": "normal",
+        "samples": latent,
+        "settings": {"device": "cpu", "attention": "math"},
+        "host": HOST,
+        "during": {"num_threads": 99, "flags": {"measured": "inside"}, "cpu_settings": {"threads": 99}},
+        "compile": {"mode": "regional", "recompiles_this_run": 2},
+        "model_identity": {"digest": "d", "cached": True},
+        "model_file": {"file": "m.safetensors"},
+        "seconds": 0.123456,
+        "details": {"per_step_noise": "cpu"},
+    }
     args.update(changes)
     return run_record.for_model(**args)
 
 
 def _pipeline(**changes) -> RunRecord:
     images = torch.linspace(0, 1, 3 * 2 * 2 * 3).reshape(3, 2, 2, 3)
-    args = {"seed": 7, "batch": 3, "steps": 4, "cfg": 7.0, "scheduler_class": "EulerDiscreteScheduler",
-            "images": images, "environment": environment_fingerprint(pipeline_class="X"), "host": HOST,
-            "determinism": "not set", "compile": None, "recompiles_this_run": 0, "seconds": 0.123456,
-            "details": {"prompt": "a"}}
+    args = {
+        "seed": 7,
+        "batch": 3,
+        "steps": 4,
+        "cfg": 7.0,
+        "scheduler_class": "EulerDiscreteScheduler",
+        "images": images,
+        "environment": environment_fingerprint(pipeline_class="X"),
+        "host": HOST,
+        "determinism": "not set",
+        "compile": None,
+        "recompiles_this_run": 0,
+        "seconds": 0.123456,
+        "details": {"prompt": "a"},
+    }
     args.update(changes)
     return run_record.for_pipeline(**args)
 
@@ -143,8 +207,9 @@ def test_model_record_fields_in_order_and_as_measured_during_sampling() -> None:
     builtin = list(environment_fingerprint())
     assert keys == builtin + ["device", "attention", *HOST, "flags_measured"]  # the JSON's field order
     assert (rec.fingerprint["num_threads"], rec.fingerprint["flags"]) == (99, {"measured": "inside"})
-    assert (rec.fingerprint["cpu_settings"] == {"threads": 99}
-            and rec.fingerprint["flags_measured"] == "during sampling")
+    assert (
+        rec.fingerprint["cpu_settings"] == {"threads": 99} and rec.fingerprint["flags_measured"] == "during sampling"
+    )
     assert rec.model == {"digest": "d", "file": "m.safetensors"} and rec.recompiles_this_run == 2
     assert rec.batch_seed_mode == "incremental" and rec.details == {"per_step_noise": "cpu"}
     after = _model(during={}, compile="off", batch_seed_mode="comfy")

@@ -1,4 +1,5 @@
 """Warmup's ``sizes`` input: parsing, the validation text, and the one rule for the sizes both Warmup nodes warm."""
+
 from __future__ import annotations
 
 import pytest

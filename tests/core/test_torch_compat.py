@@ -4,6 +4,7 @@ The grep test reads every Python file of ``core/`` and ``nodes/``: only ``core/t
 text ``torch._`` (so ``torch.__version__`` is spelled ``torch.version.__version__`` elsewhere). The other tests
 fake a missing API with ``monkeypatch`` (restored after each test) and check the error names it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,8 +43,11 @@ def test_only_torch_compat_names_private_torch() -> None:
 def test_missing_api_error_names_api_version_and_purpose(monkeypatch) -> None:
     monkeypatch.delattr(torch._C, "_get_fp32_precision_getter")
     assert tc.has_fp32_precision_api() is False
-    with pytest.raises(tc.TorchAPIMissing, match=r"reading fp32 precision needs torch\._C\._get_fp32_precision_getter"
-                                                 r", which torch 2\.\d+"):
+    with pytest.raises(
+        tc.TorchAPIMissing,
+        match=r"reading fp32 precision needs torch\._C\._get_fp32_precision_getter"
+        r", which torch 2\.\d+",
+    ):
         tc.get_fp32_precision("cuda", "matmul")
 
 
@@ -201,8 +205,14 @@ def _logging_state() -> tuple:
     from torch._logging import _internal as tlog
 
     logger = logging.getLogger(tc.RECOMPILES_LOGGER)
-    return (dict(tlog.log_state.log_qname_to_level), set(tlog.log_state.artifact_names), logger.propagate,
-            logger.level, list(logger.handlers), list(logging.getLogger(tc.CONVERT_FRAME_LOGGER).handlers))
+    return (
+        dict(tlog.log_state.log_qname_to_level),
+        set(tlog.log_state.artifact_names),
+        logger.propagate,
+        logger.level,
+        list(logger.handlers),
+        list(logging.getLogger(tc.CONVERT_FRAME_LOGGER).handlers),
+    )
 
 
 @pytest.fixture
@@ -241,8 +251,10 @@ def test_log_tap_forwards_messages_and_is_removed_exactly(default_torch_logging)
     logging.getLogger(tc.RECOMPILES_LOGGER).debug("Recompiling function %s", "forward")
     logging.getLogger(tc.CONVERT_FRAME_LOGGER).warning("torch._dynamo hit config.recompile_limit (8)")
     logging.getLogger(tc.CONVERT_FRAME_LOGGER).warning("an unrelated convert_frame message")
-    assert seen == {"recompile": ["Recompiling function forward"],
-                    "limit": ["torch._dynamo hit config.recompile_limit (8)"]}
+    assert seen == {
+        "recompile": ["Recompiling function forward"],
+        "limit": ["torch._dynamo hit config.recompile_limit (8)"],
+    }
     tc.remove_recompile_log_tap(tap)
     assert _logging_state() == before
     tc.remove_recompile_log_tap(tap)  # a second removal changes nothing
@@ -303,10 +315,10 @@ def test_compile_events_count_each_compiled_frame_and_unregister() -> None:
     compiled = torch.compile(f, backend="eager", dynamic=False)
     with torch_compat.compile_events(lambda: seen.append(1)):
         compiled(torch.ones(3))
-        compiled(torch.ones(3))      # cached: no compile
-        compiled(torch.ones(2, 2))   # another shape: a recompile
+        compiled(torch.ones(3))  # cached: no compile
+        compiled(torch.ones(2, 2))  # another shape: a recompile
     assert len(seen) == 2
-    compiled(torch.ones(5))          # compiles again, but the callback is gone
+    compiled(torch.ones(5))  # compiles again, but the callback is gone
     assert len(seen) == 2
 
 
@@ -327,7 +339,7 @@ def test_compile_events_report_each_phase_and_unpatch() -> None:
         compiled(torch.ones(3))
         with torch_compat.compile_events(lambda: None, inner.append):
             compiled(torch.ones(4))
-        compiled(torch.ones(3))      # cached: no compile
+        compiled(torch.ones(3))  # cached: no compile
     assert phases == ["entire_frame_compile", "backend_compile", "build_guards", "done"] * 2, phases
     assert inner == ["entire_frame_compile", "backend_compile", "build_guards"], inner
     assert set(phases) <= {*torch_compat.COMPILE_PHASES, "done"}
@@ -380,8 +392,14 @@ def _isa_child(tmp_path: Path, probe: bool) -> dict:
     env.pop(tc.PROBE_CPU_ISA_ENV, None)
     if probe:
         env[tc.PROBE_CPU_ISA_ENV] = "1"
-    out = subprocess.run([sys.executable, "-c", _ISA_CHILD, str(ROOT / "scripts")], env=env, capture_output=True,
-                         text=True, timeout=600, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _ISA_CHILD, str(ROOT / "scripts")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -401,8 +419,10 @@ def test_trusted_cpu_isa_gives_the_probed_isa_list_without_building(tmp_path: Pa
     built = {k: len(list((tmp_path / k).rglob("*.so"))) for k in ("trust", "probe")}
     if len(probed["isas"]) > 1:
         assert built["trust"] < built["probe"], built
-    print(f"ISA list {probed['isas']}: {built} test programs built, {trusted['seconds']:.1f} s vs "
-          f"{probed['seconds']:.1f} s")
+    print(
+        f"ISA list {probed['isas']}: {built} test programs built, {trusted['seconds']:.1f} s vs "
+        f"{probed['seconds']:.1f} s"
+    )
 
 
 def test_orig_module_unwraps_only_a_compiled_module() -> None:
@@ -481,8 +501,14 @@ def _header_child(cache: Path, mode: str) -> dict:
     import subprocess
 
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
-    out = subprocess.run([sys.executable, "-c", _HEADER_CHILD, str(ROOT / "scripts"), mode], env=env,
-                         capture_output=True, text=True, timeout=600, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _HEADER_CHILD, str(ROOT / "scripts"), mode],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -492,8 +518,8 @@ def test_built_kernel_loads_skip_the_header_and_give_the_same_bytes(tmp_path: Pa
     built with ``-include`` of the plain header), then a load of the built library in a fresh process, give the
     bytes of torch's own path, and the stand-in really ran (the patch point exists in this torch)."""
     torch_path = _header_child(tmp_path / "pch", "pch")
-    built = _header_child(tmp_path / "plain", "plain")      # nothing built yet: compiles without the .gch
-    loaded = _header_child(tmp_path / "plain", "plain")     # a fresh process, the library built: a load
+    built = _header_child(tmp_path / "plain", "plain")  # nothing built yet: compiles without the .gch
+    loaded = _header_child(tmp_path / "plain", "plain")  # a fresh process, the library built: a load
     assert torch_path["patched"] is False and torch_path["calls"] == 0
     assert torch_path["gch"], "torch's own path built no .gch in the cache: the check below would prove nothing"
     for r in (built, loaded):

@@ -1,6 +1,7 @@
 """core/record/verdict.py and core/determinism/portable.py without ComfyUI: thumbnails stay a few KB, the three
 levels, the exit codes, the runner's worst-level report, portable mode's refusals and the explain labels of its
 settings."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,13 @@ from steadfast.headless import runner
 def _image(seed: int, side: int = 64) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     base = torch.rand(1, 8, 8, 3, generator=g)
-    return torch.nn.functional.interpolate(base.permute(0, 3, 1, 2), size=(side, side), mode="bilinear",
-                                           align_corners=False).permute(0, 2, 3, 1).contiguous()
+    return (
+        torch.nn.functional.interpolate(
+            base.permute(0, 3, 1, 2), size=(side, side), mode="bilinear", align_corners=False
+        )
+        .permute(0, 2, 3, 1)
+        .contiguous()
+    )
 
 
 def test_thumbnail_is_a_few_kb_and_round_trips() -> None:
@@ -141,14 +147,16 @@ def test_runner_reports_the_worst_level() -> None:
     assert same.level == "identical" and same.exit_code == 0
     near = runner.compare(prompt, [_result("1", "ab" * 32, ta), _result("2", "cd" * 32, tn)])
     assert near.level == "same_picture" and near.exit_code == 3 and "SAME PICTURE" in near.as_text()
-    far = runner.compare(prompt, [_result("1", "ab" * 32, ta), _result("2", "cd" * 32, tn),
-                                  _result("3", "ef" * 32, to)])
+    far = runner.compare(
+        prompt, [_result("1", "ab" * 32, ta), _result("2", "cd" * 32, tn), _result("3", "ef" * 32, to)]
+    )
     assert far.level == "different_picture" and far.exit_code == 1
     b6 = _batch(6)
     inv = b6.clone()
     inv[5] = 1.0 - inv[5]
-    part = runner.compare(prompt, [_result("1", "ab" * 32, verdict.thumbnail(b6)),
-                                   _result("2", "cd" * 32, verdict.thumbnail(inv))])
+    part = runner.compare(
+        prompt, [_result("1", "ab" * 32, verdict.thumbnail(b6)), _result("2", "cd" * 32, verdict.thumbnail(inv))]
+    )
     assert part.level == "ungraded" and part.exit_code == 1 and "not graded" in part.as_text(), part.as_text()
     assert runner.pin(prompt, near.results[0])["11"]["inputs"]["expected_reference"] == json.dumps(ta, sort_keys=True)
 
@@ -209,8 +217,9 @@ def test_cpu_settings_read_back_what_a_fresh_process_was_given(isa: str, want_ca
         pytest.skip(f"ATEN_CPU_CAPABILITY=avx2 needs an x86-64 CPU (this is {platform.machine()})")
     scripts = Path(__file__).resolve().parents[2] / "scripts"
     env = {**os.environ, "ATEN_CPU_CAPABILITY": isa, "MKL_CBWR": "COMPATIBLE,STRICT"}
-    proc = subprocess.run([sys.executable, "-c", CPU_SETTINGS_CHILD, str(scripts)], capture_output=True, text=True,
-                          timeout=300, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", CPU_SETTINGS_CHILD, str(scripts)], capture_output=True, text=True, timeout=300, env=env
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     s = out["settings"]

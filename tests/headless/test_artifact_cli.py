@@ -1,4 +1,5 @@
 """``steadfast artifact export|import|inspect``: exit codes 0 / 2 and what they print."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,23 @@ def _cache(root, name="fleet", preset_options=None):
 def test_export_inspect_import(tmp_path, capsys):
     _cache(tmp_path / "src")
     out = tmp_path / "warm.tar"
-    assert main(["artifact", "export", "--name", "fleet", "--cache-root", str(tmp_path / "src"), "--device", "cpu",
-                 "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "artifact",
+                "export",
+                "--name",
+                "fleet",
+                "--cache-root",
+                str(tmp_path / "src"),
+                "--device",
+                "cpu",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     digest = art.file_sha256(out)
     assert f"sha256 {digest}" in printed and "1 files" in printed
@@ -40,8 +56,18 @@ def test_export_inspect_import(tmp_path, capsys):
 
 def test_export_without_a_folder_for_this_machine_lists_what_there_is(tmp_path, capsys):
     made = _cache(tmp_path, preset_options={"epilogue_fusion": False})  # another preset's folder only
-    args = ["artifact", "export", "--name", "fleet", "--cache-root", str(tmp_path), "--device", "cpu", "-o",
-            str(tmp_path / "a.tar")]
+    args = [
+        "artifact",
+        "export",
+        "--name",
+        "fleet",
+        "--cache-root",
+        str(tmp_path),
+        "--device",
+        "cpu",
+        "-o",
+        str(tmp_path / "a.tar"),
+    ]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "no folder for this machine" in err and f"--key {made.key}" in err and "epilogue_fusion" in err
@@ -53,8 +79,23 @@ def test_export_without_a_folder_for_this_machine_lists_what_there_is(tmp_path, 
 def test_import_refuses_a_root_clients_can_write_in_the_comfyui_it_finds(tmp_path, capsys, monkeypatch):
     made = _cache(tmp_path / "src")
     out = tmp_path / "a.tar"
-    assert main(["artifact", "export", "--name", "fleet", "--cache-root", str(tmp_path / "src"), "--key", made.key,
-                 "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "artifact",
+                "export",
+                "--name",
+                "fleet",
+                "--cache-root",
+                str(tmp_path / "src"),
+                "--key",
+                made.key,
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     comfy = tmp_path / "ComfyUI"
     (comfy / "user" / "alice").mkdir(parents=True)
     (comfy / "main.py").write_text("")

@@ -1,4 +1,5 @@
 """``steadfast tiny-pipeline DIR``: the folder the loader's error message tells a new user to write."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """headless/runner.py without a server: workflow loading (JSON, PNG), checks, comparison, explanation, pin."""
+
 from __future__ import annotations
 
 import json
@@ -30,12 +31,15 @@ def test_loads_api_json_and_png(tmp_path: Path) -> None:
     assert hl.load_workflow(png) == WF
 
 
-@pytest.mark.parametrize("content,match", [
-    (None, "not found"),
-    ("{oops", "not JSON"),
-    (json.dumps({"nodes": [], "links": []}), "UI-format"),
-    (json.dumps([1, 2]), "not an API-format"),
-])
+@pytest.mark.parametrize(
+    "content,match",
+    [
+        (None, "not found"),
+        ("{oops", "not JSON"),
+        (json.dumps({"nodes": [], "links": []}), "UI-format"),
+        (json.dumps([1, 2]), "not an API-format"),
+    ],
+)
 def test_bad_workflow_files(tmp_path: Path, content, match) -> None:
     f = tmp_path / "wf.json"
     if content is not None:

@@ -4,6 +4,7 @@ one subprocess run of the CLI whose digest must equal an in-process generation (
 No inductor here (``--compile-backend eager`` where compile appears); 1 intra-op thread throughout, also
 in the subprocess (``--threads 1``), because fp32 CPU output depends on the thread count.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,13 +28,20 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/fixtures/torch_f
 
 
 def test_parse_configs_expectations_and_errors():
-    cfgs = parse_configs("qkv,channels_last,qkv,attn-flash,compile-regional,qkv+channels_last",
-                         compile_backend="eager")
+    cfgs = parse_configs(
+        "qkv,channels_last,qkv,attn-flash,compile-regional,qkv+channels_last", compile_backend="eager"
+    )
     names = [c.name for c in cfgs]
     assert names == ["baseline", "qkv", "channels_last", "attn-flash", "compile-regional", "qkv+channels_last"]
     exp = {c.name: c.expectation for c in cfgs}
-    assert exp == {"baseline": "reference", "qkv": "bit-equal", "channels_last": "differs",
-                   "attn-flash": "bit-equal", "compile-regional": "bit-equal", "qkv+channels_last": "differs"}
+    assert exp == {
+        "baseline": "reference",
+        "qkv": "bit-equal",
+        "channels_last": "differs",
+        "attn-flash": "bit-equal",
+        "compile-regional": "bit-equal",
+        "qkv+channels_last": "differs",
+    }
     combo = cfgs[-1].options
     assert combo.qkv_fusion and combo.channels_last and combo.scope == "off"
     inductor = parse_configs("compile-full", compile_backend="inductor")[1]
@@ -48,15 +56,31 @@ def test_parse_configs_expectations_and_errors():
 
 
 def test_run_verify_report_grid_and_parity(tmp_path):
-    settings = VerifySettings(tiny="sd", configs="baseline,qkv,channels_last,attn-flash,vae-tiling,"
-                              "compile-regional", runs=2, rounds=1, steps=2, compile_backend="eager",
-                              out_dir=tmp_path / "out", progress=False)
+    settings = VerifySettings(
+        tiny="sd",
+        configs="baseline,qkv,channels_last,attn-flash,vae-tiling,compile-regional",
+        runs=2,
+        rounds=1,
+        steps=2,
+        compile_backend="eager",
+        out_dir=tmp_path / "out",
+        progress=False,
+    )
     result = run_verify(settings)
     assert result.exit_code == 0 and result.ok
     report = json.loads(result.report_path.read_text())
     assert report["schema"] == SCHEMA and report["ok"] is True and report["exit_code"] == 0
-    assert {"source", "settings", "self_consistency", "configs", "environment", "environment_digest",
-            "grid", "report", "seconds"} <= set(report)
+    assert {
+        "source",
+        "settings",
+        "self_consistency",
+        "configs",
+        "environment",
+        "environment_digest",
+        "grid",
+        "report",
+        "seconds",
+    } <= set(report)
     assert report["source"]["pipeline"] == "StableDiffusionPipeline"
     by = {e["name"]: e for e in report["configs"]}
     assert list(by) == ["baseline", "qkv", "channels_last", "attn-flash", "vae-tiling", "compile-regional"]
@@ -83,6 +107,7 @@ def test_run_verify_report_grid_and_parity(tmp_path):
     assert "channels_last" in table and "max|d|" in table and "SELF-CONSISTENT" in table
 
     from PIL import Image
+
     with Image.open(result.grid_path) as im:
         im.verify()
     with Image.open(result.grid_path) as im:
@@ -95,10 +120,34 @@ def test_run_verify_report_grid_and_parity(tmp_path):
 def test_cli_subprocess_matches_in_process_generation(tmp_path):
     out = tmp_path / "cli"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "steadfast.py"), "verify", "--tiny", "sd", "--configs", "baseline",
-         "--runs", "2", "--rounds", "0", "--steps", "2", "--seed", "7", "--threads", "1", "--deterministic",
-         "--no-progress", "--out", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "steadfast.py"),
+            "verify",
+            "--tiny",
+            "sd",
+            "--configs",
+            "baseline",
+            "--runs",
+            "2",
+            "--rounds",
+            "0",
+            "--steps",
+            "2",
+            "--seed",
+            "7",
+            "--threads",
+            "1",
+            "--deterministic",
+            "--no-progress",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "SELF-CONSISTENT" in proc.stdout and "baseline" in proc.stdout
     report = json.loads((out / "verify_report.json").read_text())
@@ -107,8 +156,9 @@ def test_cli_subprocess_matches_in_process_generation(tmp_path):
     assert report["settings"]["policy"]["strict"] is True
     # same tiny pipeline (seeded builder), same settings and policy, this process
     pipe = tp.fresh(tp.tiny_dir(tmp_path, "sd"))
-    img = generate(pipe, report["settings"]["prompt"], steps=2, width=64, height=64, seed=7,
-                   policy=DeterminismPolicy(strict=True))
+    img = generate(
+        pipe, report["settings"]["prompt"], steps=2, width=64, height=64, seed=7, policy=DeterminismPolicy(strict=True)
+    )
     assert hash_image(img, raw=True) == cli_digest
 
 
@@ -124,8 +174,24 @@ def test_exit_code_1_when_not_self_consistent(tmp_path, monkeypatch):
         return (img + calls["n"] * 1e-3).clamp(0, 1)
 
     monkeypatch.setattr(verify_mod, "generate", drifting)
-    code = main(["verify", "--tiny", "sd", "--configs", "baseline", "--runs", "2", "--rounds", "0",
-                 "--steps", "1", "--no-progress", "--out", str(tmp_path / "o")])
+    code = main(
+        [
+            "verify",
+            "--tiny",
+            "sd",
+            "--configs",
+            "baseline",
+            "--runs",
+            "2",
+            "--rounds",
+            "0",
+            "--steps",
+            "1",
+            "--no-progress",
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
     assert code == 1
     report = json.loads((tmp_path / "o" / "verify_report.json").read_text())
     assert report["ok"] is False and report["configs"][0]["self_consistent"] is False
@@ -152,10 +218,32 @@ def test_cli_on_a_saved_flux_pipeline_folder(tmp_path):
     assert (folder / "model_index.json").is_file()
     out = tmp_path / "cli_flux"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "steadfast.py"), "verify", str(folder), "--configs", "baseline,qkv",
-         "--runs", "2", "--rounds", "0", "--steps", "2", "--seed", "3", "--threads", "1", "--no-progress",
-         "--out", str(out)],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "steadfast.py"),
+            "verify",
+            str(folder),
+            "--configs",
+            "baseline,qkv",
+            "--runs",
+            "2",
+            "--rounds",
+            "0",
+            "--steps",
+            "2",
+            "--seed",
+            "3",
+            "--threads",
+            "1",
+            "--no-progress",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((out / "verify_report.json").read_text())
     assert report["source"]["pipeline"] == "FluxPipeline"

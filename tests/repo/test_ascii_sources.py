@@ -3,6 +3,7 @@
 Non-ASCII text a user sees is written with escapes (``"\\u2026"``), which the interpreter turns into the
 character at run time.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -12,8 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_tracked_python_file_is_ascii() -> None:
-    files = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True,
-                           check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     assert files, "git ls-files found no Python files"
     offenders = []
     for name in files:

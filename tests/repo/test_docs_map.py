@@ -1,5 +1,6 @@
 """The newcomer's maps match the code: docs/architecture.md names every Python module of the shipped tree (and
 no module that does not exist), and the README's folder table names every top-level folder that is tracked."""
+
 from __future__ import annotations
 
 import re
@@ -84,8 +85,8 @@ def _imported_rooms(room: str, rooms: set[str]) -> set[str]:
         for node in ast.walk(ast.parse((ROOT / f).read_text(encoding="utf-8"))):
             if not isinstance(node, ast.ImportFrom) or not node.level:
                 continue
-            base = f.split("/")[:-node.level]
-            for name in ([node.module] if node.module else [a.name for a in node.names]):
+            base = f.split("/")[: -node.level]
+            for name in [node.module] if node.module else [a.name for a in node.names]:
                 target = "/".join(base + name.split("."))
                 target = target + ".py" if (ROOT / (target + ".py")).is_file() else target + "/__init__.py"
                 if (ROOT / target).is_file() and (hit := _room_of(target, rooms)) != room:
@@ -131,8 +132,12 @@ def _node_modules() -> dict[str, set[str]]:
         if f.count("/") != 1 or not f.endswith(".py"):
             continue
         tree = ast.parse((ROOT / f).read_text(encoding="utf-8"))
-        nodes = [c for c in tree.body if isinstance(c, ast.ClassDef)
-                 and any(isinstance(b, ast.Attribute) and b.attr == "ComfyNode" for b in c.bases)]
+        nodes = [
+            c
+            for c in tree.body
+            if isinstance(c, ast.ClassDef)
+            and any(isinstance(b, ast.Attribute) and b.attr == "ComfyNode" for b in c.bases)
+        ]
         if not nodes:
             continue
         siblings = set()

@@ -1,5 +1,6 @@
 """The GPU protocol's ``pytest_gpu`` section runs the files listed in ``GPU_TEST_FILES``: every file holding a
 ``@pytest.mark.gpu`` test must be listed there, or its tests would never run on a lent GPU."""
+
 from __future__ import annotations
 
 import ast
@@ -17,7 +18,10 @@ def _listed() -> list[str]:
 
 
 def test_every_gpu_marked_test_file_is_run_by_the_protocol():
-    marked = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
-                    if "pytest.mark.gpu" in p.read_text(encoding="utf-8") and p.name != Path(__file__).name)
+    marked = sorted(
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "tests").rglob("test_*.py")
+        if "pytest.mark.gpu" in p.read_text(encoding="utf-8") and p.name != Path(__file__).name
+    )
     assert marked, "no @pytest.mark.gpu test found: the protocol's pytest_gpu section would run nothing"
     assert sorted(_listed()) == marked

@@ -1,4 +1,5 @@
 """The pack imports outside ComfyUI (library/CLI use), and core/ never imports ComfyUI."""
+
 from __future__ import annotations
 
 import ast
@@ -8,13 +9,25 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-COMFY_MODULES = {"comfy", "comfy_api", "comfy_extras", "comfy_execution", "folder_paths", "nodes", "server",
-                 "execution", "latent_preview", "node_helpers"}
+COMFY_MODULES = {
+    "comfy",
+    "comfy_api",
+    "comfy_extras",
+    "comfy_execution",
+    "folder_paths",
+    "nodes",
+    "server",
+    "execution",
+    "latent_preview",
+    "node_helpers",
+}
 
 
 # a fresh interpreter imports the checkout as package ``steadfast`` (scripts/_steadfast_import.py)
-IMPORT_PACK = (f"import os, sys\nsys.path.insert(0, {str(ROOT / 'scripts')!r})\n"
-               "from _steadfast_import import import_steadfast\nm = import_steadfast()\n")
+IMPORT_PACK = (
+    f"import os, sys\nsys.path.insert(0, {str(ROOT / 'scripts')!r})\n"
+    "from _steadfast_import import import_steadfast\nm = import_steadfast()\n"
+)
 
 
 def _imported_top_levels(path: Path) -> set[str]:
@@ -51,9 +64,7 @@ def test_pack_imports_without_comfyui_and_sets_cublas_config():
 
 
 def test_existing_cublas_config_is_kept():
-    code = IMPORT_PACK + (
-        "print(os.environ['CUBLAS_WORKSPACE_CONFIG'])\n"
-    )
+    code = IMPORT_PACK + ("print(os.environ['CUBLAS_WORKSPACE_CONFIG'])\n")
     env = {**os.environ, "CUBLAS_WORKSPACE_CONFIG": ":16:8"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/", timeout=120)
     assert out.returncode == 0, out.stderr
@@ -63,8 +74,9 @@ def test_existing_cublas_config_is_kept():
 def test_nodes_import_the_pinned_comfy_api_version_only():
     """docs/compatibility.md: the nodes import ``comfy_api.v0_0_2`` (shipped by 0.8.0 and 0.33.0), never ``latest``."""
     root = Path(__file__).resolve().parents[2]
-    users = {str(p.relative_to(root)): p.read_text() for p in (root / "nodes").rglob("*.py")
-             if "comfy_api" in p.read_text()}  # nodes/host/ too
+    users = {
+        str(p.relative_to(root)): p.read_text() for p in (root / "nodes").rglob("*.py") if "comfy_api" in p.read_text()
+    }  # nodes/host/ too
     assert users, "no node module imports comfy_api"
     for name, text in users.items():
         assert "comfy_api.latest" not in text, name
@@ -83,8 +95,13 @@ def test_the_version_has_one_source_in_code() -> None:
     assert code, "core/version.py must assign __version__ a string literal"
     project = tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
     assert project == code.group(1), f"pyproject.toml version {project} != core/version.py {code.group(1)}"
-    others = [str(p.relative_to(root)) for p in root.rglob("*.py")
-              if p.name != "version.py" and "tests" not in p.parts and not any(x.startswith(".") for x in p.parts)
-              and re.search(r"^\s*__version__\s*=", p.read_text(encoding="utf-8"), re.MULTILINE)
-              and "gpu_protocol_stubs" not in p.parts]
+    others = [
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
+        if p.name != "version.py"
+        and "tests" not in p.parts
+        and not any(x.startswith(".") for x in p.parts)
+        and re.search(r"^\s*__version__\s*=", p.read_text(encoding="utf-8"), re.MULTILINE)
+        and "gpu_protocol_stubs" not in p.parts
+    ]
     assert others == [], f"__version__ assigned outside core/version.py: {others}"

@@ -1,5 +1,6 @@
 """What the Comfy registry's tools check, kept honest here: LICENSE + pyproject fields, no exec/eval anywhere in
 the tree (`comfy node validate`, ruff S102/S307), the JS extension namespaced, what `comfy node pack` ships."""
+
 from __future__ import annotations
 
 import ast

@@ -4,6 +4,7 @@ Before issue 37 it warned that the tests would skip, then read a requirements fi
 ``set -euo pipefail`` and exited with status 1 and no word. Run here as a new user would meet it: no checkout at
 ``COMFYUI_PATH``, no network (a ``git`` that fails as a clone without network does), no snapshot folder.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,11 +21,16 @@ def _run(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     fake.mkdir(exist_ok=True)
     (fake / "git").write_text("#!/bin/sh\necho 'fatal: unable to access github.com' >&2\nexit 128\n")
     (fake / "git").chmod(0o755)
-    base = {"PATH": f"{fake}:{os.environ['PATH']}", "HOME": str(tmp_path / "home"),
-            "COMFYUI_PATH": str(tmp_path / "no-comfyui"), "STEADFAST_SNAPSHOTS": str(tmp_path / "no-snapshots"),
-            "STEADFAST_VENV": str(tmp_path / "venv")}
-    return subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=60, cwd=tmp_path,
-                          env={**base, **env})
+    base = {
+        "PATH": f"{fake}:{os.environ['PATH']}",
+        "HOME": str(tmp_path / "home"),
+        "COMFYUI_PATH": str(tmp_path / "no-comfyui"),
+        "STEADFAST_SNAPSHOTS": str(tmp_path / "no-snapshots"),
+        "STEADFAST_VENV": str(tmp_path / "venv"),
+    }
+    return subprocess.run(
+        ["bash", str(SCRIPT)], capture_output=True, text=True, timeout=60, cwd=tmp_path, env={**base, **env}
+    )
 
 
 @pytest.mark.parametrize("no_clone", [False, True])

@@ -6,6 +6,7 @@ resolves to a placeholder class whose use raises, so an accidental video path fa
 anywhere else: ``benchmarks/gpu_protocol_prepare.sh`` copies it next to the wheels; ``gpu_protocol.py`` records
 that it was used (``pkg av``).
 """
+
 import importlib.abc
 import importlib.machinery
 import sys

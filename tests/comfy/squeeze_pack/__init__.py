@@ -7,6 +7,7 @@ these nodes reproduce that on demand, for the duration of one sampling call or o
 the function afterwards. They exist to prove the hazard is real and that Steadfast's sampling is immune.
 ``TestLatentDtype`` casts a LATENT (the sampler matrix's half-precision rows).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -35,9 +36,20 @@ class TestSqueezeFreeMemoryModel:
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"model": ("MODEL",),
-                             "free_mb": ("INT", {"default": 1, "min": 0, "max": 1 << 20,
-                                                 "tooltip": "Free memory ComfyUI sees while sampling (MiB)."})}}
+        return {
+            "required": {
+                "model": ("MODEL",),
+                "free_mb": (
+                    "INT",
+                    {
+                        "default": 1,
+                        "min": 0,
+                        "max": 1 << 20,
+                        "tooltip": "Free memory ComfyUI sees while sampling (MiB).",
+                    },
+                ),
+            }
+        }
 
     RETURN_TYPES = ("MODEL",)
     FUNCTION = "squeeze"
@@ -60,10 +72,22 @@ class TestSqueezedVAEDecode:
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"samples": ("LATENT",), "vae": ("VAE",),
-                             "free_mb": ("INT", {"default": 1, "min": 0, "max": 1 << 20,
-                                                 "tooltip": "Free memory ComfyUI sees while decoding (MiB)."}),
-                             "decoder": (["VAEDecode", "SteadfastVAEDecode"], {"tooltip": "The node to run."})}}
+        return {
+            "required": {
+                "samples": ("LATENT",),
+                "vae": ("VAE",),
+                "free_mb": (
+                    "INT",
+                    {
+                        "default": 1,
+                        "min": 0,
+                        "max": 1 << 20,
+                        "tooltip": "Free memory ComfyUI sees while decoding (MiB).",
+                    },
+                ),
+                "decoder": (["VAEDecode", "SteadfastVAEDecode"], {"tooltip": "The node to run."}),
+            }
+        }
 
     RETURN_TYPES = ("IMAGE",)
     FUNCTION = "decode"
@@ -71,6 +95,7 @@ class TestSqueezedVAEDecode:
 
     def decode(self, samples, vae, free_mb: int, decoder: str = "VAEDecode"):
         import nodes
+
         cls = nodes.NODE_CLASS_MAPPINGS[decoder]
         with squeezed(free_mb):
             if decoder == "VAEDecode":
@@ -83,8 +108,12 @@ class TestLatentDtype:
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"samples": ("LATENT",),
-                             "dtype": (["float16", "bfloat16", "float32"], {"tooltip": "The samples' dtype."})}}
+        return {
+            "required": {
+                "samples": ("LATENT",),
+                "dtype": (["float16", "bfloat16", "float32"], {"tooltip": "The samples' dtype."}),
+            }
+        }
 
     RETURN_TYPES = ("LATENT",)
     FUNCTION = "cast"
@@ -92,9 +121,12 @@ class TestLatentDtype:
 
     def cast(self, samples, dtype: str):
         import torch
+
         return ({**samples, "samples": samples["samples"].to(getattr(torch, dtype))},)
 
 
-NODE_CLASS_MAPPINGS = {"TestSqueezeFreeMemoryModel": TestSqueezeFreeMemoryModel,
-                       "TestSqueezedVAEDecode": TestSqueezedVAEDecode,
-                       "TestLatentDtype": TestLatentDtype}
+NODE_CLASS_MAPPINGS = {
+    "TestSqueezeFreeMemoryModel": TestSqueezeFreeMemoryModel,
+    "TestSqueezedVAEDecode": TestSqueezedVAEDecode,
+    "TestLatentDtype": TestLatentDtype,
+}
