@@ -576,6 +576,40 @@ def test_old_optimize_widgets_values_load_by_name(page: Any, object_info: dict[s
     check_round_trip(page, api, object_info, "current Optimize Model widgets_values")
 
 
+@pytest.mark.parametrize("renderer", ["canvas", "vue"])
+def test_a_report_shown_just_before_another_workflow_loads_raises_nothing(
+    page: Any, object_info: dict[str, Any], renderer: str
+) -> None:
+    """A report shown on a node, then at once another workflow loaded (a run's last message, then the user opens a
+    file): the report's deferred fitting (a frame and 50 ms later) finds its node gone from the graph and does
+    nothing. Before, it made room around a node that the graph no longer held and the page raised "Cannot read
+    properties of undefined (reading 'y')" (CI of 2026-11-27, frontend 1.49.6, right after a browser run)."""
+    if renderer == "vue" and not _set_vue_nodes(page, True):
+        pytest.skip("this frontend has no Comfy.VueNodes.Enabled setting (no Nodes 2.0 renderer)")
+    api = {"1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": TINY_CKPT_NAME}}}
+    try:
+        load_template(page, api_to_ui.ui_template_name("determinism_check"))
+        before = list(page.steadfast_errors)
+        n_shown = page.evaluate(
+            """async ([text, wf]) => {
+                const nodes = window.app.graph.nodes.filter(n => n.type === 'SteadfastHash');
+                for (const n of nodes) n.onExecuted({text: [text]});
+                await window.app.loadGraphData(wf);
+                return nodes.length;
+            }""",
+            [LONG_REPORT, api_to_ui.convert(api, object_info)],
+        )
+        assert n_shown > 0
+        page.wait_for_timeout(1000)  # every deferred fit has run
+        assert [n["type"] for n in page.evaluate("() => window.app.graph.nodes.map(n => ({type: n.type}))")] == [
+            "CheckpointLoaderSimple"
+        ]
+        assert page.steadfast_errors == before, page.steadfast_errors[len(before) :]
+    finally:
+        if renderer == "vue":
+            _set_vue_nodes(page, False)
+
+
 def test_warmup_shows_progress_while_it_compiles(page: Any, comfy_server: ComfyServer) -> None:
     """The page receives Warmup's progress during the compile, not only 0% then 100%: every compile phase of a
     graph (Dynamo's trace, the backend, inductor's lowering, code generation, the C++ build, the guards) moves the
