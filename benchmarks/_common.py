@@ -56,6 +56,25 @@ def tiny_prompt_base(side: int, batch: int = 1, ckpt: str = TINY_CKPT) -> dict[s
     }
 
 
+def optimize_node(model: list, **inputs: Any) -> dict[str, Any]:
+    """An API-format ``SteadfastOptimizeModel`` node on ``model`` (a link, ``[node id, output]``): regional
+    ``torch.compile`` with inductor, SDPA ``auto``, no QKV fusion, no channels-last, mode ``default``, dynamic
+    ``auto``, no fullgraph. ``inputs`` replace or add widgets (``compile_cache="off"``, ``quantize=...``); the
+    optional ones left out take the node's defaults."""
+    base = {
+        "model": model,
+        "qkv_fusion": False,
+        "channels_last": False,
+        "attention": "auto",
+        "compile": "regional",
+        "backend": "inductor",
+        "mode": "default",
+        "dynamic": "auto",
+        "fullgraph": False,
+    }
+    return {"class_type": "SteadfastOptimizeModel", "inputs": {**base, **inputs}}
+
+
 def import_pack(cpu: bool = True) -> Any:
     """Import ComfyUI in-process (``args.cpu = True`` unless ``cpu=False``), then the repo root as package
     ``steadfast``.

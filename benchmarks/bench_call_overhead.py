@@ -74,22 +74,7 @@ def workflow(config: str, seed: int, steps: int, side: int) -> dict[str, Any]:
     }
     model = ["1", 0]
     if config in ("steadfast", "compiled"):
-        wf["5"] = {
-            "class_type": "SteadfastOptimizeModel",
-            "inputs": {
-                "model": ["1", 0],
-                "qkv_fusion": False,
-                "channels_last": False,
-                "attention": "auto",
-                "compile": "regional",
-                "backend": "inductor",
-                "mode": "default",
-                "dynamic": "auto",
-                "fullgraph": False,
-                "strict_recompiles": False,
-                "compile_cache": "default",
-            },
-        }
+        wf["5"] = _common.optimize_node(["1", 0], strict_recompiles=False, compile_cache="default")
         model = ["5", 0]
     if config in ("eager", "compiled"):
         wf["6"] = {"class_type": "KSampler", "inputs": {"model": model, **common}}

@@ -75,20 +75,7 @@ def workflow(config: str, seed: int, steps: int, side: int) -> dict[str, Any]:
     if config == "core":
         wf["5"] = {"class_type": "TorchCompileModel", "inputs": {"model": ["1", 0], "backend": "inductor"}}
     elif config.startswith("steadfast"):
-        wf["5"] = {
-            "class_type": "SteadfastOptimizeModel",
-            "inputs": {
-                "model": ["1", 0],
-                "qkv_fusion": False,
-                "channels_last": False,
-                "attention": "auto",
-                "compile": "regional",
-                "backend": "inductor",
-                "mode": "default",
-                "dynamic": "auto",
-                "fullgraph": False,
-            },
-        }
+        wf["5"] = _common.optimize_node(["1", 0])
     return wf
 
 

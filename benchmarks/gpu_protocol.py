@@ -208,22 +208,18 @@ def sampler_inputs(model: list, seed: int, steps: int, sampler: str) -> dict[str
 def optimize(
     model: list, compile_: str = "off", attention: str = "auto", quantize: str | None = None, backend: str = "inductor"
 ) -> dict[str, Any]:
-    inputs = {
-        "model": model,
-        "qkv_fusion": False,
-        "channels_last": False,
-        "attention": attention,
-        "compile": compile_,
-        "backend": backend,
-        "mode": "default",
-        "dynamic": "auto",
-        "fullgraph": False,
-        "strict_recompiles": False,
-        "compile_cache": "off",
-    }
-    if quantize is not None:
-        inputs["quantize"] = quantize
-    return {"class_type": "SteadfastOptimizeModel", "inputs": inputs}
+    import _common
+
+    extra = {} if quantize is None else {"quantize": quantize}
+    return _common.optimize_node(
+        model,
+        attention=attention,
+        compile=compile_,
+        backend=backend,
+        strict_recompiles=False,
+        compile_cache="off",
+        **extra,
+    )
 
 
 def sizes(section: Section) -> dict[str, int]:
