@@ -1,0 +1,190 @@
+"""What the precompiled route's per-call checks cost, quiet and right after a block's kernels.
+
+The route (:mod:`core.compile.precompiled`) checks every block call before a loaded artifact answers it: the hook
+walk (:func:`~core.compile.precompiled.hooks_reason`), the call key (:func:`~core.compile.precompiled.call_key`),
+the carried guards (``Matched.still`` on the call's bound arguments) and torch's ``guard_check``. This benchmark
+takes one real block call of the tiny SD1.5 checkpoint in ComfyUI (a ``SpatialTransformer``, captured during a
+steady sampling call of a warm-started process, so an artifact answers it) and times each check side by side:
+
+* ``quiet``: the check alone, repeated (``timeit``, the best of 5 x 2,000): its instruction cost, everything in
+  the CPU's caches;
+* ``after kernel``: the check right after the block's artifact ran (median of 30): the cost it has inside a
+  sampling run, where the block's kernels (conv, matmul, attention over all cores) have just evicted the
+  interpreter's code and data from the caches;
+* ``in a run``: the route's own split (``split_seconds`` of the compile record, :data:`~core.compile.precompiled.
+  SPLIT_PHASES`) over 10 steady sampling calls, per block call.
+
+The ratio ``after kernel / quiet`` says how much of the per-call cost is the checks' instructions and how much the
+machine's state after a kernel: a check made 2x cheaper in ``quiet`` saves less than half in a run.
+
+Two processes: the first compiles and saves the precompiled blocks into a fresh compile cache, the second (a warm
+start on that cache) measures.
+
+Usage: ``python benchmarks/bench_route_checks.py [--side 64] [--steps 4]``; run it with each ComfyUI row's venv and
+``COMFYUI_PATH``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
+
+CHILD = r"""
+import json, os, statistics, sys, time, timeit
+sys.path.insert(0, sys.argv[1])
+import _common
+tiny = _common.tiny_sd15_module()
+_common.import_pack()
+mode, ckpt, steps, side = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+import torch
+from pathlib import Path
+from steadfast.core.compile import precompiled as pc, preload
+from steadfast.core.compile.registry import REGISTRY
+from steadfast.nodes import optimize_node
+preload.preload(Path(os.environ["STEADFAST_COMPILE_CACHE"]))
+import comfy.sd, comfy.sample
+model, clip, _vae, _ = comfy.sd.load_checkpoint_guess_config(ckpt, output_vae=True, output_clip=True)
+pos, neg = (clip.encode_from_tokens_scheduled(clip.tokenize(t)) for t in ("a lighthouse at dusk", ""))
+model = optimize_node.SteadfastOptimizeModel.execute(
+    model=model, qkv_fusion=False, channels_last=False, attention="auto", compile="regional", backend="inductor",
+    mode="default", dynamic="auto", fullgraph=False).args[0]
+
+def sample(seed):
+    latent = torch.zeros(1, 4, side // 8, side // 8)
+    noise = comfy.sample.prepare_noise(latent, seed)
+    return comfy.sample.sample(model, noise, steps, 7.0, "euler", "normal", pos, neg, latent, denoise=1.0, seed=seed)
+
+out1, out2 = sample(1), sample(2)
+if mode == "populate":
+    print("RESULT " + json.dumps({"depends_on_seed": not torch.equal(out1, out2)}))
+    sys.exit(0)
+record = REGISTRY.records()[-1]
+before = record.summary()["precompiled"]
+for i in range(10):
+    sample(10 + i)
+after = record.summary()["precompiled"]
+calls = after["calls"] - before["calls"]
+in_run = {k: (after["split_seconds"][k] - before["split_seconds"][k]) / max(calls, 1) * 1e6
+          for k in after["split_seconds"]}
+
+captured = []
+route = pc.PrecompiledBlock._route
+def spy(self, cache, args, kwargs):
+    if not captured:
+        kw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in kwargs.items()}
+        modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+        captured.append((self, cache, self._state.flags(), args, kw, modes))
+    return route(self, cache, args, kwargs)
+pc.PrecompiledBlock._route = spy
+sample(3)
+pc.PrecompiledBlock._route = route
+block, cache, flags, args, kwargs, modes = captured[0]
+torch.set_grad_enabled(modes[0])  # the call's grad and inference modes (torch's guards check them)
+torch.inference_mode(modes[1]).__enter__()
+fingerprint, static = block._keys()
+kind, got = block._state.entries[(str(cache.path), pc.call_key(fingerprint, static, args, kwargs, flags=flags))]
+assert kind == "aot", f"the block call is not answered by an artifact ({kind}): {record.summary()['precompiled']}"
+fn, matched = got
+module = block._orig_mod
+env = block._binder(module, args, kwargs)
+checks = {
+    "hooks": lambda: pc.hooks_reason(module),
+    "key": lambda: pc.call_key(fingerprint, static, args, kwargs, flags=flags),
+    "carried": lambda: matched.still(block._binder(module, args, kwargs)),
+    "guard_check": lambda: fn.guard_check(module, *args, **kwargs),
+}
+assert checks["hooks"]() is None and checks["carried"]() is True and checks["guard_check"]() is True, "a check fails"
+
+def quiet(f, n=2000):
+    return min(timeit.repeat(f, number=n, repeat=5)) / n * 1e6
+
+def after_kernel(f, n=30):
+    times = []
+    for _ in range(n):
+        fn(module, *args, **kwargs)
+        t0 = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+rows = {k: {"quiet": quiet(f), "after_kernel": after_kernel(f), "in_run": in_run.get(k)} for k, f in checks.items()}
+print("RESULT " + json.dumps({"rows": rows, "artifact_in_run": in_run.get("artifact"), "block_calls": calls / 10,
+                              "guards": len(matched.guards), "hits": after["hits"] - before["hits"],
+                              "fallbacks": after["fallbacks"] - before["fallbacks"],
+                              "depends_on_seed": not torch.equal(out1, out2)}))
+"""
+
+
+def child(mode: str, caches: Path, ckpt: Path, steps: int, side: int) -> dict[str, Any]:
+    """One fresh process on the compile cache under ``caches``; its RESULT dict."""
+    env = {
+        **os.environ,
+        "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
+        "STEADFAST_COMPILE_CACHE": str(caches / "steadfast"),
+    }
+    here = str(Path(__file__).resolve().parent)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, here, mode, str(ckpt), str(steps), str(side)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+    raise RuntimeError(f"{mode} process failed (exit {out.returncode}):\n{out.stderr[-4000:]}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--side", type=int, default=64, help="image side in pixels")
+    args = ap.parse_args()
+    t_start = time.perf_counter()
+    _common.print_header(
+        "Precompiled route: per-call checks, quiet and after a block's kernels",
+        {"steps": args.steps, "side": args.side},
+    )
+    ckpt = _common.tiny_sd15_module().cached_tiny_sd15(in_subprocess=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        populate = child("populate", Path(tmp), ckpt, args.steps, args.side)
+        got = child("measure", Path(tmp), ckpt, args.steps, args.side)
+    assert populate["depends_on_seed"] and got["depends_on_seed"], "the output does not depend on the seed"
+    print(
+        f"one {got['block_calls']:.0f}-block-call sampling run; {got['guards']} carried guards; "
+        f"{got['hits']} artifact hits, {got['fallbacks']} fallbacks in 10 runs; the block's artifact "
+        f"{got['artifact_in_run']:.0f} us per call in a run\n"
+    )
+    rows = [
+        [
+            k,
+            f"{r['quiet']:.1f}",
+            f"{r['after_kernel']:.1f}",
+            f"{r['after_kernel'] / r['quiet']:.1f}x",
+            "-" if r["in_run"] is None else f"{r['in_run']:.1f}",
+        ]
+        for k, r in got["rows"].items()
+    ]
+    total = [sum(r[k] or 0.0 for r in got["rows"].values()) for k in ("quiet", "after_kernel", "in_run")]
+    rows.append(["all four", f"{total[0]:.1f}", f"{total[1]:.1f}", f"{total[1] / total[0]:.1f}x", f"{total[2]:.1f}"])
+    print(
+        _common.markdown_table(
+            ["check", "quiet, us", "after kernel, us", "after / quiet", "in a run (route's split), us"], rows
+        )
+    )
+    _common.print_footer(t_start)
+
+
+if __name__ == "__main__":
+    main()
