@@ -73,3 +73,20 @@ def test_fast_disk_and_the_comfy_compiler_are_named_with_their_switches():
     assert "15528" in risks[0] and "--fast-disk" in risks[0]
     assert "--disable-comfy-compiler" in risks[1]
     assert run_to_run_risks({"fast_disk": False, "comfy_compiler": "absent", "cuda_graphs": "allowed"}) == []
+
+
+def test_per_process_reads_equal_a_fresh_read():
+    """The CPU's name and flags are read once per process (``functools.cache``): the cached value is what a fresh
+    read of ``/proc/cpuinfo`` gives, and the second call does not read again (the same object)."""
+    import os
+    import platform
+
+    from steadfast.core.determinism import portable
+    from steadfast.core.record import environment
+
+    for read in (environment._cpu_name, portable._cpu_flags):
+        assert read() == read.__wrapped__(), read.__name__
+        assert read() is read(), read.__name__
+    assert environment._cpu_name()
+    if os.path.exists("/proc/cpuinfo") and platform.machine() == "x86_64":  # a "flags" line (aarch64: "Features")
+        assert "sse2" in portable._cpu_flags()
