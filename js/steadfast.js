@@ -142,12 +142,11 @@ function moveNode(node, x, y) {
   node.pos = [x, y];
 }
 
-// Whether ``node`` is still one of its graph's nodes.
-function inGraph(node) {
+// The nodes of ``node``'s graph, or null when that graph no longer holds ``node``.
+function graphNodes(node) {
   const graph = node?.graph;
-  if (!graph) return false;
-  const nodes = graph.nodes ?? graph._nodes ?? [];
-  return nodes.includes(node);
+  const nodes = graph ? graph.nodes ?? graph._nodes ?? [] : [];
+  return nodes.includes(node) ? nodes : null;
 }
 
 // Nodes the grown ``node`` now overlaps, and below them in turn, move down to make room (the layout keeps its
@@ -156,8 +155,8 @@ function inGraph(node) {
 // A node whose graph no longer holds it (another workflow was loaded before a deferred fit ran: the graph clears
 // its list but leaves the removed node's graph set) is left alone.
 function makeRoom(node) {
-  if (!inGraph(node)) return;
-  const nodes = node.graph.nodes ?? node.graph._nodes ?? [];
+  const nodes = graphNodes(node);
+  if (!nodes) return;
   const boxes = new Map(nodes.map((n) => [n, nodeBox(n)]));
   const queue = [node];
   const moved = new Set([node]);
@@ -238,7 +237,7 @@ function fitVueBox(el, node, w) {
 // longer report and shrinks back with a shorter one; the nodes below make room, so the node covers none of them.
 // In Nodes 2.0 the node's element is sized by its content (fitVueBox): there the size only ever grows here.
 function fitNode(node) {
-  if (!inGraph(node)) return; // fitted a frame later: the workflow may have been replaced meanwhile
+  if (!graphNodes(node)) return; // fitted a frame later: the workflow may have been replaced meanwhile
   const [minW, minH] = node.computeSize();
   const vue = !!window.LiteGraph?.vueNodesMode || !!vueNodeElement(node);
   const size = [Math.max(node.size[0], minW), vue ? Math.max(node.size[1], minH) : minH];
