@@ -521,20 +521,39 @@ def steady_timing(s: Section, srv: Any, sw: Any, side: int, steps: int, rounds: 
     ref = sw.run(srv, wf("steadfast", 1000), timeout=600)  # compiles
     sw.run(srv, wf("ksampler", 999), timeout=300)
     times: dict[str, list[float]] = {"ksampler": [], "steadfast": []}
+    # per Steadfast prompt: did Optimize Model execute again (a prompt without it evicted its output), and how many
+    # diffusion models did ComfyUI build (it logs "model_type" for each; under Dynamic VRAM a non-dynamic copy
+    # rebuilt per execution was the suspect of the 2.7x, issue 35)
+    optimize_ran, builds = [], {"ksampler": [], "steadfast": []}
     for i in range(rounds):
         for kind, seen in times.items():
-            seen.append(sw.run(srv, wf(kind, 2000 + i), timeout=300)["seconds"])
+            logged = len(_log_lines(srv))
+            entry = sw.run(srv, wf(kind, 2000 + i), timeout=300)
+            seen.append(entry["seconds"])
+            builds[kind].append(sum("model_type" in line for line in _log_lines(srv)[logged:]))
+            if kind == "steadfast":
+                optimize_ran.append("opt" not in sw.cached_nodes(entry))
     med = {k: statistics.median(v) for k, v in times.items()}
     return {
         "ksampler_s": med["ksampler"],
         "steadfast_s": med["steadfast"],
         "ratio": med["steadfast"] / med["ksampler"],
+        "optimize_executed_again": sum(optimize_ran),
+        "model_builds": builds,
         "hash_seed1000": sw.hash_of(ref, "h"),
         "backend": backend,
         "side": side,
         "steps": steps,
         "rounds": rounds,
     }
+
+
+def _log_lines(srv: Any) -> list[str]:
+    """The server's log so far, by line (empty when it has none)."""
+    try:
+        return srv.log_path.read_text(errors="replace").splitlines()
+    except (AttributeError, OSError):
+        return []
 
 
 def sec_nodes_on(s: Section) -> None:
@@ -830,7 +849,15 @@ def sec_memory_modes(s: Section) -> None:
             with server(s, args) as srv:
                 runs[label] = steady_timing(s, srv, sw, sz["side"], sz["steps"], rounds=1 if s.smoke else 3)
             r = runs[label]
-            return "info", f"regional+Seeded {r['steadfast_s']:.3f} s, KSampler {r['ksampler_s']:.3f} s", r
+            return (
+                "info",
+                (
+                    f"regional+Seeded {r['steadfast_s']:.3f} s, KSampler {r['ksampler_s']:.3f} s; Optimize executed "
+                    f"again in {r['optimize_executed_again']}/{r['rounds']} Steadfast prompts; models built "
+                    f"per prompt {r['model_builds']}"
+                ),
+                r,
+            )
 
         s.case(label, one)
     for label, r in runs.items():

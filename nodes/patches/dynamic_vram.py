@@ -8,9 +8,18 @@ time (comfy/model_patcher.py ModelPatcherDynamic.load: ``<param>_lowvram_functio
 
 from __future__ import annotations
 
+import weakref
+
 from ..host.identity import comfy_compiler_state
 
-__all__ = ["NOT_APPLIED_DYNAMIC", "is_dynamic", "compile_clone", "comfy_compiler_state", "check_comfy_compiler"]
+__all__ = [
+    "NOT_APPLIED_DYNAMIC",
+    "is_dynamic",
+    "compile_clone",
+    "non_dynamic_base",
+    "comfy_compiler_state",
+    "check_comfy_compiler",
+]
 
 NOT_APPLIED_DYNAMIC = "not applied: Dynamic VRAM"
 
@@ -22,12 +31,46 @@ def is_dynamic(model) -> bool:
 
 
 def compile_clone(model):
-    """The clone Optimize Model compiles: ``model.clone(disable_dynamic=True)`` for a Dynamic VRAM model, as core's
-    ``TorchCompileModel.execute`` does (ComfyUI 0.33 ``comfy_extras/nodes_torch_compile.py``; ComfyUI PR 12612: the
-    dynamic patcher gave many graph breaks and guard failures), a plain ``clone()`` otherwise (and on ComfyUI
-    versions without Dynamic VRAM, whose ``clone`` has no ``disable_dynamic``). The non-dynamic copy loads its
-    weights again (``cached_patcher_init``), as core's node does."""
-    return model.clone(disable_dynamic=True) if is_dynamic(model) else model.clone()
+    """The clone Optimize Model compiles: a plain ``model.clone()``, or for a Dynamic VRAM model a clone of its
+    non-dynamic copy (:func:`non_dynamic_base`). Core's ``TorchCompileModel.execute`` compiles the same kind of copy
+    (ComfyUI 0.33 ``comfy_extras/nodes_torch_compile.py``: ``model.clone(disable_dynamic=True)``; ComfyUI PR 12612:
+    the dynamic patcher gave many graph breaks and guard failures). Versions without Dynamic VRAM have no
+    ``is_dynamic`` and no ``clone(disable_dynamic=...)``: the plain clone."""
+    return non_dynamic_base(model).clone() if is_dynamic(model) else model.clone()
+
+
+def non_dynamic_base(model):
+    """The one non-dynamic copy of the Dynamic VRAM ModelPatcher ``model``, built on first use and kept while
+    ``model`` lives.
+
+    ComfyUI executes Optimize Model again whenever a prompt without it has evicted its output (0.33.0's RAM-pressure
+    cache drops every output the running prompt does not use; 0.8.0's classic cache too). ``clone(disable_dynamic=
+    True)`` rebuilds the model from ``cached_patcher_init``, loading the checkpoint's weights again: once per
+    execution, so once per prompt in a server that alternates workflows. Here it runs once per ``model``, as
+    ComfyUI's own ``ModelPatcherDynamic.get_non_dynamic_delegate`` keeps its copy (comfy/model_patcher.py), and
+    Optimize compiles a ``clone()`` of the copy: the same patches, options and wrappers as ``model`` (a node's
+    output is not changed after it is returned), the same module every time.
+
+    The copy's ``parent`` is cleared: when a clone of it is garbage-collected, ComfyUI's loaded-model entry moves to
+    the clone's parent (``LoadedModel._switch_parent``), which is then this copy, a patcher of the same module, so
+    the module's memory stays accounted for and unloadable. With ``model`` as its parent the entry would name a
+    patcher of another module (and the copy would keep ``model`` alive from the cache below).
+
+    Args:
+        model: a ComfyUI ``ModelPatcherDynamic`` (``is_dynamic()`` True).
+    Returns:
+        a non-dynamic ``ModelPatcher`` over its own module, the same object for every call with ``model``.
+    """
+    base = _NON_DYNAMIC.get(model)
+    if base is None:
+        base = model.clone(disable_dynamic=True)
+        base.parent = None
+        _NON_DYNAMIC[model] = base
+    return base
+
+
+#: Dynamic VRAM ModelPatcher -> its non-dynamic copy (:func:`non_dynamic_base`); an entry goes with its patcher
+_NON_DYNAMIC: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def check_comfy_compiler(what: str) -> None:

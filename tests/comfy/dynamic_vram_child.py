@@ -29,6 +29,89 @@ def params_state(module: torch.nn.Module) -> dict[str, str]:
     return {n: f"{p.data_ptr()}|{tuple(p.stride())}" for n, p in module.named_parameters()}
 
 
+def reexecuted_optimize(model: Any, dynamic_class: type, optimize: Any) -> dict[str, Any]:
+    """Optimize Model executed again on one Dynamic VRAM MODEL, as ComfyUI does whenever a prompt without it has
+    evicted its output (0.33.0's RAM-pressure cache drops every output the running prompt does not use): how often
+    the weights are loaded again (``cached_patcher_init``), which module each compiled copy runs, the bytes of a
+    sample from each against the non-dynamic copy built the old way, and which patcher ComfyUI's loaded-model list
+    holds the non-dynamic module by once the node's output is gone."""
+    import gc
+
+    import comfy.model_management as mm
+    import comfy.sample
+
+    from steadfast.nodes.patches.dynamic_vram import is_dynamic as dv_is_dynamic
+
+    reloads = []
+    dyn = model.clone()
+    dyn.__class__ = dynamic_class
+    init = dyn.cached_patcher_init
+
+    def counted(*a: Any, **kw: Any) -> Any:
+        reloads.append(1)
+        return init[0](*a, **kw)
+
+    dyn.cached_patcher_init = (counted, *init[1:])
+    g = torch.Generator().manual_seed(5)
+    pos = [[torch.randn(1, 77, 768, generator=g), {}]]
+    neg = [[torch.randn(1, 77, 768, generator=g), {}]]
+    noise = torch.randn(1, 4, 8, 8, generator=g)
+
+    def sample(m: Any) -> torch.Tensor:
+        latent = torch.zeros(1, 4, 8, 8)
+        return comfy.sample.sample(m, noise, 2, 3.0, "euler", "normal", pos, neg, latent, disable_pbar=True, seed=5)
+
+    compile_eager = {"compile": "regional", "backend": "eager"}
+    first, _ = optimize(dyn, **compile_eager)
+    second, _ = optimize(dyn, **compile_eager)
+    res: dict[str, Any] = {
+        "reexec_reloads": len(reloads),
+        "reexec_same_module": first.model is second.model,
+        "reexec_module_is_dynamic_ones": first.model is dyn.model,
+        "reexec_dynamic": [dv_is_dynamic(first), dv_is_dynamic(second)],
+    }
+    old_way = dyn.clone(disable_dynamic=True)  # what Optimize compiled before: a fresh non-dynamic copy per execution
+    reloads.clear()
+    a, b = sample(first), sample(second)
+    ref, _ = optimize(old_way, **compile_eager)
+    r = sample(ref)
+    lora_key = next(k for k, w in model.model.state_dict().items() if k.endswith("to_q.weight"))
+    w = model.model.state_dict()[lora_key]
+    after = first.clone()  # a LoRA-like patch after Optimize: a clone sharing the reused module
+    after.add_patches({lora_key: (torch.full_like(w, 0.02),)}, strength_patch=1.0)
+    p = sample(after)
+    a_again = sample(second)
+    lora_dyn = dyn.clone()  # a LoRA before Optimize: another Dynamic VRAM patcher, its own non-dynamic copy
+    lora_dyn.add_patches({lora_key: (torch.full_like(w, 0.02),)}, strength_patch=1.0)
+    lora_opt, _ = optimize(lora_dyn, **compile_eager)
+    lora_ref, _ = optimize(lora_dyn.clone(disable_dynamic=True), **compile_eager)
+    res.update(
+        reexec_equal=torch.equal(a, b) and torch.equal(a, r),
+        reexec_max_abs_vs_old=float((a - r).abs().max()),
+        reexec_patch_after_changes=not torch.equal(p, a),
+        reexec_unpatched_again=torch.equal(a_again, a),
+        reexec_lora_equal_old=torch.equal(sample(lora_opt), sample(lora_ref)),
+        reexec_lora_own_module=lora_opt.model is not first.model,
+    )
+    saved = noise.clone()
+    noise.add_(1.0)  # the random-weight model must depend on its input
+    res["reexec_input_dependent"] = not torch.equal(sample(second), a)
+    noise.copy_(saved)
+    module = first.model
+    del first, second, after, a_again
+    gc.collect()
+    holders = [lm.model for lm in mm.current_loaded_models if lm.real_model is not None and lm.real_model() is module]
+    res["reexec_tracked_by"] = [
+        "dead"
+        if h is None
+        else ("dynamic" if dv_is_dynamic(h) else "non-dynamic, same module")
+        if h.model is module
+        else "another module"
+        for h in holders
+    ]
+    return res
+
+
 def main() -> None:
     import comfy.model_management  # noqa: F401
     import comfy.model_patcher
@@ -93,6 +176,8 @@ def main() -> None:
         out["compiled_clone_same_module"] = comp.model is model.model
         out["compiled_report"] = report
         out["compiled_qkv"] = so.steadfast_options(comp).qkv_fusion
+
+        out.update(reexecuted_optimize(model, EmulatedDynamic, optimize))
 
         # the Comfy Compiler (absent in 0.33.0): emulate its switch and Dynamic VRAM being active
         import comfy.memory_management as memory

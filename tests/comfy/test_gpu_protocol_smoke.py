@@ -91,6 +91,12 @@ def test_cpu_runnable_correctness_cases_pass(protocol: dict) -> None:
     assert "batch invariance (item 0 of 3 == single) True" in det["detail"]
     verdict = protocol["json"]["sections"]["cpu_vs_gpu"]["metrics"]
     assert verdict["latent_bit_equal"] is True  # smoke: both servers are CPU servers
+    # the steady timing says, per Steadfast prompt, whether Optimize ran again and how many models ComfyUI built:
+    # its one round follows a KSampler prompt, which evicted Optimize's output (both ComfyUI rows' default caches),
+    # and a CPU server's Optimize clones without building a model
+    default = next(c for c in protocol["json"]["sections"]["memory_modes"]["cases"] if c["case"] == "default")
+    assert default["optimize_executed_again"] == 1
+    assert default["model_builds"] == {"ksampler": [0], "steadfast": [0]}
 
 
 def test_a_failing_section_is_recorded_and_the_rest_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
