@@ -119,6 +119,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def cached_nodes(entry: Mapping[str, Any]) -> list[str]:
+    """Node ids the prompt of a ``/history`` entry took from ComfyUI's cache (its ``execution_cached`` messages)."""
+    messages = (entry.get("status") or {}).get("messages", [])
+    return [n for event, data in messages if event == "execution_cached" for n in data.get("nodes", [])]
+
+
 class ComfyClient:
     """HTTP client of a running ComfyUI (``url`` like ``http://127.0.0.1:8188``): JSON GET/POST, uploads,
     prompts queued and waited for, ``/free``. :class:`ComfyServer` is the same client for a server it starts.

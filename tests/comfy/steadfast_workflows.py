@@ -14,7 +14,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from comfy_server import ComfyServer
+from comfy_server import ComfyServer, cached_nodes  # noqa: F401 (cached_nodes: the tests import it from here)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 API_DIR = REPO_ROOT / "example_workflows" / "api"
@@ -96,11 +96,6 @@ def compare_of(entry: dict[str, Any], node: str) -> dict[str, Any]:
 def record_of(entry: dict[str, Any], node: str) -> dict[str, Any]:
     """The full run record of a ``SteadfastSeededSampler`` node."""
     return ui(entry, node)["steadfast_run_record"][0]
-
-
-def cached_nodes(entry: dict[str, Any]) -> list[str]:
-    """Node ids the run took from ComfyUI's cache."""
-    return [n for event, data in entry["status"]["messages"] if event == "execution_cached" for n in data["nodes"]]
 
 
 def compile_records(server: ComfyServer) -> list[dict[str, Any]]:
