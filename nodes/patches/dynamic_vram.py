@@ -8,8 +8,6 @@ time (comfy/model_patcher.py ModelPatcherDynamic.load: ``<param>_lowvram_functio
 
 from __future__ import annotations
 
-import weakref
-
 from ..host.identity import comfy_compiler_state
 
 __all__ = [
@@ -54,23 +52,28 @@ def non_dynamic_base(model):
     The copy's ``parent`` is cleared: when a clone of it is garbage-collected, ComfyUI's loaded-model entry moves to
     the clone's parent (``LoadedModel._switch_parent``), which is then this copy, a patcher of the same module, so
     the module's memory stays accounted for and unloadable. With ``model`` as its parent the entry would name a
-    patcher of another module (and the copy would keep ``model`` alive from the cache below).
+    patcher of another module (and the copy would refer back to ``model``).
+
+    The copy is kept on ``model`` itself (not in a table keyed by it): a value that referred back to ``model`` (a
+    wrapper's closure in the copied ``model_options``) would then be a cycle the garbage collector frees, never a
+    table entry that keeps both models alive.
 
     Args:
         model: a ComfyUI ``ModelPatcherDynamic`` (``is_dynamic()`` True).
     Returns:
         a non-dynamic ``ModelPatcher`` over its own module, the same object for every call with ``model``.
     """
-    base = _NON_DYNAMIC.get(model)
+    base = getattr(model, _BASE_ATTR, None)
     if base is None:
         base = model.clone(disable_dynamic=True)
         base.parent = None
-        _NON_DYNAMIC[model] = base
+        setattr(model, _BASE_ATTR, base)  # on the patcher, as ComfyUI keeps its delegate: it goes with ``model``
     return base
 
 
-#: Dynamic VRAM ModelPatcher -> its non-dynamic copy (:func:`non_dynamic_base`); an entry goes with its patcher
-_NON_DYNAMIC: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: the attribute of a Dynamic VRAM ModelPatcher holding its non-dynamic copy (:func:`non_dynamic_base`); ``clone()``
+#: does not copy it, so a clone (other patches, perhaps) makes its own
+_BASE_ATTR = "steadfast_non_dynamic_base"
 
 
 def check_comfy_compiler(what: str) -> None:

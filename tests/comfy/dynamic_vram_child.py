@@ -36,6 +36,7 @@ def reexecuted_optimize(model: Any, dynamic_class: type, optimize: Any) -> dict[
     sample from each against the non-dynamic copy built the old way, and which patcher ComfyUI's loaded-model list
     holds the non-dynamic module by once the node's output is gone."""
     import gc
+    import weakref
 
     import comfy.model_management as mm
     import comfy.sample
@@ -109,6 +110,10 @@ def reexecuted_optimize(model: Any, dynamic_class: type, optimize: Any) -> dict[
         else "another module"
         for h in holders
     ]
+    gone = weakref.ref(module)  # the copy goes with its Dynamic VRAM MODEL: nothing else keeps it
+    del module, holders, dyn, lora_dyn, old_way, ref, lora_opt, lora_ref  # every patcher that leads to ``dyn``
+    gc.collect()
+    res["reexec_freed_with_its_model"] = gone() is None
     return res
 
 

@@ -100,7 +100,7 @@ def test_optimize_executed_again_reuses_the_non_dynamic_copy(result: dict[str, A
     Now one copy per Dynamic VRAM MODEL is kept and every execution compiles a clone of it: one load, one module,
     the same bytes as the copy built the old way (with a LoRA before or after Optimize too), and once the node's
     output is gone ComfyUI's loaded-model list still holds the module by a non-dynamic patcher of it (its memory
-    stays accounted for and unloadable)."""
+    stays accounted for and unloadable). The copy is freed with its Dynamic VRAM MODEL."""
     _needs_dynamic(result)
     assert result["reexec_reloads"] == 1
     assert result["reexec_same_module"] is True and result["reexec_module_is_dynamic_ones"] is False
@@ -110,3 +110,4 @@ def test_optimize_executed_again_reuses_the_non_dynamic_copy(result: dict[str, A
     assert result["reexec_patch_after_changes"] is True and result["reexec_unpatched_again"] is True
     assert result["reexec_lora_equal_old"] is True and result["reexec_lora_own_module"] is True
     assert result["reexec_tracked_by"] == ["non-dynamic, same module"]
+    assert result["reexec_freed_with_its_model"] is True
