@@ -5,7 +5,7 @@ only in the sampling chain, queued alternately with a new seed each time (ComfyU
 follows; the checkpoint and the text encodes stay cached, and Optimize Model runs again in every Steadfast prompt
 that follows an eager one, whose prompt has evicted its output: ComfyUI 0.33.0's RAM-pressure cache and 0.8.0's
 classic cache both drop the outputs the running prompt does not use. Each phase prints how many Steadfast prompts
-ran it again):
+ran it again, and the paired ratio of those and of the others apart):
 
 * ``eager``: CheckpointLoaderSimple -> KSampler (euler) -> VAEDecode -> PreviewImage;
 * ``steadfast``: CheckpointLoaderSimple -> SteadfastOptimizeModel (compile regional, inductor, the managed compile
@@ -190,14 +190,14 @@ def timed_phase(
     route's split."""
     configs = ("eager", "steadfast", "seeded", "compiled") if args.split else ("eager", "steadfast")
     before = precompiled_state(server)
-    reran: dict[str, int] = {}
+    reran: dict[str, list[bool]] = {}  # per routed config and round: did Optimize Model execute again
     for i in range(args.repeats):
         for config in configs if i % 2 == 0 else configs[::-1]:
             seed += 1
             entry = server.wait(server.queue(workflow(config, seed, args.steps, args.side)), timeout=900)
             times.setdefault((phase, config), []).append(_common.executed_seconds(entry))
             if config in ("steadfast", "compiled"):
-                reran[config] = reran.get(config, 0) + (OPTIMIZE_NODE not in cached_nodes(entry))
+                reran.setdefault(config, []).append(OPTIMIZE_NODE not in cached_nodes(entry))
     med = {c: statistics.median(times[phase, c]) for c in configs}
     for config in configs[1:]:
         print(
@@ -205,12 +205,17 @@ def timed_phase(
             f"{ratio_text(paired_ratios(times, phase, config))}",
             flush=True,
         )
-    print(
-        f"  {phase}: Optimize Model ran again in "
-        + ", ".join(f"{n}/{args.repeats} {c} prompts" for c, n in reran.items())
-        + " (the others took it from ComfyUI's cache)",
-        flush=True,
-    )
+    for config, flags in reran.items():
+        ratios = paired_ratios(times, phase, config)
+        again = [r for r, f in zip(ratios, flags, strict=True) if f]
+        cached = [r for r, f in zip(ratios, flags, strict=True) if not f]
+        print(
+            f"  {phase}: {config}: Optimize Model ran again in {len(again)}/{len(flags)} prompts; paired ratio "
+            + "; ".join(
+                f"{what} {ratio_text(r)}" for what, r in (("ran again", again), ("cached", cached)) if len(r) > 1
+            ),
+            flush=True,
+        )
     routed = sum(c in ("steadfast", "compiled") for c in configs)
     print(
         f"  {phase}: route per Steadfast prompt: "
