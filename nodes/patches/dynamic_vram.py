@@ -29,12 +29,22 @@ def is_dynamic(model) -> bool:
 
 
 def compile_clone(model):
-    """The clone Optimize Model compiles: a plain ``model.clone()``, or for a Dynamic VRAM model a clone of its
-    non-dynamic copy (:func:`non_dynamic_base`). Core's ``TorchCompileModel.execute`` compiles the same kind of copy
-    (ComfyUI 0.33 ``comfy_extras/nodes_torch_compile.py``: ``model.clone(disable_dynamic=True)``; ComfyUI PR 12612:
-    the dynamic patcher gave many graph breaks and guard failures). Versions without Dynamic VRAM have no
-    ``is_dynamic`` and no ``clone(disable_dynamic=...)``: the plain clone."""
-    return non_dynamic_base(model).clone() if is_dynamic(model) else model.clone()
+    """The clone Optimize Model compiles: a plain ``model.clone()``, or for a Dynamic VRAM model
+    ``model.clone(disable_dynamic=True)`` on the module of its kept non-dynamic copy (:func:`non_dynamic_base`):
+    ``model``'s patches, options and wrappers as they are now, on a module built once. Core's
+    ``TorchCompileModel.execute`` compiles the same kind of copy (ComfyUI 0.33 ``comfy_extras/nodes_torch_compile.py``;
+    ComfyUI PR 12612: the dynamic patcher gave many graph breaks and guard failures). Versions without Dynamic VRAM
+    have no ``is_dynamic`` and no ``clone(disable_dynamic=...)``: the plain clone.
+
+    The clone's ``parent`` is the kept copy, not ``model``: when the clone is garbage-collected, ComfyUI's
+    loaded-model entry moves to its parent (``LoadedModel._switch_parent``), which must be a patcher of the same
+    module for that module's memory to stay accounted for and unloadable."""
+    if not is_dynamic(model):
+        return model.clone()
+    base = non_dynamic_base(model)
+    m = model.clone(disable_dynamic=True, model_override=base.get_clone_model_override())
+    m.parent = base
+    return m
 
 
 def non_dynamic_base(model):
@@ -46,13 +56,11 @@ def non_dynamic_base(model):
     True)`` rebuilds the model from ``cached_patcher_init``, loading the checkpoint's weights again: once per
     execution, so once per prompt in a server that alternates workflows. Here it runs once per ``model``, as
     ComfyUI's own ``ModelPatcherDynamic.get_non_dynamic_delegate`` keeps its copy (comfy/model_patcher.py), and
-    Optimize compiles a ``clone()`` of the copy: the same patches, options and wrappers as ``model`` (a node's
-    output is not changed after it is returned), the same module every time.
+    :func:`compile_clone` clones ``model`` onto the copy's module (``model_override``, as that method does).
 
-    The copy's ``parent`` is cleared: when a clone of it is garbage-collected, ComfyUI's loaded-model entry moves to
-    the clone's parent (``LoadedModel._switch_parent``), which is then this copy, a patcher of the same module, so
-    the module's memory stays accounted for and unloadable. With ``model`` as its parent the entry would name a
-    patcher of another module (and the copy would refer back to ``model``).
+    The copy's ``parent`` is cleared: it is a patcher of another module than ``model``'s, and with ``model`` as its
+    parent ComfyUI's loaded-model entry would move to ``model`` when the copy is collected (and the copy would refer
+    back to ``model``).
 
     The copy is kept on ``model`` itself (not in a table keyed by it): a value that referred back to ``model`` (a
     wrapper's closure in the copied ``model_options``) would then be a cycle the garbage collector frees, never a

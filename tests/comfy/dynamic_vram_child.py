@@ -98,8 +98,16 @@ def reexecuted_optimize(model: Any, dynamic_class: type, optimize: Any) -> dict[
     noise.add_(1.0)  # the random-weight model must depend on its input
     res["reexec_input_dependent"] = not torch.equal(sample(second), a)
     noise.copy_(saved)
+    dyn.add_patches({lora_key: (torch.full_like(w, 0.03),)}, strength_patch=1.0)  # changed in place (no node
+    third, _ = optimize(dyn, **compile_eager)  # should do that): each execution takes the patches as they are now
+    fresh, _ = optimize(dyn.clone(disable_dynamic=True), **compile_eager)
+    t3 = sample(third)
+    res.update(
+        reexec_current_patches=torch.equal(t3, sample(fresh)) and not torch.equal(t3, a),
+        reexec_current_same_module=third.model is first.model,
+    )
     module = first.model
-    del first, second, after, a_again
+    del first, second, after, a_again, third, fresh
     gc.collect()
     holders = [lm.model for lm in mm.current_loaded_models if lm.real_model is not None and lm.real_model() is module]
     res["reexec_tracked_by"] = [

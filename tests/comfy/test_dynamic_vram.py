@@ -98,7 +98,8 @@ def test_optimize_executed_again_reuses_the_non_dynamic_copy(result: dict[str, A
     """Issue 35 (the 2.7x under Dynamic VRAM): ComfyUI executes Optimize Model again whenever another prompt has
     evicted its output, and each execution built a new non-dynamic copy, loading the checkpoint's weights again.
     Now one copy per Dynamic VRAM MODEL is kept and every execution compiles a clone of it: one load, one module,
-    the same bytes as the copy built the old way (with a LoRA before or after Optimize too), and once the node's
+    the same bytes as the copy built the old way (with a LoRA before or after Optimize too, and with patches added to
+    the input MODEL in place between two executions: each takes the MODEL as it is then), and once the node's
     output is gone ComfyUI's loaded-model list still holds the module by a non-dynamic patcher of it (its memory
     stays accounted for and unloadable). The copy is freed with its Dynamic VRAM MODEL."""
     _needs_dynamic(result)
@@ -109,5 +110,6 @@ def test_optimize_executed_again_reuses_the_non_dynamic_copy(result: dict[str, A
     assert result["reexec_equal"] is True, result["reexec_max_abs_vs_old"]
     assert result["reexec_patch_after_changes"] is True and result["reexec_unpatched_again"] is True
     assert result["reexec_lora_equal_old"] is True and result["reexec_lora_own_module"] is True
+    assert result["reexec_current_patches"] is True and result["reexec_current_same_module"] is True
     assert result["reexec_tracked_by"] == ["non-dynamic, same module"]
     assert result["reexec_freed_with_its_model"] is True
