@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -49,7 +50,10 @@ _registered: set[str] = set()  # cache paths this process has put in their WRITE
 T = TypeVar("T")
 
 
+@functools.cache
 def _triton_version() -> str | None:
+    """The installed Triton distribution and its version (None without), read once per process: the Triton a
+    running process has imported does not change when a package is reinstalled under it."""
     for dist in ("triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu"):
         with contextlib.suppress(PackageNotFoundError):
             return f"{dist} {version(dist)}"

@@ -76,15 +76,17 @@ def test_fast_disk_and_the_comfy_compiler_are_named_with_their_switches():
 
 
 def test_per_process_reads_equal_a_fresh_read():
-    """The CPU's name and flags are read once per process (``functools.cache``): the cached value is what a fresh
-    read of ``/proc/cpuinfo`` gives, and the second call does not read again (the same object)."""
+    """The CPU's name and flags and the installed Triton are read once per process (``functools.cache``): the cached
+    value is what a fresh read (``/proc/cpuinfo``, the distributions' metadata) gives, and the second call does not
+    read again (the same object)."""
     import os
     import platform
 
+    from steadfast.core.compile import cache
     from steadfast.core.determinism import portable
     from steadfast.core.record import environment
 
-    for read in (environment._cpu_name, portable._cpu_flags):
+    for read in (environment._cpu_name, portable._cpu_flags, cache._triton_version):
         assert read() == read.__wrapped__(), read.__name__
         assert read() is read(), read.__name__
     assert environment._cpu_name()
