@@ -112,8 +112,9 @@ def optimize_model(model, opts: OptimizeOptions, device) -> tuple[object, list[S
                 lines=[
                     (
                         "Dynamic VRAM: compiling a non-dynamic copy (model.clone(disable_dynamic=True), as ComfyUI's "
-                        "TorchCompileModel), made once per input MODEL and reused when this node runs again; its "
-                        "weights are loaded again and patched the classic way"
+                        "TorchCompileModel), made once per base model and reused by every patcher of it (LoRA "
+                        "clones too) and whenever this node runs again; its weights are loaded again and patched the "
+                        "classic way"
                     )
                 ],
             ),

@@ -8,6 +8,8 @@ time (comfy/model_patcher.py ModelPatcherDynamic.load: ``<param>_lowvram_functio
 
 from __future__ import annotations
 
+from comfy.model_patcher import ModelPatcher
+
 from ..host.identity import comfy_compiler_state
 
 __all__ = [
@@ -30,11 +32,11 @@ def is_dynamic(model) -> bool:
 
 def compile_clone(model):
     """The clone Optimize Model compiles: a plain ``model.clone()``, or for a Dynamic VRAM model
-    ``model.clone(disable_dynamic=True)`` on the module of its kept non-dynamic copy (:func:`non_dynamic_base`):
-    ``model``'s patches, options and wrappers as they are now, on a module built once. Core's
-    ``TorchCompileModel.execute`` compiles the same kind of copy (ComfyUI 0.33 ``comfy_extras/nodes_torch_compile.py``;
-    ComfyUI PR 12612: the dynamic patcher gave many graph breaks and guard failures). Versions without Dynamic VRAM
-    have no ``is_dynamic`` and no ``clone(disable_dynamic=...)``: the plain clone.
+    ``model.clone(disable_dynamic=True)`` on the module of the non-dynamic copy kept for its base module
+    (:func:`non_dynamic_base`): ``model``'s patches, options and wrappers as they are now, on a module built once.
+    Core's ``TorchCompileModel.execute`` compiles the same kind of copy (ComfyUI 0.33 ``comfy_extras/
+    nodes_torch_compile.py``; ComfyUI PR 12612: the dynamic patcher gave many graph breaks and guard failures).
+    Versions without Dynamic VRAM have no ``is_dynamic`` and no ``clone(disable_dynamic=...)``: the plain clone.
 
     The clone's ``parent`` is the kept copy, not ``model``: when the clone is garbage-collected, ComfyUI's
     loaded-model entry moves to its parent (``LoadedModel._switch_parent``), which must be a patcher of the same
@@ -48,39 +50,49 @@ def compile_clone(model):
 
 
 def non_dynamic_base(model):
-    """The one non-dynamic copy of the Dynamic VRAM ModelPatcher ``model``, built on first use and kept while
-    ``model`` lives.
+    """The one non-dynamic copy of the module under the Dynamic VRAM ModelPatcher ``model``: a bare ModelPatcher
+    (no patches, options or wrappers) over a module rebuilt from ``cached_patcher_init``, built on first use and kept
+    while that base module lives.
 
     ComfyUI executes Optimize Model again whenever a prompt without it has evicted its output (0.33.0's RAM-pressure
-    cache drops every output the running prompt does not use; 0.8.0's classic cache too). ``clone(disable_dynamic=
-    True)`` rebuilds the model from ``cached_patcher_init``, loading the checkpoint's weights again: once per
-    execution, so once per prompt in a server that alternates workflows. Here it runs once per ``model``, as
-    ComfyUI's own ``ModelPatcherDynamic.get_non_dynamic_delegate`` keeps its copy (comfy/model_patcher.py), and
-    :func:`compile_clone` clones ``model`` onto the copy's module (``model_override``, as that method does).
+    cache drops every output the running prompt does not use; 0.8.0's classic cache too), and the node before it
+    (a LoRA loader returns a new patcher) as well. ``clone(disable_dynamic=True)`` rebuilds the model from
+    ``cached_patcher_init``, loading the checkpoint's weights again: once per execution, so once per prompt in a
+    server that alternates workflows. Here it runs once per base module, whichever patcher of it comes in: every
+    ModelPatcherDynamic of one module (a checkpoint's, its LoRA clones') shares the copy, as the classic
+    ModelPatchers of one module share it, and :func:`compile_clone` clones ``model`` onto the copy's module
+    (``model_override``, as ComfyUI's ``ModelPatcherDynamic.get_non_dynamic_delegate``), so each execution brings its
+    own patches and ComfyUI patches and unpatches the shared weights as it does for any clones of one module.
 
-    The copy's ``parent`` is cleared: it is a patcher of another module than ``model``'s, and with ``model`` as its
-    parent ComfyUI's loaded-model entry would move to ``model`` when the copy is collected (and the copy would refer
-    back to ``model``).
-
-    The copy is kept on ``model`` itself (not in a table keyed by it): a value that referred back to ``model`` (a
-    wrapper's closure in the copied ``model_options``) would then be a cycle the garbage collector frees, never a
-    table entry that keeps both models alive.
+    The copy is kept on the dynamic base module, where ComfyUI keeps its own per-module Dynamic VRAM state
+    (``dynamic_vbars``, ``dynamic_pins``, ``dynamic_patchers`` in ``ModelPatcherDynamic.__init__``), so it is freed
+    with that module. It is a fresh ModelPatcher, not a clone of ``model``: a clone would carry ``model``'s patches,
+    options and ``parent`` and keep that patcher (and its LoRA's tensors) alive as long as the module. Being the first
+    patcher of its module, its backup dicts are the ones every clone onto the module shares.
 
     Args:
         model: a ComfyUI ``ModelPatcherDynamic`` (``is_dynamic()`` True).
     Returns:
-        a non-dynamic ``ModelPatcher`` over its own module, the same object for every call with ``model``.
+        a non-dynamic ``ModelPatcher`` with ``parent`` None, the same object for every patcher of ``model.model``.
+    Raises:
+        RuntimeError: from ComfyUI, when ``model`` has no ``cached_patcher_init`` to rebuild the module from.
     """
-    base = getattr(model, _BASE_ATTR, None)
+    base = getattr(model.model, _BASE_ATTR, None)
     if base is None:
-        base = model.clone(disable_dynamic=True)
-        base.parent = None
-        setattr(model, _BASE_ATTR, base)  # on the patcher, as ComfyUI keeps its delegate: it goes with ``model``
+        module = model.clone(disable_dynamic=True).model  # ComfyUI's own rebuild (cached_patcher_init)
+        base = ModelPatcher(  # ComfyUI's constructor, as its loaders call it: none of ``model``'s patches
+            module,
+            model.load_device,
+            model.offload_device,
+            model.model_size(),
+            weight_inplace_update=model.weight_inplace_update,
+        )
+        setattr(model.model, _BASE_ATTR, base)  # not a Module: a plain attribute of the dynamic module
     return base
 
 
-#: the attribute of a Dynamic VRAM ModelPatcher holding its non-dynamic copy (:func:`non_dynamic_base`); ``clone()``
-#: does not copy it, so a clone (other patches, perhaps) makes its own
+#: the attribute of a Dynamic VRAM base module (``ModelPatcherDynamic.model``) holding its non-dynamic copy
+#: (:func:`non_dynamic_base`)
 _BASE_ATTR = "steadfast_non_dynamic_base"
 
 

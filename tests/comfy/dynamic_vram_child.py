@@ -29,22 +29,26 @@ def params_state(module: torch.nn.Module) -> dict[str, str]:
     return {n: f"{p.data_ptr()}|{tuple(p.stride())}" for n, p in module.named_parameters()}
 
 
-def reexecuted_optimize(model: Any, dynamic_class: type, optimize: Any) -> dict[str, Any]:
-    """Optimize Model executed again on one Dynamic VRAM MODEL, as ComfyUI does whenever a prompt without it has
-    evicted its output (0.33.0's RAM-pressure cache drops every output the running prompt does not use): how often
-    the weights are loaded again (``cached_patcher_init``), which module each compiled copy runs, the bytes of a
-    sample from each against the non-dynamic copy built the old way, and which patcher ComfyUI's loaded-model list
-    holds the non-dynamic module by once the node's output is gone."""
+def reexecuted_optimize(ckpt: str, dynamic_class: type, optimize: Any) -> dict[str, Any]:
+    """Optimize Model executed again on Dynamic VRAM MODELs of one base module, as ComfyUI does whenever a prompt
+    without it has evicted its output (0.33.0's RAM-pressure cache drops every output the running prompt does not
+    use), with the node before it (a LoRA loader: a new patcher each time) run again too: how often the weights are
+    loaded again (``cached_patcher_init``), which module each compiled copy runs, the bytes of a sample from each
+    against the non-dynamic copy built the old way, and which patcher ComfyUI's loaded-model list holds the
+    non-dynamic module by once the node's output is gone. The checkpoint is loaded here, so that its module (and the
+    copy kept with it) can be freed at the end."""
     import gc
     import weakref
 
     import comfy.model_management as mm
     import comfy.sample
+    import comfy.sd
 
     from steadfast.nodes.patches.dynamic_vram import is_dynamic as dv_is_dynamic
+    from steadfast.nodes.patches.dynamic_vram import non_dynamic_base
 
     reloads = []
-    dyn = model.clone()
+    dyn = comfy.sd.load_checkpoint_guess_config(ckpt, output_vae=False, output_clip=False)[0].clone()
     dyn.__class__ = dynamic_class
     init = dyn.cached_patcher_init
 
@@ -62,37 +66,54 @@ def reexecuted_optimize(model: Any, dynamic_class: type, optimize: Any) -> dict[
         latent = torch.zeros(1, 4, 8, 8)
         return comfy.sample.sample(m, noise, 2, 3.0, "euler", "normal", pos, neg, latent, disable_pbar=True, seed=5)
 
+    lora_key = next(k for k, w in dyn.model.state_dict().items() if k.endswith("to_q.weight"))
+    w = dyn.model.state_dict()[lora_key]
+
+    def lora(m: Any, value: float = 0.02) -> Any:
+        """what LoraLoaderModelOnly returns: a clone of ``m`` (another Dynamic VRAM patcher, same module) + patches"""
+        out = m.clone()
+        out.add_patches({lora_key: (torch.full_like(w, value),)}, strength_patch=1.0)
+        return out
+
     compile_eager = {"compile": "regional", "backend": "eager"}
-    first, _ = optimize(dyn, **compile_eager)
+    lora_in = lora(dyn)
+    lora_opt, _ = optimize(lora_in, **compile_eager)  # ckpt -> LoRA -> Optimize: the copy is built here
+    lora_opt_again, _ = optimize(lora(dyn), **compile_eager)  # both executed again: a new LoRA patcher
+    first, _ = optimize(dyn, **compile_eager)  # ckpt -> Optimize
     second, _ = optimize(dyn, **compile_eager)
+    kept = non_dynamic_base(dyn)
     res: dict[str, Any] = {
         "reexec_reloads": len(reloads),
-        "reexec_same_module": first.model is second.model,
+        "reexec_same_module": first.model is second.model is lora_opt.model is lora_opt_again.model is kept.model,
         "reexec_module_is_dynamic_ones": first.model is dyn.model,
-        "reexec_dynamic": [dv_is_dynamic(first), dv_is_dynamic(second)],
+        "reexec_dynamic": [dv_is_dynamic(m) for m in (first, second, lora_opt, lora_opt_again)],
+        "reexec_kept_is_bare": kept.patches == {} and kept.parent is None and not kept.object_patches,
     }
+    del kept
+    lora_in_ref = weakref.ref(lora_in)  # kept alive by its Optimize output, by nothing of the copy
+    la_first = sample(lora_opt)
+    del lora_in, lora_opt
+    gc.collect()
+    res["reexec_lora_patcher_freed"] = lora_in_ref() is None
     old_way = dyn.clone(disable_dynamic=True)  # what Optimize compiled before: a fresh non-dynamic copy per execution
     reloads.clear()
     a, b = sample(first), sample(second)
     ref, _ = optimize(old_way, **compile_eager)
     r = sample(ref)
-    lora_key = next(k for k, w in model.model.state_dict().items() if k.endswith("to_q.weight"))
-    w = model.model.state_dict()[lora_key]
     after = first.clone()  # a LoRA-like patch after Optimize: a clone sharing the reused module
     after.add_patches({lora_key: (torch.full_like(w, 0.02),)}, strength_patch=1.0)
     p = sample(after)
     a_again = sample(second)
-    lora_dyn = dyn.clone()  # a LoRA before Optimize: another Dynamic VRAM patcher, its own non-dynamic copy
-    lora_dyn.add_patches({lora_key: (torch.full_like(w, 0.02),)}, strength_patch=1.0)
-    lora_opt, _ = optimize(lora_dyn, **compile_eager)
-    lora_ref, _ = optimize(lora_dyn.clone(disable_dynamic=True), **compile_eager)
+    lora_ref, _ = optimize(lora(dyn).clone(disable_dynamic=True), **compile_eager)
+    la, lb, lr = la_first, sample(lora_opt_again), sample(lora_ref)
     res.update(
         reexec_equal=torch.equal(a, b) and torch.equal(a, r),
         reexec_max_abs_vs_old=float((a - r).abs().max()),
         reexec_patch_after_changes=not torch.equal(p, a),
-        reexec_unpatched_again=torch.equal(a_again, a),
-        reexec_lora_equal_old=torch.equal(sample(lora_opt), sample(lora_ref)),
-        reexec_lora_own_module=lora_opt.model is not first.model,
+        reexec_unpatched_again=torch.equal(a_again, a) and torch.equal(sample(second), a),  # after the LoRA ones too
+        reexec_lora_equal_old=torch.equal(la, lr) and torch.equal(lb, lr),
+        reexec_lora_max_abs_vs_old=float((la - lr).abs().max()),
+        reexec_lora_changes=not torch.equal(la, a),
     )
     saved = noise.clone()
     noise.add_(1.0)  # the random-weight model must depend on its input
@@ -107,7 +128,7 @@ def reexecuted_optimize(model: Any, dynamic_class: type, optimize: Any) -> dict[
         reexec_current_same_module=third.model is first.model,
     )
     module = first.model
-    del first, second, after, a_again, third, fresh
+    del first, second, after, a_again, third, fresh, lora_opt_again
     gc.collect()
     holders = [lm.model for lm in mm.current_loaded_models if lm.real_model is not None and lm.real_model() is module]
     res["reexec_tracked_by"] = [
@@ -118,8 +139,8 @@ def reexecuted_optimize(model: Any, dynamic_class: type, optimize: Any) -> dict[
         else "another module"
         for h in holders
     ]
-    gone = weakref.ref(module)  # the copy goes with its Dynamic VRAM MODEL: nothing else keeps it
-    del module, holders, dyn, lora_dyn, old_way, ref, lora_opt, lora_ref  # every patcher that leads to ``dyn``
+    gone = weakref.ref(module)  # the copy goes with its Dynamic VRAM module: nothing else keeps it
+    del module, holders, dyn, old_way, ref, lora_ref  # every patcher that leads to the dynamic module
     gc.collect()
     res["reexec_freed_with_its_model"] = gone() is None
     return res
@@ -190,7 +211,7 @@ def main() -> None:
         out["compiled_report"] = report
         out["compiled_qkv"] = so.steadfast_options(comp).qkv_fusion
 
-        out.update(reexecuted_optimize(model, EmulatedDynamic, optimize))
+        out.update(reexecuted_optimize(sys.argv[2], EmulatedDynamic, optimize))
 
         # the Comfy Compiler (absent in 0.33.0): emulate its switch and Dynamic VRAM being active
         import comfy.memory_management as memory

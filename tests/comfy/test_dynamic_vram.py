@@ -96,20 +96,25 @@ def test_without_dynamic_vram_compile_clones_plainly(result: dict[str, Any]) -> 
 
 def test_optimize_executed_again_reuses_the_non_dynamic_copy(result: dict[str, Any]) -> None:
     """Issue 35 (the 2.7x under Dynamic VRAM): ComfyUI executes Optimize Model again whenever another prompt has
-    evicted its output, and each execution built a new non-dynamic copy, loading the checkpoint's weights again.
-    Now one copy per Dynamic VRAM MODEL is kept and every execution compiles a clone of it: one load, one module,
-    the same bytes as the copy built the old way (with a LoRA before or after Optimize too, and with patches added to
-    the input MODEL in place between two executions: each takes the MODEL as it is then), and once the node's
-    output is gone ComfyUI's loaded-model list still holds the module by a non-dynamic patcher of it (its memory
-    stays accounted for and unloadable). The copy is freed with its Dynamic VRAM MODEL."""
+    evicted its output (and the LoRA loader before it too, which returns a new patcher), and each execution built a
+    new non-dynamic copy, loading the checkpoint's weights again. Now one copy per Dynamic VRAM base module is kept
+    and every execution compiles a clone of it: one load and one module for two plain and two LoRA executions, the
+    same bytes as the copy built the old way (with a LoRA before or after Optimize too, the LoRA unpatched again when
+    the plain MODEL runs next, and with patches added to the input MODEL in place between two executions: each takes
+    the MODEL as it is then), and once the node's output is gone ComfyUI's loaded-model list still holds the module
+    by a non-dynamic patcher of it (its memory stays accounted for and unloadable). The copy is a bare patcher
+    (none of the patches of the MODEL it was first built for, which is freed once its output is gone) and is freed
+    with the Dynamic VRAM module."""
     _needs_dynamic(result)
     assert result["reexec_reloads"] == 1
     assert result["reexec_same_module"] is True and result["reexec_module_is_dynamic_ones"] is False
-    assert result["reexec_dynamic"] == [False, False]
+    assert result["reexec_dynamic"] == [False, False, False, False]
+    assert result["reexec_kept_is_bare"] is True and result["reexec_lora_patcher_freed"] is True
     assert result["reexec_input_dependent"] is True
     assert result["reexec_equal"] is True, result["reexec_max_abs_vs_old"]
     assert result["reexec_patch_after_changes"] is True and result["reexec_unpatched_again"] is True
-    assert result["reexec_lora_equal_old"] is True and result["reexec_lora_own_module"] is True
+    assert result["reexec_lora_equal_old"] is True, result["reexec_lora_max_abs_vs_old"]
+    assert result["reexec_lora_changes"] is True
     assert result["reexec_current_patches"] is True and result["reexec_current_same_module"] is True
     assert result["reexec_tracked_by"] == ["non-dynamic, same module"]
     assert result["reexec_freed_with_its_model"] is True

@@ -224,6 +224,36 @@ def test_dynamic_vram_optimize_run_again_loads_no_weights_again(gpu_server: Comf
     assert hash_of(again, h) == hash_of(first, h)
 
 
+def test_dynamic_vram_lora_and_optimize_run_again_load_no_weights_again(gpu_server: ComfyServer) -> None:
+    """Issue 35, the LoRA case: ckpt -> LoRA -> Optimize, ckpt -> Optimize and a KSampler prompt in turn. The prompt
+    without the LoRA evicts the LoRA loader's output, so it executes again and returns a new Dynamic VRAM patcher;
+    Optimize's non-dynamic copy is kept per base module, so no diffusion model is built again (no ``model_type``
+    log line after the first prompt), each workflow gives its first bytes again (the LoRA unpatched from and patched
+    into the shared copy as ComfyUI does for any clones of one module), and the LoRA changes them. CPU twin:
+    ``test_dynamic_vram.py::test_optimize_executed_again_reuses_the_non_dynamic_copy``."""
+    if not _dynamic(gpu_server):
+        pytest.skip("Dynamic VRAM is not active on this GPU/ComfyUI (comfy-aimdo unavailable)")
+    wf = workflow("optimized_vs_baseline", steps=2)
+    wf["13"]["inputs"].update({"compile": "regional", "backend": "eager", "qkv_fusion": False, "attention": "auto"})
+    plain_hash = add(wf, "SteadfastHash", latent=["7", 0])
+    plain, without = only(wf, plain_hash), only(wf, "6")
+    lora = add(wf, "LoraLoaderModelOnly", model=["1", 0], lora_name=LORA_NAME, strength_model=1.0)
+    wf["13"]["inputs"]["model"] = [lora, 0]
+    lora_hash = add(wf, "SteadfastHash", latent=["7", 0])
+    with_lora = only(wf, lora_hash)
+    first_lora = hash_of(run(gpu_server, with_lora), lora_hash)
+    seen = len(gpu_server.log_path.read_text(errors="replace").splitlines())
+    first_plain = hash_of(run(gpu_server, plain), plain_hash)
+    run(gpu_server, without)
+    again = run(gpu_server, with_lora)
+    plain_again = hash_of(run(gpu_server, plain), plain_hash)
+    new_lines = gpu_server.log_path.read_text(errors="replace").splitlines()[seen:]
+    if lora in cached_nodes(again):
+        pytest.skip("this ComfyUI kept the LoRA loader's output across the prompts without it: nothing ran again")
+    assert not [line for line in new_lines if "model_type" in line], new_lines
+    assert hash_of(again, lora_hash) == first_lora != first_plain == plain_again
+
+
 def test_model_digest_equal_with_and_without_dynamic_vram(gpu_server: ComfyServer, legacy_server: ComfyServer) -> None:
     """Item 4: the same checkpoint + LoRA gives the same model digest whether ComfyUI patched the Parameters
     (legacy) or applies the LoRA at cast time (Dynamic VRAM)."""
