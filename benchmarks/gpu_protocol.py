@@ -24,6 +24,11 @@ SD1.5-architecture checkpoint, ``headless/tiny_sd15.py``, built on the machine):
 * ``pytest_gpu``: ``pytest -m gpu`` (the CUDA-only tests of issue 24); pass/fail/skip per test name.
 * ``cpu_vs_gpu``: the same workflow on a ``--cpu`` server and on the GPU: bit equality and the graded verdict
   (PSNR, ``core.record.verdict.grade_tensors``).
+* ``precompiled_route``: the precompiled route on CUDA (issue 35 item 3), per case (ComfyUI's defaults,
+  ``--novram --disable-dynamic-vram`` + LoRA, fp8 weights, ``mode=reduce-overhead``): saved by one server process,
+  answered by its artifacts after a restart, with the bytes of that process's jit and of a
+  ``$STEADFAST_PRECOMPILED=0`` one (``tests/comfy/recompile_workflows.py``: ``precompiled_against_jit``,
+  ``judge_precompiled``); "refused" when the route ran the jit and named why.
 
 Speed (random weights, no download):
 
@@ -81,6 +86,7 @@ SECTIONS: list[tuple[str, int, int]] = [
     ("syncs_per_step", 20, 120),  # 15 s
     ("memory_modes", 120, 90),  # about 28 s a configuration on an H200
     ("quantize", 20, 60),  # 18 s
+    ("precompiled_route", 300, 150),  # 4 cases x 3 server processes (2 cold compiles); never run on a GPU yet
     ("compile_flux", 80, 120),
     ("steady_flux", 45, 120),
     ("first_load", 60, 120),  # the first sampling after a model load under Dynamic VRAM
@@ -875,6 +881,35 @@ def sec_memory_modes(s: Section) -> None:
         s.case(f"{label}: bit-equal to {base}", compare)
 
 
+def sec_precompiled_route(s: Section) -> None:
+    """Issue 35 item 3: the precompiled route on CUDA, per case of ``recompile_workflows.PRECOMPILED_CASES``
+    (defaults, ``--novram --disable-dynamic-vram`` + LoRA, fp8 weights, ``mode=reduce-overhead``): saved in one
+    server process, answered by the artifacts after a restart of the same install, bytes equal to that process's
+    jit and to a ``$STEADFAST_PRECOMPILED=0`` process (``recompile_workflows.judge_precompiled``). The route is
+    opt-in on CUDA (``core.compile.precompiled.TRIED_DEVICES``), so every server runs with
+    ``$STEADFAST_PRECOMPILED`` set. Smoke: the defaults case on the CPU (the CPU cases are tests/comfy/
+    test_precompiled_server.py's)."""
+    _helpers()
+    import recompile_workflows as rw
+
+    fe = s.work / "frontend"  # an empty web root: the protocol needs no frontend package
+    fe.mkdir(exist_ok=True)
+    (fe / "index.html").write_text("<html></html>")
+    os.environ["STEADFAST_FRONT_END_ROOT"] = str(fe)
+    for label, case in rw.PRECOMPILED_CASES.items():
+        if s.smoke and label != "default":
+            s.case(label, lambda: ("skipped", "smoke: the defaults case only (the CPU ones are tests)"))
+            continue
+
+        def one(label=label, case=case) -> tuple:
+            folder = Path(tempfile.mkdtemp(prefix="precompiled_", dir=s.work))
+            r = rw.precompiled_against_jit(None, tiny_ckpt(s.work), folder, cpu=s.smoke, **case)
+            status, detail = rw.judge_precompiled(r)
+            return status, detail, {"result": {k: {**v, "compile": None} for k, v in r.items()}}
+
+        s.case(label, one)
+
+
 def sec_quantize(s: Section) -> None:
     """Optimize quantize off / int8-dynamic / fp8-dynamic on ComfyUI's Flux at reduced width (real code path)."""
     import statistics
@@ -1046,6 +1081,7 @@ RUNNERS: dict[str, Callable[[Section], None]] = {
     "syncs_per_step": sec_syncs,
     "memory_modes": sec_memory_modes,
     "quantize": sec_quantize,
+    "precompiled_route": sec_precompiled_route,
     "compile_flux": sec_compile_flux,
     "steady_flux": sec_steady_flux,
 }

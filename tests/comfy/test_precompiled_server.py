@@ -16,7 +16,15 @@ from typing import Any
 
 import pytest
 from comfy_server import ComfyServer
-from recompile_workflows import TINY_CKPT_NAME, build, go, server_with_lora
+from recompile_workflows import (
+    PRECOMPILED_CASES,
+    TINY_CKPT_NAME,
+    build,
+    go,
+    judge_precompiled,
+    precompiled_against_jit,
+    server_with_lora,
+)
 from steadfast_workflows import compile_records, record_of
 from steadfast_workflows import run as run_prompt
 
@@ -72,6 +80,43 @@ def test_precompiled_warm_start_is_bit_equal_and_fallbacks_are_visible(
         assert again["hash"] == cold["hash"] and state["loads"] == state["hits"] == 0
         reasons = again["compile"]["precompiled"]["reasons"]
         assert reasons and all("not written while Steadfast watched" in r for r in reasons.values())
+
+
+@pytest.mark.parametrize("case", ["fp8 weights", "reduce-overhead"])
+def test_precompiled_cases_of_issue_35_on_the_cpu(
+    comfyui_path: Path, tiny_ckpt: Path, tmp_path: Path, case: str
+) -> None:
+    """Issue 35's cases of the precompiled route that a CPU server can run (the GPU protocol's ``precompiled_route``
+    section runs all four on CUDA): fp8 weights (``--fp8_e4m3fn-unet``) and ``mode=reduce-overhead``. A restart of
+    the same install is answered by the artifacts the first process saved (hits, nothing traced, no fallback) with
+    the bytes of that process's jit and of a ``$STEADFAST_PRECOMPILED=0`` process, and another seed changes them.
+    ComfyUI's defaults and a LoRA are the first test's; ``--novram`` cannot be combined with ``--cpu``."""
+    r = precompiled_against_jit(comfyui_path, tiny_ckpt, tmp_path, cpu=True, **PRECOMPILED_CASES[case])
+    status, detail = judge_precompiled(r)
+    assert status == "pass", detail
+    assert r["saved"]["state"]["saves"] >= 1 and r["jit"]["state"]["enabled"] is False, detail
+    print(f"\n[precompiled, {case}] {detail}")
+
+
+def test_judge_precompiled_grades_bytes_hits_and_reasons() -> None:
+    """The verdict the GPU protocol's ``precompiled_route`` section gives (no server): other bytes fail whatever the
+    hits; a jit answer passes only as "refused" and only with a reason; an output that ignores the seed fails."""
+
+    def result(loaded_hash="a", hits=12, graphs=0, reasons=None, other="b") -> dict[str, Any]:
+        state = {"saves": 0, "loads": 2, "hits": hits, "fallbacks": 0, "reasons": reasons or {}}
+        return {
+            "saved": {"hash": "a", "state": {"saves": 2, "reasons": {}}, "graphs": 1},
+            "loaded": {"hash": loaded_hash, "state": state, "graphs": graphs},
+            "jit": {"hash": "a", "state": {"enabled": False}, "graphs": 1},
+            "other_seed": {"hash": other, "state": state, "graphs": 0},
+        }
+
+    assert judge_precompiled(result())[0] == "pass"
+    assert judge_precompiled(result(loaded_hash="z"))[0] == "fail"
+    assert judge_precompiled(result(other="a"))[0] == "fail"
+    assert judge_precompiled(result(hits=0, graphs=1))[0] == "fail"
+    refused = judge_precompiled(result(hits=0, graphs=1, reasons={"k": "a hook on the block"}))
+    assert refused[0] == "refused" and "a hook on the block" in refused[1]
 
 
 SQUEEZE_PACK = {"steadfast_test_squeeze": Path(__file__).parent / "squeeze_pack"}
