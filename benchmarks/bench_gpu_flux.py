@@ -216,7 +216,9 @@ def denoiser_flops(
 
 
 def make_configs(base: Any, names: list[str], backend: str) -> dict[str, tuple[Any, str]]:
-    """``{name: (ModelPatcher clone, node report)}`` made by the pack's own nodes."""
+    """``{name: (ModelPatcher clone, node report)}`` made by the pack's own nodes: ``eager`` (ComfyUI's defaults),
+    ``core`` (core's TorchCompileModel), ``steadfast`` (Optimize Model, regional, SDPA auto), ``steadfast+det``
+    (Determinism Setup, strict, then the same) and ``steadfast+ro`` (the same with ``mode=reduce-overhead``)."""
     from steadfast.nodes.determinism_node import SteadfastDeterminismSetup
     from steadfast.nodes.optimize_node import SteadfastOptimizeModel
 
@@ -235,9 +237,8 @@ def make_configs(base: Any, names: list[str], backend: str) -> dict[str, tuple[A
         if name == "steadfast+det":
             det = SteadfastDeterminismSetup.execute(model, True, False, 0)
             model, reports = det.result[0], [det.result[1]]
-        opt = SteadfastOptimizeModel.execute(
-            model, False, False, "auto", "regional", backend, "default", "auto", False
-        )
+        mode = "reduce-overhead" if name == "steadfast+ro" else "default"  # +ro: CUDA graphs on the blocks
+        opt = SteadfastOptimizeModel.execute(model, False, False, "auto", "regional", backend, mode, "auto", False)
         out[name] = (opt.result[0], "\n".join(reports + [opt.result[1]]))
     return out
 
