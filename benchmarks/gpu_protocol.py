@@ -525,12 +525,13 @@ def steady_timing(s: Section, srv: Any, sw: Any, side: int, steps: int, rounds: 
         return g
 
     ref = sw.run(srv, wf("steadfast", 1000), timeout=600)  # compiles
+    first_compile = _compile_state(srv, sw)
     sw.run(srv, wf("ksampler", 999), timeout=300)
     times: dict[str, list[float]] = {"ksampler": [], "steadfast": []}
     # per Steadfast prompt: did Optimize Model execute again (a prompt without it evicted its output), and how many
     # diffusion models did ComfyUI build (it logs "model_type" for each; under Dynamic VRAM a non-dynamic copy
     # rebuilt per execution was the suspect of the 2.7x, issue 35)
-    optimize_ran, builds = [], {"ksampler": [], "steadfast": []}
+    optimize_ran, builds, compiled = [], {"ksampler": [], "steadfast": []}, []
     for i in range(rounds):
         for kind, seen in times.items():
             logged = len(_log_lines(srv))
@@ -539,6 +540,7 @@ def steady_timing(s: Section, srv: Any, sw: Any, side: int, steps: int, rounds: 
             builds[kind].append(sum("model_type" in line for line in _log_lines(srv)[logged:]))
             if kind == "steadfast":
                 optimize_ran.append("opt" not in sw.cached_nodes(entry))
+                compiled.append(_compile_state(srv, sw))
     med = {k: statistics.median(v) for k, v in times.items()}
     return {
         "ksampler_s": med["ksampler"],
@@ -546,11 +548,30 @@ def steady_timing(s: Section, srv: Any, sw: Any, side: int, steps: int, rounds: 
         "ratio": med["steadfast"] / med["ksampler"],
         "optimize_executed_again": sum(optimize_ran),
         "model_builds": builds,
+        "compile_first_prompt": first_compile,
+        "compile_per_prompt": compiled,
         "hash_seed1000": sw.hash_of(ref, "h"),
         "backend": backend,
         "side": side,
         "steps": steps,
         "rounds": rounds,
+    }
+
+
+def _compile_state(srv: Any, sw: Any) -> dict[str, Any]:
+    """The compile state after a Steadfast prompt: the newest compile record's last sampling run (graphs Dynamo
+    traced and recompiles in it), its status and the precompiled route's hits so far (``GET
+    /steadfast/compile_state``). A prompt that traces again (graphs > 0 after the first) recompiles per prompt."""
+    records = sw.compile_records(srv)
+    if not records:
+        return {"graphs": None, "recompiles": None, "status": "no compile record"}
+    rec = max(records, key=lambda r: r["created"])
+    last = rec.get("last_run") or {}
+    return {
+        "graphs": last.get("graphs"),
+        "recompiles": last.get("recompiles"),
+        "status": rec.get("status"),
+        "precompiled_hits": (rec.get("precompiled") or {}).get("hits"),
     }
 
 
@@ -860,7 +881,8 @@ def sec_memory_modes(s: Section) -> None:
                 (
                     f"regional+Seeded {r['steadfast_s']:.3f} s, KSampler {r['ksampler_s']:.3f} s; Optimize executed "
                     f"again in {r['optimize_executed_again']}/{r['rounds']} Steadfast prompts; models built "
-                    f"per prompt {r['model_builds']}"
+                    f"per prompt {r['model_builds']}; graphs traced per Steadfast prompt "
+                    f"{[c['graphs'] for c in r['compile_per_prompt']]}"
                 ),
                 r,
             )

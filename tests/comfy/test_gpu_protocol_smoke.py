@@ -97,6 +97,9 @@ def test_cpu_runnable_correctness_cases_pass(protocol: dict) -> None:
     default = next(c for c in protocol["json"]["sections"]["memory_modes"]["cases"] if c["case"] == "default")
     assert default["optimize_executed_again"] == 1
     assert default["model_builds"] == {"ksampler": [0], "steadfast": [0]}
+    # and the compile state: Optimize ran again, on the module compiled by the first prompt, and traced nothing
+    assert [c["graphs"] for c in default["compile_per_prompt"]] == [0], default["compile_per_prompt"]
+    assert default["compile_first_prompt"]["graphs"] >= 1  # the first prompt traced: the count counts
 
 
 def test_a_failing_section_is_recorded_and_the_rest_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
