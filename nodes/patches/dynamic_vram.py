@@ -75,10 +75,18 @@ def non_dynamic_base(model):
     Returns:
         a non-dynamic ``ModelPatcher`` with ``parent`` None, the same object for every patcher of ``model.model``.
     Raises:
-        RuntimeError: from ComfyUI, when ``model`` has no ``cached_patcher_init`` to rebuild the module from.
+        ValueError: ``model`` has no ``cached_patcher_init`` to rebuild the module from (a custom loader), naming
+            the ways out.
     """
     base = getattr(model.model, _BASE_ATTR, None)
     if base is None:
+        if getattr(model, "cached_patcher_init", None) is None:
+            raise ValueError(
+                "compile under Dynamic VRAM runs on a non-dynamic copy of the model, which ComfyUI rebuilds with "
+                "the loader's cached_patcher_init, and this MODEL's loader did not register one (a custom "
+                "loader). Load it with a core loader, start ComfyUI with --disable-dynamic-vram, or set compile "
+                "to off."
+            )
         module = model.clone(disable_dynamic=True).model  # ComfyUI's own rebuild (cached_patcher_init)
         base = ModelPatcher(  # ComfyUI's constructor, as its loaders call it: none of ``model``'s patches
             module,

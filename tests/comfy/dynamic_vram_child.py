@@ -212,6 +212,14 @@ def main() -> None:
         out["compiled_qkv"] = so.steadfast_options(comp).qkv_fusion
 
         out.update(reexecuted_optimize(sys.argv[2], EmulatedDynamic, optimize))
+        custom = dyn.clone()  # a custom loader's MODEL: no cached_patcher_init to rebuild the copy from
+        custom.model = comfy.sd.load_checkpoint_guess_config(sys.argv[2], output_vae=False, output_clip=False)[0].model
+        custom.cached_patcher_init = None
+        try:
+            optimize(custom, compile="regional")
+            out["no_rebuild_recipe"] = "accepted"
+        except ValueError as e:
+            out["no_rebuild_recipe"] = str(e)
 
         # the Comfy Compiler (absent in 0.33.0): emulate its switch and Dynamic VRAM being active
         import comfy.memory_management as memory

@@ -118,3 +118,12 @@ def test_optimize_executed_again_reuses_the_non_dynamic_copy(result: dict[str, A
     assert result["reexec_current_patches"] is True and result["reexec_current_same_module"] is True
     assert result["reexec_tracked_by"] == ["non-dynamic, same module"]
     assert result["reexec_freed_with_its_model"] is True
+
+
+def test_a_model_that_cannot_be_rebuilt_is_refused_naming_the_ways_out(result: dict[str, Any]) -> None:
+    """A Dynamic VRAM MODEL from a loader that registered no ``cached_patcher_init`` cannot give the non-dynamic copy
+    compile needs: Optimize Model refuses with a message naming a core loader, ``--disable-dynamic-vram`` and compile
+    off (ComfyUI's own error names none of them)."""
+    _needs_dynamic(result)
+    msg = result["no_rebuild_recipe"]
+    assert "cached_patcher_init" in msg and "--disable-dynamic-vram" in msg and "compile" in msg and "off" in msg, msg
