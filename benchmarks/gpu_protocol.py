@@ -925,7 +925,7 @@ def sec_precompiled_route(s: Section) -> None:
 
         def one(label=label, case=case) -> tuple:
             folder = Path(tempfile.mkdtemp(prefix="precompiled_", dir=s.work))
-            r = rw.precompiled_against_jit(None, tiny_ckpt(s.work), folder, cpu=s.smoke, **case)
+            r = rw.precompiled_against_jit(None, tiny_ckpt(s.work), folder, cpu=s.smoke, startup_timeout=180, **case)
             status, detail = rw.judge_precompiled(r)
             return status, detail, {"result": {k: {**v, "compile": None} for k, v in r.items()}}
 

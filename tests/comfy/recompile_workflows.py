@@ -148,12 +148,14 @@ def precompiled_against_jit(
     cpu: bool,
     extra_args: list[str] | None = None,
     lora: tuple[str, float] | None = None,
+    startup_timeout: float = 120.0,
     **kw: Any,
 ) -> dict[str, Any]:
-    """The precompiled route's differential check in fresh server processes, each on the compile cache
-    ``folder/cache``: ``saved`` (the route on, ``$STEADFAST_PRECOMPILED=1``: its jit compiles and saves the
-    artifacts), ``loaded`` (the same install restarted, the route on: answered by them) and ``jit`` (another server,
-    ``$STEADFAST_PRECOMPILED=0``: the jit of the same configuration). The restart is of the same install because
+    """The precompiled route's differential check in fresh server processes: ``saved`` (the route on,
+    ``$STEADFAST_PRECOMPILED=1``, an empty compile cache ``folder/cache``: its jit compiles and saves the artifacts),
+    ``loaded`` (the same install restarted on that cache, the route on: answered by them) and ``jit`` (another
+    server, ``$STEADFAST_PRECOMPILED=0``, its own empty cache ``folder/cache_jit``: the jit of the same
+    configuration). The restart is of the same install because
     the artifacts name the pack's modules as ComfyUI imports them, by its folder (docs/measurements.md).
 
     Args:
@@ -163,6 +165,7 @@ def precompiled_against_jit(
         cpu: ``--cpu`` (False: ComfyUI's own device, the GPU).
         extra_args: ComfyUI's command line (``--novram``, ``--fp8_e4m3fn-unet``...).
         lora: (file name, strength), the file built by :func:`build_lora`.
+        startup_timeout: seconds each server may take to answer (a GPU server initialises CUDA first).
         kw: :func:`build`'s (``backend`` defaults to inductor, ``warm`` to the sampled size).
     Returns:
         ``{"saved" | "loaded" | "jit" | "other_seed": {"hash", "state", "graphs", "compile"}}`` (``state``: the
@@ -180,7 +183,13 @@ def precompiled_against_jit(
     def server(route: str, cache: str) -> ComfyServer:
         env = {"STEADFAST_COMPILE_CACHE": str(folder / cache), "STEADFAST_PRECOMPILED": route}
         return ComfyServer(
-            {TINY_CKPT_NAME: ckpt}, loras=loras, comfyui=comfyui, env=env, extra_args=list(extra_args or ()), cpu=cpu
+            {TINY_CKPT_NAME: ckpt},
+            loras=loras,
+            comfyui=comfyui,
+            env=env,
+            extra_args=list(extra_args or ()),
+            cpu=cpu,
+            startup_timeout=startup_timeout,
         )
 
     def one(srv: ComfyServer, **more: Any) -> dict[str, Any]:
