@@ -202,6 +202,11 @@ def test_dynamic_vram_compile_runs_on_the_non_dynamic_clone(gpu_server: ComfySer
     assert record_of(entry, "7")["compile"] != "off"
 
 
+def _log(server: ComfyServer) -> list[str]:
+    """The server's log so far, by line (ComfyUI logs ``model_type`` for each diffusion model it builds)."""
+    return server.log_path.read_text(errors="replace").splitlines()
+
+
 def test_dynamic_vram_optimize_run_again_loads_no_weights_again(gpu_server: ComfyServer) -> None:
     """Issue 35 (the 2.7x under Dynamic VRAM): a prompt without Optimize Model evicts its output, so the next prompt
     with it executes it again. That execution compiles a clone of the same non-dynamic copy: no diffusion model is
@@ -215,9 +220,9 @@ def test_dynamic_vram_optimize_run_again_loads_no_weights_again(gpu_server: Comf
     with_optimize, without = only(wf, h), only(wf, "6")
     first = run(gpu_server, with_optimize)
     run(gpu_server, without)
-    seen = len(gpu_server.log_path.read_text(errors="replace").splitlines())
+    seen = len(_log(gpu_server))
     again = run(gpu_server, with_optimize)
-    new_lines = gpu_server.log_path.read_text(errors="replace").splitlines()[seen:]
+    new_lines = _log(gpu_server)[seen:]
     if "13" in cached_nodes(again):
         pytest.skip("this ComfyUI kept Optimize Model's output across the prompt without it: nothing ran again")
     assert not [line for line in new_lines if "model_type" in line], new_lines
@@ -242,12 +247,12 @@ def test_dynamic_vram_lora_and_optimize_run_again_load_no_weights_again(gpu_serv
     lora_hash = add(wf, "SteadfastHash", latent=["7", 0])
     with_lora = only(wf, lora_hash)
     first_lora = hash_of(run(gpu_server, with_lora), lora_hash)
-    seen = len(gpu_server.log_path.read_text(errors="replace").splitlines())
+    seen = len(_log(gpu_server))
     first_plain = hash_of(run(gpu_server, plain), plain_hash)
     run(gpu_server, without)
     again = run(gpu_server, with_lora)
     plain_again = hash_of(run(gpu_server, plain), plain_hash)
-    new_lines = gpu_server.log_path.read_text(errors="replace").splitlines()[seen:]
+    new_lines = _log(gpu_server)[seen:]
     if lora in cached_nodes(again):
         pytest.skip("this ComfyUI kept the LoRA loader's output across the prompts without it: nothing ran again")
     assert not [line for line in new_lines if "model_type" in line], new_lines
