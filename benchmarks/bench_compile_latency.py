@@ -593,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child is not None:
         print("RESULT " + json.dumps(child(json.loads(args.child))), flush=True)
-        return 0
+        os._exit(0)  # torch 2.11 may die at exit after compiled code ran (docs/compatibility.md, torch 2.11 exit row)
     t_start = time.perf_counter()
     _common.import_pack()  # for the header and parity (this process never compiles)
     models = [m.strip() for m in args.models.split(",") if m.strip()]

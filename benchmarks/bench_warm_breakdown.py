@@ -122,7 +122,8 @@ print("RESULT " + json.dumps({"start": t_start, "start_gc_frozen": start_state.g
                               "first": first, "second": second, "frames": frames, "trace": trace, "backend": backend,
                               "fx_cache_hits": hits, "pre_load": pre.get("load_seconds", 0.0),
                               "pre_save": pre.get("save_seconds", 0.0), "pre_hits": pre.get("hits", 0),
-                              "depends_on_seed": not torch.equal(out1, out2)}))
+                              "depends_on_seed": not torch.equal(out1, out2)}), flush=True)
+os._exit(0)  # torch 2.11 may die at exit after compiled code ran (docs/compatibility.md, torch 2.11 exit row)
 """
 
 

@@ -63,7 +63,8 @@ if mode == "export":
     info = art.export_artifact(cache, path)
     exported = {"files": info.files, "unrecorded": info.unrecorded, "sha256": info.sha256}
 print("RESULT " + json.dumps({"counters": torch_compat.dynamo_counters(), "outs": outs, "sos": sos,
-                              "messages": cache.messages, "imported": imported, "exported": exported}))
+                              "messages": cache.messages, "imported": imported, "exported": exported}), flush=True)
+os._exit(0)  # torch 2.11 may die at exit after compiled code ran (docs/compatibility.md, torch 2.11 exit row)
 """
 
 
