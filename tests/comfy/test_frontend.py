@@ -199,11 +199,22 @@ def screenshot_on_failure(request: pytest.FixtureRequest, artifacts_dir: Path) -
 
 
 def open_template_browser(page: Any) -> Any:
-    """Open ComfyUI's template dialog (the first visit opens it by itself) on our pack's category; returns it."""
+    """Open ComfyUI's template dialog (the first visit opens it by itself) on our pack's category; returns it.
+
+    A dialog seen visible may be one that is closing (the category button then detaches and never comes back: a CI
+    failure on 2026-11-28), so a click that times out opens the dialog again, up to three times."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     dialog = page.get_by_role("dialog").filter(has_text="Templates")
-    if not dialog.is_visible():
-        page.evaluate("() => window.app.extensionManager.command.execute('Comfy.BrowseTemplates')")
-    dialog.get_by_role("button", name=PACK_DIR_NAME, exact=True).click()
+    for attempt in range(3):
+        if not dialog.is_visible():
+            page.evaluate("() => window.app.extensionManager.command.execute('Comfy.BrowseTemplates')")
+        try:
+            dialog.get_by_role("button", name=PACK_DIR_NAME, exact=True).click(timeout=15_000)
+            return dialog
+        except PlaywrightTimeout:
+            if attempt == 2:
+                raise
     return dialog
 
 
