@@ -511,7 +511,7 @@ def child(part: str, models: list[str], rows: list[str], ns: argparse.Namespace,
 
     def note_env(res: dict[str, Any]) -> None:
         res["env"].update(env)
-        res["env"].setdefault("bf16_matmul_tflops", []).append(float(f"{rate / 1e12:.3g}"))  # a CPU: ~0.003
+        res["env"].setdefault("bf16_matmul_tflops", []).append(float(f"{rate / 1e12:.3g}"))  # CPU w/o bf16: ~0.001
 
     update(out, note_env)
     for model in models:
