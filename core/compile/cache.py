@@ -64,7 +64,10 @@ def cache_key_fields(
     device: torch.device | str | None = None, inductor_options: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     """What compiled artifacts depend on: ``{"format", "torch" (with its CUDA build), "triton" (None without),
-    "python" (implementation major.minor), "device", "pack" (version)}``, plus ``"inductor_options"`` (sorted) when
+    "python" (implementation major.minor), "device", "pack" (version), "trace" (the switches a trace reads that
+    torch's own FX-graph and AOTAutograd cache keys leave out: :func:`core.torch_compat.trace_state`, the SDPA
+    backends among them; two processes with other SDPA switches would otherwise share kernels lowered for the
+    other backend)}``, plus ``"inductor_options"`` (sorted) when
     given and not empty (an inductor preset, :mod:`core.compile.presets`: one directory per preset; caches made
     without one keep their key). ``"device"`` is what kernels are built for: ``"cpu AVX512"`` (the ISA inductor
     targets) or ``"cuda <name> sm90"`` (``device`` defaults to CUDA when available, else CPU; other device types
@@ -84,6 +87,7 @@ def cache_key_fields(
         "python": f"{platform.python_implementation()} {py[0]}.{py[1]}",
         "device": described,
         "pack": str(pack),
+        "trace": torch_compat.trace_state(),
     }
     if inductor_options:
         fields["inductor_options"] = {k: inductor_options[k] for k in sorted(inductor_options)}
@@ -208,14 +212,46 @@ class CompileCache:
         f = self.path / rel
         if not f.is_file() or f.is_symlink():
             return None, None
+        data, problem = self._read_checked(f, rel)
+        if problem is None:
+            return data, None
+        # another process may be between replacing the file and recording it (both under the lock): read again
+        # under the lock before calling anything untrusted or moving the folder aside
+        with self.locked():
+            if not f.is_file() or f.is_symlink():
+                return None, None
+            data, problem = self._read_checked(f, rel)
+            if problem == "unrecorded":
+                return None, f"{rel} was not written while Steadfast watched: not loaded"
+            if problem is not None:
+                return None, self.quarantine(f"an artifact changed since it was written ({rel}: checksum differs)")
+        return data, None
+
+    def _read_checked(self, f: Path, rel: str) -> tuple[bytes | None, str | None]:
+        """``(data, None)`` when ``f``'s bytes match the sha256 recorded for ``rel``; else ``(None, "unrecorded")``
+        or ``(None, "differs")``."""
         with _ENV_LOCK:
             entry = _load_files(self).get(rel)
         if not (isinstance(entry, list) and entry):
-            return None, f"{rel} was not written while Steadfast watched: not loaded"
-        data = f.read_bytes()
-        if hashlib.sha256(data).hexdigest() != entry[-1]:
-            return None, self.quarantine(f"an artifact changed since it was written ({rel}: checksum differs)")
-        return data, None
+            return None, "unrecorded"
+        try:
+            data = f.read_bytes()
+        except OSError:
+            return None, "differs"
+        return (data, None) if hashlib.sha256(data).hexdigest() == entry[-1] else (None, "differs")
+
+    def write_once(self, rel: str, data: bytes) -> bool:
+        """Write a content-addressed file: ``rel`` is named by a digest of ``data``, so a file already recorded under
+        it holds these bytes and is left as it is (a reader may have it open; two servers saving the same artifact
+        at once both keep working). Otherwise :meth:`write_recorded`. Returns whether it wrote. Raises
+        ``OSError``."""
+        f = self.path / rel
+        with self.locked():
+            entry = _load_files(self).get(rel)
+            if isinstance(entry, list) and entry and f.is_file() and not f.is_symlink():
+                return False
+            self.write_recorded(rel, data)
+        return True
 
     def write_recorded(self, rel: str, data: bytes) -> None:
         """Write ``data`` to ``rel`` (relative to :attr:`path`; folders made) atomically and record its sha256 in

@@ -44,7 +44,6 @@ import builtins
 import dataclasses
 import enum
 import functools
-import hashlib
 import inspect
 import operator
 import sys
@@ -55,6 +54,7 @@ from typing import Any
 import torch
 
 from .. import torch_compat
+from .traced_code import code_digest, function_digest, portable_module
 
 __all__ = [
     "GUARD_KINDS",
@@ -93,24 +93,10 @@ GUARD_KINDS: dict[str, str] = {
 _SIMPLE = (str, int, float, bool, type(None))
 _IMPORT_ALIAS = "__import_"
 _BUILTINS_ALIAS = "__builtins_dict___"
-_code_digests: dict[types.CodeType, str] = {}
 
 
 class NotDescribable(Exception):
     """A value, guard or source the pack cannot describe the same way in another process: no artifact for it."""
-
-
-def code_digest(code: types.CodeType) -> str:
-    """sha256 (16 hex) of a code object's bytecode, names and constants (nested code objects recursively); file
-    names and line numbers are left out, so the same code installed elsewhere gives the same digest."""
-    got = _code_digests.get(code)
-    if got is None:
-        h = hashlib.sha256(code.co_code)
-        h.update(repr((code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars)).encode())
-        for const in code.co_consts:
-            h.update(code_digest(const).encode() if isinstance(const, types.CodeType) else repr(const).encode())
-        got = _code_digests[code] = h.hexdigest()[:16]
-    return got
 
 
 def describe_callable(fn: Any) -> str:
@@ -136,13 +122,35 @@ def describe_callable(fn: Any) -> str:
         return f"method({describe_callable(fn.__func__)}, {describe_value(fn.__self__)})"
     if isinstance(fn, types.BuiltinFunctionType | types.BuiltinMethodType):
         return f"builtin {getattr(fn, '__module__', None)}.{fn.__qualname__}"
-    if (op := torch_compat.operator_name(fn)) is not None:  # torch.ops.<ns>.<op>: its kernels come with the
-        return op  # library that registers them, whose version is in the key (precompiled.HOST_DISTRIBUTIONS)
+    if (op := torch_compat.operator_name(fn)) is not None:  # torch.ops.<ns>.<op>: by name, and its Python kernels
+        return _describe_operator(op, fn)
     if not isinstance(fn, types.FunctionType):
         raise NotDescribable(f"callable of type {type(fn).__qualname__}")
     cells = [describe_value(c.cell_contents) for c in (fn.__closure__ or ())]
     defaults = describe_value(fn.__defaults__) if fn.__defaults__ else ""
-    return f"{fn.__module__}.{fn.__qualname__}#{code_digest(fn.__code__)}({','.join(cells)}){defaults}"
+    return (
+        f"{portable_module(fn.__module__)}.{fn.__qualname__}#{code_digest(fn.__code__)}({','.join(cells)}){defaults}"
+    )
+
+
+def _describe_operator(op: str, fn: Any) -> str:
+    """An operator by its name and the digest of each Python kernel (:func:`core.torch_compat.operator_python_kernels`;
+    C++ kernels come with the library that registers them, whose version is in the key). Raises
+    :class:`NotDescribable` for a kernel registered through ``torch.library.Library.impl``, whose function the
+    dispatcher holds out of reach."""
+    functions, opaque = torch_compat.operator_python_kernels(fn)
+    if opaque:
+        raise NotDescribable(
+            f"{op} has Python kernels registered through torch.library.Library.impl ({', '.join(opaque)}): the "
+            "pack cannot read which code they run"
+        )
+    if not functions:
+        return op
+    kernels = ",".join(
+        f"{role}={function_digest(f) if isinstance(f, types.FunctionType) else type(f).__qualname__}"
+        for role, f in functions.items()
+    )
+    return f"{op}{{{kernels}}}"
 
 
 def describe_value(v: Any) -> str:
@@ -157,7 +165,7 @@ def describe_value(v: Any) -> str:
     if isinstance(v, enum.Enum):
         return f"enum {_class_name(type(v))}.{v.name}"
     if isinstance(v, types.ModuleType):
-        return f"module {v.__name__}"
+        return f"module {portable_module(v.__name__)}"
     if isinstance(v, type):
         return f"class {_class_name(v)}"
     if v is Ellipsis or v is NotImplemented:
@@ -168,7 +176,7 @@ def describe_value(v: Any) -> str:
 
 
 def _class_name(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
+    return f"{portable_module(cls.__module__)}.{cls.__qualname__}"
 
 
 def _describe(kind: str, value: Any) -> str:
@@ -178,7 +186,7 @@ def _describe(kind: str, value: Any) -> str:
         fn = value
         if not isinstance(fn, types.FunctionType):
             raise NotDescribable(f"CLOSURE_MATCH on a {type(fn).__qualname__}")
-        return f"{fn.__module__}.{fn.__qualname__}#{code_digest(fn.__code__)}"
+        return f"{portable_module(fn.__module__)}.{fn.__qualname__}#{code_digest(fn.__code__)}"
     if kind == "type":
         return f"class {_class_name(type(value))}"
     if kind == "eq":

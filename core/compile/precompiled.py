@@ -3,16 +3,21 @@
 
 What decides that an artifact answers a call, all of it checked before each use:
 
-* the key (:func:`call_key`, :func:`key_digest`): the block's classes, submodules and the files defining them
-  (:func:`block_fingerprint`); the call's inputs (shapes, dtypes, strides, devices), the structure of
-  ``transformer_options`` and the identity of every callable under its code keys; the global torch flags, Dynamo's
-  and inductor's config (:func:`core.torch_compat.compile_config_digest`); the compile settings, torch, Python, the
+* the key (:func:`call_key`, :func:`key_digest`): the block's classes and submodules, and the digest of the code
+  of ``type(block).forward`` (:func:`block_fingerprint`); the call's inputs (shapes, dtypes, strides, devices), the
+  structure of ``transformer_options`` and the identity of every callable under its code keys; the global torch flags, Dynamo's
+  and inductor's config (:func:`core.torch_compat.compile_config_digest`), the switches a trace reads that torch
+  does not guard (:func:`core.torch_compat.trace_state`: SDPA backends, ``opt_einsum``, ``mkldnn``, functorch's
+  config); the compile settings, torch, Python, the
   pack, and the host's versions (:func:`host_versions`: ComfyUI, comfy-kitchen, comfy-aimdo, einops);
-* per key, a record of variants (``precompiled/<key>.json``), one per configuration saved: the sha256 of the source
-  file of every module whose code the trace inlined (read from Dynamo: :func:`core.torch_compat.traced_modules`)
-  and the guards the artifact cannot carry, carried by the pack (:mod:`core.compile.carried_guards`: module
-  globals, closures, callables, ``type(...)``, ``weight_function`` lists); a variant answers only when all of them
-  read the same now. Its artifact is ``precompiled/<variant>.pt2``;
+* per key, a record of variants (``precompiled/<key>.json``), one per configuration saved: every code object the
+  trace ran, by the path through which this process reaches it, with the digest of the function found there
+  (:mod:`core.compile.traced_code`; never a file on disk), and the guards the artifact cannot carry, carried by the
+  pack (:mod:`core.compile.carried_guards`: module globals, closures, callables, ``type(...)``, ``weight_function``
+  lists, and the ``transformer_options`` values the trace specialised on, by value); a variant answers only when
+  all of them read the same now, and the code is re-checked by identity on every call. Its artifact is
+  ``precompiled/<sha256 of its bytes>.pt2``, written once (content-addressed: two servers saving the same variant
+  at once write the same name with their own bytes, and neither overwrites a file another may be reading);
 * torch's own ``guard_check`` of the guards the artifact carries (submodule hooks, instance ``forward``s, shapes);
 * the block itself has no hooks and no instance ``forward`` (the route calls the class's ``forward``), and no
   process-wide module hooks are set.
@@ -44,7 +49,7 @@ from torch import nn
 from .. import torch_compat
 from ..failures import passes_through
 from . import cache as compile_cache
-from . import carried_guards
+from . import carried_guards, traced_code
 from .carried_guards import NotDescribable as _NotDescribable
 from .carried_guards import describe_callable
 from .guards import GuardFilterFn
@@ -66,7 +71,9 @@ log = logging.getLogger("steadfast.precompiled")
 
 #: Folder under the compile cache's key directory holding the artifacts (recorded like every other file).
 PRECOMPILED_DIR = "precompiled"
-KEY_FORMAT = 3  # 3: the global flags are read outside the blocks' compile contexts (torch_compat.while_compiling)
+#: 3: the global flags are read outside the blocks' compile contexts (torch_compat.while_compiling); 4: identity from
+#: the traced code (no file digests), the trace state in the flags, content-addressed artifacts
+KEY_FORMAT = 4
 MAX_VARIANTS = 8  # configurations kept per key (the oldest goes first)
 #: Distributions whose code a ComfyUI block's trace can inline (their version is in the key).
 HOST_DISTRIBUTIONS = ("comfy-kitchen", "comfy-aimdo", "einops")
@@ -81,7 +88,9 @@ SPLIT_PHASES = ("hooks", "key", "carried", "guard_check", "artifact")
 #: other (CUDA first) it is opt-in, ``$STEADFAST_PRECOMPILED=1``, until a GPU run has passed.
 TRIED_DEVICES = ("cpu",)
 _SIMPLE = (str, int, float, bool, type(None))
-_file_digests: dict[str, str] = {}
+#: Dynamo guard types that specialise a trace on a value: on a ``transformer_options`` entry the jit's filter drops
+#: them (one graph for every step), and the route carries them by value (another process may hold another value)
+SPECIALISING_GUARDS = ("CONSTANT_MATCH", "EQUALS_MATCH")
 
 
 _dtype_text: dict[torch.dtype, str] = {}
@@ -143,42 +152,23 @@ def _has_leaf(value: Any) -> bool:
     return value is not None
 
 
-def _file_digest(path: str | None) -> str:
-    if not path:
-        return "?"
-    got = _file_digests.get(path)
-    if got is None:
-        try:
-            with open(path, "rb") as f:
-                got = hashlib.sha256(f.read()).hexdigest()[:16]
-        except OSError:
-            got = "?"
-        _file_digests[path] = got
-    return got
-
-
 def block_fingerprint(module: nn.Module) -> dict[str, Any]:
-    """What a block's trace depends on besides its inputs, computed once per block: the class qualname, and for
-    every submodule its name and class, and the sha256 of the source file of every module defining one of those
-    classes (a changed ComfyUI or pack file gives another key).
+    """What a block's trace depends on besides its inputs that is known before the trace, computed per block (again
+    when ``type(module).forward`` changes): the class, every submodule's name and class, and the digest of the code of
+    ``type(module).forward`` (:func:`core.compile.traced_code.root_forward`), so a process whose block class is
+    patched never writes into the record of one whose class is not. Module names are portable
+    (:func:`core.compile.traced_code.portable_module`): no install folder is in the key.
 
     Args:
         module: the original (uncompiled) block.
     Returns:
-        ``{"class", "modules": [[name, "module.Qualname"], ...], "files": {module name: digest}}``.
+        ``{"class", "modules": [[name, "module.Qualname"], ...], "forward": [path, digest]}``.
     """
-    classes = {type(m) for m in module.modules()}
-    files = {}
-    for cls in sorted(classes, key=lambda c: (c.__module__, c.__qualname__)):
-        for base in cls.__mro__:
-            if base.__module__.startswith(("torch.", "builtins")) or base is object:
-                continue
-            mod = sys.modules.get(base.__module__)
-            files[base.__module__] = _file_digest(getattr(mod, "__file__", None))
+    name = traced_code.portable_module
     return {
-        "class": f"{type(module).__module__}.{type(module).__qualname__}",
-        "modules": [[n, f"{type(m).__module__}.{type(m).__qualname__}"] for n, m in module.named_modules()],
-        "files": files,
+        "class": f"{name(type(module).__module__)}.{type(module).__qualname__}",
+        "modules": [[n, f"{name(type(m).__module__)}.{type(m).__qualname__}"] for n, m in module.named_modules()],
+        "forward": list(traced_code.root_forward(module)),
     }
 
 
@@ -216,20 +206,19 @@ def static_fields(options: CompileOptions, guard_filter_fn: GuardFilterFn | None
 
 def flags_text() -> str:
     """The global torch flags compiled code depends on (:func:`core.compile.recompiles.guarded_flags`, the determinism
-    flags among them), inductor's ``deterministic`` setting and the digest of Dynamo's and inductor's config
-    (:func:`core.torch_compat.compile_config_digest`), as canonical JSON. Cost: docs/benchmarks.md section 21."""
+    flags among them), inductor's ``deterministic`` setting, the digest of Dynamo's and inductor's config
+    (:func:`core.torch_compat.compile_config_digest`) and the switches a trace reads unguarded
+    (:func:`core.torch_compat.trace_state`), as canonical JSON. Cost: docs/benchmarks.md section 21."""
     return json.dumps(
-        [guarded_flags(), torch_compat.inductor_deterministic(load=True), torch_compat.compile_config_digest()],
+        [
+            guarded_flags(),
+            torch_compat.inductor_deterministic(load=True),
+            torch_compat.compile_config_digest(),
+            torch_compat.trace_state(),
+        ],
         sort_keys=True,
         default=str,
     )
-
-
-def module_digest(name: str) -> str:
-    """sha256 (16 hex) of the source file of the loaded module ``name``, once per process; ``"?"`` when it is not
-    loaded or has no readable file."""
-    mod = sys.modules.get(name)
-    return _file_digest(getattr(mod, "__file__", None)) if mod is not None else "?"
 
 
 def untried_device(args: Sequence[Any]) -> str | None:
@@ -327,8 +316,10 @@ def aot_guard_filter(jit_filter: GuardFilterFn | None, dropped: list[Any] | None
 
     Args:
         jit_filter: the jit's guard filter (None keeps every guard).
-        dropped: when given, the entries the jit keeps and the artifact cannot are appended to it (the pack carries
-            them: :mod:`core.compile.carried_guards`).
+        dropped: when given, the entries the pack carries are appended to it (:mod:`core.compile.carried_guards`):
+            those the jit keeps and the artifact cannot, and the values the trace specialised on that the jit's
+            filter drops (:func:`specialised`: a ``transformer_options`` entry the block read, the same in every
+            step of one process and not across processes).
     """
 
     def keep(entries: Sequence[Any]) -> list[bool]:
@@ -336,12 +327,41 @@ def aot_guard_filter(jit_filter: GuardFilterFn | None, dropped: list[Any] | None
         out = []
         for j, e in zip(jit, entries):
             ok = j and torch_compat.guard_serialisable(e)
-            if j and not ok and dropped is not None:
+            if dropped is not None and ((j and not ok) or (not j and specialised(e))):
                 dropped.append(e)
             out.append(ok)
         return out
 
     return keep
+
+
+def specialised(entry: Any) -> bool:
+    """Whether a Dynamo guard entry pins a value the trace specialised on inside ``transformer_options`` (a constant
+    or equality guard: an int, str or bool entry the block read and branched on)."""
+    return getattr(entry, "guard_type", None) in SPECIALISING_GUARDS and "transformer_options" in str(
+        getattr(entry, "name", "")
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """A loaded artifact and what must still hold for it to answer a call: ``fn`` (torch's loaded function, its own
+    guard check done by the route), ``matched`` (the carried guards, :class:`core.compile.carried_guards.Matched`),
+    ``code`` (the traced code, :class:`core.compile.traced_code.CodeIdentity`), ``variant`` (its id, 32 hex) and
+    ``root`` (the path of the traced root ``forward``)."""
+
+    fn: Any
+    matched: carried_guards.Matched
+    code: traced_code.CodeIdentity
+    variant: str
+    root: str
+
+    def holds(self, env: Mapping[str, Any] | None) -> bool:
+        """The traced code is still what this process runs and the carried guards still read what they matched
+        (``env``: the call's environment, needed only when there are carried guards)."""
+        if not self.code.still():
+            return False
+        return not self.matched.guards or (env is not None and self.matched.still(env))
 
 
 @dataclasses.dataclass(eq=False)
@@ -350,7 +370,8 @@ class PrecompiledState:
 
     ``hits``: calls answered by a loaded artifact; ``loads`` / ``saves``: artifacts read from / written to the
     cache; ``fallbacks``: calls that ran the jit although the route was on; ``reasons``: ``{key digest (12 hex or
-    "call"): reason}``, the first reason per key. Thread-safe."""
+    "call"): reason}``, the first reason per key (a refusal's reason names every problem); ``answered``:
+    ``{variant id (12 hex): {"root": traced root path, "hits": n}}``, which variants answered. Thread-safe."""
 
     enabled: bool
     reason: str
@@ -367,10 +388,12 @@ class PrecompiledState:
     split_seconds: dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(SPLIT_PHASES, 0.0))
     calls: int = 0
     reasons: dict[str, str] = dataclasses.field(default_factory=dict)
+    answered: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
     pending: list[Callable[[], None]] = dataclasses.field(default_factory=list, repr=False)
-    #: (cache path, call key) -> ("aot", (fn, Matched)) | ("jit", None): fallback | ("saved", None): this
-    #: process's jit (a save queued) | ("new", None): no artifact for this configuration yet
+    #: (cache path, call key) -> ("aot", [Answer, ...]): the variants loaded for it, the last that answered first |
+    #: ("jit", None): fallback | ("saved", None): this process's jit (a save queued) | ("new", None): no artifact
+    #: for this configuration yet
     entries: dict[tuple, tuple[str, Any]] = dataclasses.field(default_factory=dict, repr=False)
     #: (cache path, variant) -> the loaded artifact (one load per variant and process)
     loaded: dict[tuple, Any] = dataclasses.field(default_factory=dict, repr=False)
@@ -385,6 +408,17 @@ class PrecompiledState:
         on, why = torch_compat.aot_compile_support()
         explicit = os.environ.get(torch_compat.PRECOMPILED_ENV, "").strip().lower() in ("1", "true", "yes", "on")
         return cls(on, why, explicit=on and explicit)
+
+    def hit(self, answer: Answer) -> None:
+        """One call answered by ``answer``: counted in ``hits`` and under its variant in ``answered``."""
+        with self.lock:
+            self.hits += 1
+            seen = self.answered.get(answer.variant[:12])
+            if seen is None and len(self.answered) < 256:
+                seen = self.answered[answer.variant[:12]] = {"root": answer.root}
+                seen["hits"] = 0
+            if seen is not None:
+                seen["hits"] += 1
 
     def count(self, what: str, key: str | None = None, reason: str | None = None, seconds: float = 0.0) -> None:
         """Add one to a counter, keep the first ``reason`` per key (at most 64 keys; logged at INFO).
@@ -443,8 +477,8 @@ class PrecompiledState:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON view: ``{"enabled", "reason", "hits", "loads", "saves", "fallbacks", "save_seconds",
-        "load_seconds", "check_seconds", "calls", "split_seconds", "reasons"}`` (``check_seconds``: wall seconds of
-        the per-call checks of the carried guards, summed over every call; ``calls``: block calls through the route;
+        "load_seconds", "check_seconds", "calls", "split_seconds", "reasons", "answered"}`` (``check_seconds``: wall
+        seconds of the per-call checks of the traced code and the carried guards, summed over every call; ``calls``: block calls through the route;
         ``split_seconds``: their wall seconds per phase, :data:`SPLIT_PHASES`)."""
         with self.lock:
             return {
@@ -460,6 +494,7 @@ class PrecompiledState:
                 "calls": self.calls,
                 "split_seconds": {k: round(v, 6) for k, v in self.split_seconds.items()},
                 "reasons": dict(self.reasons),
+                "answered": {k: dict(v) for k, v in self.answered.items()},
             }
 
 
@@ -518,7 +553,11 @@ class PrecompiledBlock(nn.Module):
         return self._route(cache, args, kwargs)  # the jit holds its contexts while it compiles; a save enters them
 
     def _keys(self) -> tuple[dict, dict]:
-        if self._fingerprint is None:  # equal blocks share one fingerprint object, hence keys and artifacts
+        root = traced_code.root_function(self._orig_mod)
+        if self._fingerprint is None or root is not self._root or getattr(root, "__code__", None) is not self._code:
+            # equal blocks share one fingerprint object, hence keys and artifacts; a patched class forward another
+            object.__setattr__(self, "_root", root)
+            object.__setattr__(self, "_code", getattr(root, "__code__", None))
             object.__setattr__(self, "_fingerprint", self._state.intern(block_fingerprint(self._orig_mod)))
             object.__setattr__(self, "_static", self._state.intern(static_fields(self._options, self._jit_filter)))
             object.__setattr__(self, "_binder", carried_guards.Binder(type(self._orig_mod).forward))
@@ -537,25 +576,30 @@ class PrecompiledBlock(nn.Module):
             split["key"] += time.perf_counter() - t0
         memo_key = (str(cache.path), key)
         kind, got = state.entries.get(memo_key, (None, None))
-        env = None
-        if kind == "aot" and got[1].guards:
+        env, answer = None, None
+        if kind == "aot":
             t0 = time.perf_counter()
-            env = self._binder(module, args, kwargs)
-            moved = not got[1].still(env)
+            env = self._binder(module, args, kwargs) if any(a.matched.guards for a in got) else None
+            answer = next((a for a in got if a.holds(env)), None)
             elapsed = time.perf_counter() - t0
             state.check_seconds += elapsed
             split["carried"] += elapsed
-            if moved:
-                kind = None  # a carried guard moved: resolve again
+            if answer is None:
+                kind = None  # the code or a carried guard moved: resolve again
         if kind is None:
             env = env if env is not None else self._binder(module, args, kwargs)
             with state.load_lock:
                 kind, got = state.entries.get(memo_key, (None, None))
-                if kind is None or (kind == "aot" and not got[1].still(env)):
-                    kind, got = self._resolve(cache, fingerprint, static, key, env)
+                answer = next((a for a in got if a.holds(env)), None) if kind == "aot" else None
+                if kind is None or (kind == "aot" and answer is None):
+                    kind, found = self._resolve(cache, fingerprint, static, key, env)
+                    if kind == "aot":  # kept beside the variants loaded before (one per specialised value)
+                        answer, got = found, [found, *(got if isinstance(got, list) else [])][:MAX_VARIANTS]
+                    else:
+                        got = found
                     state.entries[memo_key] = (kind, got)
         if kind == "aot":
-            fn, t0 = got[0], time.perf_counter()
+            fn, t0 = answer.fn, time.perf_counter()
             try:
                 ok = fn.guard_check(module, *args, **kwargs)
             except Exception as e:  # noqa: BLE001 (any failure: the jit answers)
@@ -577,7 +621,7 @@ class PrecompiledBlock(nn.Module):
                     state.entries[memo_key] = ("jit", None)  # this key runs the jit from now on
                     why = f"the precompiled call raised {type(e).__name__}: {cache.redact(str(e))[:200]}"
                 else:
-                    state.count("hits")
+                    state.hit(answer)
                     return out
             state.count("fallbacks", key_digest(fingerprint, static, key)[:12], why)
             return self.jit(*args, **kwargs)
@@ -598,9 +642,10 @@ class PrecompiledBlock(nn.Module):
     def _resolve(
         self, cache: compile_cache.CompileCache, fingerprint: dict, static: dict, key: tuple, env: Mapping[str, Any]
     ) -> tuple[str, Any]:
-        """The entry for a call: ``("aot", (fn, Matched))`` for the first variant of the key whose traced sources
-        and carried guards read the same now, ``("new", None)`` when there is none (the reason recorded when the
-        key has variants), ``("jit", None)`` for an untrusted record, a refused configuration or a failed load."""
+        """The entry for a call: ``("aot", Answer)`` for the first variant of the key whose traced code and carried
+        guards are what this process has now, ``("new", None)`` when there is none (every variant's reasons
+        recorded when the key has variants), ``("jit", None)`` for an untrusted record, a refused configuration or a
+        failed load."""
         state, digest = self._state, key_digest(fingerprint, static, key)
         variants, problem = read_variants(cache, digest)
         if problem is not None:
@@ -608,21 +653,24 @@ class PrecompiledBlock(nn.Module):
             return "jit", None
         reasons = []
         for variant in variants:
-            matched, why = match_variant(variant, env)
-            if matched is None:
+            found, why = match_variant(variant, env)
+            if found is None:
                 reasons.append(why)
                 continue
             if "refused" in variant:
-                state.count("fallbacks", digest[:12], f"not precompiled: {variant['refused']}")
+                state.count("fallbacks", digest[:12], f"not precompiled: {'; '.join(variant['refused'])}")
                 return "jit", None
             fn = self._load(cache, variant["artifact"])
-            return ("aot", (fn, matched)) if fn is not None else ("jit", None)
+            if fn is None:
+                return "jit", None
+            matched, code = found
+            return "aot", Answer(fn, matched, code, variant["id"], fingerprint["forward"][0])
         if reasons:
             state.count(
                 "fallbacks",
                 digest[:12],
-                f"precompiled for another configuration ({reasons[0]}): the jit "
-                "answers and this configuration is saved too",
+                f"precompiled for another configuration ({' | '.join(reasons)}): the jit answers and this "
+                "configuration is saved too",
             )
         return "new", None
 
@@ -636,6 +684,9 @@ class PrecompiledBlock(nn.Module):
         data, problem = cache.read_trusted(rel)
         if data is None:
             state.count("fallbacks", artifact[:12], problem or f"{rel} is missing")
+            return None
+        if hashlib.sha256(data).hexdigest()[:32] != artifact:
+            state.count("fallbacks", artifact[:12], f"{rel} does not hold the bytes its name is the digest of")
             return None
         try:
             with torch_compat.built_kernel_loads():  # its kernels are built: no header preprocessing
@@ -660,8 +711,9 @@ class PrecompiledBlock(nn.Module):
     ) -> None:
         """Trace and save the artifact of ``key`` under the call's grad and inference modes (``modes``: flush may
         run outside the ``no_grad`` / ``inference_mode`` block of the call that queued it), with its variant: the
-        traced modules' source digests and the carried guards. A guard the pack cannot carry saves a refusal
-        instead (the jit answers that configuration, with the reason)."""
+        traced code by path and digest (:func:`core.compile.traced_code.identify`) and the carried guards. Code the
+        pack cannot identify, or a guard it cannot carry, saves a refusal instead, naming every problem (the jit
+        answers that configuration)."""
         digest = key_digest(fingerprint, static, key)
         module, t0, dropped = self._orig_mod, time.perf_counter(), []
         try:
@@ -674,25 +726,25 @@ class PrecompiledBlock(nn.Module):
                     type(module).forward,
                     **{**self._options.to_kwargs(aot_guard_filter(self._jit_filter, dropped)), "fullgraph": True},
                 )
-                aot = compiled.aot_compile(((module, *args), kwargs))
-                sources = {m: module_digest(m) for m in sorted(torch_compat.traced_modules(aot))}
+                with torch_compat.traced_code_objects() as codes:
+                    aot = compiled.aot_compile(((module, *args), kwargs))
                 guards, problems = carried_guards.carry(dropped, self._binder(module, args, kwargs))
-                if problems:  # recorded with the guards it could carry: that configuration runs the jit
-                    add_variant(
-                        cache,
-                        digest,
-                        {"sources": sources, "guards": [g.as_list() for g in guards], "refused": problems[0]},
-                    )
-                    self._state.count("fallbacks", digest[:12], f"not precompiled: {problems[0]}")
+                described = json.dumps([key[2], [g.as_list() for g in guards]], default=repr)
+                code, unidentified = traced_code.identify(module, codes, described)
+                problems = [*unidentified, *problems]
+                variant = {"code": code, "guards": [g.as_list() for g in guards]}
+                variant["id"] = variant_digest(digest, variant)
+                if problems:  # recorded with what it could describe: that configuration runs the jit
+                    add_variant(cache, digest, {**variant, "refused": problems})
+                    self._state.count("fallbacks", digest[:12], f"not precompiled: {'; '.join(problems)}")
                     return
-                variant = {"sources": sources, "guards": [g.as_list() for g in guards]}
-                variant["artifact"] = variant_digest(digest, variant)
                 with tempfile.TemporaryDirectory() as tmp:
                     path = os.path.join(tmp, "a.pt2")
                     aot.save_compiled_function(path)
                     with open(path, "rb") as f:
                         data = f.read()
-            cache.write_recorded(f"{PRECOMPILED_DIR}/{variant['artifact']}.pt2", data)
+            variant["artifact"] = hashlib.sha256(data).hexdigest()[:32]
+            cache.write_once(f"{PRECOMPILED_DIR}/{variant['artifact']}.pt2", data)
             add_variant(cache, digest, variant)
         except Exception as e:  # noqa: BLE001 (a save failure is a recorded fallback, never an error)
             why = f"save failed: {type(e).__name__}: {cache.redact(str(e))[:200]}"
@@ -702,9 +754,9 @@ class PrecompiledBlock(nn.Module):
 
 
 def variant_digest(digest: str, variant: Mapping[str, Any]) -> str:
-    """The artifact name (32 hex) of a variant of key ``digest``: sha256 of the key and the variant's sources and
-    carried guards."""
-    body = json.dumps({"key": digest, "sources": variant["sources"], "guards": variant["guards"]}, sort_keys=True)
+    """The id (32 hex) of a variant of key ``digest``: sha256 of the key, the variant's traced code and carried
+    guards (its artifact is named by the sha256 of its own bytes)."""
+    body = json.dumps({"key": digest, "code": variant["code"], "guards": variant["guards"]}, sort_keys=True)
     return hashlib.sha256(body.encode()).hexdigest()[:32]
 
 
@@ -719,9 +771,10 @@ def read_variants(cache: compile_cache.CompileCache, digest: str) -> tuple[list[
         variants = [
             v
             for v in body["variants"]
-            if isinstance(v.get("sources"), dict)
+            if isinstance(v.get("code"), dict)
             and isinstance(v.get("guards"), list)
-            and ("artifact" in v or "refused" in v)
+            and isinstance(v.get("id"), str)
+            and (isinstance(v.get("artifact"), str) or isinstance(v.get("refused"), list))
         ]
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         return [], f"unreadable variant record ({type(e).__name__})"
@@ -729,29 +782,33 @@ def read_variants(cache: compile_cache.CompileCache, digest: str) -> tuple[list[
 
 
 def add_variant(cache: compile_cache.CompileCache, digest: str, variant: dict) -> None:
-    """Put ``variant`` first in key ``digest``'s record (replacing one with the same sources and guards; at most
+    """Put ``variant`` first in key ``digest``'s record (replacing one with the same id; at most
     :data:`MAX_VARIANTS`), under the cache's cross-process lock. Raises ``OSError``."""
     rel = f"{PRECOMPILED_DIR}/{digest}.json"
     with cache.locked():
         variants, _ = read_variants(cache, digest)
-        same = [v for v in variants if v["sources"] == variant["sources"] and v["guards"] == variant["guards"]]
-        kept = [variant, *(v for v in variants if all(v is not s for s in same))][:MAX_VARIANTS]
+        kept = [variant, *(v for v in variants if v["id"] != variant["id"])][:MAX_VARIANTS]
         cache.write_recorded(rel, json.dumps({"format": KEY_FORMAT, "variants": kept}, sort_keys=True).encode())
 
 
 def match_variant(
     variant: Mapping[str, Any], env: Mapping[str, Any]
-) -> tuple[carried_guards.Matched | None, str | None]:
-    """Whether a variant is what the jit would trace now: every traced module's source has the recorded digest
-    and every carried guard reads the recorded value. Returns ``(Matched, None)`` or ``(None, reason)``."""
-    for name, want in variant["sources"].items():
-        if (now := module_digest(name)) != want:
-            return None, f"the source of {name} changed ({want} -> {now})"
+) -> tuple[tuple[carried_guards.Matched, traced_code.CodeIdentity] | None, str | None]:
+    """Whether a variant is what the jit would trace now: every traced code path resolves in this process to a
+    function with the recorded digest (:func:`core.compile.traced_code.resolve`) and every carried guard reads the
+    recorded value. Returns ``((Matched, CodeIdentity), None)`` or ``(None, reason)``, the reason naming every path
+    that differs."""
+    code, problems = traced_code.resolve(variant["code"])
+    if code is None:
+        return None, "; ".join(problems)
     try:
         guards = [carried_guards.CarriedGuard.from_list(g) for g in variant["guards"]]
     except TypeError:
         return None, "unreadable carried guards"
-    return carried_guards.match(guards, env)
+    matched, why = carried_guards.match(guards, env)
+    if matched is None:
+        return None, why
+    return (matched, code), None
 
 
 def wrap(

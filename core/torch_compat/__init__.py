@@ -8,7 +8,9 @@ in one package with one face: import ``core.torch_compat`` and call its function
   digest;
 * :mod:`.aot`: AOT-compiled blocks (support, guards that serialise, traced modules, the artifact's guard check);
 * :mod:`.logs`: the recompile log tap and the compile progress events;
-* :mod:`.modules`: compiled-module wrappers, module hooks, operator names, tensor versions, fp32 precision.
+* :mod:`.modules`: compiled-module wrappers, module hooks, operator names, tensor versions, fp32 precision;
+* :mod:`.trace`: the switches a trace reads that torch neither guards nor keys its caches on, and the code objects
+  a trace ran.
 
 No other module of ``core/`` or ``nodes/`` names ``torch._`` (``tests/core/test_torch_compat.py`` greps for it),
 so a torch upgrade that moves one of these APIs breaks here, with a :class:`TorchAPIMissing` that names the API,
@@ -83,11 +85,13 @@ from .modules import (
     has_fp32_precision_api,
     module_hook_dicts,
     operator_name,
+    operator_python_kernels,
     orig_module,
     set_compiled_call,
     set_fp32_precision,
     tensor_version,
 )
+from .trace import trace_state, traced_code_objects
 
 __all__ = [
     "TorchAPIMissing",
@@ -137,6 +141,9 @@ __all__ = [
     "traced_modules",
     "compile_config_digest",
     "module_hook_dicts",
+    "operator_python_kernels",
+    "trace_state",
+    "traced_code_objects",
     "MACHINE_CONFIG_KEYS",
     "duplicate_source",
     "guard_arguments",

@@ -134,3 +134,66 @@ def operator_name(fn: Any) -> str | None:
         except Exception:  # noqa: BLE001 (an overload without a readable name: not describable)
             return None
     return None
+
+
+#: dispatch keys whose kernels give shapes, never values (a Python ``Meta`` kernel cannot change an output's bits)
+SHAPE_ONLY_KEYS = ("Meta",)
+#: operator namespaces torch registers itself (its Python registrations come with the torch version)
+TORCH_NAMESPACES = ("aten", "prims", "prim", "_c10d_functional", "c10d", "quantized_decomposed")
+
+
+def operator_python_kernels(fn: Any) -> tuple[dict[str, Any], list[str]]:
+    """The Python functions behind a torch operator's kernels, for an identity that is more than its name.
+
+    A ``torch.library`` operator can have kernels written in Python: ``torch.library.custom_op`` keeps them on its
+    ``CustomOpDef`` (``torch._library.custom_ops.OPDEFS``: the function, one per device type, the fake/abstract one,
+    autograd's), and ``torch.library.Library.impl`` hands them to the C++ dispatcher, keeping only the key
+    ``"<ns>/<name>/<dispatch key>"`` in ``torch.library._impls``. A trace runs those kernels (a
+    ``CompositeImplicitAutograd`` one is inlined into the graph), so two processes with the same operator name and
+    other kernels trace other graphs.
+
+    Args:
+        fn: any value (an ``OpOverloadPacket`` or ``OpOverload`` is read; anything else gives nothing).
+    Returns:
+        ``(functions, opaque)``: ``{role: function}`` of a ``custom_op`` (roles ``"init"``, ``"backend:<device>"``,
+        ``"abstract"``, ``"setup_context"``, ``"backward"``, ``"vmap"``), and the dispatch keys of the kernels
+        registered through ``Library.impl`` whose function the dispatcher holds out of reach (to refuse), but for
+        :data:`SHAPE_ONLY_KEYS` and the :data:`TORCH_NAMESPACES`. Both empty for an operator with C++ kernels only,
+        or when torch's records are gone.
+    """
+    name = operator_name(fn)
+    if name is None:
+        return {}, []
+    qualname = name[3:].split(".")[0]  # "op ns::name[.overload]" -> "ns::name"
+    ns, _, short = qualname.partition("::")
+    functions: dict[str, Any] = {}
+    defs = getattr(sys.modules.get("torch._library.custom_ops"), "OPDEFS", None)  # a WeakValueDictionary
+    opdef = defs.get(qualname) if defs is not None and hasattr(defs, "get") else None
+    if opdef is not None:
+        for role, attr in (
+            ("init", "_init_fn"),
+            ("abstract", "_abstract_fn"),
+            ("setup_context", "_setup_context_fn"),
+            ("backward", "_backward_fn"),
+            ("vmap", "_vmap_fn"),
+        ):
+            value = getattr(opdef, attr, None)
+            if value is not None:
+                functions[role] = value
+        for device, value in sorted((getattr(opdef, "_backend_fns", None) or {}).items(), key=str):
+            functions[f"backend:{device}"] = value
+    impls = getattr(sys.modules.get("torch.library"), "_impls", set())
+    prefix = f"{ns}/{short}"
+    opaque = sorted(
+        {
+            k.rsplit("/", 1)[-1]
+            for k in impls
+            if (k.startswith(prefix + "/") or k.startswith(prefix + "."))
+            and k.rsplit("/", 1)[-1] not in SHAPE_ONLY_KEYS
+        }
+    )
+    if ns in TORCH_NAMESPACES:  # torch's own Python registrations: their version is torch's, in every key
+        opaque = []
+    if opdef is not None:  # custom_op registers its own kernels through Library.impl: those are the functions above
+        opaque = []
+    return functions, opaque

@@ -8,6 +8,7 @@ import types
 import pytest
 import torch
 
+from steadfast.core import torch_compat
 from steadfast.core.compile import carried_guards as cg
 
 SCALE = 1.0
@@ -114,6 +115,34 @@ def test_torch_operators_are_carried_by_their_qualified_name() -> None:
     assert problems == [] and guards[0].value == "op aten::sin"
     matched, why = cg.match(guards, env)
     assert matched is not None and matched.still(env), why
+
+
+def test_custom_operators_are_described_by_their_python_kernels() -> None:
+    """issue 45: a ``torch.library`` operator was carried by its name only, so a process whose Python kernel differs
+    answered with the other kernel's graph. A ``custom_op`` is described by the digest of each of its Python kernels
+    (another kernel body gives another text); a Python kernel registered through ``Library.impl``, whose function
+    the dispatcher holds out of reach, is refused (no artifact) instead of carried by name."""
+    torch_compat.import_compile_stack()  # torch 2.11: inductor imported after a new custom_op fails on its decomps
+
+    def define(ns: str, scale: float):
+        @torch.library.custom_op(f"{ns}::scaled", mutates_args=())
+        def scaled(x: torch.Tensor) -> torch.Tensor:
+            return x * scale
+
+        return getattr(torch.ops, ns).scaled
+
+    one, other, same = define("sfcg_a", 2.0), define("sfcg_b", 3.0), define("sfcg_c", 2.0)
+    text = cg.describe_callable(one)
+    assert text.startswith("op sfcg_a::scaled{") and "init=" in text
+    body = text.split("{", 1)[1]
+    assert body == cg.describe_callable(same).split("{", 1)[1]  # the same kernel code and captured value
+    assert body != cg.describe_callable(other).split("{", 1)[1]  # another captured value
+    lib = torch.library.Library("sfcg_impl", "DEF")
+    lib.define("twice(Tensor x) -> Tensor")
+    lib.impl("twice", lambda x: x * 2, "CompositeImplicitAutograd")
+    with pytest.raises(cg.NotDescribable, match="Library.impl .CompositeImplicitAutograd."):
+        cg.describe_callable(torch.ops.sfcg_impl.twice)
+    assert cg.describe_callable(torch.ops.aten.sin) == "op aten::sin"  # torch's own Meta kernels: shapes only
 
 
 def _interpreted_still(matched: cg.Matched, env) -> bool:

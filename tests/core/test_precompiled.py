@@ -21,7 +21,7 @@ import torch
 from steadfast.core import torch_compat
 from steadfast.core.compile import cache as cc
 from steadfast.core.compile import cache_location as loc
-from steadfast.core.compile import carried_guards
+from steadfast.core.compile import carried_guards, traced_code
 from steadfast.core.compile import precompiled as pc
 from steadfast.core.compile.guards import comfy_guard_filter
 from steadfast.core.compile.options import CompileOptions
@@ -147,12 +147,23 @@ def test_values_are_described_by_their_kind_subclasses_included():
         pc._describe(object(), True)
 
 
-def test_fingerprint_names_structure_and_source_files():
+def test_fingerprint_names_structure_and_the_code_of_the_root_forward(monkeypatch):
+    """The fingerprint holds no file: the class, the submodules and the digest of ``type(block).forward``; a patched
+    class forward gives another fingerprint (so it never writes into the unpatched record), restored gives it back."""
     from tiny_modules import Block
 
     fp = pc.block_fingerprint(Block())
     assert fp["class"] == "tiny_modules.Block" and ["lin", "torch.nn.modules.linear.Linear"] in fp["modules"]
-    assert list(fp["files"]) == ["tiny_modules"] and len(fp["files"]["tiny_modules"]) == 16
+    assert "files" not in fp and fp["forward"][0] == "method tiny_modules:Block.forward"
+    assert len(fp["forward"][1]) == 16
+
+    def patched(self, x):
+        return x * 2.0
+
+    monkeypatch.setattr(Block, "forward", patched)
+    assert pc.block_fingerprint(Block())["forward"] != fp["forward"]
+    monkeypatch.undo()
+    assert pc.block_fingerprint(Block()) == fp
 
 
 def test_switch_and_support(monkeypatch):
@@ -318,7 +329,12 @@ def test_a_failing_precompiled_call_falls_back_to_the_jit(tmp_path, monkeypatch)
     state = pc.PrecompiledState(True, "test")
     routed = pc.wrap(block, jit, CompileOptions(backend="eager"), comfy_guard_filter(), state)
     always = carried_guards.Matched((), (), ())  # no carried guards: they hold
-    monkeypatch.setattr(pc.PrecompiledBlock, "_resolve", lambda self, *a: ("aot", (Broken(), always)))
+    code = traced_code.CodeIdentity((), ())  # no traced code to re-check
+
+    def answer(fn):
+        return ("aot", pc.Answer(fn, always, code, "0" * 32, "method tiny_modules:Block.forward"))
+
+    monkeypatch.setattr(pc.PrecompiledBlock, "_resolve", lambda self, *a: answer(Broken()))
     cache = cc.open_cache(tmp_path, device="cpu")
     x = torch.randn(2, 3, 16)
     with torch.no_grad(), cache.activate():
@@ -333,7 +349,7 @@ def test_a_failing_precompiled_call_falls_back_to_the_jit(tmp_path, monkeypatch)
 
     state2 = pc.PrecompiledState(True, "test")
     routed2 = pc.wrap(block, jit, CompileOptions(backend="eager"), comfy_guard_filter(), state2)
-    monkeypatch.setattr(pc.PrecompiledBlock, "_resolve", lambda self, *a: ("aot", (OutOfMemory(), always)))
+    monkeypatch.setattr(pc.PrecompiledBlock, "_resolve", lambda self, *a: answer(OutOfMemory()))
     with torch.no_grad(), cache.activate(), pytest.raises(RuntimeError, match="out of memory"):
         routed2(x)
     assert state2.fallbacks == 0
