@@ -521,10 +521,11 @@ def open_cache(
         named = check_location(base, name, tuple(Path(p) for p in forbidden))
         cache = CompileCache(root=named, key=cache_key(f), fields=f, source=source, name=name)
         cache.path.mkdir(parents=True, exist_ok=True)
-        if (problem := _manifest_problem(cache) or _files_problem(cache)) is not None:
-            cache.quarantine(problem)
-        elif not (cache.path / MANIFEST).exists():
-            _write_manifest(cache)
+        with cache.locked():  # another server may be replacing a file and recording it (both under the lock)
+            if (problem := _manifest_problem(cache) or _files_problem(cache)) is not None:
+                cache.quarantine(problem)
+            elif not (cache.path / MANIFEST).exists():
+                _write_manifest(cache)
         for what, folder in (("root", base), ("folder", named)):
             if (note := paths.world_writable(folder)) is not None:
                 cache.messages.append(f"compile cache {name!r}: its {what} {note}")

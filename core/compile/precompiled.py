@@ -3,13 +3,13 @@
 
 What decides that an artifact answers a call, all of it checked before each use:
 
-* the key (:func:`call_key`, :func:`key_digest`): the block's classes and submodules, and the digest of the code
-  of ``type(block).forward`` (:func:`block_fingerprint`); the call's inputs (shapes, dtypes, strides, devices), the
-  structure of ``transformer_options`` and the identity of every callable under its code keys; the global torch flags, Dynamo's
-  and inductor's config (:func:`core.torch_compat.compile_config_digest`), the switches a trace reads that torch
-  does not guard (:func:`core.torch_compat.trace_state`: SDPA backends, ``opt_einsum``, ``mkldnn``, functorch's
-  config); the compile settings, torch, Python, the
-  pack, and the host's versions (:func:`host_versions`: ComfyUI, comfy-kitchen, comfy-aimdo, einops);
+* the key (:func:`call_key`, :func:`key_digest`): the block's classes and submodules, and the digest of the code of
+  ``type(block).forward`` (:func:`block_fingerprint`); the call's inputs (shapes, dtypes, strides, devices), the
+  structure of ``transformer_options`` and the identity of every callable under its code keys; the global torch flags,
+  Dynamo's and inductor's config (:func:`core.torch_compat.compile_config_digest`), the switches a trace reads that
+  torch does not guard (:func:`core.torch_compat.trace_state`: SDPA backends, ``opt_einsum``, ``mkldnn``, functorch's
+  config); the compile settings, torch, Python, the pack, and the host's versions (:func:`host_versions`: ComfyUI,
+  comfy-kitchen, comfy-aimdo, einops);
 * per key, a record of variants (``precompiled/<key>.json``), one per configuration saved: every code object the
   trace ran, by the path through which this process reaches it, with the digest of the function found there
   (:mod:`core.compile.traced_code`; never a file on disk), and the guards the artifact cannot carry, carried by the
@@ -347,14 +347,16 @@ def specialised(entry: Any) -> bool:
 class Answer:
     """A loaded artifact and what must still hold for it to answer a call: ``fn`` (torch's loaded function, its own
     guard check done by the route), ``matched`` (the carried guards, :class:`core.compile.carried_guards.Matched`),
-    ``code`` (the traced code, :class:`core.compile.traced_code.CodeIdentity`), ``variant`` (its id, 32 hex) and
-    ``root`` (the path of the traced root ``forward``)."""
+    ``code`` (the traced code, :class:`core.compile.traced_code.CodeIdentity`), ``variant`` (its id, 32 hex),
+    ``root`` (the path of the traced root ``forward``) and ``manager`` (the artifact's C++ guard tree,
+    :func:`core.torch_compat.artifact_guard_manager`; None: torch's ``guard_check``)."""
 
     fn: Any
     matched: carried_guards.Matched
     code: traced_code.CodeIdentity
     variant: str
     root: str
+    manager: Any = None
 
     def holds(self, env: Mapping[str, Any] | None) -> bool:
         """The traced code is still what this process runs and the carried guards still read what they matched
@@ -362,6 +364,23 @@ class Answer:
         if not self.code.still():
             return False
         return not self.matched.guards or (env is not None and self.matched.still(env))
+
+    def guards_pass(self, env: dict[str, Any], module: nn.Module, args: tuple, kwargs: dict) -> tuple[bool, str]:
+        """torch's guards of the artifact: its guard tree evaluated with the call's environment (``env``, the
+        :class:`core.compile.carried_guards.Binder`'s: the frame's locals by name, no signature binding), or
+        ``guard_check`` without a tree. Returns ``(passed, why not)``, the failed guard named."""
+        try:
+            if self.manager is not None:
+                if self.manager.check(env):
+                    return True, ""
+                return False, f"torch's guard_check failed: {torch_compat.guard_failure(self.manager, env)}"
+            if self.fn.guard_check(module, *args, **kwargs):
+                return True, ""
+        except Exception as e:  # noqa: BLE001 (any failure: the jit answers)
+            return False, f"guard_check raised {type(e).__name__}: {str(e)[:200]}"
+        return False, (
+            "torch's guard_check failed: an input or a module attribute differs from what the artifact was traced for"
+        )
 
 
 @dataclasses.dataclass(eq=False)
@@ -476,10 +495,10 @@ class PrecompiledState:
         return len(todo)
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON view: ``{"enabled", "reason", "hits", "loads", "saves", "fallbacks", "save_seconds",
-        "load_seconds", "check_seconds", "calls", "split_seconds", "reasons", "answered"}`` (``check_seconds``: wall
-        seconds of the per-call checks of the traced code and the carried guards, summed over every call; ``calls``: block calls through the route;
-        ``split_seconds``: their wall seconds per phase, :data:`SPLIT_PHASES`)."""
+        """JSON view: ``{"enabled", "reason", "hits", "loads", "saves", "fallbacks", "save_seconds", "load_seconds",
+        "check_seconds", "calls", "split_seconds", "reasons", "answered"}`` (``check_seconds``: wall seconds of the
+        per-call checks of the traced code and the carried guards, summed over every call; ``calls``: block calls
+        through the route; ``split_seconds``: their wall seconds per phase, :data:`SPLIT_PHASES`)."""
         with self.lock:
             return {
                 "enabled": self.enabled,
@@ -528,6 +547,10 @@ class PrecompiledBlock(nn.Module):
         object.__setattr__(self, "_prepare", prepare)
         object.__setattr__(self, "_fingerprint", None)
         object.__setattr__(self, "_static", None)
+        #: (cache, flags, Answer, memo key) of this block's last hit: its checks run first, without the call key
+        object.__setattr__(self, "_last", None)
+        object.__setattr__(self, "_root", None)  # type(module).forward and its code when the fingerprint was made
+        object.__setattr__(self, "_code", None)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         state, cache = self._state, compile_cache.active_cache()
@@ -566,9 +589,23 @@ class PrecompiledBlock(nn.Module):
     def _route(self, cache: compile_cache.CompileCache, args: tuple, kwargs: dict) -> Any:
         state, module = self._state, self._orig_mod
         fingerprint, static = self._keys()
-        split, t0 = state.split_seconds, time.perf_counter()
+        split, flags, last = state.split_seconds, state.flags(), self._last
+        if last is not None and last[0] is cache and last[1] == flags:  # the last answer's checks first: no key
+            t0 = time.perf_counter()
+            env = self._binder(module, args, kwargs)
+            held = last[2].holds(env)
+            t1 = time.perf_counter()
+            state.check_seconds += t1 - t0
+            split["carried"] += t1 - t0
+            if held:
+                ok, _ = last[2].guards_pass(env, module, args, kwargs)
+                split["guard_check"] += time.perf_counter() - t1
+                if ok:
+                    return self._answer(cache, flags, last[2], last[3], args, kwargs)
+        object.__setattr__(self, "_last", None)
+        t0 = time.perf_counter()
         try:
-            key = call_key(fingerprint, static, args, kwargs, flags=state.flags())
+            key = call_key(fingerprint, static, args, kwargs, flags=flags)
         except _NotDescribable as e:
             state.count("fallbacks", None, f"not describable: {e}")
             return self.jit(*args, **kwargs)
@@ -576,18 +613,13 @@ class PrecompiledBlock(nn.Module):
             split["key"] += time.perf_counter() - t0
         memo_key = (str(cache.path), key)
         kind, got = state.entries.get(memo_key, (None, None))
-        env, answer = None, None
-        if kind == "aot":
-            t0 = time.perf_counter()
-            env = self._binder(module, args, kwargs) if any(a.matched.guards for a in got) else None
-            answer = next((a for a in got if a.holds(env)), None)
-            elapsed = time.perf_counter() - t0
-            state.check_seconds += elapsed
-            split["carried"] += elapsed
-            if answer is None:
-                kind = None  # the code or a carried guard moved: resolve again
-        if kind is None:
-            env = env if env is not None else self._binder(module, args, kwargs)
+        t0 = time.perf_counter()
+        env = self._binder(module, args, kwargs)
+        answer = next((a for a in got if a.holds(env)), None) if kind == "aot" else None
+        elapsed = time.perf_counter() - t0
+        state.check_seconds += elapsed
+        split["carried"] += elapsed
+        if kind is None or (kind == "aot" and answer is None):  # new, or the code or a carried guard moved
             with state.load_lock:
                 kind, got = state.entries.get(memo_key, (None, None))
                 answer = next((a for a in got if a.holds(env)), None) if kind == "aot" else None
@@ -599,30 +631,11 @@ class PrecompiledBlock(nn.Module):
                         got = found
                     state.entries[memo_key] = (kind, got)
         if kind == "aot":
-            fn, t0 = answer.fn, time.perf_counter()
-            try:
-                ok = fn.guard_check(module, *args, **kwargs)
-            except Exception as e:  # noqa: BLE001 (any failure: the jit answers)
-                ok, why = False, f"guard_check raised {type(e).__name__}: {cache.redact(str(e))[:200]}"
-            else:
-                why = (
-                    "torch's guard_check failed: an input or a module attribute differs from what the artifact "
-                    "was traced for"
-                )
+            t0 = time.perf_counter()
+            ok, why = answer.guards_pass(env, module, args, kwargs)
             split["guard_check"] += time.perf_counter() - t0
             if ok:
-                t0 = time.perf_counter()
-                try:
-                    out = fn(module, *args, **kwargs)
-                    split["artifact"] += time.perf_counter() - t0
-                except Exception as e:
-                    if passes_through(e):  # an interrupt or out-of-memory reaches ComfyUI unchanged
-                        raise
-                    state.entries[memo_key] = ("jit", None)  # this key runs the jit from now on
-                    why = f"the precompiled call raised {type(e).__name__}: {cache.redact(str(e))[:200]}"
-                else:
-                    state.hit(answer)
-                    return out
+                return self._answer(cache, flags, answer, memo_key, args, kwargs)
             state.count("fallbacks", key_digest(fingerprint, static, key)[:12], why)
             return self.jit(*args, **kwargs)
         out = self.jit(*args, **kwargs)
@@ -637,6 +650,27 @@ class PrecompiledBlock(nn.Module):
                     )
         elif kind == "jit":
             state.count("fallbacks")
+        return out
+
+    def _answer(
+        self, cache: compile_cache.CompileCache, flags: str, answer: Answer, memo_key: tuple, args: tuple, kwargs: dict
+    ) -> Any:
+        """Call the artifact (its checks passed): a hit, remembered as this block's last answer; a failure makes
+        its key run the jit from now on (an interrupt or out-of-memory error reaches ComfyUI unchanged)."""
+        state, t0 = self._state, time.perf_counter()
+        try:
+            out = answer.fn(self._orig_mod, *args, **kwargs)
+        except Exception as e:
+            if passes_through(e):
+                raise
+            state.entries[memo_key] = ("jit", None)
+            object.__setattr__(self, "_last", None)
+            why = f"the precompiled call raised {type(e).__name__}: {cache.redact(str(e))[:200]}"
+            state.count("fallbacks", answer.variant[:12], why)
+            return self.jit(*args, **kwargs)
+        state.split_seconds["artifact"] += time.perf_counter() - t0
+        state.hit(answer)
+        object.__setattr__(self, "_last", (cache, flags, answer, memo_key))
         return out
 
     def _resolve(
@@ -664,7 +698,8 @@ class PrecompiledBlock(nn.Module):
             if fn is None:
                 return "jit", None
             matched, code = found
-            return "aot", Answer(fn, matched, code, variant["id"], fingerprint["forward"][0])
+            manager = torch_compat.artifact_guard_manager(fn)
+            return "aot", Answer(fn, matched, code, variant["id"], fingerprint["forward"][0], manager)
         if reasons:
             state.count(
                 "fallbacks",
@@ -689,7 +724,10 @@ class PrecompiledBlock(nn.Module):
             state.count("fallbacks", artifact[:12], f"{rel} does not hold the bytes its name is the digest of")
             return None
         try:
-            with torch_compat.built_kernel_loads():  # its kernels are built: no header preprocessing
+            with contextlib.ExitStack() as stack:
+                for context in self._contexts:  # the jit's (trusted_cpu_isa: no ISA test builds while loading)
+                    stack.enter_context(context())
+                stack.enter_context(torch_compat.built_kernel_loads())  # its kernels are built: no header work
                 fn = torch.compiler.load_compiled_function(io.BytesIO(data))
             fn = torch_compat.checked_once(fn)  # _route runs guard_check before every call: not twice
         except Exception as e:  # noqa: BLE001 (a load failure is a recorded fallback, never an error)

@@ -170,3 +170,36 @@ def guard_arguments(entry: Any) -> dict[str, Any]:
     empty when there are none."""
     fn = getattr(getattr(entry, "orig_guard", None), "create_fn", None)
     return dict(getattr(fn, "keywords", None) or {})
+
+
+def artifact_guard_manager(fn: Any) -> Any | None:
+    """The C++ guard tree of a loaded ``aot_compile`` artifact (``AOTCompiledFunction._artifacts.guard_manager``, a
+    ``GuardManagerWrapper``), for a caller that evaluates it with the frame's locals it already has: torch's own
+    ``guard_check`` binds the call to the function's ``inspect.Signature`` on every call first, which costs more than
+    the tree itself (docs/benchmarks.md section 22).
+
+    Returns:
+        the manager (``.check(f_locals) -> bool``, ``.check_verbose(f_locals)`` naming the failed guard), or None
+        when the artifact has none or its function has closure cells (their values are part of torch's locals: use
+        ``guard_check`` then).
+    """
+    artifacts = getattr(fn, "_artifacts", None)
+    manager = getattr(artifacts, "guard_manager", None)
+    env = getattr(artifacts, "runtime_env", None)
+    if manager is None or not callable(getattr(manager, "check", None)) or getattr(env, "closure", None):
+        return None
+    if not callable(getattr(manager, "check_verbose", None)):
+        return None
+    return manager
+
+
+def guard_failure(manager: Any, f_locals: dict[str, Any]) -> str:
+    """Which guard of an artifact's tree fails for ``f_locals`` (torch's ``check_verbose``: the guard's source
+    text and the verbose code parts), as one line of at most 300 characters; ``"?"`` when torch does not say."""
+    try:
+        result = manager.check_verbose(f_locals)
+    except Exception as e:  # noqa: BLE001 (a reason, never an error)
+        return f"check_verbose raised {type(e).__name__}"
+    parts = getattr(result, "verbose_code_parts", None) or []
+    text = "; ".join(str(p) for p in parts) if parts else str(result)
+    return " ".join(text.split())[:300] or "?"
