@@ -636,7 +636,7 @@ class PrecompiledBlock(nn.Module):
             split["guard_check"] += time.perf_counter() - t0
             if ok:
                 return self._answer(cache, flags, answer, memo_key, args, kwargs)
-            state.count("fallbacks", key_digest(fingerprint, static, key)[:12], why)
+            state.count("fallbacks", key_digest(fingerprint, static, key)[:12], cache.redact(why))
             return self.jit(*args, **kwargs)
         out = self.jit(*args, **kwargs)
         if kind == "new":  # queue a save (it runs after the tracked call); this process keeps its jit for the key
@@ -692,7 +692,9 @@ class PrecompiledBlock(nn.Module):
                 reasons.append(why)
                 continue
             if "refused" in variant:
-                state.count("fallbacks", digest[:12], f"not precompiled: {'; '.join(variant['refused'])}")
+                state.count(
+                    "fallbacks", digest[:12], cache.redact(f"not precompiled: {'; '.join(variant['refused'])}")
+                )
                 return "jit", None
             fn = self._load(cache, variant["artifact"])
             if fn is None:
@@ -704,8 +706,10 @@ class PrecompiledBlock(nn.Module):
             state.count(
                 "fallbacks",
                 digest[:12],
-                f"precompiled for another configuration ({' | '.join(reasons)}): the jit answers and this "
-                "configuration is saved too",
+                cache.redact(
+                    f"precompiled for another configuration ({' | '.join(reasons)}): the jit answers and this "
+                    "configuration is saved too"
+                ),
             )
         return "new", None
 
@@ -774,7 +778,9 @@ class PrecompiledBlock(nn.Module):
                 variant["id"] = variant_digest(digest, variant)
                 if problems:  # recorded with what it could describe: that configuration runs the jit
                     add_variant(cache, digest, {**variant, "refused": problems})
-                    self._state.count("fallbacks", digest[:12], f"not precompiled: {'; '.join(problems)}")
+                    self._state.count(
+                        "fallbacks", digest[:12], cache.redact(f"not precompiled: {'; '.join(problems)}")
+                    )
                     return
                 with tempfile.TemporaryDirectory() as tmp:
                     path = os.path.join(tmp, "a.pt2")

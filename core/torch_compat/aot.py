@@ -194,12 +194,14 @@ def artifact_guard_manager(fn: Any) -> Any | None:
 
 
 def guard_failure(manager: Any, f_locals: dict[str, Any]) -> str:
-    """Which guard of an artifact's tree fails for ``f_locals`` (torch's ``check_verbose``: the guard's source
-    text and the verbose code parts), as one line of at most 300 characters; ``"?"`` when torch does not say."""
+    """Which guard of an artifact's tree fails for ``f_locals`` (torch's ``check_verbose``: the failed guards'
+    code, without the source line and file torch appends), as one line of at most 300 characters; ``"?"`` when torch
+    does not say."""
     try:
         result = manager.check_verbose(f_locals)
     except Exception as e:  # noqa: BLE001 (a reason, never an error)
         return f"check_verbose raised {type(e).__name__}"
     parts = getattr(result, "verbose_code_parts", None) or []
-    text = "; ".join(str(p) for p in parts) if parts else str(result)
+    # each part is the guard's code, then "# <source line> # <file>:<line> in <function>": the guard alone
+    text = "; ".join(str(p).split(" # ")[0].strip() for p in parts) if parts else str(result)
     return " ".join(text.split())[:300] or "?"

@@ -184,3 +184,50 @@ def test_servers_sharing_one_cache_folder_answer_with_their_own_configurations_b
             f"its restart: {state['hits']} hit(s), {state['fallbacks']} fallback(s), reasons "
             f"{again['compile']['precompiled'].get('reasons')}"
         )
+
+
+PATCH_PACK = {"steadfast_test_patch": Path(__file__).parent / "patch_pack"}
+
+
+def test_a_pack_patching_a_comfyui_class_never_gets_or_gives_another_servers_bytes(
+    comfyui_path: Path, tiny_ckpt: Path, tmp_path: Path
+) -> None:
+    """Issue 45: another node pack replaces ``comfy.ldm.modules.attention.CrossAttention.forward`` on the class
+    (``tests/comfy/patch_pack``). Servers with and without it share one compile cache folder. Both ways:
+
+    * A (no patch) compiles and saves; P (the patch) is warm-started from the same folder and must give the hash of
+      a jit of its own configuration in a fresh server with an empty cache, never A's (on 2363d88 P answered with
+      A's bytes from A's artifacts, with no fallback);
+    * after P has saved its own variant into the folder, A restarted still gives its own bytes, from its own
+      artifacts (a patched process never writes into the record an unpatched one answers from).
+
+    ComfyUI's free memory is pinned (:data:`PINNED_FREE_MB`), as in the attention-flag case."""
+    shared = {"STEADFAST_COMPILE_CACHE": str(tmp_path / "shared")}
+    run = {"backend": "inductor", "attention": "comfy"}
+    ckpt = {TINY_CKPT_NAME: tiny_ckpt}
+    patched = {**SQUEEZE_PACK, **PATCH_PACK}
+    with ComfyServer(ckpt, comfyui=comfyui_path, env=shared, node_packs=SQUEEZE_PACK) as a:
+        a_hash = _pinned_run(a, **run)["hash"]
+        assert _record(a)["precompiled"]["saves"] >= 1, json.dumps(_record(a))
+    fresh = {"STEADFAST_COMPILE_CACHE": str(tmp_path / "fresh"), "STEADFAST_PRECOMPILED": "0"}
+    with ComfyServer(ckpt, comfyui=comfyui_path, env=fresh, node_packs=patched) as jit:
+        jit_hash = _pinned_run(jit, **run)["hash"]
+    assert jit_hash != a_hash  # the patch changes the bytes: the case is not vacuous
+    with ComfyServer(ckpt, comfyui=comfyui_path, env=shared, node_packs=patched) as p:
+        p_run = _pinned_run(p, **run)
+        p_state = _record(p)["precompiled"]
+        assert p_run["hash"] == jit_hash, json.dumps([p_state, p_run["compile"]])  # never A's bytes
+        # A's artifacts of the blocks with attention did not answer (their traced CrossAttention.forward differs);
+        # P saved its own variant of them (blocks without attention may be answered by A's: the same code)
+        assert p_state["saves"] >= 1 and any(
+            "CrossAttention.forward runs other code" in r for r in p_state["reasons"].values()
+        ), json.dumps(p_state)
+    with ComfyServer(ckpt, comfyui=comfyui_path, env=shared, node_packs=SQUEEZE_PACK) as again:
+        a_run = _pinned_run(again, **run)
+        state = _record(again)["precompiled"]
+        assert a_run["hash"] == a_hash and state["hits"] > 0, json.dumps(state)  # its own artifacts answered
+        print(
+            f"\n[shared cache, a pack patching CrossAttention.forward] A {a_hash[:12]}, jit of P {jit_hash[:12]}, "
+            f"P {p_run['hash'][:12]} (saved {p_state['saves']}, reasons {p_state['reasons']}), A restarted "
+            f"{a_run['hash'][:12]} ({state['hits']} hits, answered by {state['answered']})"
+        )
