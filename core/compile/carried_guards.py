@@ -66,6 +66,7 @@ __all__ = [
     "match",
     "describe_callable",
     "code_digest",
+    "build_tree",
 ]
 
 #: Dynamo guard type -> what the carried guard compares.
@@ -558,3 +559,92 @@ def match(guards: Sequence[CarriedGuard], env: Mapping[str, Any]) -> tuple[Match
         readers.append(read)
         seen.append(_now(g.kind, value))
     return Matched(tuple(guards), tuple(readers), tuple(seen)), None
+
+
+def build_tree(tree: Any, matched: Matched, env: Mapping[str, Any]) -> None:
+    """Add the carried guards of ``matched`` to ``tree`` (:class:`core.torch_compat.GuardTree`), as C++ leaves where
+    torch has one: each guard's source becomes a chain of accessors from the call's locals (``L``, a name), the
+    block's module globals (``G``) or a module (``G['__import_<module>']``), sharing prefixes; its kind a leaf
+    comparing with what it matched (:attr:`Matched.seen`: identity, type, equality, length); ``a is b``, ``'k' in
+    d`` and ordered keys stay Python tests inside the tree.
+
+    Args:
+        tree: the builder, whose root's value is the call's environment (:class:`Binder`).
+        matched: guards found to hold, with the objects they matched (kept alive by ``matched``).
+        env: the environment they matched in (example values for the accessors).
+    Raises:
+        NotDescribable: a source the pack does not read; ``TypeError`` / ``RuntimeError`` / ``KeyError`` /
+            ``AttributeError``: torch cannot build an accessor or a leaf here (keep the Python checks).
+    """
+    globals_ = env["G"]
+    memo: dict[str, tuple[Any, Any]] = {}
+
+    def node(n: ast.AST, source: str) -> tuple[Any, Any, str]:
+        if isinstance(n, ast.Name):
+            if n.id == "L":
+                return tree.root, env, "L"
+            if n.id == "G":
+                key = "G"
+                if key not in memo:
+                    memo[key] = (tree.constant(globals_.g, "G"), globals_.g)
+                return (*memo[key], key)
+            key = f"L[{n.id!r}]"
+            if key not in memo:
+                memo[key] = (tree.item(tree.root, n.id, key, env[n.id]), env[n.id])
+            return (*memo[key], key)
+        if isinstance(n, ast.Attribute):
+            parent, value, inner = node(n.value, source)
+            key = f"{inner}.{n.attr}"
+            if key not in memo:
+                got = getattr(value, n.attr)
+                memo[key] = (tree.attr(parent, n.attr, key, got), got)
+            return (*memo[key], key)
+        if isinstance(n, ast.Subscript):
+            parent, value, inner = node(n.value, source)
+            try:
+                item = ast.literal_eval(n.slice)
+            except ValueError as e:
+                raise NotDescribable(f"guard source {source!r}: a subscript that is not a constant") from e
+            key = f"{inner}[{item!r}]"
+            if key not in memo:
+                if inner == "G" and isinstance(item, str) and item.startswith((_IMPORT_ALIAS, _BUILTINS_ALIAS)):
+                    got = globals_[item]  # Dynamo's alias of a module (or builtins): the object itself
+                    memo[key] = (tree.constant(got, key), got)
+                else:
+                    got = value[item]
+                    memo[key] = (tree.item(parent, item, key, got), got)
+            return (*memo[key], key)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and len(n.args) == 1 and not n.keywords:
+            parent, value, inner = node(n.args[0], source)
+            if n.func.id == "dict":  # read the mapping as it is (as _reader)
+                return parent, value, inner
+            if n.func.id == "type":
+                key = f"type({inner})"
+                if key not in memo:
+                    memo[key] = (tree.type_of(parent, key, type(value)), type(value))
+                return (*memo[key], key)
+        raise NotDescribable(f"guard source {source!r}: {type(n).__name__} is not built into the guard tree")
+
+    for g, seen in zip(matched.guards, matched.seen):
+        parts = f"{g.guard_type} on {g.source} (carried by the pack)"
+        if g.kind in ("same", "contains"):  # a comparison of two sources, a membership: a Python test
+            read = _reader(g.source)
+            tree.holds(tree.root, lambda e, read=read, seen=seen: read(e) == seen, parts)
+            continue
+        manager, value, _ = node(ast.parse(g.source, mode="eval").body, g.source)
+        if g.kind == "is":
+            tree.is_(manager, seen, parts)
+        elif g.kind == "code":
+            code = tree.attr(manager, "__code__", f"{g.source}.__code__", value.__code__)
+            tree.is_(code, seen, parts)
+        elif g.kind == "type":
+            tree.type_is(manager, seen, parts)
+        elif g.kind == "eq":
+            tree.type_is(manager, seen[0], parts)
+            tree.equals(manager, seen[1], parts)
+        elif g.kind == "len":
+            tree.length(manager, seen, value, parts)
+        elif g.kind == "keys":
+            tree.holds(manager, lambda v, seen=seen: tuple(v.keys()) == seen, parts)
+        else:
+            raise NotDescribable(f"guard kind {g.kind!r} is not built into the guard tree")

@@ -343,13 +343,30 @@ def specialised(entry: Any) -> bool:
     )
 
 
+def checks_tree(matched: carried_guards.Matched, code: traced_code.CodeIdentity, env: dict[str, Any]) -> Any:
+    """The pack's per-call checks of an answer (its traced code's identity and its carried guards) built into one
+    tree of Dynamo's C++ guards (:class:`core.torch_compat.GuardTree`), evaluated with the call's environment; None
+    when torch cannot build one of them, or when the tree does not pass where the Python checks just did (the route
+    then keeps the Python checks: :meth:`core.compile.traced_code.CodeIdentity.still`,
+    :meth:`core.compile.carried_guards.Matched.still`)."""
+    try:
+        tree = torch_compat.GuardTree()
+        traced_code.build_tree(tree, code)
+        carried_guards.build_tree(tree, matched, env)
+        return tree if tree.check(env) else None
+    except (torch_compat.TorchAPIMissing, _NotDescribable, TypeError, RuntimeError, LookupError, AttributeError):
+        return None
+
+
 @dataclasses.dataclass(frozen=True)
 class Answer:
     """A loaded artifact and what must still hold for it to answer a call: ``fn`` (torch's loaded function, its own
     guard check done by the route), ``matched`` (the carried guards, :class:`core.compile.carried_guards.Matched`),
     ``code`` (the traced code, :class:`core.compile.traced_code.CodeIdentity`), ``variant`` (its id, 32 hex),
-    ``root`` (the path of the traced root ``forward``) and ``manager`` (the artifact's C++ guard tree,
-    :func:`core.torch_compat.artifact_guard_manager`; None: torch's ``guard_check``)."""
+    ``root`` (the path of the traced root ``forward``), ``manager`` (the artifact's C++ guard tree,
+    :func:`core.torch_compat.artifact_guard_manager`; None: torch's ``guard_check``) and ``checks`` (the pack's own
+    per-call checks, the traced code and the carried guards, as a tree of C++ guards: :func:`checks_tree`; None:
+    their Python checks)."""
 
     fn: Any
     matched: carried_guards.Matched
@@ -357,13 +374,16 @@ class Answer:
     variant: str
     root: str
     manager: Any = None
+    checks: Any = None
 
-    def holds(self, env: Mapping[str, Any] | None) -> bool:
+    def holds(self, env: Mapping[str, Any]) -> bool:
         """The traced code is still what this process runs and the carried guards still read what they matched
-        (``env``: the call's environment, needed only when there are carried guards)."""
+        (``env``: the call's environment, :class:`core.compile.carried_guards.Binder`)."""
+        if self.checks is not None:
+            return self.checks.check(env)
         if not self.code.still():
             return False
-        return not self.matched.guards or (env is not None and self.matched.still(env))
+        return not self.matched.guards or self.matched.still(env)
 
     def guards_pass(self, env: dict[str, Any], module: nn.Module, args: tuple, kwargs: dict) -> tuple[bool, str]:
         """torch's guards of the artifact: its guard tree evaluated with the call's environment (``env``, the
@@ -390,7 +410,8 @@ class PrecompiledState:
     ``hits``: calls answered by a loaded artifact; ``loads`` / ``saves``: artifacts read from / written to the
     cache; ``fallbacks``: calls that ran the jit although the route was on; ``reasons``: ``{key digest (12 hex or
     "call"): reason}``, the first reason per key (a refusal's reason names every problem); ``answered``:
-    ``{variant id (12 hex): {"root": traced root path, "hits": n}}``, which variants answered. Thread-safe."""
+    ``{variant id (12 hex): {"root": traced root path, "checks": "guard tree" | "python", "hits": n}}``, which
+    variants answered and how their per-call checks ran (:func:`checks_tree`). Thread-safe."""
 
     enabled: bool
     reason: str
@@ -434,7 +455,10 @@ class PrecompiledState:
             self.hits += 1
             seen = self.answered.get(answer.variant[:12])
             if seen is None and len(self.answered) < 256:
-                seen = self.answered[answer.variant[:12]] = {"root": answer.root}
+                seen = self.answered[answer.variant[:12]] = {
+                    "root": answer.root,
+                    "checks": "guard tree" if answer.checks is not None else "python",
+                }
                 seen["hits"] = 0
             if seen is not None:
                 seen["hits"] += 1
@@ -701,7 +725,8 @@ class PrecompiledBlock(nn.Module):
                 return "jit", None
             matched, code = found
             manager = torch_compat.artifact_guard_manager(fn)
-            return "aot", Answer(fn, matched, code, variant["id"], fingerprint["forward"][0], manager)
+            checks = checks_tree(matched, code, env)
+            return "aot", Answer(fn, matched, code, variant["id"], fingerprint["forward"][0], manager, checks)
         if reasons:
             state.count(
                 "fallbacks",

@@ -56,6 +56,7 @@ __all__ = [
     "CodeIdentity",
     "root_forward",
     "root_function",
+    "build_tree",
 ]
 
 #: the portable name of this pack's root package, whatever folder ComfyUI loaded it from
@@ -223,16 +224,17 @@ def identify(block: Any, codes: Sequence[types.CodeType], described: str = "") -
                     continue
                 if _function(_lookup(cls, attr)) is fn:  # the attribute the instance's class resolves to
                     found[fn.__code__] = (_method_path(cls, attr), function_digest(fn))
-    problems = []
+    problems, reported = [], set()
     for code, (path, _) in list(found.items()):
         try:
             _resolve_one(path)
         except LookupError as e:  # a class defined in a function, or not where its name says
             problems.append(f"{e}: another process could not find it")
             del found[code]  # kept out of the record, so a refusal of this configuration is found again
+            reported.add(code)
     covered = {n for c in found for n in _nested_codes(c)}
     for code in codes:
-        if code in found or code in covered:
+        if code in found or code in covered or code in reported:
             continue
         path, fn, why = _function_path(code)
         if fn is not None:
@@ -364,3 +366,23 @@ def root_function(block: Any) -> Any:
         return _lookup(type(block), "forward")
     except AttributeError:
         return None
+
+
+def build_tree(tree: Any, identity: CodeIdentity) -> None:
+    """Add the per-call checks of ``identity`` to ``tree`` (:class:`core.torch_compat.GuardTree`): for each path, its
+    owner (a class or a module, held as a constant) gives the same function object, with the same ``__code__``,
+    ``__defaults__`` and ``__kwdefaults__`` objects, as C++ identity leaves. A path whose attribute access does not
+    give the function itself (a classmethod, a descriptor) is checked by a Python test inside the tree, as
+    :meth:`CodeIdentity.still` does. Raises what torch's builders raise (the caller keeps the Python check)."""
+    for path, (owner, attr, fn, code, defaults, kwdefaults) in zip(identity.paths, identity.steps):
+        parts = f"{path} is the traced code"
+        base = tree.constant(owner, path.partition(":")[0])
+        if getattr(owner, attr, None) is not fn:  # not a plain attribute: the lookup CodeIdentity.still does
+            tree.holds(base, lambda o, attr=attr, fn=fn: _function(_lookup(o, attr)) is fn, parts)
+            continue
+        got = tree.attr(base, attr, path, fn)
+        tree.is_(got, fn, parts)
+        tree.is_(tree.attr(got, "__code__", f"{path}.__code__", code), code, f"{path}: its __code__")
+        tree.is_(tree.attr(got, "__defaults__", f"{path}.__defaults__", defaults), defaults, f"{path}: its defaults")
+        kw = tree.attr(got, "__kwdefaults__", f"{path}.__kwdefaults__", kwdefaults)
+        tree.is_(kw, kwdefaults, f"{path}: its keyword defaults")

@@ -9,6 +9,7 @@ in one package with one face: import ``core.torch_compat`` and call its function
 * :mod:`.aot`: AOT-compiled blocks (support, guards that serialise, traced modules, the artifact's guard check);
 * :mod:`.logs`: the recompile log tap and the compile progress events;
 * :mod:`.modules`: compiled-module wrappers, module hooks, operator names, tensor versions, fp32 precision;
+* :mod:`.guard_tree`: the pack's per-call checks built into a tree of Dynamo's C++ guards;
 * :mod:`.trace`: the switches a trace reads that torch neither guards nor keys its caches on, and the code objects
   a trace ran.
 
@@ -54,6 +55,7 @@ from .dynamo import (
     supports_guard_filter_fn,
     while_compiling,
 )
+from .guard_tree import GuardTree, guard_tree_support
 from .inductor import (
     INDUCTOR_DETERMINISTIC_SETTING,
     MACHINE_CONFIG_KEYS,
@@ -147,6 +149,8 @@ __all__ = [
     "module_hook_dicts",
     "operator_python_kernels",
     "trace_state",
+    "GuardTree",
+    "guard_tree_support",
     "traced_code_objects",
     "MACHINE_CONFIG_KEYS",
     "duplicate_source",

@@ -158,8 +158,9 @@ def _interpreted_still(matched: cg.Matched, env) -> bool:
 
 
 def test_the_generated_check_agrees_with_the_interpreter_for_every_kind(monkeypatch) -> None:
-    """Matched.still runs one generated function; on every change below it gives what the interpreter gives, and a
-    source outside the checked node types is refused before any text is generated."""
+    """Matched.still runs one generated function; on every change below it gives what the interpreter gives, and so
+    does the tree of C++ guards built from it (``build_tree``); a source outside the checked node types is refused
+    before any text is generated."""
     block = Block()
     block.names = ["a", "b"]
     block.table = {"x": 1, "y": 2}
@@ -197,12 +198,15 @@ def test_the_generated_check_agrees_with_the_interpreter_for_every_kind(monkeypa
         lambda: setattr(block, "lin", torch.nn.Linear(2, 2)),
         lambda: delattr(block, "table"),
     ]
+    tree = torch_compat.GuardTree()  # the same checks as C++ guards (issue 45): they must agree too
+    cg.build_tree(tree, matched, env())
+    assert tree.leaves >= len(guards) and tree.check(env())
     results = []
     for change in changes:
         change()
-        results.append((matched.still(env()), _interpreted_still(matched, env())))
-    assert all(got == ref for got, ref in results), results
-    assert [got for got, _ in results].count(True) >= 1 and [got for got, _ in results].count(False) >= 3
+        results.append((matched.still(env()), _interpreted_still(matched, env()), tree.check(env())))
+    assert all(got == ref == in_tree for got, ref, in_tree in results), results
+    assert [got for got, _, _ in results].count(True) >= 1 and [got for got, _, _ in results].count(False) >= 3
     with pytest.raises(cg.NotDescribable):
         cg._checker((("__import__('os').getcwd()", "eq"),))
     with pytest.raises(cg.NotDescribable):

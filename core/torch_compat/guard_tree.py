@@ -1,0 +1,118 @@
+"""The pack's own per-call checks as a tree of Dynamo's C++ guards (``torch._C._dynamo.guards.RootGuardManager``).
+
+Part of :mod:`core.torch_compat` (its face re-exports every public name); no ComfyUI imports.
+
+A precompiled block re-checks, on every call, what its artifact cannot carry: the code its trace ran and the
+Dynamo guards torch cannot serialise (:mod:`core.compile.traced_code`, :mod:`core.compile.carried_guards`). Read by a
+Python plan, 123 of them cost about 90 us per block call quiet and 240 us in a run (docs/benchmarks.md section 22);
+as leaves of a C++ guard tree, built once per loaded answer with torch's own accessors (``dict_getitem_manager``,
+``getattr_manager``, ``type_manager``...) and leaves (``add_id_match_guard``, ``add_equals_match_guard``...), the same
+checks run inside torch's guard evaluator (docs/benchmarks.md section 25). Only a check with no C++ leaf (a
+comparison of two sources, ordered keys) stays a Python lambda inside the tree.
+
+:class:`GuardTree` is the builder and the tree; its root's value is the dict of the call's locals by name (the
+binder's environment), the same dict the artifact's own tree is evaluated with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .base import TorchAPIMissing, _api
+
+
+class GuardTree:
+    """A C++ guard tree under construction, then checked. Managers are opaque handles returned by the accessors;
+    every leaf names the check in ``parts`` (what :meth:`failure` reports).
+
+    Raises :class:`TorchAPIMissing` from the constructor when Dynamo's C++ guards are gone, and ``TypeError`` /
+    ``RuntimeError`` from a builder method torch does not support in this form (the caller then keeps its Python
+    checks).
+    """
+
+    def __init__(self) -> None:
+        guards = _api("torch._C._dynamo", "guards", "precompiled blocks (the per-call checks as C++ guards)")
+        kinds = _api("torch._dynamo.guards", "GuardManagerType", "precompiled blocks (C++ guard managers)")
+        self._kind = kinds.GUARD_MANAGER
+        self.root = guards.RootGuardManager()
+        self._leaves = 0
+
+    def _leaf(self, add: Callable[..., None], *args: Any, parts: str) -> None:
+        try:  # torch 2.11 takes a user stack after the code parts, torch 2.14 may not
+            add(*args, [parts], None)
+        except TypeError:
+            add(*args, [parts])
+        self._leaves += 1
+
+    # ------------------------------------------------------------------ accessors (managers)
+    def item(self, parent: Any, key: Any, source: str, example: Any) -> Any:
+        """The manager of ``parent_value[key]`` (a dict: ``dict_getitem_manager``; else ``getitem_manager``)."""
+        if isinstance(example, dict) or parent is self.root:
+            return parent.dict_getitem_manager(key, source, example, self._kind)
+        return parent.getitem_manager(key, source, example, self._kind)
+
+    def attr(self, parent: Any, name: str, source: str, example: Any) -> Any:
+        """The manager of ``getattr(parent_value, name)``."""
+        return parent.getattr_manager(name, source, example, self._kind)
+
+    def type_of(self, parent: Any, source: str, example: Any) -> Any:
+        """The manager of ``type(parent_value)``."""
+        return parent.type_manager(source, example, self._kind)
+
+    def constant(self, value: Any, source: str) -> Any:
+        """A manager whose value is ``value`` (a module, a class, a dict the pack holds), read by a Python lambda."""
+        return self.root.lambda_manager(lambda _: value, source, value, self._kind)
+
+    # ------------------------------------------------------------------ leaves
+    def is_(self, manager: Any, obj: Any, parts: str) -> None:
+        """The value is ``obj`` (identity; the caller keeps ``obj`` alive)."""
+        self._leaf(manager.add_id_match_guard, id(obj), parts=parts)
+
+    def type_is(self, manager: Any, cls: type, parts: str) -> None:
+        """``type(value) is cls``."""
+        self._leaf(manager.add_type_match_guard, id(cls), parts=parts)
+
+    def equals(self, manager: Any, value: Any, parts: str) -> None:
+        """``value == value`` (after :meth:`type_is`: equal values of one type)."""
+        self._leaf(manager.add_equals_match_guard, value, parts=parts)
+
+    def length(self, manager: Any, n: int, example: Any, parts: str) -> None:
+        """``len(value) == n``."""
+        if isinstance(example, dict):
+            self._leaf(manager.add_dict_length_check_guard, n, parts=parts)
+        else:
+            self._leaf(manager.add_length_check_guard, n, parts=parts)
+
+    def holds(self, manager: Any, test: Callable[[Any], bool], parts: str) -> None:
+        """``test(value)`` is true: a Python lambda leaf (for a check with no C++ leaf)."""
+        self._leaf(manager.add_lambda_guard, test, parts=parts)
+
+    # ------------------------------------------------------------------ use
+    @property
+    def leaves(self) -> int:
+        """How many checks the tree holds."""
+        return self._leaves
+
+    def check(self, f_locals: dict[str, Any]) -> bool:
+        """Every check passes for the call's locals."""
+        return bool(self.root.check(f_locals))
+
+    def failure(self, f_locals: dict[str, Any]) -> str:
+        """The failed check's text (its ``parts``), or ``"?"``."""
+        try:
+            parts = getattr(self.root.check_verbose(f_locals), "verbose_code_parts", None) or []
+        except Exception as e:  # noqa: BLE001 (a reason, never an error)
+            return f"check_verbose raised {type(e).__name__}"
+        return "; ".join(str(p) for p in parts)[:300] or "?"
+
+
+def guard_tree_support() -> bool:
+    """Whether this torch has the C++ guard builders :class:`GuardTree` uses (never raises)."""
+    try:
+        GuardTree()
+    except (TorchAPIMissing, AttributeError, TypeError, RuntimeError):
+        return False
+    return hasattr(torch, "_C")

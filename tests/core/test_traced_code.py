@@ -1,0 +1,139 @@
+"""The identity of a precompiled variant from the code its trace ran (``core.compile.traced_code``, issue 45)."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+from torch import nn
+
+from steadfast.core import torch_compat
+from steadfast.core.compile import carried_guards, traced_code
+
+
+def _module(name: str, source: str) -> types.ModuleType:
+    mod = types.ModuleType(name)
+    mod.__file__ = f"/nowhere/{name.replace('/', '_')}.py"
+    sys.modules[name] = mod
+    exec(compile(source, mod.__file__, "exec"), mod.__dict__)  # noqa: S102 (a test module made from text)
+    return mod
+
+
+HELPER = """
+def helper(x, scale=1.0):
+    return x * scale
+"""
+
+
+def test_module_names_are_portable_across_install_folders():
+    """ComfyUI imports a custom node pack under its absolute folder path; the same code in two folders describes
+    the same way, and the name maps back to the module loaded here."""
+    a = _module("/srv/a/custom_nodes/SomePack_x_v2.helpers", HELPER)
+    b = _module("/opt/b/custom_nodes/SomePack_x_v2.helpers", HELPER)
+    try:
+        assert traced_code.portable_module(a.__name__) == "custom_nodes/SomePack_x_v2.helpers"
+        assert traced_code.portable_module(b.__name__) == traced_code.portable_module(a.__name__)
+        assert carried_guards.describe_callable(a.helper) == carried_guards.describe_callable(b.helper)
+        assert traced_code.function_digest(a.helper) == traced_code.function_digest(b.helper)
+        assert traced_code.portable_module(traced_code.__name__) == "steadfast.core.compile.traced_code"
+        assert traced_code.local_module("steadfast.core.compile.traced_code") is traced_code
+        assert traced_code.portable_module("comfy.ldm.modules.attention") == "comfy.ldm.modules.attention"
+    finally:
+        del sys.modules[a.__name__], sys.modules[b.__name__]
+
+
+def test_the_function_digest_sees_code_defaults_and_closure_values():
+    mod = _module("sf_traced_code_digest", HELPER)
+    try:
+        first = traced_code.function_digest(mod.helper)
+        mod.helper.__defaults__ = (2.0,)  # Dynamo guards no constant default
+        assert traced_code.function_digest(mod.helper) != first
+        mod.helper.__defaults__ = (1.0,)
+        assert traced_code.function_digest(mod.helper) == first
+
+        def make(v):
+            def inner(x):
+                return x * v
+
+            return inner
+
+        assert traced_code.function_digest(make(1)) != traced_code.function_digest(make(2))
+        assert traced_code.function_digest(make(1)) == traced_code.function_digest(make(1))
+    finally:
+        del sys.modules[mod.__name__]
+
+
+class Inner(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+
+class Outer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = Inner()
+
+    def forward(self, x):
+        return self.inner(x) + 1
+
+
+def test_identify_resolve_and_the_per_call_identity(monkeypatch):
+    """Paths through the block's classes: a patched submodule class method resolves to other code (every path that
+    differs is named), and a code identity matched before sees the patch on its next check."""
+    block = Outer()
+    codes = [Outer.forward.__code__, Inner.forward.__code__]
+    paths, problems = traced_code.identify(block, codes)
+    assert problems == [] and set(paths) == {
+        f"method {__name__}:Outer.forward",
+        f"method {__name__}:Inner.forward",
+    }
+    identity, problems = traced_code.resolve(paths)
+    assert identity is not None and problems == [] and identity.still()
+    tree = torch_compat.GuardTree()  # the same check as C++ identity guards
+    traced_code.build_tree(tree, identity)
+    assert tree.leaves == 4 * len(paths) and tree.check({})
+
+    def patched(self, x):
+        return torch.relu(x) * 2
+
+    original = Inner.__dict__["forward"]
+    monkeypatch.setattr(Inner, "forward", patched)
+    assert not identity.still() and not tree.check({})
+    assert "Inner.forward is the traced code" in tree.failure({})
+    monkeypatch.setattr(Inner, "forward", original)
+    assert identity.still() and tree.check({})
+    monkeypatch.setattr(Outer.forward, "__defaults__", (1,))  # the same function object, other defaults
+    assert not identity.still() and not tree.check({})
+    monkeypatch.undo()
+    assert identity.still() and tree.check({})
+    monkeypatch.setattr(Inner, "forward", patched)
+    again, problems = traced_code.resolve(paths)
+    assert again is None and len(problems) == 1 and "Inner.forward runs other code" in problems[0]
+    monkeypatch.undo()
+    assert traced_code.resolve(paths)[0] is not None
+    assert traced_code.resolve({"method nowhere.at.all:Thing.forward": "0" * 16})[1] == [
+        "method nowhere.at.all:Thing.forward: module nowhere.at.all is not loaded"
+    ]
+
+
+def test_a_nested_function_nobody_covers_is_a_problem():
+    def local_helper(x):
+        return x
+
+    block = Outer()
+    _, problems = traced_code.identify(block, [Outer.forward.__code__, local_helper.__code__])
+    assert len(problems) == 1 and "nested function" in problems[0]
+    described = f"#{traced_code.code_digest(local_helper.__code__)}"  # a guard or the key describes it
+    assert traced_code.identify(block, [Outer.forward.__code__, local_helper.__code__], described)[1] == []
+
+
+@pytest.mark.parametrize("kind", ["class in a function"])
+def test_a_class_another_process_cannot_find_is_refused(kind):
+    class Local(nn.Module):
+        def forward(self, x):
+            return x
+
+    paths, problems = traced_code.identify(Local(), [Local.forward.__code__])
+    assert paths == {} and len(problems) == 1 and "another process could not find it" in problems[0], kind
