@@ -213,6 +213,16 @@ def cache_entry_count(code: Any) -> int:
     return len(entries(code))
 
 
+def cache_entry_guards(code: Any) -> list[Any]:
+    """The guard trees (``GuardManagerWrapper``, ``.check(f_locals)``) of the Dynamo cache entries on ``code``, newest
+    first: what the jit evaluates before each call of a compiled frame (benchmarks compare the pack's own checks with
+    it). Raises ``TypeError`` when ``code`` is not a code object and :class:`TorchAPIMissing` when the API is gone."""
+    if not inspect.iscode(code):
+        raise TypeError(f"cache_entry_guards needs a code object, got {type(code).__name__}")
+    entries = _api("torch._dynamo.eval_frame", "_debug_get_cache_entry_list", "reading Dynamo's guards")
+    return [m for m in (getattr(e, "guard_manager", None) for e in entries(code)) if m is not None]
+
+
 def supports_guard_filter_fn() -> bool:
     """Whether ``torch.compile(options={"guard_filter_fn": fn})`` is understood by this torch.
 
