@@ -22,14 +22,14 @@ Each prompt is timed by the server's own ``execution_start`` -> ``execution_succ
 number is the median of the paired ratios config / eager within a round, with its quartiles (target <= 1.05, issue
 35): on a shared 2-core guest the machine's speed drifts by 5-10 % within a minute, which moves each median alone
 but falls on both prompts of a round. Per phase the precompiled route's split is printed per
-Steadfast prompt (``split_seconds`` of ``GET /steadfast/compile_state``, :data:`core.compile.precompiled.SPLIT_PHASES`:
-the hook walk, the call key, the carried guards, torch's ``guard_check``, the artifact's call), in ms and as a
-share of the prompt.
+Steadfast prompt (``split_seconds`` of ``GET /steadfast/compile_state``,
+:data:`core.compile.warm.precompiled.SPLIT_PHASES`: the hook walk, the call key, the carried guards, torch's
+``guard_check``, the artifact's call), in ms and as a share of the prompt.
 
 ``--micro [--against REV]``: no server; the cost of the cache's part of one model call alone
-(``core.compile.cache.run_cached`` around a call that compiles nothing, 30 calls, with ``--files`` files in the key
-folder), for this checkout and, with ``--against``, for ``core/compile/cache.py`` as it was at git revision REV
-(loaded from ``git show``), side by side.
+(``core.compile.warm.cache.run_cached`` around a call that compiles nothing, 30 calls, with ``--files`` files in the
+key folder), for this checkout and, with ``--against``, for the compile cache module as it was at git revision REV
+(loaded from ``git show``, from where it lived then), side by side.
 
 Usage: ``python benchmarks/bench_call_overhead.py [--steps 8] [--side 256] [--repeats 10] [--files 3000]``
 or ``python benchmarks/bench_call_overhead.py --micro --against d89627c``
@@ -103,27 +103,38 @@ def add_files(cache_root: Path, n: int) -> Path:
 
 
 def micro(files: int, against: str | None) -> None:
-    """Per-call cost of the compile cache's activation, this checkout vs ``core/compile/cache.py`` at ``against``."""
+    """Per-call cost of the compile cache's activation, this checkout vs the compile cache module at ``against``."""
     import importlib.util
     import subprocess
 
     _common.import_pack()
-    from steadfast.core.compile import cache as current
+    from steadfast.core.compile.warm import cache as current
 
     mods = [("this checkout", current)]
     if against:
-        src = subprocess.run(
-            ["git", "show", f"{against}:core/compile/cache.py"],
-            cwd=_common.ROOT,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
+        homes = (  # the module's home at that commit: its relative imports resolve from there
+            ("core/compile/warm/cache.py", "steadfast.core.compile.warm"),
+            ("core/compile/cache.py", "steadfast.core.compile"),
+            ("core/compile_cache.py", "steadfast.core"),
+        )
+        shown = [
+            (
+                subprocess.run(
+                    ["git", "show", f"{against}:{where}"], cwd=_common.ROOT, capture_output=True, text=True
+                ),
+                p,
+            )
+            for where, p in homes
+        ]
+        found = [(got.stdout, p) for got, p in shown if got.returncode == 0]
+        if not found:
+            raise SystemExit(f"no compile cache module at {against}")
+        src, package = found[0]
         old = Path(tempfile.mkdtemp(prefix="steadfast-then-")) / "compile_cache_then.py"
         old.write_text(src, encoding="utf-8")  # the file at that commit, loaded as a module of the package
-        spec = importlib.util.spec_from_file_location("steadfast.core._compile_cache_then", old)
+        spec = importlib.util.spec_from_file_location(f"{package}._compile_cache_then", old)
         then = importlib.util.module_from_spec(spec)
-        then.__package__ = "steadfast.core"
+        then.__package__ = package
         sys.modules[then.__name__] = then
         spec.loader.exec_module(then)
         mods.append((f"git {against}", then))
@@ -243,7 +254,7 @@ def main() -> int:
         "Model alone (KSampler), interleaved with the two others: which half the ratio comes from",
     )
     ap.add_argument("--micro", action="store_true", help="no server: the cache's per-call cost alone")
-    ap.add_argument("--against", default=None, help="with --micro: also core/compile/cache.py at this git revision")
+    ap.add_argument("--against", default=None, help="with --micro: also the compile cache module at this revision")
     args = ap.parse_args()
     t_start = time.perf_counter()
     if args.micro:

@@ -9,7 +9,7 @@ CLIPTextEncode, EmptyLatentImage, KSampler euler, VAEDecode, PreviewImage), the 
 * ``steadfast-jit``: the same with ``STEADFAST_PRECOMPILED=0`` (warm start through inductor's caches only, Dynamo
   traces again: the route before precompiled blocks);
 * ``eager-preload``: ``eager`` with ``$STEADFAST_PRELOAD_COMPILE=1``: the pack's work at start (the compile stack's
-  import, inductor's CPU ISA pick, the heap frozen: :mod:`core.compile.preload`) without compiling anything, the
+  import, inductor's CPU ISA pick, the heap frozen: :mod:`core.compile.warm.preload`) without compiling anything, the
   floor a warm Steadfast start is measured against when the start-up work is set aside;
 * ``steadfast-probe``: the same with ``STEADFAST_PROBE_CPU_ISA=1`` (inductor probes every CPU vector ISA by
   building and loading a C++ test program, as it does by default; see ``core.torch_compat.trusted_cpu_isa``).

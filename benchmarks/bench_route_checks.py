@@ -1,9 +1,9 @@
 """What the precompiled route's per-call checks cost, quiet and right after a block's kernels.
 
-The route (:mod:`core.compile.precompiled`) checks every block call before a loaded artifact answers it: the hook
-walk (:func:`~core.compile.precompiled.hooks_reason`), the call's locals (the binder), the pack's own checks (the
+The route (:mod:`core.compile.warm.precompiled`) checks every block call before a loaded artifact answers it: the hook
+walk (:func:`~core.compile.warm.precompiled.hooks_reason`), the call's locals (the binder), the pack's own checks (the
 traced code's identity and the carried guards, as a tree of C++ guards: ``Answer.checks``) and the artifact's own
-guard tree evaluated with those locals; the call key (:func:`~core.compile.precompiled.call_key`) only when the
+guard tree evaluated with those locals; the call key (:func:`~core.compile.warm.precompiled.call_key`) only when the
 block's last answer misses. Beside them, for reference: the jit's own Dynamo guard check of the same block (the
 goal of issue 45: the route's checks <= 2x it), the key, and the checks as they ran before (Python, ``guard_check``
 with its signature binding). This benchmark
@@ -15,7 +15,7 @@ steady sampling call of a warm-started process, so an artifact answers it) and t
 * ``after kernel``: the check right after the block's artifact ran (median of 30): the cost it has inside a
   sampling run, where the block's kernels (conv, matmul, attention over all cores) have just evicted the
   interpreter's code and data from the caches;
-* ``in a run``: the route's own split (``split_seconds`` of the compile record, :data:`~core.compile.precompiled.
+* ``in a run``: the route's own split (``split_seconds`` of the compile record, :data:`~core.compile.warm.precompiled.
   SPLIT_PHASES`: ``carried`` is the binder and the pack's checks, ``guard_check`` the artifact's tree) over 10
   steady sampling calls, per block call.
 
@@ -53,7 +53,7 @@ _common.import_pack()
 mode, ckpt, steps, side = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 import torch
 from pathlib import Path
-from steadfast.core.compile import precompiled as pc, preload
+from steadfast.core.compile.warm import precompiled as pc, preload
 from steadfast.core.compile.registry import REGISTRY
 from steadfast.nodes import optimize_node
 preload.preload(Path(os.environ["STEADFAST_COMPILE_CACHE"]))

@@ -6,7 +6,7 @@ left (a restart). Configs: ``eager`` (nothing), ``steadfast`` (Optimize Model: c
 auto, the persistent compile cache). The first sampling call is split with Dynamo's per-frame compilation metrics
 (``torch._dynamo.utils.get_compilation_metrics``):
 
-* ``at start``: the pack's preload (:mod:`core.compile.preload`), run first, as a server runs it when it loads the
+* ``at start``: the pack's preload (:mod:`core.compile.warm.preload`), run first, as a server runs it when it loads the
   pack: on a warm start it imports the compile stack, picks inductor's CPU ISA and freezes the heap; on a cold start
   (nothing compiled yet) it does nothing;
 * ``gc``: the garbage collector's pauses inside the first sampling call (``gc.callbacks``), with its full
@@ -17,7 +17,7 @@ auto, the persistent compile cache). The first sampling call is split with Dynam
 * ``trace``: Dynamo's time per frame minus its backend time (bytecode tracing, guard building), summed;
 * ``backend``: AOTAutograd + inductor per frame (on a warm start: the cache lookups and loading the compiled
   ``.so``/Python modules), summed;
-* ``precompiled load`` / ``save``: the pack's precompiled blocks (:mod:`core.compile.precompiled`) loaded from the
+* ``precompiled load`` / ``save``: the pack's precompiled blocks (:mod:`core.compile.warm.precompiled`) loaded from the
   cache (a warm start: nothing traced) or saved after the call that compiled them (a cold start), and their hits;
 * ``rest``: the first sampling call minus all of the above and the same call's steady time (a second sampling call
   with another seed): first calls of the loaded kernels, guard checks, the pack's wrappers.
@@ -53,7 +53,7 @@ import gc, torch
 from pathlib import Path
 t_start, start_state = 0.0, {}
 if config == "steadfast":  # what the server does when it loads the pack (nodes/__init__.py), before any prompt
-    from steadfast.core.compile import preload
+    from steadfast.core.compile.warm import preload
     t0 = time.perf_counter()
     start_state = preload.preload(Path(os.environ["STEADFAST_COMPILE_CACHE"]))
     t_start = time.perf_counter() - t0
@@ -221,7 +221,7 @@ def main() -> int:
         )
     )
     print(
-        "\nmedians of the repeats; at start = the pack's preload (core.compile.preload: the compile stack's "
+        "\nmedians of the repeats; at start = the pack's preload (core.compile.warm.preload: the compile stack's "
         "import, inductor's CPU ISA pick, the heap frozen), done where a server loads the pack; first sampling = "
         "the first comfy.sample.sample call after the checkpoint load (what is left of the compile stack's import "
         "is timed before it, alone); gc = the garbage collector's pauses inside the first sampling (full "

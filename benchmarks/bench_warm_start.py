@@ -14,12 +14,12 @@ timed:
 * ``precompile load``: ``precompile.load`` of that artifact in folder C (a restart: no tracing at all);
 * ``precompile load, empty``: the same in an empty folder (D): what the artifact alone carries.
 * ``pack cold (jit + save)``: the pack's route (``core.compile.swap.compile_blocks`` with a
-  ``core.compile.precompiled.PrecompiledState``, under a managed compile cache E, ComfyUI's guard filter): the jit
+  ``core.compile.warm.precompiled.PrecompiledState``, under a managed compile cache E, ComfyUI's guard filter): the jit
   compiles, then the precompiled artifact is saved (``save s`` column; not in the first call's time);
 * ``pack precompiled warm``: the same in a fresh process on cache E: the artifact answers (a row whose call the jit
   answered instead fails the benchmark).
 
-Every process first does what a server does at start (:mod:`core.compile.preload`: the compile stack's import,
+Every process first does what a server does at start (:mod:`core.compile.warm.preload`: the compile stack's import,
 inductor's CPU ISA pick, the heap frozen; ``at start s``), then times the row's first call: the block's own
 compile or load and its call, the same start-up for every row. Inductor blocks run under the pack's
 ``core.torch_compat.trusted_cpu_isa`` (as Optimize Model runs them).
@@ -96,9 +96,9 @@ def child(mode: str, work: Path, hidden: int, save_mega: bool) -> dict[str, Any]
         return tuple(t.clone() for t in inputs)
 
     artifact = work / "precompiled.pkl"
-    from steadfast.core.compile import preload
+    from steadfast.core.compile.warm import preload
 
-    t0 = time.perf_counter()  # a server's start-up work (core.compile.preload), before any row's timed first call
+    t0 = time.perf_counter()  # a server's start-up work (core.compile.warm.preload), before any row's timed first call
     sf.core.torch_compat.import_compile_stack()
     sf.core.torch_compat.pick_cpu_isa()
     preload.freeze_heap()
@@ -111,11 +111,11 @@ def child(mode: str, work: Path, hidden: int, save_mega: bool) -> dict[str, Any]
             compiled = torch.compile(block)
             out = call(compiled, *fresh())
         elif mode == "pack":
-            from steadfast.core.compile import cache as compile_cache
             from steadfast.core.compile.guards import comfy_guard_filter
             from steadfast.core.compile.options import CompileOptions
-            from steadfast.core.compile.precompiled import PrecompiledState
             from steadfast.core.compile.swap import compile_blocks
+            from steadfast.core.compile.warm import cache as compile_cache
+            from steadfast.core.compile.warm.precompiled import PrecompiledState
 
             state = PrecompiledState.detect()
             if not state.enabled:

@@ -908,7 +908,7 @@ def sec_precompiled_route(s: Section) -> None:
     (defaults, ``--novram --disable-dynamic-vram`` + LoRA, fp8 weights, ``mode=reduce-overhead``): saved in one
     server process, answered by the artifacts after a restart of the same install, bytes equal to that process's
     jit and to a ``$STEADFAST_PRECOMPILED=0`` process (``recompile_workflows.judge_precompiled``). The route is
-    opt-in on CUDA (``core.compile.precompiled.TRIED_DEVICES``), so every server runs with
+    opt-in on CUDA (``core.compile.warm.precompiled.TRIED_DEVICES``), so every server runs with
     ``$STEADFAST_PRECOMPILED`` set. Smoke: the defaults case on the CPU (the CPU cases are tests/comfy/
     test_precompiled_server.py's)."""
     _helpers()

@@ -1,5 +1,5 @@
 """``steadfast artifact export``, ``import``, ``inspect``: one machine's compile cache as one file a fleet can
-share (:mod:`core.compile.artifact`).
+share (:mod:`core.compile.warm.artifact`).
 
 ``steadfast artifact export --name NAME [--cache-root DIR] [--device cpu|cuda] [--inductor-preset P] [--key KEY]
 [--no-gzip] -o FILE``: the cache folder ``<root>/<NAME>/<key>`` whose key fields are this machine's (for the device and
@@ -65,7 +65,7 @@ class _Unusable(Exception):
 
 
 def _root(given: Path | None) -> Path:
-    from ..core.compile import cache_location
+    from ..core.compile.warm import cache_location
 
     if given is not None:
         return given.expanduser()
@@ -80,9 +80,9 @@ def _root(given: Path | None) -> Path:
 
 def _forbidden() -> tuple[str, ...]:
     """The folders HTTP clients can write in the ComfyUI this CLI finds (``$COMFYUI_PATH`` or ``~/comfy/ComfyUI``,
-    its default layout: :func:`core.compile.cache_location.client_writable`); empty without one. A compile-cache
-    root overlapping one is refused (:func:`core.compile.cache_location.check_location`)."""
-    from ..core.compile import cache_location
+    its default layout: :func:`core.compile.warm.cache_location.client_writable`); empty without one. A compile-cache
+    root overlapping one is refused (:func:`core.compile.warm.cache_location.check_location`)."""
+    from ..core.compile.warm import cache_location
     from .comfy_server import find_comfyui
 
     comfy = find_comfyui()
@@ -102,7 +102,8 @@ def _describe(fields: dict[str, Any]) -> str:
 def _export(args: argparse.Namespace) -> int:
     import torch
 
-    from ..core.compile import artifact, cache, cache_location, presets
+    from ..core.compile import presets
+    from ..core.compile.warm import artifact, cache, cache_location
 
     if cache_location.check_name(args.name) != args.name:
         raise _Unusable(f"--name {args.name!r} is not a cache name")
@@ -140,7 +141,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from ..core.compile import artifact
+    from ..core.compile.warm import artifact
 
     t0 = time.perf_counter()
     info = artifact.import_artifact(
@@ -159,7 +160,7 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from ..core.compile import artifact
+    from ..core.compile.warm import artifact
 
     body = artifact.inspect_artifact(args.file)
     if args.json:
@@ -186,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         0 done; 2 refused or unusable (the reason printed on stderr).
     """
     args = build_parser().parse_args(list(sys.argv[2:] if argv is None else argv))
-    from ..core.compile import artifact, cache_location
+    from ..core.compile.warm import artifact, cache_location
 
     try:
         return {"export": _export, "import": _import, "inspect": _inspect}[args.command](args)

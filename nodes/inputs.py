@@ -8,9 +8,9 @@ from __future__ import annotations
 import comfy.model_management
 from comfy_api.v0_0_2 import io
 
-from ..core.compile import cache_location as compile_cache_location
 from ..core.compile import presets as inductor_presets
 from ..core.compile.options import COMPILE_SCOPES, CompileOptions
+from ..core.compile.warm import cache_location as compile_cache_location
 from ..core.optimize import quantize as qz
 from ..core.optimize.precision import PRECISIONS
 
@@ -143,7 +143,7 @@ def check_quantize(quantize: str) -> bool | str:
 
 def check_compile_cache(compile_cache: str) -> bool | str:
     """``validate_inputs`` result for the ``compile_cache`` widget: True, or why the name is refused
-    (:func:`core.compile.cache_location.check_name`: a name, never a path)."""
+    (:func:`core.compile.warm.cache_location.check_name`: a name, never a path)."""
     try:
         compile_cache_location.check_name(compile_cache)
     except compile_cache_location.CacheRefused as e:

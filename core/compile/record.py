@@ -17,8 +17,8 @@ import torch
 
 from .. import torch_compat
 from .options import CompileOptions
-from .precompiled import PrecompiledState
 from .recompiles import ParamIdentity, code_of
+from .warm.precompiled import PrecompiledState
 
 
 def normalise_shape(shape: Any) -> tuple | None:
@@ -66,8 +66,8 @@ class CompileRecord:
     """What was compiled for one model, plus its :class:`CompileStats`; equality is identity. ``compiled``: ``{path:
     lazy torch.compile wrapper}`` for :func:`core.compile.swap.swap_in` (empty when ``in_place``: the model compiled
     itself). ``options``: JSON view of the ``compile_options`` plus ``guard_filter``. ``created``: unix s.
-    ``precompiled``: the precompiled route of the blocks (:class:`core.compile.precompiled.PrecompiledState`), None
-    when the blocks are not behind it."""
+    ``precompiled``: the precompiled route of the blocks (:class:`core.compile.warm.precompiled.PrecompiledState`),
+    None when the blocks are not behind it."""
 
     label: str
     blocks: tuple[str, ...]

@@ -27,7 +27,6 @@ from .. import torch_compat
 from ..failures import is_interrupt, passes_through
 from .guards import GuardFilterFn
 from .options import CompileOptions
-from .precompiled import PrecompiledState
 from .recompiles import (
     FullgraphBreakError,
     ParamIdentity,
@@ -39,6 +38,7 @@ from .recompiles import (
 )
 from .record import CompileRecord, CompileStats, normalise_shape
 from .swap import compile_blocks
+from .warm.precompiled import PrecompiledState
 
 log = logging.getLogger("steadfast.registry")
 

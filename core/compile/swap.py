@@ -18,8 +18,8 @@ from torch import nn
 from .. import torch_compat
 from .guards import GuardFilterFn
 from .options import CompileOptions
-from .precompiled import PrecompiledState
-from .precompiled import wrap as precompiled_wrap
+from .warm.precompiled import PrecompiledState
+from .warm.precompiled import wrap as precompiled_wrap
 
 
 def _contiguous(value: Any) -> Any:
@@ -85,7 +85,7 @@ def compile_blocks(
     not modified; inductor blocks compile under :func:`core.torch_compat.trusted_cpu_isa` (and
     :func:`core.torch_compat.specialize_int` with ``options.specialize_ints``), both held only while a call compiles
     (:func:`core.torch_compat.while_compiling`). With ``precompiled`` (and
-    the inductor backend), each is behind a :class:`core.compile.precompiled.PrecompiledBlock` sharing that state.
+    the inductor backend), each is behind a :class:`core.compile.warm.precompiled.PrecompiledBlock` sharing that state.
     ``ValueError``: empty, duplicate or unknown path."""
     out: dict[str, Callable[..., Any]] = {}
     for path in paths:

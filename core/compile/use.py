@@ -19,13 +19,13 @@ from typing import Any, TypeVar
 import torch
 
 from .. import torch_compat
-from . import artifact as compile_artifact
-from . import cache as compile_cache
-from . import cache_location
 from .guards import GuardFilterFn
 from .options import CompileOptions
 from .record import CompileRecord
 from .registry import REGISTRY, RecompileError
+from .warm import artifact as compile_artifact
+from .warm import cache as compile_cache
+from .warm import cache_location
 
 __all__ = ["CacheChoice", "Compiled", "compile_use", "open_compile_cache"]
 
@@ -39,7 +39,7 @@ class CacheChoice:
 
     Attributes:
         name: the workflow's cache name (node input): ``""`` = ``default``, ``off`` = none (inductor's own
-            temporary folder); :func:`core.compile.cache_location.check_name` decides.
+            temporary folder); :func:`core.compile.warm.cache_location.check_name` decides.
         root: the operator's folder of caches (``$STEADFAST_COMPILE_CACHE`` or the host's user folder); None = the
             operator switched caches off.
         source: where ``root`` came from, for the report (``"$STEADFAST_COMPILE_CACHE"``, ...).
@@ -66,11 +66,11 @@ def open_compile_cache(
         backend: the ``torch.compile`` backend; only inductor writes a cache.
         choice: the cache asked for, or None (the caller offers no persistent cache).
         inductor_options: a preset's inductor config: part of the cache directory's key
-            (:func:`core.compile.cache.cache_key_fields`).
+            (:func:`core.compile.warm.cache.cache_key_fields`).
     Returns:
         ``(cache, line)``; ``cache`` None when no persistent cache applies (the line says why).
     Raises:
-        core.compile.cache_location.CacheRefused: a name that is a path, or a root/name overlapping a folder HTTP
+        core.compile.warm.cache_location.CacheRefused: a name that is a path, or a root/name overlapping a folder HTTP
             clients can write.
     """
     if choice is None:
@@ -145,7 +145,7 @@ class Compiled:
         Raises:
             RecompileError: under ``strict``. Anything ``call`` raises that is not a compile error handled above; a
             compile error on a corrupt cached file is retried once with the cache moved aside
-            (:func:`core.compile.cache.run_cached`).
+            (:func:`core.compile.warm.cache.run_cached`).
         """
         record, cache = self.record, self.cache
 
@@ -201,7 +201,8 @@ def compile_use(
         options before), the cache and its report lines.
     Raises:
         ValueError: unknown block paths.
-        core.compile.cache_location.CacheRefused: a cache name that is a path, or a root overlapping client folders.
+        core.compile.warm.cache_location.CacheRefused: a cache name that is a path, or a root overlapping client
+        folders.
     """
     record, created = REGISTRY.get_or_create(
         model, options, blocks, label=label, guard_filter_fn=guard_filter_fn, strict=strict, in_place=in_place

@@ -72,7 +72,7 @@ class TorchGlobalState:
     def as_dict(self) -> dict[str, Any]:
         """JSON-safe dict; ``fp32_precision`` becomes ``{"cuda.matmul": "ieee", ...}``. The other fields are scalars:
         read directly (``dataclasses.asdict`` deep-copies, and this is read once per model call by the precompiled
-        route's key, :func:`core.compile.precompiled.flags_text`)."""
+        route's key, :func:`core.compile.warm.precompiled.flags_text`)."""
         d = {f.name: getattr(self, f.name) for f in _FIELDS}
         d["fp32_precision"] = dict(self.fp32_precision)
         return d

@@ -3,12 +3,12 @@
 Part of :mod:`core.torch_compat` (its face re-exports every public name); no ComfyUI imports.
 
 A precompiled block re-checks, on every call, what its artifact cannot carry: the code its trace ran and the
-Dynamo guards torch cannot serialise (:mod:`core.compile.traced_code`, :mod:`core.compile.carried_guards`). Read by a
-Python plan, 123 of them cost about 90 us per block call quiet and 240 us in a run (docs/benchmarks.md section 22);
-as leaves of a C++ guard tree, built once per loaded answer with torch's own accessors (``dict_getitem_manager``,
-``getattr_manager``, ``type_manager``...) and leaves (``add_id_match_guard``, ``add_equals_match_guard``...), the same
-checks run inside torch's guard evaluator (docs/benchmarks.md section 25). Only a check with no C++ leaf (a
-comparison of two sources, ordered keys) stays a Python lambda inside the tree.
+Dynamo guards torch cannot serialise (:mod:`core.compile.warm.traced_code`, :mod:`core.compile.warm.carried_guards`).
+Read by a Python plan, 123 of them cost about 90 us per block call quiet and 240 us in a run (docs/benchmarks.md
+section 22); as leaves of a C++ guard tree, built once per loaded answer with torch's own accessors
+(``dict_getitem_manager``, ``getattr_manager``, ``type_manager``...) and leaves (``add_id_match_guard``,
+``add_equals_match_guard``...), the same checks run inside torch's guard evaluator (docs/benchmarks.md section 25).
+Only a check with no C++ leaf (a comparison of two sources, ordered keys) stays a Python lambda inside the tree.
 
 :class:`GuardTree` is the builder and the tree; its root's value is the dict of the call's locals by name (the
 binder's environment), the same dict the artifact's own tree is evaluated with.

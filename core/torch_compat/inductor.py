@@ -187,8 +187,8 @@ def pick_cpu_isa() -> str:
     :func:`trusted_cpu_isa`; returns its name (``"avx512"``, ``""`` for none).
 
     Inductor probes the ISAs once per process, at its first C++ kernel load or compile (cost: docs/benchmarks.md
-    section 15); :mod:`core.compile.preload` calls this at server start so that a warm first prompt does not wait for
-    it. Raises :class:`TorchAPIMissing` when the function is gone.
+    section 15); :mod:`core.compile.warm.preload` calls this at server start so that a warm first prompt does not wait
+    for it. Raises :class:`TorchAPIMissing` when the function is gone.
     """
     pick = _api("torch._inductor.cpu_vec_isa", "pick_vec_isa", "picking inductor's CPU vector ISA at start")
     with trusted_cpu_isa():

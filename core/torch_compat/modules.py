@@ -113,7 +113,7 @@ def operator_name(fn: Any) -> str | None:
 
     A trace that calls ``torch.ops.<namespace>.<op>`` (ComfyUI 0.33's Flux calls
     ``torch.ops.comfy_kitchen.apply_rope``) guards the packet by identity; the precompiled blocks carry that guard
-    by this name (:func:`core.compile.carried_guards.describe_callable`).
+    by this name (:func:`core.compile.warm.carried_guards.describe_callable`).
 
     Args:
         fn: any value.

@@ -1,15 +1,15 @@
 """HTTP route ``GET /steadfast/compile_state`` (also under ``/api/``): the compile registry as JSON, with
 every path shown relative to ComfyUI's folders (the route needs no login), plus ``artifacts`` (the compile artifacts
 imported or refused at start, ``$STEADFAST_COMPILE_ARTIFACT``) and ``warm_start`` (whether the compile stack was
-imported at start, :mod:`core.compile.preload`)."""
+imported at start, :mod:`core.compile.warm.preload`)."""
 
 from __future__ import annotations
 
 import logging
 
-from ...core.compile import preload
-from ...core.compile.artifact import loaded_artifacts
 from ...core.compile.registry import REGISTRY
+from ...core.compile.warm import preload
+from ...core.compile.warm.artifact import loaded_artifacts
 from .public_text import public_value
 
 log = logging.getLogger("steadfast")

@@ -1,7 +1,7 @@
 """What the pack does when ComfyUI loads it, and the ComfyUI folders that decide where compiled code may live.
 
 :func:`warm_start_at_server_start` runs once, from the pack's ``comfy_entrypoint``: the fleet's compile artifacts
-(``$STEADFAST_COMPILE_ARTIFACT``), then the compile stack's import (:mod:`core.compile.preload`). The folder facts
+(``$STEADFAST_COMPILE_ARTIFACT``), then the compile stack's import (:mod:`core.compile.warm.preload`). The folder facts
 (:func:`client_writable_dirs`, :func:`cache_root`) are ComfyUI's ``folder_paths``, read here for the compile cache
 of both paths too (:func:`cache_choice`).
 """
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import comfy.model_management
 
-from ...core.compile import artifact as compile_artifact
-from ...core.compile import cache_location as compile_cache_location
-from ...core.compile import preload
 from ...core.compile.use import CacheChoice
+from ...core.compile.warm import artifact as compile_artifact
+from ...core.compile.warm import cache_location as compile_cache_location
+from ...core.compile.warm import preload
 from ...core.determinism import portable
 
 __all__ = [
@@ -32,7 +32,7 @@ log = logging.getLogger("steadfast")
 
 
 def client_writable_dirs() -> tuple[str, ...]:
-    """Folders that ComfyUI's HTTP API lets clients write (:func:`core.compile.cache_location.client_writable` of
+    """Folders that ComfyUI's HTTP API lets clients write (:func:`core.compile.warm.cache_location.client_writable` of
     this ComfyUI's folders). A compile cache may never overlap them."""
     import folder_paths
 
@@ -47,11 +47,11 @@ def client_writable_dirs() -> tuple[str, ...]:
 def load_compile_artifacts(root: Path | None, source: str) -> list[dict]:
     """Import the compile artifacts named in ``$STEADFAST_COMPILE_ARTIFACT`` (pinned by
     ``$STEADFAST_COMPILE_ARTIFACT_SHA256``) into the operator's cache root, keyed for ComfyUI's torch device
-    (:func:`core.compile.artifact.load_from_env`). Never raises: a refusal is logged and listed
+    (:func:`core.compile.warm.artifact.load_from_env`). Never raises: a refusal is logged and listed
     (``GET /steadfast/compile_state``'s ``artifacts``), ComfyUI starts regardless.
 
     Args:
-        root, source: the cache root and where it came from (:func:`core.compile.cache_location.resolve_root`).
+        root, source: the cache root and where it came from (:func:`core.compile.warm.cache_location.resolve_root`).
     Returns:
         one dict per artifact: ``status`` "imported" (with counts) or "refused" (with ``reason``); no paths.
     """
@@ -67,7 +67,7 @@ def load_compile_artifacts(root: Path | None, source: str) -> list[dict]:
 
 
 def cache_root() -> tuple[Path | None, str]:
-    """The operator's compile-cache root for this ComfyUI (:func:`core.compile.cache_location.resolve_root` of its
+    """The operator's compile-cache root for this ComfyUI (:func:`core.compile.warm.cache_location.resolve_root` of its
     user folder) and where it came from."""
     import folder_paths
 
@@ -91,7 +91,7 @@ def cache_choice(name: str) -> CacheChoice:
 def warm_start_at_server_start() -> None:
     """What the pack does for a warm start when ComfyUI loads it, once: the fleet's artifacts
     (:func:`load_compile_artifacts`), then the compile stack's import, inductor's CPU ISA pick and the heap's freeze
-    (:func:`core.compile.preload.preload`) when this server has compiled before, never in portable CPU mode (it
+    (:func:`core.compile.warm.preload.preload`) when this server has compiled before, never in portable CPU mode (it
     refuses inductor). Never raises: ComfyUI starts regardless (what was done: ``GET /steadfast/compile_state``)."""
     try:
         root, source = cache_root()

@@ -111,7 +111,7 @@ def compile_model(model, options: OptimizeOptions) -> StepReport:
         the "compile" :class:`StepReport` of :func:`add_compile`, with the node's report lines.
     Raises:
         ValueError: regional compile of a model without blocks to compile (use full).
-        core.compile.cache_location.CacheRefused: a compile cache name that is a path or overlaps client folders.
+        core.compile.warm.cache_location.CacheRefused: a compile cache name that is a path or overlaps client folders.
     """
     lines: list[str] = []
     copts = options.compile

@@ -22,7 +22,7 @@ from recompile_workflows import go
 from steadfast_workflows import compile_records, text
 from tiny_sd15 import CHECKPOINT_NAME as TINY_CKPT_NAME
 
-from steadfast.core.compile import artifact as art
+from steadfast.core.compile.warm import artifact as art
 from steadfast.headless.artifact_cli import main as artifact_main
 
 pytestmark = [pytest.mark.comfyui, pytest.mark.slow]

@@ -89,7 +89,7 @@ def test_cold_then_warm_start_hits_the_cache(cache_server: ComfyServer, cold_war
     assert "no compiled files" in cold_warm["cold_warm_start"]["reason"]
     assert cold_warm["warm_warm_start"]["compile_stack_preloaded"] is True
     assert cold_warm["warm_warm_start"]["seconds"] > 0
-    # then inductor's CPU ISA picked and the heap frozen at start, before any prompt (core.compile.preload)
+    # then inductor's CPU ISA picked and the heap frozen at start, before any prompt (core.compile.warm.preload)
     assert cold_warm["warm_warm_start"]["cpu_isa"] and "not picked" not in cold_warm["warm_warm_start"]["cpu_isa"]
     assert cold_warm["warm_warm_start"]["gc_frozen"] > 100_000
     assert cold_warm["cold_warm_start"]["cpu_isa"] is None and cold_warm["cold_warm_start"]["gc_frozen"] is None

@@ -19,8 +19,8 @@ from comfy_server import ComfyServer, PromptFailed, PromptRejected
 from recompile_workflows import build
 from tiny_sd15 import CHECKPOINT_NAME as TINY_CKPT_NAME
 
-from steadfast.core.compile import cache as cc
-from steadfast.core.compile import cache_location as loc
+from steadfast.core.compile.warm import cache as cc
+from steadfast.core.compile.warm import cache_location as loc
 
 pytestmark = pytest.mark.comfyui
 

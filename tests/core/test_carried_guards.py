@@ -1,4 +1,4 @@
-"""The guards a precompiled artifact cannot carry, carried by the pack (core/compile/carried_guards.py): described
+"""The guards a precompiled artifact cannot carry, carried by the pack (core/compile/warm/carried_guards.py): described
 the same way in any process, read back without eval, and re-checked by identity or value."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from steadfast.core import torch_compat
-from steadfast.core.compile import carried_guards as cg
+from steadfast.core.compile.warm import carried_guards as cg
 
 SCALE = 1.0
 

@@ -1,4 +1,4 @@
-"""core/compile/artifact.py: a compile cache exported in one process warm-starts a fresh one (same bytes, an
+"""core/compile/warm/artifact.py: a compile cache exported in one process warm-starts a fresh one (same bytes, an
 inductor cache hit); tampered, foreign, traversing, linked or unpinned artifacts are refused and write nothing;
 unrecorded files are not carried."""
 
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from steadfast.core import paths
-from steadfast.core.compile import artifact as art
-from steadfast.core.compile import cache as cc
-from steadfast.core.compile import cache_location as loc
+from steadfast.core.compile.warm import artifact as art
+from steadfast.core.compile.warm import cache as cc
+from steadfast.core.compile.warm import cache_location as loc
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,8 +32,8 @@ spec = importlib.util.spec_from_file_location("steadfast", sys.argv[1] + "/__ini
 mod = importlib.util.module_from_spec(spec); sys.modules["steadfast"] = mod; spec.loader.exec_module(mod)
 import torch
 from steadfast.core import torch_compat
-from steadfast.core.compile import artifact as art
-from steadfast.core.compile import cache as cc
+from steadfast.core.compile.warm import artifact as art
+from steadfast.core.compile.warm import cache as cc
 
 mode, root, path = sys.argv[2:5]
 imported = None

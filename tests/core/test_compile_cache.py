@@ -1,4 +1,4 @@
-"""core/compile/cache.py: key, root resolution, manifest checks, env set/restore, and - in FRESH
+"""core/compile/warm/cache.py: key, root resolution, manifest checks, env set/restore, and - in FRESH
 processes - real inductor cache hits, plus recovery from a corrupted cache (no crash)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from steadfast.core.compile import cache as cc
-from steadfast.core.compile import cache_location as loc
+from steadfast.core.compile.warm import cache as cc
+from steadfast.core.compile.warm import cache_location as loc
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -127,7 +127,7 @@ spec = importlib.util.spec_from_file_location("steadfast", sys.argv[1] + "/__ini
 mod = importlib.util.module_from_spec(spec); sys.modules["steadfast"] = mod; spec.loader.exec_module(mod)
 import torch
 from torch._dynamo.utils import counters
-from steadfast.core.compile import cache as cc
+from steadfast.core.compile.warm import cache as cc
 
 class Block(torch.nn.Module):
     def __init__(self):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from steadfast.core.compile import cache as cc
+from steadfast.core.compile.warm import cache as cc
 
 REL = "precompiled/record.json"
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from steadfast.core.compile import cache as cc
-from steadfast.core.compile import cache_location as loc
+from steadfast.core.compile.warm import cache as cc
+from steadfast.core.compile.warm import cache_location as loc
 
 ESCAPES = [
     "/tmp/x",

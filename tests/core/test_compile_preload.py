@@ -1,4 +1,4 @@
-"""Warm start at server start (core.compile.preload): when the compile stack is imported, and that it is."""
+"""Warm start at server start (core.compile.warm.preload): when the compile stack is imported, and that it is."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from steadfast.core.compile import preload
-from steadfast.core.compile.cache import FILES
+from steadfast.core.compile.warm import preload
+from steadfast.core.compile.warm.cache import FILES
 
 # inductor's ISA pick and the compile stack differ between torch 2.11 and 2.14: CI runs this on both rows
 pytestmark = pytest.mark.torch_version
@@ -57,7 +57,7 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from _steadfast_import import import_steadfast
 import_steadfast()
-from steadfast.core.compile import preload
+from steadfast.core.compile.warm import preload
 before = "torch._inductor.compile_fx" in sys.modules
 state = preload.preload(Path(sys.argv[2]))
 again = preload.preload(Path(sys.argv[2]))  # once per process
@@ -106,7 +106,7 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from _steadfast_import import import_steadfast
 import_steadfast()
-from steadfast.core.compile import cache as cc, preload
+from steadfast.core.compile.warm import cache as cc, preload
 root = Path(sys.argv[2])
 other = cc.open_cache(root, "aaa-other", device="cpu")  # sorts before "default": default is still tried first
 cache = cc.open_cache(root, "default", device="cpu")
@@ -147,7 +147,7 @@ def test_the_isa_pick_at_start_runs_in_this_machines_compile_cache(tmp_path: Pat
 
 
 def test_isa_cache_takes_a_folder_that_checks_out_and_moves_nothing(tmp_path: Path) -> None:
-    from steadfast.core.compile import cache as cc
+    from steadfast.core.compile.warm import cache as cc
 
     assert preload.isa_cache(None, "cpu") is None and preload.isa_cache(tmp_path / "none", "cpu") is None
     good = cc.open_cache(tmp_path, "zzz", device="cpu")

@@ -82,7 +82,7 @@ def test_per_process_reads_equal_a_fresh_read():
     import os
     import platform
 
-    from steadfast.core.compile import cache
+    from steadfast.core.compile.warm import cache
     from steadfast.core.determinism import portable
     from steadfast.core.record import environment
 

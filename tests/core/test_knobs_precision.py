@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from steadfast.core.compile import cache as compile_cache
 from steadfast.core.compile import presets as inductor_presets
 from steadfast.core.compile.options import CompileOptions
+from steadfast.core.compile.warm import cache as compile_cache
 from steadfast.core.optimize import precision
 from steadfast.core.record import explain
 

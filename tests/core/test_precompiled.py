@@ -1,4 +1,4 @@
-"""core/compile/precompiled.py: the precompiled route of regional blocks. The key (in-process), and in FRESH
+"""core/compile/warm/precompiled.py: the precompiled route of regional blocks. The key (in-process), and in FRESH
 processes (tests/fixtures/precompiled_child.py): an artifact saved by one process answers another with the jit's
 bytes (the child's block carries an unread dtype attribute and ``transformer_options`` small ints: without
 ``core.torch_compat.portable_guard_state`` its artifact fails to load); a replaced attention override, an added
@@ -19,13 +19,13 @@ import pytest
 import torch
 
 from steadfast.core import torch_compat
-from steadfast.core.compile import cache as cc
-from steadfast.core.compile import cache_location as loc
-from steadfast.core.compile import carried_guards, traced_code
-from steadfast.core.compile import precompiled as pc
 from steadfast.core.compile.guards import comfy_guard_filter
 from steadfast.core.compile.options import CompileOptions
 from steadfast.core.compile.registry import CompileRegistry
+from steadfast.core.compile.warm import cache as cc
+from steadfast.core.compile.warm import cache_location as loc
+from steadfast.core.compile.warm import carried_guards, traced_code
+from steadfast.core.compile.warm import precompiled as pc
 
 # torch's aot_compile, inductor's ISA pick and its loads differ between torch 2.11 and 2.14: CI runs this on both rows
 pytestmark = pytest.mark.torch_version

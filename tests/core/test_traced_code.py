@@ -1,23 +1,29 @@
-"""The identity of a precompiled variant from the code its trace ran (``core.compile.traced_code``, issue 45)."""
+"""The identity of a precompiled variant from the code its trace ran (``core.compile.warm.traced_code``, issue 45)."""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
+import tempfile
 import types
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
 from steadfast.core import torch_compat
-from steadfast.core.compile import carried_guards, traced_code
+from steadfast.core.compile.warm import carried_guards, traced_code
 
 
 def _module(name: str, source: str) -> types.ModuleType:
-    mod = types.ModuleType(name)
-    mod.__file__ = f"/nowhere/{name.replace('/', '_')}.py"
+    """Module ``name`` (as ComfyUI names a pack it loads from a folder) made from ``source``, imported from a file."""
+    f = Path(tempfile.mkdtemp(prefix="sf-traced-")) / "mod.py"
+    f.write_text(source, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(name, f)
+    mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
-    exec(compile(source, mod.__file__, "exec"), mod.__dict__)  # noqa: S102 (a test module made from text)
+    spec.loader.exec_module(mod)
     return mod
 
 
@@ -37,8 +43,8 @@ def test_module_names_are_portable_across_install_folders():
         assert traced_code.portable_module(b.__name__) == traced_code.portable_module(a.__name__)
         assert carried_guards.describe_callable(a.helper) == carried_guards.describe_callable(b.helper)
         assert traced_code.function_digest(a.helper) == traced_code.function_digest(b.helper)
-        assert traced_code.portable_module(traced_code.__name__) == "steadfast.core.compile.traced_code"
-        assert traced_code.local_module("steadfast.core.compile.traced_code") is traced_code
+        assert traced_code.portable_module(traced_code.__name__) == "steadfast.core.compile.warm.traced_code"
+        assert traced_code.local_module("steadfast.core.compile.warm.traced_code") is traced_code
         assert traced_code.portable_module("comfy.ldm.modules.attention") == "comfy.ldm.modules.attention"
     finally:
         del sys.modules[a.__name__], sys.modules[b.__name__]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from steadfast.core.compile import artifact as art
-from steadfast.core.compile import cache as cc
+from steadfast.core.compile.warm import artifact as art
+from steadfast.core.compile.warm import cache as cc
 from steadfast.headless.cli import main
 
 

@@ -1,6 +1,6 @@
 """One compile-artifact file a fleet of servers can share: a managed compile-cache folder as a checked tar.
 
-The warm state is the pack's compile-cache folder ``<root>/<name>/<key>`` (:mod:`core.compile.cache`): on a CPU no
+The warm state is the pack's compile-cache folder ``<root>/<name>/<key>`` (:mod:`core.compile.warm.cache`): on a CPU no
 torch blob carries inductor's compiled ``.so`` files (docs/benchmarks.md section 13), the folder does.
 :func:`export_artifact` writes the files recorded in ``steadfast_files.json`` whose bytes still match ("trust on
 write") into one tar (gzip), a JSON manifest first (format, cache name, key and key fields, every member's size and
@@ -29,8 +29,8 @@ from typing import IO, Any
 
 import torch
 
-from .. import paths
-from ..version import __version__
+from ... import paths
+from ...version import __version__
 from . import cache as cc
 from .cache_location import CacheRefused, check_location, check_name
 
@@ -83,7 +83,7 @@ class ArtifactInfo:
         sha256: SHA-256 of the whole artifact file (hex), the digest an operator pins.
         name: the compile-cache name the artifact is for.
         key: the cache key (the ``<key>`` folder); not for HTTP clients (:meth:`as_dict` leaves it out).
-        fields: the key fields (:func:`core.compile.cache.cache_key_fields`).
+        fields: the key fields (:func:`core.compile.warm.cache.cache_key_fields`).
         files: files carried (export) or in the artifact (import).
         bytes: their total size, bytes.
         written: files moved into the cache (import; the others were already there with the same bytes).
@@ -183,7 +183,8 @@ def export_artifact(
     (untrusted) and changed ones are left out and counted.
 
     Args:
-        cache: an opened :class:`core.compile.cache.CompileCache`, or the path of a key folder ``<root>/<name>/<key>``
+        cache: an opened :class:`core.compile.warm.cache.CompileCache`, or the path of a key folder
+        ``<root>/<name>/<key>``
             (the name is its parent folder's name).
         out_path: the artifact file to write (replaced if it exists).
         compress: gzip the tar (default; sizes and times: docs/benchmarks.md section 21).
@@ -427,24 +428,25 @@ def import_artifact(
     forbidden: tuple[str | os.PathLike[str], ...] = (),
 ) -> ArtifactInfo:
     """Check an artifact and move its files into ``<root>/<name>/<key>``, recorded so that
-    :func:`core.compile.cache.open_cache` trusts them.
+    :func:`core.compile.warm.cache.open_cache` trusts them.
 
     Order: ``expected_sha256`` of the whole file (when given); the manifest (first member; no other member read
-    before it passes): format, the pack version, the key fields equal to :func:`core.compile.cache.cache_key_fields`
-    of ``device`` on this machine with the artifact's ``inductor_options``, the key recomputed; then every member
-    (regular file, plain relative path, listed once, size and SHA-256 equal; their total within the cap,
-    :func:`max_artifact_bytes`, and the free space) stream-hashed into a staging folder
-    under ``<root>/<name>``; then the target cache is opened (a foreign or corrupted one is moved aside as on any
-    open); a file already there with the same bytes is kept, with other bytes the import is refused (the existing
-    cache stays as it was); then the files are moved in and recorded. Never unpickles, imports or loads anything.
+    before it passes): format, the pack version, the key fields equal to
+    :func:`core.compile.warm.cache.cache_key_fields` of ``device`` on this machine with the artifact's
+    ``inductor_options``, the key recomputed; then every member (regular file, plain relative path, listed once, size
+    and SHA-256 equal; their total within the cap, :func:`max_artifact_bytes`, and the free space) stream-hashed into
+    a staging folder under ``<root>/<name>``; then the target cache is opened (a foreign or corrupted one is moved
+    aside as on any open); a file already there with the same bytes is kept, with other bytes the import is refused
+    (the existing cache stays as it was); then the files are moved in and recorded. Never unpickles, imports or loads
+    anything.
 
     Args:
         path: the artifact file.
-        root: the operator's compile-cache root (:func:`core.compile.cache_location.resolve_root`).
+        root: the operator's compile-cache root (:func:`core.compile.warm.cache_location.resolve_root`).
         name: the cache name; None: the name in the manifest.
         expected_sha256: the operator's pinned SHA-256 (hex) of the whole file; None: not checked (the inner
             manifest only catches corruption, not tampering).
-        device: the device the cache is keyed for (as :func:`core.compile.cache.cache_key_fields`; None: the kind
+        device: the device the cache is keyed for (as :func:`core.compile.warm.cache.cache_key_fields`; None: the kind
             the manifest names, ``cpu`` or ``cuda``).
         forbidden: folders HTTP clients can write; a root overlapping one is refused.
     Returns:

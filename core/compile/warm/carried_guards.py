@@ -2,12 +2,13 @@
 
 torch serialises an ``aot_compile`` artifact's guards only for some guard types and sources
 (Dynamo's ``CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES``, global sources, closures:
-:func:`core.torch_compat.guard_serialisable`), so :func:`core.compile.precompiled.aot_guard_filter` drops those. A
+:func:`core.torch_compat.guard_serialisable`), so :func:`core.compile.warm.precompiled.aot_guard_filter` drops those. A
 dropped guard is a fact the jit checks on every call and the artifact does not: a module global the block reads
 (ComfyUI's ``optimized_attention``, chosen by command-line flags), a function attribute and its closure cells, the
 ``weight_function`` lists of ComfyUI's ``comfy.ops`` layers, a ``type(...)`` check. Each one the jit keeps becomes a
 :class:`CarriedGuard`: the guard's source expression, what it compares (:data:`GUARD_KINDS`) and a portable text of
-the value at trace time. They are saved beside the artifact (:mod:`core.compile.precompiled`) and checked before each
+the value at trace time. They are saved beside the artifact (:mod:`core.compile.warm.precompiled`) and checked before
+each
 use: an artifact is used only when every carried guard describes the same value now, so a precompiled call is the
 call the jit would have traced. A guard whose value cannot be described across processes (:class:`NotDescribable`)
 gives no artifact, with the reason.
@@ -53,7 +54,7 @@ from typing import Any
 
 import torch
 
-from .. import torch_compat
+from ... import torch_compat
 from .traced_code import code_digest, function_digest, portable_module
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 Inductor keeps its FX-graph and AOT-autograd caches and kernels under ``TORCHINDUCTOR_CACHE_DIR``: a persistent
 one turns a cold start into a warm one (docs/benchmarks.md). One directory per workflow-chosen *name* and environment
-*key*, ``<root>/<name>/<key>`` (:mod:`core.compile.cache_location`), with a manifest of the key fields; a foreign
+*key*, ``<root>/<name>/<key>`` (:mod:`core.compile.warm.cache_location`), with a manifest of the key fields; a foreign
 or unreadable one, or a corrupt ``.so`` failing a compile, is moved aside (never deleted). No ComfyUI imports.
 """
 
@@ -26,8 +26,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from .. import paths, torch_compat
-from ..version import __version__
+from ... import paths, torch_compat
+from ...version import __version__
 from .cache_location import DEFAULT_NAME, CacheRefused, check_location, check_name
 
 log = logging.getLogger("steadfast.compile_cache")
@@ -127,7 +127,7 @@ class CompileCache:
 
         Trust on write: when Dynamo or inductor compiled (or loaded from this cache) inside the block
         (:func:`core.torch_compat.compile_activity` grew), or ``trust_writes`` is set (inductor work that is not a
-        compile: its CPU ISA test programs, :mod:`core.compile.preload`), the files written during the block are
+        compile: its CPU ISA test programs, :mod:`core.compile.warm.preload`), the files written during the block are
         checksummed into :data:`FILES`; a block that compiled nothing (every steady model call) costs no file-system
         access. A recorded file found changed by someone else moves the cache aside (:meth:`quarantine`)."""
         target = str(self.path.resolve())

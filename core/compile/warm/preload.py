@@ -1,9 +1,9 @@
 """Warm start at server start: the compile stack imported when the pack loads, where a compile is likely.
 
-A warm first prompt (inductor's cache filled by an earlier run, :mod:`core.compile.cache`) spends much of its compile
-overhead importing Dynamo and inductor (docs/benchmarks.md section 13). A server that has compiled before (a managed
-compile cache with compiled files under its root) imports them while ComfyUI starts, before any prompt waits, makes
-inductor's CPU vector-ISA pick then too (:func:`core.torch_compat.pick_cpu_isa`: inductor's ISA probes, once per
+A warm first prompt (inductor's cache filled by an earlier run, :mod:`core.compile.warm.cache`) spends much of its
+compile overhead importing Dynamo and inductor (docs/benchmarks.md section 13). A server that has compiled before (a
+managed compile cache with compiled files under its root) imports them while ComfyUI starts, before any prompt waits,
+makes inductor's CPU vector-ISA pick then too (:func:`core.torch_compat.pick_cpu_isa`: inductor's ISA probes, once per
 process), and then freezes the heap it holds (:func:`freeze_heap`) so that the garbage collector's full collections
 stop walking it. ``$STEADFAST_PRELOAD_COMPILE``: ``1`` always, ``0`` never, unset/``auto`` when the cache root holds a
 compiled file; ``$STEADFAST_GC_FREEZE=0`` leaves the heap unfrozen. No ComfyUI imports.
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import torch_compat
+from ... import torch_compat
 from .cache import FILES, CompileCache, cache_key, cache_key_fields, existing_cache
 from .cache_location import DEFAULT_NAME, CacheRefused
 
@@ -44,7 +44,7 @@ def has_compiled_files(root: Path | None) -> bool:
     """Whether a managed cache under ``root`` (``<root>/<name>/<key>/steadfast_files.json``) records any file.
 
     Args:
-        root: the operator's cache root (:func:`core.compile.cache_location.resolve_root`), or None (disabled).
+        root: the operator's cache root (:func:`core.compile.warm.cache_location.resolve_root`), or None (disabled).
     Returns:
         True when at least one key folder's file record is not empty; False for None, a missing or unreadable root.
     """
@@ -94,13 +94,13 @@ def isa_cache(
 ) -> CompileCache | None:
     """The managed compile cache inductor's ISA pick at start runs in: the first cache name under ``root``
     (``default`` first, then by name) whose folder for this machine's key (no inductor preset) checks out
-    (:func:`core.compile.cache.existing_cache`: read only; a bad one is left for the first compile to move aside,
+    (:func:`core.compile.warm.cache.existing_cache`: read only; a bad one is left for the first compile to move aside,
     with its message in the run record). Inductor keeps its ISA test programs in its cache folder: the ones the
     first compile built there (or an artifact brought) are found instead of built again.
 
     Args:
         root: the operator's cache root, or None.
-        device: what the kernels are for (:func:`core.compile.cache.cache_key_fields`; None: CUDA when available).
+        device: what the kernels are for (:func:`core.compile.warm.cache.cache_key_fields`; None: CUDA when available).
         forbidden: folders HTTP clients can write (a root overlapping one: None).
     Returns:
         the cache, or None when there is none that checks out.

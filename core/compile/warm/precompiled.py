@@ -1,0 +1,488 @@
+"""Precompiled regional blocks: a per-block layer in front of the jit-compiled block that loads torch's
+``aot_compile`` artifact from the trusted compile cache when it is what the jit would trace now, else runs the jit.
+The route's parts live beside it: the call's key (:mod:`.call_key`), the variants and loaded answers
+(:mod:`.variants`), the route's state (:mod:`.route_state`); this module is the block and its face.
+
+What decides that an artifact answers a call, all of it checked before each use:
+
+* the key (:func:`call_key`, :func:`key_digest`): the block's classes and submodules, and the digest of the code of
+  ``type(block).forward`` (:func:`block_fingerprint`); the call's inputs (shapes, dtypes, strides, devices), the
+  structure of ``transformer_options`` and the identity of every callable under its code keys; the global torch flags,
+  Dynamo's and inductor's config (:func:`core.torch_compat.compile_config_digest`), the switches a trace reads that
+  torch does not guard (:func:`core.torch_compat.trace_state`: SDPA backends, ``opt_einsum``, ``mkldnn``, functorch's
+  config); the compile settings, torch, Python, the pack, and the host's versions (:func:`host_versions`: ComfyUI,
+  comfy-kitchen, comfy-aimdo, einops);
+* per key, a record of variants (``precompiled/<key>.json``), one per configuration saved: every code object the
+  trace ran, by the path through which this process reaches it, with the digest of the function found there
+  (:mod:`core.compile.warm.traced_code`; never a file on disk), and the guards the artifact cannot carry, carried by
+  the pack (:mod:`core.compile.warm.carried_guards`: module globals, closures, callables, ``type(...)``,
+  ``weight_function`` lists, and the ``transformer_options`` values the trace specialised on, by value); a variant
+  answers only when all of them read the same now, and the code is re-checked by identity on every call. Its artifact
+  is ``precompiled/<sha256 of its bytes>.pt2``, written once (content-addressed: two servers saving the same variant
+  at once write the same name with their own bytes, and neither overwrites a file another may be reading);
+* torch's own ``guard_check`` of the guards the artifact carries (submodule hooks, instance ``forward``s, shapes);
+* the block itself has no hooks and no instance ``forward`` (the route calls the class's ``forward``), and no
+  process-wide module hooks are set.
+
+Anything else runs the jit path, with the reason recorded once per key (:class:`PrecompiledState`); a call whose
+configuration has no artifact yet queues one. No ComfyUI imports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import io
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ... import torch_compat
+from ...failures import passes_through
+from ..guards import GuardFilterFn
+from ..options import CompileOptions
+from . import cache as compile_cache
+from . import carried_guards, traced_code
+from .call_key import (
+    HOST_DISTRIBUTIONS,
+    HOST_VERSION_MODULES,
+    KEY_FORMAT,
+    block_fingerprint,
+    call_key,
+    flags_text,
+    host_versions,
+    key_digest,
+    static_fields,
+)
+from .carried_guards import NotDescribable as _NotDescribable
+from .carried_guards import describe_callable
+from .route_state import MAX_PENDING, SPLIT_PHASES, PrecompiledState
+from .variants import (
+    MAX_VARIANTS,
+    PRECOMPILED_DIR,
+    Answer,
+    add_variant,
+    checks_tree,
+    match_variant,
+    read_variants,
+    variant_digest,
+)
+
+__all__ = [
+    "PRECOMPILED_DIR",
+    "TRIED_DEVICES",
+    "PrecompiledState",
+    "PrecompiledBlock",
+    "Answer",
+    "call_key",
+    "key_digest",
+    "flags_text",
+    "static_fields",
+    "describe_callable",
+    "block_fingerprint",
+    "host_versions",
+    "hooks_reason",
+    "aot_guard_filter",
+    "wrap",
+    "MAX_VARIANTS",
+    "KEY_FORMAT",
+    "HOST_DISTRIBUTIONS",
+    "HOST_VERSION_MODULES",
+    "MAX_PENDING",
+    "SPLIT_PHASES",
+    "checks_tree",
+    "match_variant",
+    "read_variants",
+    "add_variant",
+    "variant_digest",
+]
+
+log = logging.getLogger("steadfast.precompiled")
+
+#: devices the route has passed its checks on (tests/core/test_precompiled_differential.py, the server cases). On any
+#: other (CUDA first) it is opt-in, ``$STEADFAST_PRECOMPILED=1``, until a GPU run has passed.
+TRIED_DEVICES = ("cpu",)
+#: Dynamo guard types that specialise a trace on a value: on a ``transformer_options`` entry the jit's filter drops
+#: them (one graph for every step), and the route carries them by value (another process may hold another value)
+SPECIALISING_GUARDS = ("CONSTANT_MATCH", "EQUALS_MATCH")
+
+
+def untried_device(args: Sequence[Any]) -> str | None:
+    """The device type of a block call's first tensor argument when it is not in :data:`TRIED_DEVICES` (``"cuda"``
+    on a GPU), else None (no tensor argument included)."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            kind = a.device.type
+            return None if kind in TRIED_DEVICES else kind
+    return None
+
+
+def hooks_reason(module: nn.Module) -> str | None:
+    """Why the route may not call ``type(module).forward`` for ``module``: a hook on it or on any submodule, an
+    instance ``forward`` on it or a submodule, or a process-wide module hook (the jit runs them; an artifact's own
+    guards do not catch a submodule's hook). None when there is none. Walks the submodules' dicts (no names
+    built). Cost: docs/benchmarks.md section 21."""
+    if any(_global_hooks()):
+        return "a process-wide module hook is set (register_module_forward_hook...; the jit runs it)"
+    stack = [module]
+    while stack:
+        m = stack.pop()
+        d = m.__dict__
+        if (
+            d["_forward_hooks"]
+            or d["_forward_pre_hooks"]
+            or d["_backward_hooks"]
+            or d["_backward_pre_hooks"]
+            or "forward" in d
+        ):
+            return _hook_text(module, m)
+        stack.extend(d["_modules"].values())
+    return None
+
+
+def _hook_text(block: nn.Module, m: nn.Module) -> str:
+    what = "an instance forward (an object patch or another node pack)" if "forward" in m.__dict__ else "a hook"
+    if m is block:
+        return f"the block has {what}: the jit runs it"
+    name = next((n for n, sub in block.named_modules() if sub is m), "?")
+    return f"submodule {name!r} has {what}: the jit runs it"
+
+
+@functools.cache
+def _global_hooks() -> tuple[dict, ...]:
+    return torch_compat.module_hook_dicts()
+
+
+def aot_guard_filter(jit_filter: GuardFilterFn | None, dropped: list[Any] | None = None) -> GuardFilterFn:
+    """The artifact's guard filter: what the jit keeps (``jit_filter``) and torch can serialise
+    (:func:`core.torch_compat.guard_serialisable`): shape, dtype, stride and constant guards stay.
+
+    Args:
+        jit_filter: the jit's guard filter (None keeps every guard).
+        dropped: when given, the entries the pack carries are appended to it (:mod:`core.compile.warm.carried_guards`):
+            those the jit keeps and the artifact cannot, and the values the trace specialised on that the jit's
+            filter drops (:func:`specialised`: a ``transformer_options`` entry the block read, the same in every
+            step of one process and not across processes).
+    """
+
+    def keep(entries: Sequence[Any]) -> list[bool]:
+        jit = [True] * len(entries) if jit_filter is None else list(jit_filter(entries))
+        out = []
+        for j, e in zip(jit, entries):
+            ok = j and torch_compat.guard_serialisable(e)
+            if dropped is not None and ((j and not ok) or (not j and specialised(e))):
+                dropped.append(e)
+            out.append(ok)
+        return out
+
+    return keep
+
+
+def specialised(entry: Any) -> bool:
+    """Whether a Dynamo guard entry pins a value the trace specialised on inside ``transformer_options`` (a constant
+    or equality guard: an int, str or bool entry the block read and branched on)."""
+    return getattr(entry, "guard_type", None) in SPECIALISING_GUARDS and "transformer_options" in str(
+        getattr(entry, "name", "")
+    )
+
+
+class PrecompiledBlock(nn.Module):
+    """A jit-compiled block (``jit``: ``torch.compile(module)`` with its hooks and contexts) behind the precompiled
+    route. Called like the block. ``_orig_mod`` is the original block (as on ``torch.compile``'s wrapper).
+
+    Route per call: without an active compile cache (:func:`core.compile.warm.cache.active_cache`) or with the route
+    off, the jit. Else the key (:func:`call_key`); an artifact in memory or in the cache (``precompiled/<key>.pt2``,
+    read only when recorded and its sha256 matches: :meth:`core.compile.warm.cache.CompileCache.read_trusted`) whose
+    ``guard_check`` passes answers the call; otherwise the jit answers, and a new key queues a save
+    (:meth:`PrecompiledState.flush`). Any failure is recorded and the jit answers."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        jit: nn.Module,
+        options: CompileOptions,
+        guard_filter_fn: GuardFilterFn | None,
+        state: PrecompiledState,
+        contexts: Sequence[Callable[[], Any]] = (),
+        prepare: Callable[[tuple, dict], tuple[tuple, dict]] | None = None,
+    ) -> None:
+        super().__init__()
+        self._orig_mod = module
+        self.jit = jit
+        object.__setattr__(self, "_state", state)
+        object.__setattr__(self, "_options", options)
+        object.__setattr__(self, "_jit_filter", guard_filter_fn)
+        object.__setattr__(self, "_contexts", tuple(contexts))
+        object.__setattr__(self, "_prepare", prepare)
+        object.__setattr__(self, "_fingerprint", None)
+        object.__setattr__(self, "_static", None)
+        #: (cache, flags, Answer, memo key) of this block's last hit: its checks run first, without the call key
+        object.__setattr__(self, "_last", None)
+        object.__setattr__(self, "_root", None)  # type(module).forward and its code when the fingerprint was made
+        object.__setattr__(self, "_code", None)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        state, cache = self._state, compile_cache.active_cache()
+        if not state.enabled or cache is None:
+            return self.jit(*args, **kwargs)
+        if not state.explicit and (device := untried_device(args)) is not None:
+            state.count(
+                "fallbacks",
+                device,
+                f"the precompiled route has not passed its checks on {device} yet: "
+                f"opt in with ${torch_compat.PRECOMPILED_ENV}=1 (the jit answers)",
+            )
+            return self.jit(*args, **kwargs)
+        t0 = time.perf_counter()
+        why = hooks_reason(self._orig_mod)
+        state.calls += 1
+        state.split_seconds["hooks"] += time.perf_counter() - t0
+        if why is not None:
+            state.count("fallbacks", "hooks", why)
+            return self.jit(*args, **kwargs)
+        if self._prepare is not None:
+            args, kwargs = self._prepare(args, kwargs)
+        return self._route(cache, args, kwargs)  # the jit holds its contexts while it compiles; a save enters them
+
+    def _keys(self) -> tuple[dict, dict]:
+        root = traced_code.root_function(self._orig_mod)
+        if self._fingerprint is None or root is not self._root or getattr(root, "__code__", None) is not self._code:
+            # equal blocks share one fingerprint object, hence keys and artifacts; a patched class forward another
+            object.__setattr__(self, "_root", root)
+            object.__setattr__(self, "_code", getattr(root, "__code__", None))
+            object.__setattr__(self, "_fingerprint", self._state.intern(block_fingerprint(self._orig_mod)))
+            object.__setattr__(self, "_static", self._state.intern(static_fields(self._options, self._jit_filter)))
+            object.__setattr__(self, "_binder", carried_guards.Binder(type(self._orig_mod).forward))
+        return self._fingerprint, self._static
+
+    def _route(self, cache: compile_cache.CompileCache, args: tuple, kwargs: dict) -> Any:
+        state, module = self._state, self._orig_mod
+        fingerprint, static = self._keys()
+        split, flags, last = state.split_seconds, state.flags(), self._last
+        if last is not None and last[0] is cache and last[1] == flags:  # the last answer's checks first: no key
+            t0 = time.perf_counter()
+            env = self._binder(module, args, kwargs)
+            held = last[2].holds(env)
+            t1 = time.perf_counter()
+            state.check_seconds += t1 - t0
+            split["carried"] += t1 - t0
+            if held:
+                ok, _ = last[2].guards_pass(env, module, args, kwargs)
+                split["guard_check"] += time.perf_counter() - t1
+                if ok:
+                    return self._answer(cache, flags, last[2], last[3], args, kwargs)
+        object.__setattr__(self, "_last", None)
+        t0 = time.perf_counter()
+        try:
+            key = call_key(fingerprint, static, args, kwargs, flags=flags)
+        except _NotDescribable as e:
+            state.count("fallbacks", None, f"not describable: {e}")
+            return self.jit(*args, **kwargs)
+        finally:
+            split["key"] += time.perf_counter() - t0
+        memo_key = (str(cache.path), key)
+        kind, got = state.entries.get(memo_key, (None, None))
+        t0 = time.perf_counter()
+        env = self._binder(module, args, kwargs)
+        answer = next((a for a in got if a.holds(env)), None) if kind == "aot" else None
+        elapsed = time.perf_counter() - t0
+        state.check_seconds += elapsed
+        split["carried"] += elapsed
+        if kind is None or (kind == "aot" and answer is None):  # new, or the code or a carried guard moved
+            with state.load_lock:
+                kind, got = state.entries.get(memo_key, (None, None))
+                answer = next((a for a in got if a.holds(env)), None) if kind == "aot" else None
+                if kind is None or (kind == "aot" and answer is None):
+                    kind, found = self._resolve(cache, fingerprint, static, key, env)
+                    if kind == "aot":  # kept beside the variants loaded before (one per specialised value)
+                        answer, got = found, [found, *(got if isinstance(got, list) else [])][:MAX_VARIANTS]
+                    else:
+                        got = found
+                    state.entries[memo_key] = (kind, got)
+        if kind == "aot":
+            t0 = time.perf_counter()
+            ok, why = answer.guards_pass(env, module, args, kwargs)
+            split["guard_check"] += time.perf_counter() - t0
+            if ok:
+                return self._answer(cache, flags, answer, memo_key, args, kwargs)
+            state.count("fallbacks", key_digest(fingerprint, static, key)[:12], cache.redact(why))
+            return self.jit(*args, **kwargs)
+        out = self.jit(*args, **kwargs)
+        if kind == "new":  # queue a save (it runs after the tracked call); this process keeps its jit for the key
+            state.entries[memo_key] = ("saved", None)
+            saved_kwargs = {k: (dict(v) if isinstance(v, dict) else v) for k, v in kwargs.items()}
+            modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())  # the save traces under the call's
+            with state.lock:
+                if len(state.pending) < MAX_PENDING:
+                    state.pending.append(
+                        lambda: self._save(cache, fingerprint, static, key, tuple(args), saved_kwargs, modes)
+                    )
+        elif kind == "jit":
+            state.count("fallbacks")
+        return out
+
+    def _answer(
+        self, cache: compile_cache.CompileCache, flags: str, answer: Answer, memo_key: tuple, args: tuple, kwargs: dict
+    ) -> Any:
+        """Call the artifact (its checks passed): a hit, remembered as this block's last answer; a failure makes
+        its key run the jit from now on (an interrupt or out-of-memory error reaches ComfyUI unchanged)."""
+        state, t0 = self._state, time.perf_counter()
+        try:
+            out = answer.fn(self._orig_mod, *args, **kwargs)
+        except Exception as e:
+            if passes_through(e):
+                raise
+            state.entries[memo_key] = ("jit", None)
+            object.__setattr__(self, "_last", None)
+            why = f"the precompiled call raised {type(e).__name__}: {cache.redact(str(e))[:200]}"
+            state.count("fallbacks", answer.variant[:12], why)
+            return self.jit(*args, **kwargs)
+        state.split_seconds["artifact"] += time.perf_counter() - t0
+        state.hit(answer)
+        object.__setattr__(self, "_last", (cache, flags, answer, memo_key))
+        return out
+
+    def _resolve(
+        self, cache: compile_cache.CompileCache, fingerprint: dict, static: dict, key: tuple, env: Mapping[str, Any]
+    ) -> tuple[str, Any]:
+        """The entry for a call: ``("aot", Answer)`` for the first variant of the key whose traced code and carried
+        guards are what this process has now, ``("new", None)`` when there is none (every variant's reasons
+        recorded when the key has variants), ``("jit", None)`` for an untrusted record, a refused configuration or a
+        failed load."""
+        state, digest = self._state, key_digest(fingerprint, static, key)
+        variants, problem = read_variants(cache, digest)
+        if problem is not None:
+            state.count("fallbacks", digest[:12], problem)
+            return "jit", None
+        reasons = []
+        for variant in variants:
+            found, why = match_variant(variant, env)
+            if found is None:
+                reasons.append(why)
+                continue
+            if "refused" in variant:
+                state.count(
+                    "fallbacks", digest[:12], cache.redact(f"not precompiled: {'; '.join(variant['refused'])}")
+                )
+                return "jit", None
+            fn = self._load(cache, variant["artifact"])
+            if fn is None:
+                return "jit", None
+            matched, code = found
+            manager = torch_compat.artifact_guard_manager(fn)
+            checks = checks_tree(matched, code, env)
+            return "aot", Answer(fn, matched, code, variant["id"], fingerprint["forward"][0], manager, checks)
+        if reasons:
+            state.count(
+                "fallbacks",
+                digest[:12],
+                cache.redact(
+                    f"precompiled for another configuration ({' | '.join(reasons)}): the jit answers and this "
+                    "configuration is saved too"
+                ),
+            )
+        return "new", None
+
+    def _load(self, cache: compile_cache.CompileCache, artifact: str) -> Any:
+        state = self._state
+        memo = (str(cache.path), artifact)
+        if memo in state.loaded:
+            return state.loaded[memo]
+        rel = f"{PRECOMPILED_DIR}/{artifact}.pt2"
+        t0 = time.perf_counter()
+        data, problem = cache.read_trusted(rel)
+        if data is None:
+            state.count("fallbacks", artifact[:12], problem or f"{rel} is missing")
+            return None
+        if hashlib.sha256(data).hexdigest()[:32] != artifact:
+            state.count("fallbacks", artifact[:12], f"{rel} does not hold the bytes its name is the digest of")
+            return None
+        try:
+            with contextlib.ExitStack() as stack:
+                for context in self._contexts:  # the jit's (trusted_cpu_isa: no ISA test builds while loading)
+                    stack.enter_context(context())
+                stack.enter_context(torch_compat.built_kernel_loads())  # its kernels are built: no header work
+                fn = torch.compiler.load_compiled_function(io.BytesIO(data))
+            fn = torch_compat.checked_once(fn)  # _route runs guard_check before every call: not twice
+        except Exception as e:  # noqa: BLE001 (a load failure is a recorded fallback, never an error)
+            state.count("fallbacks", artifact[:12], f"load failed: {type(e).__name__}: {cache.redact(str(e))[:200]}")
+            return None
+        state.count("loads", seconds=time.perf_counter() - t0)
+        state.loaded[memo] = fn
+        return fn
+
+    def _save(
+        self,
+        cache: compile_cache.CompileCache,
+        fingerprint: dict,
+        static: dict,
+        key: tuple,
+        args: tuple,
+        kwargs: dict,
+        modes: tuple[bool, bool] = (False, False),
+    ) -> None:
+        """Trace and save the artifact of ``key`` under the call's grad and inference modes (``modes``: flush may
+        run outside the ``no_grad`` / ``inference_mode`` block of the call that queued it), with its variant: the
+        traced code by path and digest (:func:`core.compile.warm.traced_code.identify`) and the carried guards. Code
+        the pack cannot identify, or a guard it cannot carry, saves a refusal instead, naming every problem (the jit
+        answers that configuration)."""
+        digest = key_digest(fingerprint, static, key)
+        module, t0, dropped = self._orig_mod, time.perf_counter(), []
+        try:
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(torch.inference_mode(modes[1]))
+                stack.enter_context(torch.set_grad_enabled(modes[0]))
+                for context in (*self._contexts, torch_compat.aot_compile_enabled, torch_compat.portable_guard_state):
+                    stack.enter_context(context())
+                compiled = torch.compile(
+                    type(module).forward,
+                    **{**self._options.to_kwargs(aot_guard_filter(self._jit_filter, dropped)), "fullgraph": True},
+                )
+                with torch_compat.traced_code_objects() as codes:
+                    aot = compiled.aot_compile(((module, *args), kwargs))
+                guards, problems = carried_guards.carry(dropped, self._binder(module, args, kwargs))
+                described = json.dumps([key[2], [g.as_list() for g in guards]], default=repr)
+                code, unidentified = traced_code.identify(module, codes, described)
+                problems = [*unidentified, *problems]
+                variant = {"code": code, "guards": [g.as_list() for g in guards]}
+                variant["id"] = variant_digest(digest, variant)
+                if problems:  # recorded with what it could describe: that configuration runs the jit
+                    add_variant(cache, digest, {**variant, "refused": problems})
+                    self._state.count(
+                        "fallbacks", digest[:12], cache.redact(f"not precompiled: {'; '.join(problems)}")
+                    )
+                    return
+                with tempfile.TemporaryDirectory() as tmp:
+                    path = os.path.join(tmp, "a.pt2")
+                    aot.save_compiled_function(path)
+                    with open(path, "rb") as f:
+                        data = f.read()
+            variant["artifact"] = hashlib.sha256(data).hexdigest()[:32]
+            cache.write_once(f"{PRECOMPILED_DIR}/{variant['artifact']}.pt2", data)
+            add_variant(cache, digest, variant)
+        except Exception as e:  # noqa: BLE001 (a save failure is a recorded fallback, never an error)
+            why = f"save failed: {type(e).__name__}: {cache.redact(str(e))[:200]}"
+            self._state.count("fallbacks", digest[:12], why)
+            return
+        self._state.count("saves", seconds=time.perf_counter() - t0)
+
+
+def wrap(
+    module: nn.Module,
+    jit: nn.Module,
+    options: CompileOptions,
+    guard_filter_fn: GuardFilterFn | None,
+    state: PrecompiledState,
+    contexts: Sequence[Callable[[], Any]] = (),
+    prepare: Callable[[tuple, dict], tuple[tuple, dict]] | None = None,
+) -> PrecompiledBlock:
+    """:class:`PrecompiledBlock` for ``module`` in front of ``jit`` (see there)."""
+    return PrecompiledBlock(module, jit, options, guard_filter_fn, state, contexts, prepare)
