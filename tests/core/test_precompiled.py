@@ -332,7 +332,7 @@ def test_a_failing_precompiled_call_falls_back_to_the_jit(tmp_path, monkeypatch)
     code = traced_code.CodeIdentity((), ())  # no traced code to re-check
 
     def answer(fn):
-        return ("aot", pc.Answer(fn, always, code, "0" * 32, "method tiny_modules:Block.forward"))
+        return (pc.Entry.ANSWERS, pc.Answer(fn, always, code, "0" * 32, "method tiny_modules:Block.forward"))
 
     monkeypatch.setattr(pc.PrecompiledBlock, "_resolve", lambda self, *a: answer(Broken()))
     cache = cc.open_cache(tmp_path, device="cpu")

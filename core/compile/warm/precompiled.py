@@ -64,7 +64,7 @@ from .call_key import (
 )
 from .carried_guards import NotDescribable as _NotDescribable
 from .carried_guards import describe_callable
-from .route_state import MAX_PENDING, SPLIT_PHASES, PrecompiledState
+from .route_state import MAX_PENDING, SPLIT_PHASES, Entry, PrecompiledState
 from .variants import (
     MAX_VARIANTS,
     PRECOMPILED_DIR,
@@ -98,6 +98,7 @@ __all__ = [
     "HOST_VERSION_MODULES",
     "MAX_PENDING",
     "SPLIT_PHASES",
+    "Entry",
     "checks_tree",
     "match_variant",
     "read_variants",
@@ -292,22 +293,22 @@ class PrecompiledBlock(nn.Module):
         kind, got = state.entries.get(memo_key, (None, None))
         t0 = time.perf_counter()
         env = self._binder(module, args, kwargs)
-        answer = next((a for a in got if a.holds(env)), None) if kind == "aot" else None
+        answer = next((a for a in got if a.holds(env)), None) if kind == Entry.ANSWERS else None
         elapsed = time.perf_counter() - t0
         state.check_seconds += elapsed
         split["carried"] += elapsed
-        if kind is None or (kind == "aot" and answer is None):  # new, or the code or a carried guard moved
+        if kind is None or (kind == Entry.ANSWERS and answer is None):  # new, or the code or a carried guard moved
             with state.load_lock:
                 kind, got = state.entries.get(memo_key, (None, None))
-                answer = next((a for a in got if a.holds(env)), None) if kind == "aot" else None
-                if kind is None or (kind == "aot" and answer is None):
+                answer = next((a for a in got if a.holds(env)), None) if kind == Entry.ANSWERS else None
+                if kind is None or (kind == Entry.ANSWERS and answer is None):
                     kind, found = self._resolve(cache, fingerprint, static, key, env)
-                    if kind == "aot":  # kept beside the variants loaded before (one per specialised value)
+                    if kind == Entry.ANSWERS:  # kept beside the variants loaded before (one per specialised value)
                         answer, got = found, [found, *(got if isinstance(got, list) else [])][:MAX_VARIANTS]
                     else:
                         got = found
                     state.entries[memo_key] = (kind, got)
-        if kind == "aot":
+        if kind == Entry.ANSWERS:
             t0 = time.perf_counter()
             ok, why = answer.guards_pass(env, module, args, kwargs)
             split["guard_check"] += time.perf_counter() - t0
@@ -316,8 +317,8 @@ class PrecompiledBlock(nn.Module):
             state.count("fallbacks", key_digest(fingerprint, static, key)[:12], cache.redact(why))
             return self.jit(*args, **kwargs)
         out = self.jit(*args, **kwargs)
-        if kind == "new":  # queue a save (it runs after the tracked call); this process keeps its jit for the key
-            state.entries[memo_key] = ("saved", None)
+        if kind == Entry.NEW:  # queue a save (it runs after the tracked call); this process keeps its jit for it
+            state.entries[memo_key] = (Entry.SAVED, None)
             saved_kwargs = {k: (dict(v) if isinstance(v, dict) else v) for k, v in kwargs.items()}
             modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())  # the save traces under the call's
             with state.lock:
@@ -325,7 +326,7 @@ class PrecompiledBlock(nn.Module):
                     state.pending.append(
                         lambda: self._save(cache, fingerprint, static, key, tuple(args), saved_kwargs, modes)
                     )
-        elif kind == "jit":
+        elif kind == Entry.JIT:
             state.count("fallbacks")
         return out
 
@@ -340,7 +341,7 @@ class PrecompiledBlock(nn.Module):
         except Exception as e:
             if passes_through(e):
                 raise
-            state.entries[memo_key] = ("jit", None)
+            state.entries[memo_key] = (Entry.JIT, None)
             object.__setattr__(self, "_last", None)
             why = f"the precompiled call raised {type(e).__name__}: {cache.redact(str(e))[:200]}"
             state.count("fallbacks", answer.variant[:12], why)
@@ -352,16 +353,16 @@ class PrecompiledBlock(nn.Module):
 
     def _resolve(
         self, cache: compile_cache.CompileCache, fingerprint: dict, static: dict, key: tuple, env: Mapping[str, Any]
-    ) -> tuple[str, Any]:
-        """The entry for a call: ``("aot", Answer)`` for the first variant of the key whose traced code and carried
-        guards are what this process has now, ``("new", None)`` when there is none (every variant's reasons
-        recorded when the key has variants), ``("jit", None)`` for an untrusted record, a refused configuration or a
-        failed load."""
+    ) -> tuple[Entry, Any]:
+        """The entry for a call: ``(Entry.ANSWERS, Answer)`` for the first variant of the key whose traced code and
+        carried guards are what this process has now, ``(Entry.NEW, None)`` when there is none (every variant's reasons
+        recorded when the key has variants), ``(Entry.JIT, None)`` for an untrusted record, a refused configuration or
+        a failed load."""
         state, digest = self._state, key_digest(fingerprint, static, key)
         variants, problem = read_variants(cache, digest)
         if problem is not None:
             state.count("fallbacks", digest[:12], problem)
-            return "jit", None
+            return Entry.JIT, None
         reasons = []
         for variant in variants:
             found, why = match_variant(variant, env)
@@ -372,14 +373,14 @@ class PrecompiledBlock(nn.Module):
                 state.count(
                     "fallbacks", digest[:12], cache.redact(f"not precompiled: {'; '.join(variant['refused'])}")
                 )
-                return "jit", None
+                return Entry.JIT, None
             fn = self._load(cache, variant["artifact"])
             if fn is None:
-                return "jit", None
+                return Entry.JIT, None
             matched, code = found
             manager = torch_compat.artifact_guard_manager(fn)
             checks = checks_tree(matched, code, env)
-            return "aot", Answer(fn, matched, code, variant["id"], fingerprint["forward"][0], manager, checks)
+            return Entry.ANSWERS, Answer(fn, matched, code, variant["id"], fingerprint["forward"][0], manager, checks)
         if reasons:
             state.count(
                 "fallbacks",
@@ -389,7 +390,7 @@ class PrecompiledBlock(nn.Module):
                     "configuration is saved too"
                 ),
             )
-        return "new", None
+        return Entry.NEW, None
 
     def _load(self, cache: compile_cache.CompileCache, artifact: str) -> Any:
         state = self._state

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import json
 import logging
 import os
@@ -20,9 +21,19 @@ from .call_key import flags_text
 if TYPE_CHECKING:
     from .variants import Answer
 
-__all__ = ["MAX_PENDING", "SPLIT_PHASES", "PrecompiledState"]
+__all__ = ["MAX_PENDING", "SPLIT_PHASES", "Entry", "PrecompiledState"]
 
 log = logging.getLogger("steadfast.precompiled")
+
+
+class Entry(enum.Enum):
+    """What the route does with one call key in this process (:attr:`PrecompiledState.entries`)."""
+
+    ANSWERS = "aot"  #: loaded artifacts answer it (with the list of :class:`~.variants.Answer` s)
+    JIT = "jit"  #: the jit answers (an untrusted record, a refused configuration, a failed load or call)
+    SAVED = "saved"  #: this process's jit answers; its artifact was queued for saving
+    NEW = "new"  #: no artifact for this configuration yet: the jit answers and it is saved
+
 
 MAX_PENDING = 64  # queued saves (each holds one call's inputs) until PrecompiledState.flush
 
@@ -61,8 +72,8 @@ class PrecompiledState:
     answered: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
     pending: list[Callable[[], None]] = dataclasses.field(default_factory=list, repr=False)
-    #: (cache path, call key) -> ("aot", [Answer, ...]): the variants loaded for it, the last that answered first |
-    #: ("jit", None): fallback | ("saved", None): this process's jit (a save queued) | ("new", None): no artifact
+    #: (cache path, call key) -> (Entry.ANSWERS, [Answer, ...]): the variants loaded for it | (Entry.JIT, None) |
+    #: (Entry.SAVED, None) | (Entry.NEW, None): :class:`Entry` says what each means
     #: for this configuration yet
     entries: dict[tuple, tuple[str, Any]] = dataclasses.field(default_factory=dict, repr=False)
     #: (cache path, variant) -> the loaded artifact (one load per variant and process)

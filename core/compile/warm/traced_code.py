@@ -233,19 +233,24 @@ def identify(block: Any, codes: Sequence[types.CodeType], described: str = "") -
             del found[code]  # kept out of the record, so a refusal of this configuration is found again
             reported.add(code)
     covered = {n for c in found for n in _nested_codes(c)}
-    for code in codes:
-        if code in found or code in covered or code in reported:
-            continue
-        path, fn, why = _function_path(code)
-        if fn is not None:
-            found[code] = (path, function_digest(fn))
+    pending = [c for c in dict.fromkeys(codes) if c not in found and c not in reported]
+    progress = True
+    while progress:  # a nested function is covered once its parent is, whatever the trace's order
+        progress = False
+        for code in list(pending):
+            if code in covered:
+                pending.remove(code)
+                progress = True
+                continue
+            path, fn, _ = _function_path(code)
+            if fn is not None:
+                found[code] = (path, function_digest(fn))
+            elif f"#{code_digest(code)}" not in described:  # a closure the key or a carried guard describes
+                continue
             covered.update(_nested_codes(code))
-        elif f"#{code_digest(code)}" in described:
-            continue  # a closure the key or a carried guard describes by its code
-        elif any(code in set(_nested_codes(c)) for c in found):
-            continue
-        else:
-            problems.append(why)
+            pending.remove(code)
+            progress = True
+    problems.extend(_function_path(code)[2] for code in pending)
     return dict(sorted(found.values())), problems
 
 
