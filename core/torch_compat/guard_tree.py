@@ -39,6 +39,7 @@ class GuardTree:
         self._kind = kinds.GUARD_MANAGER
         self.root = guards.RootGuardManager()
         self._leaves = 0
+        self._kept: list[Any] = []
 
     def _leaf(self, add: Callable[..., None], *args: Any, parts: str) -> None:
         try:  # torch 2.11 takes a user stack after the code parts, torch 2.14 may not
@@ -66,6 +67,10 @@ class GuardTree:
         """A manager whose value is ``value`` (a module, a class, a dict the pack holds), read by a Python lambda."""
         return self.root.lambda_manager(lambda _: value, source, value, self._kind)
 
+    def keep(self, obj: Any) -> None:
+        """Hold ``obj`` alive as long as the tree (an identity leaf compares its ``id``)."""
+        self._kept.append(obj)
+
     # ------------------------------------------------------------------ leaves
     def is_(self, manager: Any, obj: Any, parts: str) -> None:
         """The value is ``obj`` (identity; the caller keeps ``obj`` alive)."""
@@ -85,6 +90,10 @@ class GuardTree:
             self._leaf(manager.add_dict_length_check_guard, n, parts=parts)
         else:
             self._leaf(manager.add_length_check_guard, n, parts=parts)
+
+    def absent(self, manager: Any, key: Any, parts: str) -> None:
+        """``key not in value`` (a dict: ``add_dict_contains_guard``)."""
+        self._leaf(manager.add_dict_contains_guard, False, key, parts=parts)
 
     def holds(self, manager: Any, test: Callable[[Any], bool], parts: str) -> None:
         """``test(value)`` is true: a Python lambda leaf (for a check with no C++ leaf)."""

@@ -24,6 +24,7 @@ from steadfast.core.compile.options import CompileOptions
 from steadfast.core.compile.registry import CompileRegistry
 from steadfast.core.compile.warm import cache as cc
 from steadfast.core.compile.warm import cache_location as loc
+from steadfast.core.compile.warm import call_key as ck
 from steadfast.core.compile.warm import carried_guards, traced_code
 from steadfast.core.compile.warm import precompiled as pc
 
@@ -132,19 +133,19 @@ def test_values_are_described_by_their_kind_subclasses_included():
     class Mode(str, enum.Enum):
         FAST = "fast"
 
-    assert pc._describe(Level.LOW, True) == Level.LOW and pc._describe(Level.LOW, False) == "Level"
-    assert pc._describe(Mode.FAST, True) == Mode.FAST and pc._describe(Mode.FAST, False) == "Mode"
-    assert pc._describe(3, False) == "int" and pc._describe(3, True) == 3 and pc._describe(True, False) is True
-    assert pc._describe(torch.Size([1, 2]), False) == ("O", "torch", "Size")
-    assert pc._describe(collections.OrderedDict(a=1), False) == ("D", (("a", "int"),))
-    assert pc._describe({"a": [1, (2.0, "s")]}, True) == ("D", (("a", ("list", (1, ("tuple", (2.0, "s"))))),))
-    assert pc._describe(torch.nn.Parameter(torch.zeros(2)), False)[:2] == ("T", "Parameter")
+    assert ck._describe(Level.LOW, True) == Level.LOW and ck._describe(Level.LOW, False) == "Level"
+    assert ck._describe(Mode.FAST, True) == Mode.FAST and ck._describe(Mode.FAST, False) == "Mode"
+    assert ck._describe(3, False) == "int" and ck._describe(3, True) == 3 and ck._describe(True, False) is True
+    assert ck._describe(torch.Size([1, 2]), False) == ("O", "torch", "Size")
+    assert ck._describe(collections.OrderedDict(a=1), False) == ("D", (("a", "int"),))
+    assert ck._describe({"a": [1, (2.0, "s")]}, True) == ("D", (("a", ("list", (1, ("tuple", (2.0, "s"))))),))
+    assert ck._describe(torch.nn.Parameter(torch.zeros(2)), False)[:2] == ("T", "Parameter")
     t = torch.zeros(2, 3).t()
-    assert pc._describe(t, False) == ("T", "Tensor", (3, 2), (1, 3), "torch.float32", "cpu", False, False)
-    assert pc._describe(torch.float16, True) == "torch.float16" and pc._describe(torch.device("cpu"), True) == "cpu"
-    assert pc._describe(object(), False) == ("O", "builtins", "object")
+    assert ck._describe(t, False) == ("T", "Tensor", (3, 2), (1, 3), "torch.float32", "cpu", False, False)
+    assert ck._describe(torch.float16, True) == "torch.float16" and ck._describe(torch.device("cpu"), True) == "cpu"
+    assert ck._describe(object(), False) == ("O", "builtins", "object")
     with pytest.raises(pc._NotDescribable):
-        pc._describe(object(), True)
+        ck._describe(object(), True)
 
 
 def test_fingerprint_names_structure_and_the_code_of_the_root_forward(monkeypatch):

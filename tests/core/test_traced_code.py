@@ -143,3 +143,19 @@ def test_a_class_another_process_cannot_find_is_refused(kind):
 
     paths, problems = traced_code.identify(Local(), [Local.forward.__code__])
     assert paths == {} and len(problems) == 1 and "another process could not find it" in problems[0], kind
+
+
+def test_nested_code_is_covered_by_its_parent_in_any_order():
+    """ComfyUI's ``attention_pytorch`` is wrapped (``wrap_attn``: the module attribute is the wrapper) and holds
+    lambdas; the trace lists the lambdas before their parent. The parent, described by a carried guard (the wrapper's
+    closure cell), covers them: no problem, whatever the order."""
+
+    def parent(x):
+        return sorted(x, key=lambda v: -v)
+
+    lam = next(c for c in parent.__code__.co_consts if isinstance(c, types.CodeType))
+    described = f"#{traced_code.code_digest(parent.__code__)}"
+    for order in ([lam, parent.__code__], [parent.__code__, lam]):
+        paths, problems = traced_code.identify(Outer(), [Outer.forward.__code__, *order], described)
+        assert problems == [] and list(paths) == [f"method {__name__}:Outer.forward"], order
+    assert len(traced_code.identify(Outer(), [Outer.forward.__code__, lam])[1]) == 1  # nobody covers it

@@ -566,8 +566,9 @@ def build_tree(tree: Any, matched: Matched, env: Mapping[str, Any]) -> None:
     """Add the carried guards of ``matched`` to ``tree`` (:class:`core.torch_compat.GuardTree`), as C++ leaves where
     torch has one: each guard's source becomes a chain of accessors from the call's locals (``L``, a name), the
     block's module globals (``G``) or a module (``G['__import_<module>']``), sharing prefixes; its kind a leaf
-    comparing with what it matched (:attr:`Matched.seen`: identity, type, equality, length); ``a is b``, ``'k' in
-    d`` and ordered keys stay Python tests inside the tree.
+    comparing with what it matched (:attr:`Matched.seen`: identity, type, equality, length); ``a is b`` becomes
+    identity with the one object both sides read when they matched (stricter: both must stay that object); the
+    membership of ``'k' in d`` and ordered keys stay Python tests on the value the C++ accessors read.
 
     Args:
         tree: the builder, whose root's value is the call's environment (:class:`Binder`).
@@ -628,11 +629,23 @@ def build_tree(tree: Any, matched: Matched, env: Mapping[str, Any]) -> None:
 
     for g, seen in zip(matched.guards, matched.seen):
         parts = f"{g.guard_type} on {g.source} (carried by the pack)"
-        if g.kind in ("same", "contains"):  # a comparison of two sources, a membership: a Python test
-            read = _reader(g.source)
-            tree.holds(tree.root, lambda e, read=read, seen=seen: read(e) == seen, parts)
+        expr = ast.parse(g.source, mode="eval").body
+        if g.kind == "same":  # "a is b": each side is the object both read when they matched (kept alive)
+            if not (isinstance(expr, ast.Compare) and len(expr.comparators) == 1):
+                raise NotDescribable(f"guard source {g.source!r} is not a comparison")
+            for side in (expr.left, expr.comparators[0]):
+                manager, value, _ = node(side, g.source)
+                tree.keep(value)
+                tree.is_(manager, value, parts)
             continue
-        manager, value, _ = node(ast.parse(g.source, mode="eval").body, g.source)
+        if g.kind == "contains":  # "'k' in d": the container through C++ accessors, the membership in Python
+            if not (isinstance(expr, ast.Compare) and isinstance(expr.left, ast.Constant)):
+                raise NotDescribable(f"guard source {g.source!r} is not a membership")
+            manager, _, _ = node(expr.comparators[0], g.source)
+            key = expr.left.value
+            tree.holds(manager, lambda d, key=key, seen=seen: (key in d) == seen, parts)
+            continue
+        manager, value, _ = node(expr, g.source)
         if g.kind == "is":
             tree.is_(manager, seen, parts)
         elif g.kind == "code":

@@ -31,7 +31,6 @@ configuration has no artifact yet queues one. No ComfyUI imports.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import io
 import json
@@ -64,6 +63,7 @@ from .call_key import (
 )
 from .carried_guards import NotDescribable as _NotDescribable
 from .carried_guards import describe_callable
+from .hooks import hooks_reason
 from .route_state import MAX_PENDING, SPLIT_PHASES, Entry, PrecompiledState
 from .variants import (
     MAX_VARIANTS,
@@ -124,42 +124,6 @@ def untried_device(args: Sequence[Any]) -> str | None:
             kind = a.device.type
             return None if kind in TRIED_DEVICES else kind
     return None
-
-
-def hooks_reason(module: nn.Module) -> str | None:
-    """Why the route may not call ``type(module).forward`` for ``module``: a hook on it or on any submodule, an
-    instance ``forward`` on it or a submodule, or a process-wide module hook (the jit runs them; an artifact's own
-    guards do not catch a submodule's hook). None when there is none. Walks the submodules' dicts (no names
-    built). Cost: docs/benchmarks.md section 21."""
-    if any(_global_hooks()):
-        return "a process-wide module hook is set (register_module_forward_hook...; the jit runs it)"
-    stack = [module]
-    while stack:
-        m = stack.pop()
-        d = m.__dict__
-        if (
-            d["_forward_hooks"]
-            or d["_forward_pre_hooks"]
-            or d["_backward_hooks"]
-            or d["_backward_pre_hooks"]
-            or "forward" in d
-        ):
-            return _hook_text(module, m)
-        stack.extend(d["_modules"].values())
-    return None
-
-
-def _hook_text(block: nn.Module, m: nn.Module) -> str:
-    what = "an instance forward (an object patch or another node pack)" if "forward" in m.__dict__ else "a hook"
-    if m is block:
-        return f"the block has {what}: the jit runs it"
-    name = next((n for n, sub in block.named_modules() if sub is m), "?")
-    return f"submodule {name!r} has {what}: the jit runs it"
-
-
-@functools.cache
-def _global_hooks() -> tuple[dict, ...]:
-    return torch_compat.module_hook_dicts()
 
 
 def aot_guard_filter(jit_filter: GuardFilterFn | None, dropped: list[Any] | None = None) -> GuardFilterFn:
@@ -242,13 +206,7 @@ class PrecompiledBlock(nn.Module):
                 f"opt in with ${torch_compat.PRECOMPILED_ENV}=1 (the jit answers)",
             )
             return self.jit(*args, **kwargs)
-        t0 = time.perf_counter()
-        why = hooks_reason(self._orig_mod)
         state.calls += 1
-        state.split_seconds["hooks"] += time.perf_counter() - t0
-        if why is not None:
-            state.count("fallbacks", "hooks", why)
-            return self.jit(*args, **kwargs)
         if self._prepare is not None:
             args, kwargs = self._prepare(args, kwargs)
         return self._route(cache, args, kwargs)  # the jit holds its contexts while it compiles; a save enters them
@@ -271,16 +229,26 @@ class PrecompiledBlock(nn.Module):
         if last is not None and last[0] is cache and last[1] == flags:  # the last answer's checks first: no key
             t0 = time.perf_counter()
             env = self._binder(module, args, kwargs)
-            held = last[2].holds(env)
+            held = last[2].holds(env)  # its tree holds the hook checks too
             t1 = time.perf_counter()
             state.check_seconds += t1 - t0
             split["carried"] += t1 - t0
+            if held and last[2].checks is None:  # Python checks: the hooks walked here
+                held = hooks_reason(module) is None
+                split["hooks"] += time.perf_counter() - t1
+                t1 = time.perf_counter()
             if held:
                 ok, _ = last[2].guards_pass(env, module, args, kwargs)
                 split["guard_check"] += time.perf_counter() - t1
                 if ok:
                     return self._answer(cache, flags, last[2], last[3], args, kwargs)
         object.__setattr__(self, "_last", None)
+        t0 = time.perf_counter()
+        why = hooks_reason(module)
+        split["hooks"] += time.perf_counter() - t0
+        if why is not None:
+            state.count("fallbacks", "hooks", why)
+            return self.jit(*args, **kwargs)
         t0 = time.perf_counter()
         try:
             key = call_key(fingerprint, static, args, kwargs, flags=flags)
@@ -379,7 +347,7 @@ class PrecompiledBlock(nn.Module):
                 return Entry.JIT, None
             matched, code = found
             manager = torch_compat.artifact_guard_manager(fn)
-            checks = checks_tree(matched, code, env)
+            checks = checks_tree(matched, code, env, self._orig_mod)
             return Entry.ANSWERS, Answer(fn, matched, code, variant["id"], fingerprint["forward"][0], manager, checks)
         if reasons:
             state.count(

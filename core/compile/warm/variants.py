@@ -22,6 +22,7 @@ from . import cache as compile_cache
 from . import carried_guards, traced_code
 from .call_key import KEY_FORMAT
 from .carried_guards import NotDescribable as _NotDescribable
+from .hooks import build_hook_checks
 
 __all__ = [
     "PRECOMPILED_DIR",
@@ -41,16 +42,22 @@ PRECOMPILED_DIR = "precompiled"
 MAX_VARIANTS = 8  # configurations kept per key (the oldest goes first)
 
 
-def checks_tree(matched: carried_guards.Matched, code: traced_code.CodeIdentity, env: dict[str, Any]) -> Any:
-    """The pack's per-call checks of an answer (its traced code's identity and its carried guards) built into one
-    tree of Dynamo's C++ guards (:class:`core.torch_compat.GuardTree`), evaluated with the call's environment; None
-    when torch cannot build one of them, or when the tree does not pass where the Python checks just did (the route
-    then keeps the Python checks: :meth:`core.compile.warm.traced_code.CodeIdentity.still`,
-    :meth:`core.compile.warm.carried_guards.Matched.still`)."""
+def checks_tree(
+    matched: carried_guards.Matched, code: traced_code.CodeIdentity, env: dict[str, Any], module: nn.Module
+) -> Any:
+    """The pack's per-call checks of an answer built into one tree of Dynamo's C++ guards
+    (:class:`core.torch_compat.GuardTree`), evaluated with the call's environment: the traced code's identity
+    (:func:`core.compile.warm.traced_code.build_tree`), the carried guards
+    (:func:`core.compile.warm.carried_guards.build_tree`) and the hooks the route cannot run
+    (:func:`core.compile.warm.hooks.build_hook_checks`, on ``module``, the block). None when torch cannot build one
+    of them, or when the tree does not pass where the Python checks just did (the route then keeps the Python
+    checks: :meth:`core.compile.warm.traced_code.CodeIdentity.still`,
+    :meth:`core.compile.warm.carried_guards.Matched.still`, :func:`core.compile.warm.hooks.hooks_reason`)."""
     try:
         tree = torch_compat.GuardTree()
         traced_code.build_tree(tree, code)
         carried_guards.build_tree(tree, matched, env)
+        build_hook_checks(tree, module)
         return tree if tree.check(env) else None
     except (torch_compat.TorchAPIMissing, _NotDescribable, TypeError, RuntimeError, LookupError, AttributeError):
         return None
@@ -77,7 +84,8 @@ class Answer:
 
     def holds(self, env: Mapping[str, Any]) -> bool:
         """The traced code is still what this process runs and the carried guards still read what they matched
-        (``env``: the call's environment, :class:`core.compile.warm.carried_guards.Binder`)."""
+        (``env``: the call's environment, :class:`core.compile.warm.carried_guards.Binder`); with :attr:`checks`,
+        also that no hook the route cannot run is set (without, the route walks the hooks itself)."""
         if self.checks is not None:
             return self.checks.check(env)
         if not self.code.still():

@@ -1,0 +1,80 @@
+"""The hooks the jit runs and the precompiled route cannot: the route calls ``type(block).forward`` itself, so a
+hook or an instance ``forward`` on the block or any submodule (an object patch, another node pack), or a process-wide
+module hook, sends the call to the jit. :func:`hooks_reason` says why (on a miss); :func:`build_hook_checks` puts the
+same checks into an answer's tree of C++ guards, read on every call. No ComfyUI imports.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from torch import nn
+
+from ... import torch_compat
+
+__all__ = ["HOOK_DICTS", "hooks_reason", "build_hook_checks"]
+
+#: the per-module hook dicts ``nn.Module`` calls (each empty when the module has no hook of that kind)
+HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def hooks_reason(module: nn.Module) -> str | None:
+    """Why the route may not call ``type(module).forward`` for ``module``: a hook on it or on any submodule, an
+    instance ``forward`` on it or a submodule, or a process-wide module hook (the jit runs them; an artifact's own
+    guards do not catch a submodule's hook). None when there is none. Walks the submodules' dicts (no names
+    built). Cost: docs/benchmarks.md section 21."""
+    if any(_global_hooks()):
+        return "a process-wide module hook is set (register_module_forward_hook...; the jit runs it)"
+    stack = [module]
+    while stack:
+        m = stack.pop()
+        d = m.__dict__
+        if (
+            d["_forward_hooks"]
+            or d["_forward_pre_hooks"]
+            or d["_backward_hooks"]
+            or d["_backward_pre_hooks"]
+            or "forward" in d
+        ):
+            return _hook_text(module, m)
+        stack.extend(d["_modules"].values())
+    return None
+
+
+def _hook_text(block: nn.Module, m: nn.Module) -> str:
+    what = "an instance forward (an object patch or another node pack)" if "forward" in m.__dict__ else "a hook"
+    if m is block:
+        return f"the block has {what}: the jit runs it"
+    name = next((n for n, sub in block.named_modules() if sub is m), "?")
+    return f"submodule {name!r} has {what}: the jit runs it"
+
+
+@functools.cache
+def _global_hooks() -> tuple[dict, ...]:
+    return torch_compat.module_hook_dicts()
+
+
+def build_hook_checks(tree: Any, module: nn.Module) -> None:
+    """:func:`hooks_reason`'s checks as leaves of ``tree`` (:class:`core.torch_compat.GuardTree`, its root's value the
+    call's locals with the block as ``self``): every process-wide module hook dict empty, and for the block and each
+    submodule, reached through ``_modules`` as the call finds them, its :data:`HOOK_DICTS` empty, no ``forward`` in its
+    ``__dict__``, and its ``_modules`` of the same length (a submodule added later fails the tree: the route then
+    walks again). Raises what torch's builders raise (the caller keeps :func:`hooks_reason` per call)."""
+    for i, hooks in enumerate(_global_hooks()):
+        tree.length(tree.constant(hooks, f"torch's process-wide module hooks {i}"), 0, hooks, "no process-wide hook")
+
+    def walk(manager: Any, m: nn.Module, name: str) -> None:
+        d = m.__dict__
+        dm = tree.attr(manager, "__dict__", f"{name}.__dict__", d)
+        tree.absent(dm, "forward", f"{name} has no instance forward")
+        for attr in HOOK_DICTS:
+            tree.length(tree.item(dm, attr, f"{name}.{attr}", d[attr]), 0, d[attr], f"{name} has no {attr}")
+        subs = d["_modules"]
+        sm = tree.item(dm, "_modules", f"{name}._modules", subs)
+        tree.length(sm, len(subs), subs, f"{name} has the same submodules")
+        for child_name, child in subs.items():
+            if child is not None:
+                walk(tree.item(sm, child_name, f"{name}.{child_name}", child), child, f"{name}.{child_name}")
+
+    walk(tree.item(tree.root, "self", "L['self']", module), module, "the block")
