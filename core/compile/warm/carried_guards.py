@@ -68,6 +68,7 @@ __all__ = [
     "describe_callable",
     "code_digest",
     "build_tree",
+    "read_source",
 ]
 
 #: Dynamo guard type -> what the carried guard compares.
@@ -271,6 +272,12 @@ def _reader(source: str) -> Callable[[Mapping[str, Any]], Any]:
         raise NotDescribable(f"guard source {source!r}: {type(n).__name__} is not read by the pack")
 
     return build(node)
+
+
+def read_source(source: str, env: Mapping[str, Any]) -> Any:
+    """The value of the guard source ``source`` in a call's environment (:class:`Binder`). Raises
+    :class:`NotDescribable` for a source the pack does not read, and what reading it raises."""
+    return _reader(source)(env)
 
 
 class Binder:

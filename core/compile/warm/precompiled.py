@@ -71,8 +71,10 @@ from .variants import (
     Answer,
     add_variant,
     checks_tree,
+    has_specialisation,
     match_variant,
     read_variants,
+    specialisation,
     variant_digest,
 )
 
@@ -258,24 +260,24 @@ class PrecompiledBlock(nn.Module):
         finally:
             split["key"] += time.perf_counter() - t0
         memo_key = (str(cache.path), key)
-        kind, got = state.entries.get(memo_key, (None, None))
         t0 = time.perf_counter()
         env = self._binder(module, args, kwargs)
-        answer = next((a for a in got if a.holds(env)), None) if kind == Entry.ANSWERS else None
+        kind, answer = self._known(memo_key, env)
         elapsed = time.perf_counter() - t0
         state.check_seconds += elapsed
         split["carried"] += elapsed
-        if kind is None or (kind == Entry.ANSWERS and answer is None):  # new, or the code or a carried guard moved
+        if kind is None:  # nothing loaded holds, and this process saved nothing for these values: read the variants
             with state.load_lock:
-                kind, got = state.entries.get(memo_key, (None, None))
-                answer = next((a for a in got if a.holds(env)), None) if kind == Entry.ANSWERS else None
-                if kind is None or (kind == Entry.ANSWERS and answer is None):
+                kind, answer = self._known(memo_key, env)
+                if kind is None:
                     kind, found = self._resolve(cache, fingerprint, static, key, env)
-                    if kind == Entry.ANSWERS:  # kept beside the variants loaded before (one per specialised value)
-                        answer, got = found, [found, *(got if isinstance(got, list) else [])][:MAX_VARIANTS]
-                    else:
-                        got = found
-                    state.entries[memo_key] = (kind, got)
+                    if kind == Entry.ANSWERS:  # kept beside the answers loaded before (one per specialised value)
+                        kept, _ = state.entries.get(memo_key, (None, None))
+                        before = state.entries[memo_key][1] if kept == Entry.ANSWERS else []
+                        state.entries[memo_key] = (Entry.ANSWERS, [found, *before][:MAX_VARIANTS])
+                        answer = found
+                    elif kind == Entry.JIT:
+                        state.entries[memo_key] = (Entry.JIT, None)
         if kind == Entry.ANSWERS:
             t0 = time.perf_counter()
             ok, why = answer.guards_pass(env, module, args, kwargs)
@@ -286,17 +288,34 @@ class PrecompiledBlock(nn.Module):
             return self.jit(*args, **kwargs)
         out = self.jit(*args, **kwargs)
         if kind == Entry.NEW:  # queue a save (it runs after the tracked call); this process keeps its jit for it
-            state.entries[memo_key] = (Entry.SAVED, None)
-            saved_kwargs = {k: (dict(v) if isinstance(v, dict) else v) for k, v in kwargs.items()}
-            modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())  # the save traces under the call's
             with state.lock:
+                state.saved.setdefault(memo_key, []).append(None)  # None: its values are known once it is saved
                 if len(state.pending) < MAX_PENDING:
+                    saved_kwargs = {k: (dict(v) if isinstance(v, dict) else v) for k, v in kwargs.items()}
+                    modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())  # the call's, for the save
                     state.pending.append(
-                        lambda: self._save(cache, fingerprint, static, key, tuple(args), saved_kwargs, modes)
+                        lambda: self._save(cache, fingerprint, static, key, tuple(args), saved_kwargs, modes, memo_key)
                     )
         elif kind == Entry.JIT:
             state.count("fallbacks")
         return out
+
+    def _known(self, memo_key: tuple, env: dict[str, Any]) -> tuple[Entry | None, Answer | None]:
+        """What this process already knows for a call: ``(Entry.ANSWERS, answer)`` for a loaded answer that holds,
+        ``(Entry.JIT, None)`` for a key that runs the jit, ``(Entry.SAVED, None)`` when this process saved (or is
+        saving) this configuration (its ``transformer_options`` values), ``(None, None)`` otherwise."""
+        state = self._state
+        kind, got = state.entries.get(memo_key, (None, None))
+        if kind == Entry.JIT:
+            return Entry.JIT, None
+        if kind == Entry.ANSWERS:
+            answer = next((a for a in got if a.holds(env)), None)
+            if answer is not None:
+                return Entry.ANSWERS, answer
+        saved = state.saved.get(memo_key)
+        if saved is not None and (None in saved or has_specialisation(saved, env)):
+            return Entry.SAVED, None
+        return None, None
 
     def _answer(
         self, cache: compile_cache.CompileCache, flags: str, answer: Answer, memo_key: tuple, args: tuple, kwargs: dict
@@ -397,14 +416,17 @@ class PrecompiledBlock(nn.Module):
         args: tuple,
         kwargs: dict,
         modes: tuple[bool, bool] = (False, False),
+        memo_key: tuple | None = None,
     ) -> None:
         """Trace and save the artifact of ``key`` under the call's grad and inference modes (``modes``: flush may
         run outside the ``no_grad`` / ``inference_mode`` block of the call that queued it), with its variant: the
         traced code by path and digest (:func:`core.compile.warm.traced_code.identify`) and the carried guards. Code
         the pack cannot identify, or a guard it cannot carry, saves a refusal instead, naming every problem (the jit
-        answers that configuration)."""
+        answers that configuration). The saved ``transformer_options`` values (:func:`.variants.specialisation`)
+        replace the pending mark of ``memo_key``'s entry: a later call of that key with other values saves again."""
         digest = key_digest(fingerprint, static, key)
         module, t0, dropped = self._orig_mod, time.perf_counter(), []
+        values: tuple = ()  # a failed save: no more saves for this key in this process
         try:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(torch.inference_mode(modes[1]))
@@ -418,6 +440,7 @@ class PrecompiledBlock(nn.Module):
                 with torch_compat.traced_code_objects() as codes:
                     aot = compiled.aot_compile(((module, *args), kwargs))
                 guards, problems = carried_guards.carry(dropped, self._binder(module, args, kwargs))
+                values = specialisation(guards)
                 described = json.dumps([key[2], [g.as_list() for g in guards]], default=repr)
                 code, unidentified = traced_code.identify(module, codes, described)
                 problems = [*unidentified, *problems]
@@ -441,7 +464,17 @@ class PrecompiledBlock(nn.Module):
             why = f"save failed: {type(e).__name__}: {cache.redact(str(e))[:200]}"
             self._state.count("fallbacks", digest[:12], why)
             return
+        finally:
+            self._saved_values(memo_key, values)
         self._state.count("saves", seconds=time.perf_counter() - t0)
+
+    def _saved_values(self, memo_key: tuple | None, values: tuple) -> None:
+        """Put a save's specialised values in place of the first pending mark of its key."""
+        state = self._state
+        with state.lock:
+            saved = state.saved.get(memo_key)
+            if saved is not None and None in saved:
+                saved[saved.index(None)] = values
 
 
 def wrap(

@@ -31,7 +31,7 @@ class Entry(enum.Enum):
 
     ANSWERS = "aot"  #: loaded artifacts answer it (with the list of :class:`~.variants.Answer` s)
     JIT = "jit"  #: the jit answers (an untrusted record, a refused configuration, a failed load or call)
-    SAVED = "saved"  #: this process's jit answers; its artifact was queued for saving
+    SAVED = "saved"  #: this process saved (or queued) this configuration: its jit answers (PrecompiledState.saved)
     NEW = "new"  #: no artifact for this configuration yet: the jit answers and it is saved
 
 
@@ -72,10 +72,12 @@ class PrecompiledState:
     answered: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
     pending: list[Callable[[], None]] = dataclasses.field(default_factory=list, repr=False)
-    #: (cache path, call key) -> (Entry.ANSWERS, [Answer, ...]): the variants loaded for it | (Entry.JIT, None) |
-    #: (Entry.SAVED, None) | (Entry.NEW, None): :class:`Entry` says what each means
-    #: for this configuration yet
-    entries: dict[tuple, tuple[str, Any]] = dataclasses.field(default_factory=dict, repr=False)
+    #: (cache path, call key) -> (Entry.ANSWERS, [Answer, ...]): the variants loaded for it | (Entry.JIT, None):
+    #: the jit answers it
+    entries: dict[tuple, tuple[Entry, Any]] = dataclasses.field(default_factory=dict, repr=False)
+    #: (cache path, call key) -> the ``transformer_options`` values of each save this process made for the key
+    #: (:func:`.variants.specialisation`; None while queued): a call holding other values (another block) saves too
+    saved: dict[tuple, list] = dataclasses.field(default_factory=dict, repr=False)
     #: (cache path, variant) -> the loaded artifact (one load per variant and process)
     loaded: dict[tuple, Any] = dataclasses.field(default_factory=dict, repr=False)
     load_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)

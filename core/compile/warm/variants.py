@@ -25,6 +25,8 @@ from .carried_guards import NotDescribable as _NotDescribable
 from .hooks import build_hook_checks
 
 __all__ = [
+    "specialisation",
+    "has_specialisation",
     "PRECOMPILED_DIR",
     "MAX_VARIANTS",
     "Answer",
@@ -39,7 +41,7 @@ __all__ = [
 PRECOMPILED_DIR = "precompiled"
 
 
-MAX_VARIANTS = 8  # configurations kept per key (the oldest goes first)
+MAX_VARIANTS = 64  # configurations kept per key, the oldest goes first (one per block position a trace reads)
 
 
 def checks_tree(
@@ -166,3 +168,22 @@ def match_variant(
     if matched is None:
         return None, why
     return (matched, code), None
+
+
+def specialisation(guards: list[carried_guards.CarriedGuard]) -> tuple[tuple[str, str], ...]:
+    """The ``transformer_options`` values a variant's trace specialised on: ``((source, value text), ...)`` of its
+    carried equality guards on ``transformer_options`` (ComfyUI's ``block``, ``block_index``... when a block reads
+    them): blocks that share a key but hold other values need other variants."""
+    return tuple((g.source, g.value) for g in guards if g.kind == "eq" and "transformer_options" in g.source)
+
+
+def has_specialisation(specialisations: list[tuple[tuple[str, str], ...]], env: Mapping[str, Any]) -> bool:
+    """Whether the call's environment holds the values of one of ``specialisations`` (:func:`specialisation`; an
+    empty one holds for every call). A source that does not read counts as another value."""
+    for spec in specialisations:
+        try:
+            if all(carried_guards.describe_value(carried_guards.read_source(src, env)) == v for src, v in spec):
+                return True
+        except Exception:  # noqa: BLE001 (not readable here: another configuration)
+            continue
+    return False
