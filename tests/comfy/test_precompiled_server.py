@@ -231,3 +231,32 @@ def test_a_pack_patching_a_comfyui_class_never_gets_or_gives_another_servers_byt
             f"P {p_run['hash'][:12]} (saved {p_state['saves']}, reasons {p_state['reasons']}), A restarted "
             f"{a_run['hash'][:12]} ({state['hits']} hits, answered by {state['answered']})"
         )
+
+
+def test_a_replica_with_the_pack_in_another_folder_uses_the_artifacts(
+    comfyui_path: Path, tiny_ckpt: Path, tmp_path: Path
+) -> None:
+    """Issue 45 item 5: ComfyUI imports a node pack under its absolute folder path, so the pack's own functions (the
+    SDPA override Optimize puts in ``transformer_options``) were named by the install folder in the key, and a fleet
+    replica with the pack elsewhere missed every artifact (hits 0; its bytes were right). Two servers, each with its
+    own ComfyUI base folder (another absolute path of the pack), share one compile cache folder: the second is
+    answered by the first's artifacts, with the first's bytes, nothing traced."""
+    shared = {"STEADFAST_COMPILE_CACHE": str(tmp_path / "shared")}
+    run = {"backend": "inductor", "attention": "math"}  # the pack's own SDPA override, under a code key
+    ckpt = {TINY_CKPT_NAME: tiny_ckpt}
+    with ComfyServer(ckpt, comfyui=comfyui_path, env=shared, node_packs=SQUEEZE_PACK) as first:
+        first_run = _pinned_run(first, **run)
+        saved = _record(first)["precompiled"]
+        first_dir = first.base_dir
+        assert saved["saves"] >= 1, json.dumps(saved)
+    with ComfyServer(ckpt, comfyui=comfyui_path, env=shared, node_packs=SQUEEZE_PACK) as replica:
+        assert replica.base_dir != first_dir  # the pack is imported under another absolute path
+        again = _pinned_run(replica, **run)
+        record = _record(replica)
+        state = record["precompiled"]
+        assert again["hash"] == first_run["hash"], json.dumps(state)
+        assert state["hits"] > 0 and state["loads"] >= 1 and state["fallbacks"] == 0, json.dumps(state)
+        print(
+            f"\n[another install folder] first {first_run['hash'][:12]} ({saved['saves']} saved), replica "
+            f"{again['hash'][:12]}: {state['hits']} hits, {state['loads']} loads, {state['fallbacks']} fallbacks"
+        )
