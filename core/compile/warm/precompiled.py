@@ -128,6 +128,17 @@ def untried_device(args: Sequence[Any]) -> str | None:
     return None
 
 
+def _values_of(done: list[tuple], env: Mapping[str, Any]) -> tuple | None:
+    """The call's values of the ``transformer_options`` sources the key's saves specialised on (``done``: their
+    :func:`.variants.specialisation` s; all of one key read the same sources): what a queued save will specialise on,
+    before it is done. None when a source does not read here."""
+    sources = sorted({src for spec in done for src, _ in spec})
+    try:
+        return tuple((src, carried_guards.describe_value(carried_guards.read_source(src, env))) for src in sources)
+    except Exception:  # noqa: BLE001 (a source that does not read: another configuration)
+        return None
+
+
 def aot_guard_filter(jit_filter: GuardFilterFn | None, dropped: list[Any] | None = None) -> GuardFilterFn:
     """The artifact's guard filter: what the jit keeps (``jit_filter``) and torch can serialise
     (:func:`core.torch_compat.guard_serialisable`): shape, dtype, stride and constant guards stay.
@@ -288,8 +299,10 @@ class PrecompiledBlock(nn.Module):
             return self.jit(*args, **kwargs)
         out = self.jit(*args, **kwargs)
         if kind == Entry.NEW:  # queue a save (it runs after the tracked call); this process keeps its jit for it
-            with state.lock:
-                state.saved.setdefault(memo_key, []).append(None)  # None: its values are known once it is saved
+            with state.lock:  # the values it specialises on are known once the key's first save is done
+                saved = state.saved.setdefault(memo_key, [])
+                done = [v for kind, v in saved if kind == "values"]
+                saved.append(("queued", _values_of(done, env) if done else None))
                 if len(state.pending) < MAX_PENDING:
                     saved_kwargs = {k: (dict(v) if isinstance(v, dict) else v) for k, v in kwargs.items()}
                     modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())  # the call's, for the save
@@ -313,8 +326,13 @@ class PrecompiledBlock(nn.Module):
             if answer is not None:
                 return Entry.ANSWERS, answer
         saved = state.saved.get(memo_key)
-        if saved is not None and (None in saved or has_specialisation(saved, env)):
-            return Entry.SAVED, None
+        if saved is not None:
+            values = [v for kind, v in saved if kind == "values"]
+            queued = [v for kind, v in saved if kind == "queued"]
+            if None in queued or has_specialisation(values, env):
+                return Entry.SAVED, None  # saved for these values, or the key's first save is still queued
+            if queued and _values_of(values, env) in queued:
+                return Entry.SAVED, None
         return None, None
 
     def _answer(
@@ -469,12 +487,13 @@ class PrecompiledBlock(nn.Module):
         self._state.count("saves", seconds=time.perf_counter() - t0)
 
     def _saved_values(self, memo_key: tuple | None, values: tuple) -> None:
-        """Put a save's specialised values in place of the first pending mark of its key."""
+        """Put a save's specialised values in place of the first queued mark of its key."""
         state = self._state
         with state.lock:
-            saved = state.saved.get(memo_key)
-            if saved is not None and None in saved:
-                saved[saved.index(None)] = values
+            saved = state.saved.get(memo_key) or []
+            at = next((i for i, (kind, _) in enumerate(saved) if kind == "queued"), None)
+            if at is not None:
+                saved[at] = ("values", values)
 
 
 def wrap(

@@ -75,8 +75,10 @@ class PrecompiledState:
     #: (cache path, call key) -> (Entry.ANSWERS, [Answer, ...]): the variants loaded for it | (Entry.JIT, None):
     #: the jit answers it
     entries: dict[tuple, tuple[Entry, Any]] = dataclasses.field(default_factory=dict, repr=False)
-    #: (cache path, call key) -> the ``transformer_options`` values of each save this process made for the key
-    #: (:func:`.variants.specialisation`; None while queued): a call holding other values (another block) saves too
+    #: (cache path, call key) -> each save this process made for the key: ``("values", the transformer_options
+    #: values it specialised on)`` (:func:`.variants.specialisation`), or ``("queued", the call's values of the
+    #: sources the key's done saves specialised on)`` until it is saved (None for the key's first save: every call
+    #: waits for it). A call holding other values (another block position) saves its own variant
     saved: dict[tuple, list] = dataclasses.field(default_factory=dict, repr=False)
     #: (cache path, variant) -> the loaded artifact (one load per variant and process)
     loaded: dict[tuple, Any] = dataclasses.field(default_factory=dict, repr=False)
