@@ -151,10 +151,8 @@ def collect(server: str, run: str, entry: Mapping[str, Any]) -> RunResult:
     if out.fresh is None:
         cached = cached_nodes(entry)
         if cached:
-            out.error = (
-                f"not a fresh execution: node(s) {', '.join(sorted(cached, key=str))} came from ComfyUI's cache, "
-                "so this run proves nothing"
-            )
+            names = ", ".join(sorted(cached, key=lambda n: (len(n), n)))
+            out.error = f"not a fresh execution: node(s) {names} came from ComfyUI's cache, so this run proves nothing"
             return out
         out.fresh = "fresh execution (node caches dropped before the run; ComfyUI served no node from its cache)"
     for nid, ui in (entry.get("outputs") or {}).items():

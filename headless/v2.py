@@ -265,8 +265,10 @@ class V2Server:
             files = [o for o in job.get_outputs(nid) if o.name.endswith(".json")]
             if not files:
                 raise V2RunError(
-                    f"job {job_id}: Hash node {nid} listed no verdict file (is the Steadfast pack on that server "
-                    f"older than its verdict_file input?)"
+                    f"job {job_id} {job.status} but Hash node {nid} listed no verdict file: either it did not run "
+                    "(ComfyUI runs only the outputs whose inputs validate, and a v2 job does not carry ComfyUI's "
+                    "node_errors for the others: run the workflow once on that ComfyUI's native API to see them), "
+                    "or the Steadfast pack on that server predates verdict files"
                 )
             try:
                 doc = verdict_file.parse(files[-1].to_bytes())

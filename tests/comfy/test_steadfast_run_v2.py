@@ -129,14 +129,28 @@ def test_unreachable_server_and_refused_tokens_are_named(wf_file: Path, fleet) -
 
 def test_an_invalid_workflow_is_refused_with_comfyuis_node_errors(wf_file: Path, fleet, tmp_path: Path) -> None:
     wf = json.loads(wf_file.read_text())
-    wf["6"]["inputs"]["sampler_name"] = "no_such_sampler"
+    wf["1"]["inputs"]["ckpt_name"] = "no_such_model.safetensors"  # every output depends on it: ComfyUI answers 400
     bad = tmp_path / "invalid.json"
     bad.write_text(json.dumps(wf))
     code, out, report = steadfast_run(bad, "--server", fleet["pb"].url, "--runs", "1")
     assert code == 1 and report["verdict"] == "failed", out
     (run,) = report["runs"]
-    assert "invalid_workflow (HTTP 422)" in run["error"] and "no_such_sampler" in run["error"], run
-    assert '"6"' in run["error"] and "sampler_name" in run["error"]  # ComfyUI's node_errors, kept whole
+    assert "the job was refused: invalid_workflow (HTTP 422)" in run["error"], run
+    assert "no_such_model.safetensors" in run["error"] and '"1"' in run["error"]  # ComfyUI's node_errors, kept
+
+
+def test_a_partly_invalid_workflow_is_a_failed_run_saying_why(wf_file: Path, fleet, tmp_path: Path) -> None:
+    """ComfyUI accepts a prompt in which some output still validates (here Determinism Setup's report) and runs only
+    those; the proxy forwards that acceptance without ComfyUI's node_errors. The Hash node then lists no verdict file:
+    a failed run that says so, never a pass."""
+    wf = json.loads(wf_file.read_text())
+    wf["6"]["inputs"]["sampler_name"] = "no_such_sampler"
+    bad = tmp_path / "partly_invalid.json"
+    bad.write_text(json.dumps(wf))
+    code, out, report = steadfast_run(bad, "--server", fleet["pb"].url, "--runs", "1")
+    assert code == 1 and report["verdict"] == "failed", out
+    (run,) = report["runs"]
+    assert "Hash node 11 listed no verdict file: either it did not run" in run["error"], run
 
 
 def test_a_node_failing_during_execution_is_named_with_its_message(wf_file: Path, fleet, tmp_path: Path) -> None:
