@@ -103,10 +103,13 @@ def is_v2(url: str, timeout: float = 10.0) -> bool:
     Raises:
         WorkflowError: nothing answers at ``url`` (connection refused, DNS, timeout).
     """
+    from urllib.parse import urlsplit
+
     import httpx
 
-    try:
-        resp = httpx.get(url.rstrip("/") + "/api/v2/health", timeout=timeout, trust_env=False)
+    loopback = urlsplit(url).hostname in ("127.0.0.1", "localhost", "::1")
+    try:  # a proxy from the environment is used for a remote deployment, never for this machine
+        resp = httpx.get(url.rstrip("/") + "/api/v2/health", timeout=timeout, trust_env=not loopback)
     except httpx.HTTPError as e:
         raise WorkflowError(f"cannot reach {url}: {type(e).__name__}: {e}") from None
     if resp.status_code != 200:
