@@ -26,6 +26,19 @@ function specDefault(spec) {
   return choices?.length ? choices[0] : undefined;
 }
 
+// A pack sampler's seed is for repeating: its "control after generate" starts at "fixed" on a new node, so a workflow
+// that arrives without saved control values (an API-format file dragged in, a node added from the menu) repeats the
+// seed. A saved UI workflow's own value is applied after this (onConfigure) and stays. The V3 schema's
+// ControlAfterGenerate.fixed would say the same, but frontend 1.49.6 takes that string as the control widget's name
+// (a combo labelled "fixed"), and ComfyUI 0.8.0's schema has no such value.
+const CONTROL_MODES = ["fixed", "increment", "decrement", "randomize"];
+function fixSeedControl(node) {
+  const seed = node.widgets?.find((w) => w.name === "seed");
+  const control = node.widgets?.find((w) => w.name === "control_after_generate")
+    ?? seed?.linkedWidgets?.find((w) => CONTROL_MODES.includes(w.value));
+  if (control) control.value = "fixed";
+}
+
 function migrateOptimizeWidgets(node, info, nodeData) {
   const saved = info?.widgets_values;
   // today's list can have the same length (widgets added after compile_cache): the old one has vae_tiling
@@ -615,6 +628,14 @@ app.registerExtension({
   async beforeRegisterNodeDef(nodeType, nodeData) {
     if (!isOurs(nodeData)) return;
     NODES.add(nodeData.name);
+    if (nodeData?.input?.required?.seed?.[1]?.control_after_generate) {
+      const onNodeCreated = nodeType.prototype.onNodeCreated;
+      nodeType.prototype.onNodeCreated = function () {
+        const result = onNodeCreated?.apply(this, arguments);
+        fixSeedControl(this);
+        return result;
+      };
+    }
     if (nodeData.name === "SteadfastOptimizeModel") {
       const onConfigure = nodeType.prototype.onConfigure;
       nodeType.prototype.onConfigure = function (info) {

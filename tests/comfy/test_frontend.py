@@ -367,6 +367,24 @@ def test_template_loads_and_converts_back_to_api_twin(page: Any, object_info: di
     assert notes[0][1] <= min(page.evaluate("() => window.app.graph.nodes.map(n => n.pos[0])")), notes
 
 
+SAMPLER_CONTROLS_JS = """() => window.app.graph.nodes
+  .filter(n => n.type === 'SteadfastSeededSampler' || n.type === 'SteadfastPipelineSampler')
+  .map(n => (n.widgets ?? []).find(w => w.name === 'control_after_generate')?.value ?? null)"""
+
+
+@pytest.mark.parametrize("name", ["Determinism check", "Diffusers pipeline"])
+def test_a_pack_seed_stays_fixed_when_the_api_twin_is_dragged_in(page: Any, name: str) -> None:
+    """The README's old Quick start trap (issue 46): an API-format workflow carries no control values, so each seed
+    got the frontend's default control, randomize, and the determinism check's second Run turned red. The pack's
+    extension starts a pack sampler's control at ``fixed`` (js/steadfast.js ``fixSeedControl``)."""
+    if not page.evaluate("() => typeof window.app.loadApiJson === 'function'"):
+        pytest.skip("this frontend has no app.loadApiJson (how a dragged API-format file is loaded)")
+    page.evaluate("async ([wf, f]) => { await window.app.loadApiJson(wf, f) }", [api_twin(name), f"{name}.json"])
+    controls = page.evaluate(SAMPLER_CONTROLS_JS)
+    assert controls and all(c == "fixed" for c in controls), controls
+    assert not page.steadfast_errors, page.steadfast_errors
+
+
 REFRESH_JS = """async () => { if (typeof window.app.refreshComboInNodes === 'function')
   await window.app.refreshComboInNodes(); else await window.app.extensionManager.command.execute(
   'Comfy.RefreshNodeDefinitions') }"""
