@@ -499,7 +499,12 @@ function restoreReports() {
   for (const node of ourNodes()) {
     const out = outputs[String(node.id)];
     const w = node.widgets?.find((x) => x.name === INFO);
-    if (out?.text && !w?.value) { showOutput(node, out); shown.push([node, out]); }
+    if (out?.text && !w?.value) {
+      showOutput(node, out);
+      const mark = staleMarks.get(staleKey(node));
+      if (mark) markStale(node, mark); // STALE survives the switch: the restored report is the one it marked
+      else shown.push([node, out]);
+    }
   }
   for (const [node, out] of shown) markWarm(node, out);
 }
@@ -515,7 +520,15 @@ const STALE_MARK = "STALE (";
 const REFUSED = "STALE (ComfyUI refused this node's inputs: fix the input marked red and run again). Last report:";
 const lastReport = (text) => (String(text).startsWith(STALE_MARK) ? String(text).split("\n").slice(1).join("\n")
   : String(text));
+// The marks, per workflow tab and node: a tab switch gives back the tab's outputs (restoreReports), which are the
+// reports as they were before the mark; the mark is put back on them until the node reports again.
+const staleMarks = new Map();
+const staleKey = (node) => {
+  const wf = activeWorkflow();
+  return `${wf?.path ?? wf?.key ?? wf?.filename ?? ""}|${node.id}`;
+};
 function markStale(node, mark) {
+  staleMarks.set(staleKey(node), mark);
   setState(node, null, null);
   const w = node.widgets?.find((x) => x.name === INFO);
   if (w?.value && !String(w.value).startsWith(`${mark}\n`)) showText(node, `${mark}\n${lastReport(w.value)}`);
@@ -678,6 +691,7 @@ app.registerExtension({
     const onExecuted = nodeType.prototype.onExecuted;
     nodeType.prototype.onExecuted = function (message) {
       onExecuted?.apply(this, arguments);
+      staleMarks.delete(staleKey(this)); // a new report: no longer stale
       showOutput(this, message);
     };
   },
