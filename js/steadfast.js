@@ -39,6 +39,15 @@ function fixSeedControl(node) {
   if (control) control.value = "fixed";
 }
 
+// A saved workflow keeps the height a node's report needed, not the report (never serialized): reopened, the node
+// would stand that tall and empty (Compare 828 px in issue 46). A node configured without a report shown is made no
+// taller than its widgets; a report shown later (a run, a tab's outputs given back) grows it again (showText).
+function shrinkEmpty(node) {
+  if (node.widgets?.find((x) => x.name === INFO)?.value) return;
+  const [, minH] = node.computeSize();
+  if (node.size[1] > minH + 1) node.setSize([node.size[0], minH]);
+}
+
 function migrateOptimizeWidgets(node, info, nodeData) {
   const saved = info?.widgets_values;
   // today's list can have the same length (widgets added after compile_cache): the old one has vae_tiling
@@ -656,6 +665,12 @@ app.registerExtension({
         migrateOptimizeWidgets(this, info, nodeData);
       };
     }
+    const onConfigureAny = nodeType.prototype.onConfigure;
+    nodeType.prototype.onConfigure = function () {
+      const result = onConfigureAny?.apply(this, arguments);
+      shrinkEmpty(this);
+      return result;
+    };
     if (nodeData.name === "SteadfastHash") {
       nodeType.prototype.steadfastPin = function () { return pin(this); };
       const getExtraMenuOptions = nodeType.prototype.getExtraMenuOptions;

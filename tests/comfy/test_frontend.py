@@ -1179,6 +1179,39 @@ def test_stale_survives_a_tab_switch(page: Any, comfy_server: ComfyServer) -> No
     assert after == before and after["state"] is None, (before, after)
 
 
+EMPTY_HEIGHTS_JS = """() => window.app.graph.nodes.filter(n => String(n.type).startsWith('Steadfast'))
+  .map(n => ({id: n.id, type: n.type, height: n.size[1], widgets: n.computeSize()[1],
+              report: n.widgets?.find(w => w.name === 'steadfast_info')?.value ?? ''}))"""
+
+
+def test_a_reopened_workflow_has_no_large_empty_nodes(page: Any, comfy_server: ComfyServer) -> None:
+    """Issue 46: a workflow saved after a run keeps the heights its reports needed but not the reports; reopened,
+    Compare stood 828 px tall and empty. A node whose report is absent is no taller than its widgets."""
+    name = api_to_ui.ui_template_name("determinism_check")
+    twin = api_twin(name)
+    cmp_id = next(i for i, n in twin.items() if n["class_type"] == "SteadfastCompare")
+    comfy_server.free()
+    load_template(page, name)
+    _run_and_wait(page, comfy_server)
+    page.wait_for_function(
+        "(id) => !!window.app.graph.getNodeById(+id)?.widgets?.find(w => w.name === 'steadfast_info')?.value",
+        arg=cmp_id,
+        timeout=30_000,
+    )
+    grown = {str(n["id"]): n for n in page.evaluate(EMPTY_HEIGHTS_JS)}
+    assert cmp_id in grown, grown
+    saved = page.evaluate("() => JSON.parse(JSON.stringify(window.app.graph.serialize()))")
+    page.evaluate("async (wf) => { await window.app.loadGraphData(wf) }", saved)  # as a saved file is opened
+    page.wait_for_timeout(1000)
+    nodes = page.evaluate(EMPTY_HEIGHTS_JS)
+    empty = [n for n in nodes if not n["report"]]
+    (reopened,) = [n for n in empty if str(n["id"]) == cmp_id]  # the reopened Compare has no report ...
+    assert grown[cmp_id]["height"] > reopened["widgets"] + 100, (grown[cmp_id], reopened)  # (its report took room)
+    too_tall = [n for n in empty if n["height"] > n["widgets"] + 1]
+    assert not too_tall, too_tall  # ... and no empty room for one
+    assert not overlapping_nodes(page)
+
+
 def test_verdict_label_stays_left_of_the_badge(page: Any) -> None:
     """On the canvas the frontend draws the node's "Steadfast" badge above the title bar at its right end: a verdict
     label wider than the room left of it is wrapped into lines (going upward) that all end before the badge. Drawn
