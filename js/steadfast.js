@@ -622,7 +622,21 @@ function watchRefusals(api) {
 // before its missing-model check.
 const TINY_CKPT = "steadfast_tiny_sd15.safetensors";
 const SD15_NAME = /(^|[^a-z0-9])(sd[-_ .]?1[-_.]?5|v1[-_.]5)(?![0-9])/i;
+// What was swapped is said in the template's note (the frontend's own "Note" node, top left), first, so the note
+// no longer asks for what was done already.
+const swappedLine = (pick, node) => `DONE FOR YOU: ${node.title ?? node.type} now loads ${pick}, an SD1.5 checkpoint `
+  + `from your models folder, instead of the template's ${TINY_CKPT} (not in your models folder). Pick another one `
+  + "there if you like.";
+function sayWhatWasSwapped(swapped) {
+  const note = (app.graph?.nodes ?? []).find((n) => n.type === "Note" && String(n.widgets?.[0]?.value ?? "")
+    .includes(TINY_CKPT));
+  const w = note?.widgets?.[0];
+  if (!w || !swapped.length) return;
+  const lines = swapped.map(([pick, node]) => swappedLine(pick, node)).filter((l) => !String(w.value).includes(l));
+  if (lines.length) w.value = `${lines.join("\n")}\n\n${w.value}`;
+}
 function pickCheckpoint() {
+  const swapped = [];
   for (const node of app.graph?.nodes ?? []) {
     for (const w of node.widgets ?? []) {
       if (w.value !== TINY_CKPT) continue;
@@ -633,8 +647,10 @@ function pickCheckpoint() {
       if (pick === undefined) continue;
       w.value = pick;
       w.callback?.(pick);
+      swapped.push([pick, node]);
     }
   }
+  sayWhatWasSwapped(swapped);
 }
 
 app.registerExtension({

@@ -410,6 +410,10 @@ def test_checkpoint_template_takes_an_sd15_checkpoint_the_user_has(page: Any, co
             ".map(n => n.widgets.find(w => w.name === 'ckpt_name').value)"
         )
         assert picked == [mine.name], picked
+        # the note says what was swapped (issue 46: it still asked to pick a checkpoint), before what it asked
+        note = page.evaluate("() => window.app.graph.nodes.find(n => n.type === 'Note')?.widgets?.[0]?.value ?? ''")
+        assert note.startswith(f"DONE FOR YOU: Load Checkpoint now loads {mine.name}"), note
+        assert "BEFORE YOU RUN" in note, note
         for text in (TINY_CKPT_NAME, "Missing Models", "is missing"):
             shown = page.get_by_text(text)
             assert not any(shown.nth(i).is_visible() for i in range(shown.count())), f"the page shows {text!r}"
