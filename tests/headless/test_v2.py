@@ -22,10 +22,13 @@ def test_every_node_gets_a_new_nonce_and_hash_nodes_write_their_file() -> None:
     for nid, node in a.items():
         assert node["inputs"][v2.NONCE_INPUT] != b[nid]["inputs"][v2.NONCE_INPUT]
         assert len({n["inputs"][v2.NONCE_INPUT] for n in a.values()}) == 1  # one value per submission
-        assert {k: v for k, v in node["inputs"].items() if k not in (v2.NONCE_INPUT, "verdict_file")} == WF[nid][
-            "inputs"
-        ]
-    assert [n for n, v in a.items() if "verdict_file" in v["inputs"]] == runner.hash_nodes(WF)
+        assert {k: v for k, v in node["inputs"].items() if k != v2.NONCE_INPUT} == {
+            **WF[nid]["inputs"],
+            **({"verdict_file": True} if node["class_type"] == runner.HASH_NODE else {}),
+        }
+    assert [n for n, v in a.items() if v["inputs"].get("verdict_file") is True] == runner.hash_nodes(WF)
+    off = {k: {**v, "inputs": {**v["inputs"], "verdict_file": False}} for k, v in WF.items()}
+    assert all(v2.with_nonce(off)[n]["inputs"]["verdict_file"] is True for n in runner.hash_nodes(WF))
 
 
 def test_token_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
