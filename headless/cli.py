@@ -2,8 +2,12 @@
 (diffusers pipelines, :mod:`headless.verify_cli`) and ``steadfast artifact ...`` (compile artifacts,
 :mod:`headless.artifact_cli`).
 
-``steadfast run WORKFLOW [--server URL ...] [--runs N] [--free-between] [--restart] [--pin OUT.json]
-[--json REPORT] [--ckpt FILE ...]``: WORKFLOW is an API-format JSON or a PNG saved by ComfyUI. Without
+``steadfast run WORKFLOW [--server URL ...] [--api auto|native|v2] [--token-env NAME] [--runs N] [--free-between]
+[--restart] [--pin OUT.json] [--json REPORT] [--ckpt FILE ...]``: WORKFLOW is an API-format JSON or a PNG saved by
+ComfyUI. A ``--server`` is a ComfyUI (native ``/prompt``) or a Comfy API v2 base URL (``comfy-api-proxy``, Comfy
+Cloud, serverless: :mod:`headless.v2`), told apart by ``GET /api/v2/health`` unless ``--api`` says; a v2 bearer
+token is read from the environment variable ``--token-env`` names (default ``COMFY_API_KEY``), never from the
+command line. Every run is a fresh execution (no node served from ComfyUI's cache), and the report says how. Without
 ``--server`` a headless ComfyUI (``--cpu``, 127.0.0.1, this pack loaded; ``$COMFYUI_PATH`` or
 ``~/comfy/ComfyUI``) is started for the run; ``--ckpt`` files are linked into its ``models/checkpoints`` and
 every ``CheckpointLoaderSimple`` is pointed at the first one; a workflow that names the embedded tiny
@@ -45,8 +49,23 @@ def build_run_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="URL",
-        help="a running ComfyUI (repeatable: every run is done on every server); default: start one",
+        help="a running ComfyUI, or a Comfy API v2 base URL (repeatable: every run is done on every server); "
+        "default: start one",
     )
+    p.add_argument(
+        "--api",
+        choices=("auto", "native", "v2"),
+        default="auto",
+        help="how to speak to each --server: v2 (the Comfy API v2, with comfy-sdk), native (ComfyUI's /prompt), "
+        "or auto (v2 where GET /api/v2/health answers, else native; the default)",
+    )
+    p.add_argument(
+        "--token-env",
+        default="COMFY_API_KEY",
+        metavar="NAME",
+        help="environment variable holding the Comfy API v2 bearer token (default COMFY_API_KEY; unset: no token)",
+    )
+    p.add_argument("--token", help=argparse.SUPPRESS)  # refused with a reason (run_main)
     p.add_argument("--runs", type=int, default=2, help="runs per server (default 2)")
     p.add_argument(
         "--free-between",
@@ -130,7 +149,17 @@ def _portable_env(threads: int) -> dict[str, str]:
     return env
 
 
-def _remote(url: str) -> Any:
+def _remote(url: str, api: str = "native", token_env: str = "COMFY_API_KEY") -> Any:
+    if api == "v2" or (api == "auto" and _is_v2(url)):
+        from .v2 import V2Server, token_from_env
+
+        server = V2Server(url, token_from_env(token_env), token_env)
+        try:
+            print(f"server {server.check()}")
+        except runner.WorkflowError:
+            server.close()
+            raise
+        return server
     from .comfy_server import ComfyClient
 
     client = ComfyClient(url)
@@ -142,9 +171,29 @@ def _remote(url: str) -> Any:
     return client
 
 
+def _is_v2(url: str) -> bool:
+    from .v2 import is_v2
+
+    try:
+        return is_v2(url)
+    except ImportError:  # httpx (comfy-sdk's) missing: only the native API can be spoken
+        return False
+    except runner.WorkflowError:
+        return False  # unreachable: the native probe says so in its own words
+
+
 def run_main(argv: Sequence[str]) -> int:
     args = build_run_parser().parse_args(list(argv))
     started = None
+    servers: list[Any] = []
+    if args.token is not None:
+        print(
+            "steadfast run: a token never goes on the command line (it would show in the process list and the "
+            "shell history): put it in an environment variable and name that with --token-env "
+            "(default COMFY_API_KEY)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         prompt = runner.load_workflow(args.workflow)
         runner.hash_nodes(prompt)
@@ -169,7 +218,13 @@ def run_main(argv: Sequence[str]) -> int:
                 )
         env = _portable_env(args.portable_threads) if args.portable else None
         if args.server:
-            servers = [_remote(u) for u in args.server]
+            for u in args.server:
+                servers.append(_remote(u, args.api, args.token_env))
+            if args.free_between and any(getattr(s, "api", "native") == "v2" for s in servers):
+                raise runner.WorkflowError(
+                    "--free-between unloads models with ComfyUI's /free, which the Comfy API v2 does not have "
+                    "(every v2 run is a fresh execution anyway)"
+                )
         else:
             started = _start_server(prompt, args.ckpt, env)
             servers = [started]
@@ -182,6 +237,9 @@ def run_main(argv: Sequence[str]) -> int:
     finally:
         if started is not None:
             started.close()
+        for s in servers:
+            if hasattr(s, "close") and s is not started:
+                s.close()
     print("\n" + report.as_text())
     if args.json:
         args.json.write_text(json.dumps(report.as_dict(), indent=1, default=str), encoding="utf-8")

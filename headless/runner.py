@@ -7,7 +7,10 @@ hashes are compared across runs and servers; any difference is explained field b
 hashes (and run records) filled into its Hash nodes, so it carries its own proof.
 
 Servers are duck-typed: anything with ``label``, ``queue(prompt) -> id``, ``wait(id) -> history entry``,
-``free()``, ``get(path)`` and, for ``--restart``, ``restart()`` (``headless.comfy_server.ComfyServer``).
+``free()``, ``get(path)`` and, for ``--restart``, ``restart()`` (``headless.comfy_server.ComfyServer``); a server
+whose ``api`` is ``"v2"`` (:class:`headless.v2.V2Server`, the Comfy API v2) has no ``/object_info`` to check node
+types against and makes each run fresh itself. Every run must be a fresh execution: a run in which ComfyUI served a
+node from its cache is a failed run (a cached answer proves nothing), and the report says how each run was fresh.
 This module imports nothing from ComfyUI.
 """
 
@@ -22,6 +25,7 @@ from typing import Any, Protocol
 
 from ..core.record import verdict
 from ..core.record.explain import explain
+from .comfy_server import cached_nodes
 
 __all__ = [
     "HASH_NODE",
@@ -125,7 +129,8 @@ def upstream(prompt: Mapping[str, Any], node: str, class_types: Sequence[str]) -
 class RunResult:
     """One run on one server: ``hashes`` {hash node: digest}, ``checks`` {hash node: match status},
     ``records`` {sampler node: run record}, ``references`` {hash node: thumbnail}, ``verdicts`` {hash node: the
-    node's own verdict against its pinned reference}, ``error`` (text) when the prompt failed."""
+    node's own verdict against its pinned reference}, ``error`` (text) when the prompt failed, ``fresh``: how the
+    run is known to be a fresh execution (no node served from ComfyUI's cache)."""
 
     server: str
     run: str
@@ -135,11 +140,21 @@ class RunResult:
     references: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     verdicts: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     error: str | None = None
+    fresh: str | None = None
 
 
 def collect(server: str, run: str, entry: Mapping[str, Any]) -> RunResult:
-    """A :class:`RunResult` from a ``/history`` entry (its ``outputs``)."""
-    out = RunResult(server, run)
+    """A :class:`RunResult` from a ``/history`` entry (its ``outputs``; ``fresh`` when the server said how the run was
+    fresh, as :class:`headless.v2.V2Server` does). A native entry in which a node came from ComfyUI's cache is a failed
+    run."""
+    out = RunResult(server, run, fresh=entry.get("fresh"))
+    if out.fresh is None:
+        cached = cached_nodes(entry)
+        if cached:
+            names = ", ".join(sorted(cached, key=lambda n: (len(n), n)))
+            out.error = f"not a fresh execution: node(s) {names} came from ComfyUI's cache, so this run proves nothing"
+            return out
+        out.fresh = "fresh execution (node caches dropped before the run; ComfyUI served no node from its cache)"
     for nid, ui in (entry.get("outputs") or {}).items():
         for item in ui.get("steadfast_hash") or []:
             out.hashes[str(nid)] = item["hash"]
@@ -204,6 +219,8 @@ class Report:
 
     def as_text(self) -> str:
         lines = [self.table(), ""]
+        for server, how in dict.fromkeys((r.server, r.fresh) for r in self.results if r.fresh):
+            lines.append(f"{server}: every run a {how}")
         lines += self.explanations
         lines += [
             f"Hash node {g['node']}: {g['against']} -> {g['run']}: {g['text']}"
@@ -378,6 +395,8 @@ def run_all(
         raise WorkflowError(f"--runs must be at least 1, got {runs}")
     servers = list(servers)
     for s in servers:
+        if getattr(s, "api", "native") == "v2":
+            continue  # no /object_info: a node type the server lacks comes back as invalid_workflow, named
         missing = missing_node_types(prompt, s.get("/object_info"))
         if missing:
             raise WorkflowError(

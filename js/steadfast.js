@@ -26,6 +26,28 @@ function specDefault(spec) {
   return choices?.length ? choices[0] : undefined;
 }
 
+// A pack sampler's seed is for repeating: its "control after generate" starts at "fixed" on a new node, so a workflow
+// that arrives without saved control values (an API-format file dragged in, a node added from the menu) repeats the
+// seed. A saved UI workflow's own value is applied after this (onConfigure) and stays. The V3 schema's
+// ControlAfterGenerate.fixed would say the same, but frontend 1.49.6 takes that string as the control widget's name
+// (a combo labelled "fixed"), and ComfyUI 0.8.0's schema has no such value.
+const CONTROL_MODES = ["fixed", "increment", "decrement", "randomize"];
+function fixSeedControl(node) {
+  const seed = node.widgets?.find((w) => w.name === "seed");
+  const control = node.widgets?.find((w) => w.name === "control_after_generate")
+    ?? seed?.linkedWidgets?.find((w) => CONTROL_MODES.includes(w.value));
+  if (control) control.value = "fixed";
+}
+
+// A saved workflow keeps the height a node's report needed, not the report (never serialized): reopened, the node
+// would stand that tall and empty (Compare 828 px in issue 46). A node configured without a report shown is made no
+// taller than its widgets; a report shown later (a run, a tab's outputs given back) grows it again (showText).
+function shrinkEmpty(node) {
+  if (node.widgets?.find((x) => x.name === INFO)?.value) return;
+  const [, minH] = node.computeSize();
+  if (node.size[1] > minH + 1) node.setSize([node.size[0], minH]);
+}
+
 function migrateOptimizeWidgets(node, info, nodeData) {
   const saved = info?.widgets_values;
   // today's list can have the same length (widgets added after compile_cache): the old one has vae_tiling
@@ -486,7 +508,12 @@ function restoreReports() {
   for (const node of ourNodes()) {
     const out = outputs[String(node.id)];
     const w = node.widgets?.find((x) => x.name === INFO);
-    if (out?.text && !w?.value) { showOutput(node, out); shown.push([node, out]); }
+    if (out?.text && !w?.value) {
+      showOutput(node, out);
+      const mark = staleMarks.get(staleKey(node));
+      if (mark) markStale(node, mark); // STALE survives the switch: the restored report is the one it marked
+      else shown.push([node, out]);
+    }
   }
   for (const [node, out] of shown) markWarm(node, out);
 }
@@ -502,7 +529,15 @@ const STALE_MARK = "STALE (";
 const REFUSED = "STALE (ComfyUI refused this node's inputs: fix the input marked red and run again). Last report:";
 const lastReport = (text) => (String(text).startsWith(STALE_MARK) ? String(text).split("\n").slice(1).join("\n")
   : String(text));
+// The marks, per workflow tab and node: a tab switch gives back the tab's outputs (restoreReports), which are the
+// reports as they were before the mark; the mark is put back on them until the node reports again.
+const staleMarks = new Map();
+const staleKey = (node) => {
+  const wf = activeWorkflow();
+  return `${wf?.path ?? wf?.key ?? wf?.filename ?? ""}|${node.id}`;
+};
 function markStale(node, mark) {
+  staleMarks.set(staleKey(node), mark);
   setState(node, null, null);
   const w = node.widgets?.find((x) => x.name === INFO);
   if (w?.value && !String(w.value).startsWith(`${mark}\n`)) showText(node, `${mark}\n${lastReport(w.value)}`);
@@ -587,7 +622,21 @@ function watchRefusals(api) {
 // before its missing-model check.
 const TINY_CKPT = "steadfast_tiny_sd15.safetensors";
 const SD15_NAME = /(^|[^a-z0-9])(sd[-_ .]?1[-_.]?5|v1[-_.]5)(?![0-9])/i;
+// What was swapped is said in the template's note (the frontend's own "Note" node, top left), first, so the note
+// no longer asks for what was done already.
+const swappedLine = (pick, node) => `DONE FOR YOU: ${node.title ?? node.type} now loads ${pick}, an SD1.5 checkpoint `
+  + `from your models folder, instead of the template's ${TINY_CKPT} (not in your models folder). Pick another one `
+  + "there if you like.";
+function sayWhatWasSwapped(swapped) {
+  const note = (app.graph?.nodes ?? []).find((n) => n.type === "Note" && String(n.widgets?.[0]?.value ?? "")
+    .includes(TINY_CKPT));
+  const w = note?.widgets?.[0];
+  if (!w || !swapped.length) return;
+  const lines = swapped.map(([pick, node]) => swappedLine(pick, node)).filter((l) => !String(w.value).includes(l));
+  if (lines.length) w.value = `${lines.join("\n")}\n\n${w.value}`;
+}
 function pickCheckpoint() {
+  const swapped = [];
   for (const node of app.graph?.nodes ?? []) {
     for (const w of node.widgets ?? []) {
       if (w.value !== TINY_CKPT) continue;
@@ -598,8 +647,10 @@ function pickCheckpoint() {
       if (pick === undefined) continue;
       w.value = pick;
       w.callback?.(pick);
+      swapped.push([pick, node]);
     }
   }
+  sayWhatWasSwapped(swapped);
 }
 
 app.registerExtension({
@@ -615,6 +666,14 @@ app.registerExtension({
   async beforeRegisterNodeDef(nodeType, nodeData) {
     if (!isOurs(nodeData)) return;
     NODES.add(nodeData.name);
+    if (nodeData?.input?.required?.seed?.[1]?.control_after_generate) {
+      const onNodeCreated = nodeType.prototype.onNodeCreated;
+      nodeType.prototype.onNodeCreated = function () {
+        const result = onNodeCreated?.apply(this, arguments);
+        fixSeedControl(this);
+        return result;
+      };
+    }
     if (nodeData.name === "SteadfastOptimizeModel") {
       const onConfigure = nodeType.prototype.onConfigure;
       nodeType.prototype.onConfigure = function (info) {
@@ -622,6 +681,12 @@ app.registerExtension({
         migrateOptimizeWidgets(this, info, nodeData);
       };
     }
+    const onConfigureAny = nodeType.prototype.onConfigure;
+    nodeType.prototype.onConfigure = function () {
+      const result = onConfigureAny?.apply(this, arguments);
+      shrinkEmpty(this);
+      return result;
+    };
     if (nodeData.name === "SteadfastHash") {
       nodeType.prototype.steadfastPin = function () { return pin(this); };
       const getExtraMenuOptions = nodeType.prototype.getExtraMenuOptions;
@@ -657,6 +722,7 @@ app.registerExtension({
     const onExecuted = nodeType.prototype.onExecuted;
     nodeType.prototype.onExecuted = function (message) {
       onExecuted?.apply(this, arguments);
+      staleMarks.delete(staleKey(this)); // a new report: no longer stale
       showOutput(this, message);
     };
   },

@@ -101,7 +101,9 @@ def difference_report(measured: str, graded: verdict.Verdict, why: str, pixels: 
         pixels: "N of M pixels differ".
 
     Returns:
-        The text: the verdict with the PSNR that decides it, the run records' explanation, then the full-tensor
+        The text: the verdict with the PSNR that decides it (said to be the float16 thumbnails', as is the max |delta|
+        beside it: a thumbnail's rounding can make it far larger than the full output's), the run records'
+        explanation, then the full-tensor
         figures, indented, and one line with how many run-record fields differ and their names (not their values:
         those are in the two run records).
     """
@@ -112,8 +114,9 @@ def difference_report(measured: str, graded: verdict.Verdict, why: str, pixels: 
     }.get(graded.level, graded.level)
     if graded.psnr is not None:
         head = (
-            f"{level}: decided by PSNR {graded.psnr:.1f} dB between the thumbnails (at most {verdict.THUMB_SIDE} "
-            f"px a side; same picture at >= {graded.threshold_db:g} dB), max |delta| {graded.max_abs:.3g}"
+            f"{level}: decided by PSNR {graded.psnr:.1f} dB between float16 thumbnails (area-averaged to at most "
+            f"{verdict.THUMB_SIDE} px a side; same picture at >= {graded.threshold_db:g} dB), the thumbnails' max "
+            f"|delta| {graded.max_abs:.3g} (the full output's own figures are below)"
         )
     else:
         head = f"{level}" + (f": {graded.why}" if graded.why else "")

@@ -1,10 +1,23 @@
-"""Steadfast Hash: SHA-256 of an IMAGE (as the uint8 pixels SaveImage writes) and/or a LATENT."""
+"""Steadfast Hash: SHA-256 of an IMAGE (as the uint8 pixels SaveImage writes) and/or a LATENT.
+
+With ``verdict_file`` on (the default) the node also writes its verdict as a small JSON file into ComfyUI's output
+folder (``output/steadfast_verdicts/``, :mod:`core.record.verdict_file`) and lists it as an output file
+(``ui["files"]``, as ComfyUI's own Save Text does), so API clients and the Comfy API v2 can download it.
+"""
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
+import torch
+
+import folder_paths
 from comfy_api.v0_0_2 import io
 
 from ..core.record import explain, hashing, verdict
+from ..core.record import verdict_file as vfile
+from .host.public_text import public_value
 
 
 class HashMismatchError(RuntimeError):
@@ -71,6 +84,15 @@ class SteadfastHash(io.ComfyNode):
                     "tolerance (PSNR, max |delta|), different picture (another shape too), or "
                     "ungraded (a later item differs; it has no thumbnail).",
                 ),
+                io.Boolean.Input(
+                    "verdict_file",
+                    default=True,
+                    optional=True,
+                    tooltip="Also write the hash, dtype, shape, run record and verdict as a small JSON file in "
+                    "ComfyUI's output folder (steadfast_verdicts/), listed as this node's output file so API "
+                    "clients and the Comfy API v2 can download it (steadfast run reads the verdict there). "
+                    "No server path goes into it.",
+                ),
             ],
             outputs=[
                 io.String.Output(
@@ -102,6 +124,7 @@ class SteadfastHash(io.ComfyNode):
         run_record: str | None = None,
         expected_record: str = "",
         expected_reference: str = "",
+        verdict_file: bool = True,
     ) -> io.NodeOutput:
         check_json_inputs(expected_record, expected_reference)
         result = hashing.hash_inputs(image=image, latent=latent, raw_float=raw_float)
@@ -142,7 +165,70 @@ class SteadfastHash(io.ComfyNode):
         }
         if fail_on_mismatch and check.checked and not check.match:
             raise HashMismatchError(check.as_text() + (f"\n{why}" if why else ""))
+        if verdict_file:
+            doc = verdict_document(image, latent, result, check, why, run_record, thumb, graded)
+            ui_out["files"] = [write_verdict_file(doc)]
         return io.NodeOutput(result.primary, ui=ui_out)
+
+
+def verdict_document(
+    image: torch.Tensor | None,
+    latent: Any,
+    result: hashing.HashResult,
+    check: hashing.HashCheck,
+    why: str,
+    run_record: str | None,
+    thumb: dict[str, Any] | None,
+    graded: verdict.Verdict | None,
+) -> dict[str, Any]:
+    """The verdict document of this run (:func:`core.record.verdict_file.build`), redacted for clients.
+
+    Args:
+        image: the hashed IMAGE ``[B,H,W,C]`` (float), or None.
+        latent: the hashed LATENT (dict with ``samples``, or a tensor), or None.
+        result / check / why / run_record / thumb / graded: what :meth:`SteadfastHash.execute` computed.
+    Returns:
+        the document, every string passed through :func:`nodes.host.public_text.public_value`.
+    """
+    if image is not None:
+        kind, dtype, source, shape = "image", str(torch.uint8), str(image.dtype), result.image_shape
+    else:
+        samples = latent["samples"] if isinstance(latent, dict) else latent
+        kind, dtype, source, shape = "latent", str(samples.dtype), str(samples.dtype), result.latent_shape
+    doc = vfile.build(
+        hashes=result.as_dict(),
+        kind=kind,
+        dtype=dtype,
+        source_dtype=source,
+        shape=tuple(shape or ()),
+        match=check.status,
+        expected=check.expected,
+        explanation=why,
+        record=run_record,
+        reference=thumb,
+        verdict=graded.as_dict() if graded else None,
+    )
+    return public_value(doc)
+
+
+def write_verdict_file(doc: dict[str, Any]) -> dict[str, str]:
+    """Write ``doc`` as ``output/steadfast_verdicts/hash_<counter>_.json`` (ComfyUI's numbering, as SaveImage's).
+
+    Args:
+        doc: a verdict document (:func:`verdict_document`).
+    Returns:
+        the output-file entry ComfyUI lists: ``{"filename", "subfolder", "type": "output"}``.
+    Raises:
+        OSError: the output folder cannot be written.
+    """
+    out_dir = folder_paths.get_output_directory()
+    prefix = f"{vfile.SUBFOLDER}/{vfile.FILE_PREFIX}"
+    folder, name, counter, subfolder, _ = folder_paths.get_save_image_path(prefix, out_dir)
+    filename = f"{name}_{counter:05}_.json"
+    path = os.path.join(folder, filename)
+    with open(path, "x", encoding="utf-8") as fh:  # never overwrite another run's verdict
+        fh.write(vfile.dumps(doc))
+    return {"filename": filename, "subfolder": subfolder, "type": "output"}
 
 
 def check_json_inputs(expected_record: str, expected_reference: str) -> None:

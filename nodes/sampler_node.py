@@ -364,7 +364,16 @@ def _settings(model, opts: SteadfastOptions, compiled) -> dict:
         compile=compiled,
         determinism=opts.last_determinism or opts.determinism or "not set (Determinism Setup not used)",
         **({"quantize": opts.quantize} if opts.quantize is not None else {}),  # absent when off (older records)
+        **({"multigpu_cfg_split": devices} if (devices := _multigpu_devices(model)) else {}),  # absent when unused
     )
+
+
+def _multigpu_devices(model) -> list[str]:
+    """The extra devices of ComfyUI's multi-GPU CFG split on ``model`` (its ``"multigpu"`` additional models, added by
+    MultiGPU CFG Split), as text; empty when the model has none or the ComfyUI has no multi-GPU support."""
+    getter = getattr(model, "get_additional_models_with_key", None)
+    clones = getter("multigpu") if getter is not None else []
+    return [str(getattr(c, "load_device", "?")) for c in clones or []]
 
 
 def _details(

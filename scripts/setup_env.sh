@@ -12,7 +12,8 @@
 #      ../shared/comfyui/ (STEADFAST_SNAPSHOTS) unpacked there. Otherwise one line says what is missing and how
 #      to get it, and the script exits with status 3 (before any venv is made).
 #   2. a Python venv with torch pinned (torchaudio where that ComfyUI needs it), ComfyUI's requirements,
-#      requests, the pack's own dependencies and the test tools (pytest, ruff).
+#      requests, the pack's own dependencies and the test tools (pytest, ruff; comfy-sdk and comfy-api-proxy, pinned,
+#      for `steadfast run` over the Comfy API v2 and its tests).
 #   3. for the browser tests: playwright (pip) and Debian's chromium (apt-get, as root); a loud warning
 #      where that is impossible (STEADFAST_NO_BROWSER=1 skips this step).
 # Prints `export` lines for COMFYUI_PATH and STEADFAST_COMFYUI, then the venv's python path as its last line
@@ -75,8 +76,9 @@ else
       | grep -vE '^\s*$' > "$cons.req"
     pip install -c "$cons" -r "$cons.req" requests
   fi
-  log "installing Steadfast's own dependencies and the test tools"
-  pip install -c "$cons" diffusers transformers peft safetensors pillow numpy pytest requests torchao ruff==0.17.6
+  log "installing Steadfast's own dependencies and the test tools (with the Comfy API v2 client and proxy)"
+  pip install -c "$cons" diffusers transformers peft safetensors pillow numpy pytest requests torchao ruff==0.17.6 \
+    comfy-sdk==0.5.0 comfy-api-proxy==0.1.6
   rm -f "$cons" "$cons.req"
   echo "$want" > "$stamp"
 fi

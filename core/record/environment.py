@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..determinism.cublas import cublas_env
 from ..determinism.portable import cpu_settings
 from ..determinism.torch_state import snapshot_state
 
@@ -73,6 +74,9 @@ def _cuda_fields() -> dict[str, Any]:
     if not available:
         return fields
     fields["cuda_available"] = True
+    env = cublas_env()  # read by cuBLAS / cuBLASLt when PyTorch first sizes their workspaces
+    fields["cublas_workspace_config"] = env["CUBLAS_WORKSPACE_CONFIG"]
+    fields["cublaslt_workspace_size"] = env["CUBLASLT_WORKSPACE_SIZE"]
     fields["gpu_count"] = torch.cuda.device_count()
     fields["gpu"] = torch.cuda.get_device_name(0)
     fields["gpu_capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
@@ -105,7 +109,10 @@ def environment_fingerprint(*, measured: Mapping[str, Any] | None = None, **extr
 
     Fields: ``fingerprint_version``, ``torch``, ``python``, ``numpy``, ``platform``, ``machine``,
     ``cpu`` (model name), ``cpu_capability`` (torch's vector ISA, e.g. "AVX512"), ``cuda_available``,
-    ``cuda``/``cudnn`` versions, ``gpu`` name/capability/count, ``num_threads``,
+    ``cuda``/``cudnn`` versions, ``gpu`` name/capability/count, where CUDA is available
+    ``cublas_workspace_config`` / ``cublaslt_workspace_size`` (the ``CUBLAS_WORKSPACE_CONFIG`` /
+    ``CUBLASLT_WORKSPACE_SIZE`` variables, None where unset: :mod:`core.determinism.cublas`; absent without CUDA,
+    where no cuBLAS call decides a bit), ``num_threads``,
     ``num_interop_threads``, ``flags`` (``snapshot_state(load_inductor=True).as_dict()``), ``cpu_settings``
     (the CPU code-path settings in use, :func:`core.determinism.portable.cpu_settings`), then every
     keyword in ``extra`` (values: JSON scalars, lists/tuples, dicts, ``torch.dtype``/``device``,

@@ -10,12 +10,15 @@ identity and the environment fingerprint. :func:`explain` flattens both records 
   model digest (base weights, patches), sampler settings, seeds, latent shape, batch-invariance policy, the ComfyUI
   version, Dynamic VRAM, ``--fast-disk``, CUDA graphs, the Comfy Compiler, attention fallbacks,
   ComfyUI's ``--fast`` options, fp16 accumulation, ComfyUI's dtype/attention switches, comfy-kitchen's version
-  (``core/record/environment.py``);
+  (``core/record/environment.py``), the cuBLAS / cuBLASLt workspace variables, ComfyUI's multi-GPU CFG split;
 - ``may change bits``: not measured either way (Python/numpy/pack version, comfy-aimdo version, platform ...).
 
 Fields that differ on every run without touching the bits (timings, counters, the output hashes themselves)
 are not listed. When nothing recorded differs, :meth:`Explanation.as_text` says so plainly: the cause is then
-outside what the record captures. This module imports nothing from ComfyUI.
+outside what the record captures. Two upstream sources of run-to-run differences change bits with every recorded
+setting equal; when a record shows one in use (:func:`upstream_sources`) the explanation names it: a LoRA on fp8
+weights under Dynamic VRAM (ComfyUI issue 15365) and ComfyUI's multi-GPU CFG split. This module imports nothing
+from ComfyUI.
 """
 
 from __future__ import annotations
@@ -26,7 +29,18 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["EXPLAIN_LABELS", "FieldDiff", "Explanation", "flatten", "explain", "parse_record", "expected_difference"]
+__all__ = [
+    "EXPLAIN_LABELS",
+    "FieldDiff",
+    "Explanation",
+    "flatten",
+    "explain",
+    "parse_record",
+    "expected_difference",
+    "upstream_sources",
+    "UPSTREAM_LORA_FP8_DYNAMIC_VRAM",
+    "UPSTREAM_MULTIGPU_CFG_SPLIT",
+]
 
 #: CPU code-path setting (dotted, under ``fingerprint.cpu_settings``: the keys of
 #: :func:`core.determinism.portable.cpu_settings`) -> what :func:`explain` says about it.
@@ -100,7 +114,27 @@ _KNOWN: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"(^|\.)cuda_graphs$", "ComfyUI CUDA graphs (--disable-cuda-graphs): captured kernels under Dynamic VRAM"),
         (r"(^|\.)comfy_compiler$", "the Comfy Compiler (memory compiler + CUDA graphs; --disable-comfy-compiler)"),
         (r"(^|\.)attention_fallbacks(\[.*\])?$", "a pinned attention backend fell back to torch's own choice"),
+        (
+            r"(^|\.)(cublas_workspace_config|cublaslt_workspace_size)$",
+            "cuBLAS / cuBLASLt workspace: decides whether a GPU matmul may split its reduction (split-K)",
+        ),
+        (
+            r"(^|\.)multigpu_cfg_split(\[.*\])?$",
+            "ComfyUI's multi-GPU CFG split: cond and uncond evaluated on different devices",
+        ),
     )
+)
+
+#: Known upstream sources of run-to-run differences, named by :func:`upstream_sources` when a record shows them in use.
+UPSTREAM_LORA_FP8_DYNAMIC_VRAM = (
+    "a LoRA on fp8 weights under Dynamic VRAM (comfy-aimdo): ComfyUI issue 15365 reports runs of the same workflow "
+    "that differ by 5-7/255, only while the LoRA is loaded; start ComfyUI with --disable-dynamic-vram for run-to-run "
+    "equality"
+)
+UPSTREAM_MULTIGPU_CFG_SPLIT = (
+    "ComfyUI's multi-GPU CFG split (MultiGPU CFG Split): cond and uncond are evaluated on different devices, so each "
+    "half's bits depend on which GPU (and which kernels) it lands on, and its load balancing by relative speed can "
+    "move work between devices from run to run; sample on one device for run-to-run equality"
 )
 # The CPU code-path settings (fingerprint.cpu_settings.*, core/determinism/portable.py), each with its own label.
 _KNOWN = (
@@ -126,9 +160,11 @@ class FieldDiff:
 
 @dataclasses.dataclass(frozen=True)
 class Explanation:
-    """All differences between a reference record and the current one (known-to-change-bits first)."""
+    """All differences between a reference record and the current one (known-to-change-bits first), and the known
+    upstream sources of run-to-run differences either record shows in use (:func:`upstream_sources`)."""
 
     diffs: tuple[FieldDiff, ...]
+    upstream: tuple[str, ...] = ()
 
     @property
     def identical(self) -> bool:
@@ -136,17 +172,25 @@ class Explanation:
         return not self.diffs
 
     def as_text(self) -> str:
+        upstream = [
+            "known upstream source of run-to-run differences in use: " + u for u in self.upstream
+        ]  # named whether or not a recorded field differs: they change bits with every setting equal
         if not self.diffs:
-            return (
+            head = (
                 "nothing recorded differs between the reference run and this run: the cause is outside the "
                 "run record (e.g. other custom nodes, inputs not recorded, hardware faults)"
             )
+            return "\n".join([head, *upstream])
         known = [d for d in self.diffs if d.known]
         head = f"{len(self.diffs)} recorded field(s) differ ({len(known)} known to change bits):"
-        return "\n".join([head, *("  " + d.as_text() for d in self.diffs)])
+        return "\n".join([head, *("  " + d.as_text() for d in self.diffs), *upstream])
 
     def as_dict(self) -> dict[str, Any]:
-        return {"identical": self.identical, "diffs": [dataclasses.asdict(d) for d in self.diffs]}
+        return {
+            "identical": self.identical,
+            "diffs": [dataclasses.asdict(d) for d in self.diffs],
+            "upstream": list(self.upstream),
+        }
 
 
 def parse_record(record: Mapping[str, Any] | str) -> dict[str, Any]:
@@ -181,11 +225,38 @@ def _text(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)[:200]
 
 
+def upstream_sources(record: Mapping[str, Any]) -> list[str]:
+    """The known upstream sources of run-to-run differences that a run record shows in use.
+
+    - :data:`UPSTREAM_LORA_FP8_DYNAMIC_VRAM`: ``fingerprint.dynamic_vram`` true, fp8 weights (``fingerprint.dtype``
+      names a float8 dtype) and a weight patch (``model.patched_keys`` > 0: a LoRA);
+    - :data:`UPSTREAM_MULTIGPU_CFG_SPLIT`: ``fingerprint.multigpu_cfg_split`` lists the extra devices (recorded by
+      Seeded Sampler when the model carries ComfyUI's multi-GPU clones).
+
+    Args:
+        record: a run record (dict).
+    Returns:
+        the sentences, in that order (empty when none applies or the fields are absent).
+    """
+    fp = record.get("fingerprint") if isinstance(record.get("fingerprint"), Mapping) else {}
+    model = record.get("model") if isinstance(record.get("model"), Mapping) else {}
+    out = []
+    patched = model.get("patched_keys")
+    if fp.get("dynamic_vram") and "float8" in str(fp.get("dtype", "")) and isinstance(patched, int) and patched > 0:
+        out.append(UPSTREAM_LORA_FP8_DYNAMIC_VRAM)
+    if fp.get("multigpu_cfg_split"):
+        out.append(UPSTREAM_MULTIGPU_CFG_SPLIT)
+    return out
+
+
 def explain(reference: Mapping[str, Any] | str, now: Mapping[str, Any] | str) -> Explanation:
-    """Every recorded field that differs between ``reference`` and ``now`` (dicts or JSON text).
+    """Every recorded field that differs between ``reference`` and ``now`` (dicts or JSON text), and the known
+    upstream sources of run-to-run differences either shows in use (:func:`upstream_sources`).
 
     Raises ValueError when either is not a JSON object."""
-    ref, cur = flatten(parse_record(reference)), flatten(parse_record(now))
+    ref_rec, cur_rec = parse_record(reference), parse_record(now)
+    upstream = tuple(dict.fromkeys(upstream_sources(ref_rec) + upstream_sources(cur_rec)))
+    ref, cur = flatten(ref_rec), flatten(cur_rec)
     diffs: list[FieldDiff] = []
     for name in sorted(set(ref) | set(cur)):
         if _VOLATILE.search(name):
@@ -198,7 +269,7 @@ def explain(reference: Mapping[str, Any] | str, now: Mapping[str, Any] | str) ->
             FieldDiff(name, a if a == "<absent>" else _text(a), b if b == "<absent>" else _text(b), bool(why), why)
         )
     diffs.sort(key=lambda d: (not d.known, d.field))
-    return Explanation(tuple(diffs))
+    return Explanation(tuple(diffs), upstream)
 
 
 def expected_difference(

@@ -182,7 +182,7 @@ class Verdict:
             what = "the graded items" if self.level == "ungraded" else "reference thumbnail"
             lines.append(
                 f"  PSNR {psnr} dB vs {what} (same picture at >= {self.threshold_db:g} dB), "
-                f"max |delta| {self.max_abs:.3g}"
+                f"max |delta| {self.max_abs:.3g} (both on float16 thumbnails, at most {THUMB_SIDE} px a side)"
             )
         if self.why:
             lines.append("  " + self.why)

@@ -367,6 +367,24 @@ def test_template_loads_and_converts_back_to_api_twin(page: Any, object_info: di
     assert notes[0][1] <= min(page.evaluate("() => window.app.graph.nodes.map(n => n.pos[0])")), notes
 
 
+SAMPLER_CONTROLS_JS = """() => window.app.graph.nodes
+  .filter(n => n.type === 'SteadfastSeededSampler' || n.type === 'SteadfastPipelineSampler')
+  .map(n => (n.widgets ?? []).find(w => w.name === 'control_after_generate')?.value ?? null)"""
+
+
+@pytest.mark.parametrize("name", ["Determinism check", "Diffusers pipeline"])
+def test_a_pack_seed_stays_fixed_when_the_api_twin_is_dragged_in(page: Any, name: str) -> None:
+    """The README's old Quick start trap (issue 46): an API-format workflow carries no control values, so each seed
+    got the frontend's default control, randomize, and the determinism check's second Run turned red. The pack's
+    extension starts a pack sampler's control at ``fixed`` (js/steadfast.js ``fixSeedControl``)."""
+    if not page.evaluate("() => typeof window.app.loadApiJson === 'function'"):
+        pytest.skip("this frontend has no app.loadApiJson (how a dragged API-format file is loaded)")
+    page.evaluate("async ([wf, f]) => { await window.app.loadApiJson(wf, f) }", [api_twin(name), f"{name}.json"])
+    controls = page.evaluate(SAMPLER_CONTROLS_JS)
+    assert controls and all(c == "fixed" for c in controls), controls
+    assert not page.steadfast_errors, page.steadfast_errors
+
+
 REFRESH_JS = """async () => { if (typeof window.app.refreshComboInNodes === 'function')
   await window.app.refreshComboInNodes(); else await window.app.extensionManager.command.execute(
   'Comfy.RefreshNodeDefinitions') }"""
@@ -392,6 +410,10 @@ def test_checkpoint_template_takes_an_sd15_checkpoint_the_user_has(page: Any, co
             ".map(n => n.widgets.find(w => w.name === 'ckpt_name').value)"
         )
         assert picked == [mine.name], picked
+        # the note says what was swapped (issue 46: it still asked to pick a checkpoint), before what it asked
+        note = page.evaluate("() => window.app.graph.nodes.find(n => n.type === 'Note')?.widgets?.[0]?.value ?? ''")
+        assert note.startswith(f"DONE FOR YOU: Load Checkpoint now loads {mine.name}"), note
+        assert "BEFORE YOU RUN" in note, note
         for text in (TINY_CKPT_NAME, "Missing Models", "is missing"):
             shown = page.get_by_text(text)
             assert not any(shown.nth(i).is_visible() for i in range(shown.count())), f"the page shows {text!r}"
@@ -1108,6 +1130,90 @@ def test_reports_come_back_after_a_tab_switch(page: Any, comfy_server: ComfyServ
     page.wait_for_timeout(1000)
     after = {i: _info(page, i) for i in (hash_id, cmp_id)}
     assert after == before
+
+
+def test_stale_survives_a_tab_switch(page: Any, comfy_server: ComfyServer) -> None:
+    """Issue 46: after a refused input the report is marked STALE; switching to another workflow tab and back gave
+    the old report back as a normal one (from the outputs the frontend keeps per tab) while the node stayed outlined
+    red. The mark comes back with the report, until the node reports again."""
+    name = api_to_ui.ui_template_name("determinism_check")
+    twin = api_twin(name)
+    hash_id = next(i for i, n in twin.items() if n["class_type"] == "SteadfastHash")
+    comfy_server.free()
+    load_template(page, name)
+    entry = _run_and_wait(page, comfy_server)
+    want = "\n".join(entry["outputs"][hash_id]["text"])
+    page.wait_for_function(
+        "([id, text]) => window.app.graph.getNodeById(+id)?.widgets?.find(w => w.name ==="
+        " 'steadfast_info')?.value === text",
+        arg=[hash_id, want],
+        timeout=30_000,
+    )
+    page.evaluate(
+        "(id) => { window.app.graph.getNodeById(+id).widgets.find(w => w.name === 'expected').value = 'zz' }",
+        hash_id,
+    )
+    page.evaluate("async () => { try { await window.app.queuePrompt(0, 1) } catch (e) {} }")
+    page.wait_for_function(
+        "(id) => window.app.graph.getNodeById(+id).widgets.find(w => w.name === 'steadfast_info')"
+        ".value.startsWith('STALE (ComfyUI refused')",
+        arg=hash_id,
+        timeout=30_000,
+    )
+    _wait_idle(comfy_server)
+    for _ in range(3):  # the frontend's error dialog, where it shows one, is closed as a user closes it
+        dialogs = page.get_by_role("dialog")
+        if not any(dialogs.nth(i).is_visible() for i in range(dialogs.count())):
+            break
+        page.keyboard.press("Escape")
+        page.wait_for_timeout(300)
+    before = _info(page, hash_id)
+    ours = page.evaluate("() => window.app.extensionManager.workflow.activeWorkflow.filename")
+    page.evaluate("() => window.app.extensionManager.command.execute('Comfy.NewBlankWorkflow')")
+    page.wait_for_function("() => window.app.graph.nodes.every(n => !String(n.type).startsWith('Steadfast'))")
+    tab = page.locator(".workflow-tabs .workflow-tab").filter(
+        has=page.locator(".workflow-label", has_text=re.compile(rf"^\s*{re.escape(ours)}\s*$"))
+    )
+    assert tab.count() == 1, f"no single tab labelled {ours!r}: {page.locator('.workflow-tabs').inner_text()}"
+    tab.click()
+    page.wait_for_function("(id) => !!window.app.graph.getNodeById(+id)", arg=hash_id)
+    page.wait_for_timeout(1000)
+    after = _info(page, hash_id)
+    assert after["text"].startswith("STALE (ComfyUI refused") and after["text"].count("STALE") == 1, after
+    assert after == before and after["state"] is None, (before, after)
+
+
+EMPTY_HEIGHTS_JS = """() => window.app.graph.nodes.filter(n => String(n.type).startsWith('Steadfast'))
+  .map(n => ({id: n.id, type: n.type, height: n.size[1], widgets: n.computeSize()[1],
+              report: n.widgets?.find(w => w.name === 'steadfast_info')?.value ?? ''}))"""
+
+
+def test_a_reopened_workflow_has_no_large_empty_nodes(page: Any, comfy_server: ComfyServer) -> None:
+    """Issue 46: a workflow saved after a run keeps the heights its reports needed but not the reports; reopened,
+    Compare stood 828 px tall and empty. A node whose report is absent is no taller than its widgets."""
+    name = api_to_ui.ui_template_name("determinism_check")
+    twin = api_twin(name)
+    cmp_id = next(i for i, n in twin.items() if n["class_type"] == "SteadfastCompare")
+    comfy_server.free()
+    load_template(page, name)
+    _run_and_wait(page, comfy_server)
+    page.wait_for_function(
+        "(id) => !!window.app.graph.getNodeById(+id)?.widgets?.find(w => w.name === 'steadfast_info')?.value",
+        arg=cmp_id,
+        timeout=30_000,
+    )
+    grown = {str(n["id"]): n for n in page.evaluate(EMPTY_HEIGHTS_JS)}
+    assert cmp_id in grown, grown
+    saved = page.evaluate("() => JSON.parse(JSON.stringify(window.app.graph.serialize()))")
+    page.evaluate("async (wf) => { await window.app.loadGraphData(wf) }", saved)  # as a saved file is opened
+    page.wait_for_timeout(1000)
+    nodes = page.evaluate(EMPTY_HEIGHTS_JS)
+    empty = [n for n in nodes if not n["report"]]
+    (reopened,) = [n for n in empty if str(n["id"]) == cmp_id]  # the reopened Compare has no report ...
+    assert grown[cmp_id]["height"] > reopened["widgets"] + 100, (grown[cmp_id], reopened)  # (its report took room)
+    too_tall = [n for n in empty if n["height"] > n["widgets"] + 1]
+    assert not too_tall, too_tall  # ... and no empty room for one
+    assert not overlapping_nodes(page)
 
 
 def test_verdict_label_stays_left_of_the_badge(page: Any) -> None:

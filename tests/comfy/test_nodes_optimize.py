@@ -301,6 +301,8 @@ def test_compare_tells_a_difference_by_design_from_a_failure(comfy_server: Comfy
     level = linked["verdict"]["level"]
     assert lines[0].startswith({"same_picture": "SAME PICTURE", "different_picture": "DIFFERENT PICTURE"}[level])
     assert "decided by PSNR" in lines[0] and lines[1].startswith("different, as expected"), lines
+    # the deciding figures say they are the thumbnails' (float16, a few px), never to be read as the full output's
+    assert "between float16 thumbnails" in lines[0] and "the thumbnails' max |delta|" in lines[0], lines
     folded = lines.index("measured on the full output (not what decides):")
     assert all(line.startswith("  ") for line in lines[folded + 1 :] if not line.startswith("run records differ")), (
         lines

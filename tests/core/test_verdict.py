@@ -53,6 +53,8 @@ def test_three_levels_and_exit_codes() -> None:
     assert far.level == "different_picture" and far.exit_code == 1 and far.psnr < verdict.SAME_PICTURE_PSNR_DB
     assert verdict.grade("cd" * 32, "ab" * 32, tn, None).level == "unknown"
     assert "SAME PICTURE" in close.as_text() and "DIFFERENT PICTURE" in far.as_text()
+    # the graded figures say they are the thumbnails' (a float16 thumbnail's max |delta| is not the output's)
+    assert f"both on float16 thumbnails, at most {verdict.THUMB_SIDE} px a side" in close.as_text()
     full = verdict.grade_tensors(a, near, "image")
     assert full.level == "same_picture" and verdict.grade_tensors(a, a.clone()).level == "identical"
 
