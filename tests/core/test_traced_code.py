@@ -159,3 +159,21 @@ def test_nested_code_is_covered_by_its_parent_in_any_order():
         paths, problems = traced_code.identify(Outer(), [Outer.forward.__code__, *order], described)
         assert problems == [] and list(paths) == [f"method {__name__}:Outer.forward"], order
     assert len(traced_code.identify(Outer(), [Outer.forward.__code__, lam])[1]) == 1  # nobody covers it
+
+
+def test_carried_guard_sources_on_a_pack_module_are_portable():
+    """A carried guard on a module global of a pack reads ``G['__import_<module>']``, Dynamo's alias named after the
+    module, which ComfyUI names by the pack's absolute folder (issue 45 item 5: a replica elsewhere could not read
+    it, and refused). The source is kept under the portable name and resolves to the module loaded here; a pybind
+    enum value (the SDPA backend a pack's override picks) is described by its member name."""
+    mod = _module("/srv/x/custom_nodes/SomePack.attention_sf", "BACKEND = 3\n")
+    try:
+        source = "G['__import_/srv/x/custom_nodes/SomePack_dot_attention_sf'].BACKEND"
+        portable = carried_guards.portable_source(source)
+        assert portable == "G['__import_custom_nodes/SomePack_dot_attention_sf'].BACKEND"
+        env = carried_guards.Binder(Outer.forward)(Outer(), (torch.ones(1),), {})
+        assert carried_guards.read_source(portable, env) == 3
+    finally:
+        del sys.modules[mod.__name__]
+    math = torch.nn.attention.SDPBackend.MATH
+    assert carried_guards.describe_value(math) == f"enum {type(math).__module__}.{type(math).__qualname__}.MATH"

@@ -47,6 +47,7 @@ import enum
 import functools
 import inspect
 import operator
+import re
 import sys
 import types
 from collections.abc import Callable, Mapping, Sequence
@@ -55,7 +56,7 @@ from typing import Any
 import torch
 
 from ... import torch_compat
-from .traced_code import code_digest, function_digest, portable_module
+from .traced_code import code_digest, function_digest, local_module, portable_module
 
 __all__ = [
     "GUARD_KINDS",
@@ -69,6 +70,7 @@ __all__ = [
     "code_digest",
     "build_tree",
     "read_source",
+    "portable_source",
 ]
 
 #: Dynamo guard type -> what the carried guard compares.
@@ -165,7 +167,7 @@ def describe_value(v: Any) -> str:
         return type(v).__name__ + "(" + ",".join(describe_value(x) for x in v) + ")"
     if isinstance(v, torch.dtype | torch.device):
         return f"{type(v).__name__}:{v}"
-    if isinstance(v, enum.Enum):
+    if isinstance(v, enum.Enum) or _is_bound_enum(v):
         return f"enum {_class_name(type(v))}.{v.name}"
     if isinstance(v, types.ModuleType):
         return f"module {portable_module(v.__name__)}"
@@ -176,6 +178,14 @@ def describe_value(v: Any) -> str:
     if callable(v):
         return describe_callable(v)
     raise NotDescribable(f"a value of type {type(v).__qualname__}")
+
+
+def _is_bound_enum(v: Any) -> bool:
+    """A C++ enum value bound by pybind11 (``torch.nn.attention._SDPBackend.MATH``): its type lists its members by
+    name, and the value is the member of that name."""
+    members = getattr(type(v), "__members__", None)
+    name = getattr(v, "name", None)
+    return isinstance(members, Mapping) and isinstance(name, str) and members.get(name) is v
 
 
 def _class_name(cls: type) -> str:
@@ -193,7 +203,9 @@ def _describe(kind: str, value: Any) -> str:
     if kind == "type":
         return f"class {_class_name(type(value))}"
     if kind == "eq":
-        if not isinstance(value, _SIMPLE + (tuple, list, torch.dtype, torch.device)):
+        if not (
+            isinstance(value, _SIMPLE + (tuple, list, torch.dtype, torch.device, enum.Enum)) or _is_bound_enum(value)
+        ):
             raise NotDescribable(f"an equality guard on a {type(value).__qualname__}")
         return describe_value(value)
     if kind == "len":
@@ -216,7 +228,11 @@ class _Globals:
 
     def __getitem__(self, name: str) -> Any:
         if name.startswith(_IMPORT_ALIAS):
-            return sys.modules[name[len(_IMPORT_ALIAS) :].replace("_dot_", ".")]
+            module_name = name[len(_IMPORT_ALIAS) :].replace("_dot_", ".")
+            module = sys.modules.get(module_name) or local_module(module_name)  # a portable name (carried sources)
+            if module is None:
+                raise KeyError(name)
+            return module
         if name.startswith(_BUILTINS_ALIAS):
             return builtins.__dict__
         return self.g[name]
@@ -332,6 +348,22 @@ class CarriedGuard:
         return cls(*map(str, item))
 
 
+_IMPORT_SOURCE = re.compile(r"G\['__import_([^']+)'\]")
+
+
+def portable_source(source: str) -> str:
+    """``source`` with Dynamo's module aliases (``G['__import_<module, "." as "_dot_">']``) named portably
+    (:func:`core.compile.warm.traced_code.portable_module`): ComfyUI imports a pack under its absolute folder path, and
+    a carried guard on one of the pack's module globals must read the same in a replica installed elsewhere.
+    :class:`_Globals` resolves the portable name back to the module loaded here."""
+
+    def rename(m: re.Match[str]) -> str:
+        module = portable_module(m.group(1).replace("_dot_", "."))
+        return f"G['{_IMPORT_ALIAS}{module.replace('.', '_dot_')}']"
+
+    return _IMPORT_SOURCE.sub(rename, source)
+
+
 def carry(entries: Sequence[Any], env: Mapping[str, Any]) -> tuple[list[CarriedGuard], list[str]]:
     """The carried guards for the guard entries an artifact dropped.
 
@@ -348,7 +380,7 @@ def carry(entries: Sequence[Any], env: Mapping[str, Any]) -> tuple[list[CarriedG
     """
     out, problems = set(), []
     for e in entries:
-        gtype, name = str(getattr(e, "guard_type", "")), str(getattr(e, "name", ""))
+        gtype, name = str(getattr(e, "guard_type", "")), portable_source(str(getattr(e, "name", "")))
         try:
             out.add(_carry_one(e, gtype, name, env))
         except NotDescribable as ex:
