@@ -214,8 +214,15 @@ def compile_use(
         if record.precompiled is not None:
             pre = record.precompiled
             lines.append(
-                f"  precompiled blocks: {'on' if pre.enabled else 'off'}, {pre.reason} (loaded from and "
+                f"  precompiled blocks: {_on_off(pre.enabled, pre.reason)} (loaded from and "
                 "saved to this cache; any difference from what a block was precompiled for runs the jit, "
                 "with the reason in the compile state)"
             )
     return Compiled(record, created, opened, lines)
+
+
+def _on_off(enabled: bool, reason: str) -> str:
+    """``reason`` said once with the state first: the support check's reasons mostly start with it ("on (torch's
+    default)", "off ($STEADFAST_PRECOMPILED=0)"); issue 46 saw "on, on (...)" in Optimize's report."""
+    word = "on" if enabled else "off"
+    return reason if reason.startswith(word) else f"{word}: {reason}"

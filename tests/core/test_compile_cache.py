@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from steadfast.core.compile.warm import cache as cc
 from steadfast.core.compile.warm import cache_location as loc
@@ -26,7 +27,7 @@ def clean_env(monkeypatch):
 
 def test_key_separates_environments():
     fields = cc.cache_key_fields("cpu")
-    assert set(fields) == {"format", "torch", "triton", "python", "device", "pack"}
+    assert set(fields) == {"format", "torch", "triton", "python", "device", "pack", "trace"}
     assert fields["device"].startswith("cpu ") and fields["pack"] == "0.1.0"
     key = cc.cache_key(fields)
     assert key.startswith("torch") and "-cpu-" in key and all(c.isalnum() or c in "._-" for c in key)
@@ -39,6 +40,14 @@ def test_key_separates_environments():
         ("python", "CPython 3.12"),
     ):
         assert cc.cache_key({**fields, name: value}) != key, name
+    # issue 45: the SDPA switches decide the kernels inductor lowers, and torch's own cache keys leave them out
+    flash = torch.backends.cuda.flash_sdp_enabled()
+    torch.backends.cuda.enable_flash_sdp(not flash)
+    try:
+        assert cc.cache_key(cc.cache_key_fields("cpu")) != key
+    finally:
+        torch.backends.cuda.enable_flash_sdp(flash)
+    assert cc.cache_key(cc.cache_key_fields("cpu")) == key
 
 
 def test_root_is_the_operators(clean_env, monkeypatch, tmp_path):

@@ -354,3 +354,13 @@ def test_a_failing_precompiled_call_falls_back_to_the_jit(tmp_path, monkeypatch)
     with torch.no_grad(), cache.activate(), pytest.raises(RuntimeError, match="out of memory"):
         routed2(x)
     assert state2.fallbacks == 0
+
+
+def test_the_report_says_on_or_off_once():
+    """Issue 46's trip: Optimize's report said "precompiled blocks: on, on (...)"."""
+    from steadfast.core.compile.use import _on_off
+
+    on, why = torch_compat.aot_compile_support()
+    said = _on_off(on, why)
+    assert said.startswith("on" if on else "off") and not said.startswith(("on, on", "off, off"))
+    assert _on_off(False, "torch 2.0 has no torch.compiler.load_compiled_function").startswith("off: torch 2.0")
