@@ -177,3 +177,28 @@ def test_carried_guard_sources_on_a_pack_module_are_portable():
         del sys.modules[mod.__name__]
     math = torch.nn.attention.SDPBackend.MATH
     assert carried_guards.describe_value(math) == f"enum {type(math).__module__}.{type(math).__qualname__}.MATH"
+
+
+def test_the_call_key_does_not_depend_on_the_install_folder():
+    """ComfyUI puts the pack's own functions and objects into ``transformer_options`` (wrappers, callbacks); named by
+    the module ComfyUI imported the pack under, its absolute folder, they gave a replica elsewhere other keys (its
+    artifacts missed). The same code in two folders gives one key."""
+    from steadfast.core.compile.options import CompileOptions
+    from steadfast.core.compile.warm import call_key as ck
+
+    source = "def wrapper(x):\n    return x\n\nclass Holder:\n    pass\n"
+    a = _module("/srv/a/custom_nodes/ComfyUI-Pack_sf.wrappers", source)
+    b = _module("/opt/b/custom_nodes/ComfyUI-Pack_sf.wrappers", source)
+    try:
+        block = Outer()
+        fp, static = ck.block_fingerprint(block), ck.static_fields(CompileOptions())
+        x = torch.ones(2)
+
+        def digest(mod):
+            options = {"wrappers": {"w": [mod.wrapper]}, "holder": mod.Holder(), "optimized_attention_override": None}
+            key = ck.call_key(fp, static, (x,), {"transformer_options": options}, flags="flags")
+            return ck.key_digest(fp, static, key)
+
+        assert digest(a) == digest(b)
+    finally:
+        del sys.modules[a.__name__], sys.modules[b.__name__]

@@ -96,9 +96,11 @@ def _describe(v: Any, code_key: bool) -> Any:
     if callable(v) and code_key:
         return ("F", describe_callable(v))
     if callable(v):  # outside the code keys (ComfyUI's wrappers, callbacks): the jit drops their guards too
-        return ("F", getattr(v, "__module__", None), getattr(v, "__qualname__", type(v).__qualname__))
+        module = getattr(v, "__module__", None)  # by portable name: a pack's module is named by its install folder
+        portable = traced_code.portable_module(module) if isinstance(module, str) else module
+        return ("F", portable, getattr(v, "__qualname__", type(v).__qualname__))
     if not code_key:
-        return ("O", type(v).__module__, type(v).__qualname__)
+        return ("O", traced_code.portable_module(type(v).__module__), type(v).__qualname__)
     raise _NotDescribable(f"{type(v).__qualname__} in transformer_options' code keys")
 
 

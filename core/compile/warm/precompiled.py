@@ -128,6 +128,22 @@ def untried_device(args: Sequence[Any]) -> str | None:
     return None
 
 
+def _simple_options(env: Mapping[str, Any]) -> tuple:
+    """The str, int, float, bool and None entries of the call's ``transformer_options`` (tuples and lists of them
+    too), by value: what tells block positions apart before their key's first save says which entries its trace
+    read (ComfyUI's ``block``, ``block_index``)."""
+    options = env.get("transformer_options")
+    if not isinstance(options, dict):
+        return ()
+    out = []
+    for k, v in options.items():
+        if isinstance(v, list | tuple) and all(isinstance(x, str | int | float | bool | type(None)) for x in v):
+            out.append((str(k), tuple(v)))
+        elif isinstance(v, str | int | float | bool | type(None)):
+            out.append((str(k), v))
+    return tuple(out)
+
+
 def _values_of(done: list[tuple], env: Mapping[str, Any]) -> tuple | None:
     """The call's values of the ``transformer_options`` sources the key's saves specialised on (``done``: their
     :func:`.variants.specialisation` s; all of one key read the same sources): what a queued save will specialise on,
@@ -309,9 +325,54 @@ class PrecompiledBlock(nn.Module):
                     state.pending.append(
                         lambda: self._save(cache, fingerprint, static, key, tuple(args), saved_kwargs, modes, memo_key)
                     )
+        elif kind == Entry.SAVED and self._waits_for_first_save(memo_key):
+            self._defer(cache, fingerprint, static, key, memo_key, args, kwargs)
         elif kind == Entry.JIT:
             state.count("fallbacks")
         return out
+
+    def _waits_for_first_save(self, memo_key: tuple) -> bool:
+        saved = self._state.saved.get(memo_key) or []
+        return any(kind == "queued" and values is None for kind, values in saved)
+
+    def _defer(
+        self,
+        cache: compile_cache.CompileCache,
+        fingerprint: dict,
+        static: dict,
+        key: tuple,
+        memo_key: tuple,
+        args: tuple,
+        kwargs: dict,
+    ) -> None:
+        """A call of a key whose first save is still queued, holding other simple ``transformer_options`` values than
+        the calls deferred before it (another block position): kept until that save is done, when the values it
+        specialised on are known; then :meth:`PrecompiledState.flush` saves this call's variant too when those values
+        differ (no save for values the trace does not read)."""
+        state = self._state
+        options = kwargs.get("transformer_options")
+        if not isinstance(options, dict):
+            return
+        desc = _simple_options({"transformer_options": options})
+        saved_kwargs = {k: (dict(v) if isinstance(v, dict) else v) for k, v in kwargs.items()}
+        modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+        seen = {"transformer_options": saved_kwargs["transformer_options"]}
+
+        def maybe_save() -> None:
+            with state.lock:
+                saved = state.saved.setdefault(memo_key, [])
+                done = [v for kind, v in saved if kind == "values"]
+                values = _values_of(done, seen) if done else None
+                queued = [v for kind, v in saved if kind == "queued"]
+                if values is None or has_specialisation(done, seen) or values in queued:
+                    return  # the first save failed, or these values are saved or queued already
+                saved.append(("queued", values))
+            self._save(cache, fingerprint, static, key, tuple(args), saved_kwargs, modes, memo_key)
+
+        with state.lock:
+            deferred = state.deferred.setdefault(memo_key, {})
+            if desc not in deferred and len(deferred) < MAX_VARIANTS:
+                deferred[desc] = maybe_save
 
     def _known(self, memo_key: tuple, env: dict[str, Any]) -> tuple[Entry | None, Answer | None]:
         """What this process already knows for a call: ``(Entry.ANSWERS, answer)`` for a loaded answer that holds,

@@ -80,6 +80,9 @@ class PrecompiledState:
     #: sources the key's done saves specialised on)`` until it is saved (None for the key's first save: every call
     #: waits for it). A call holding other values (another block position) saves its own variant
     saved: dict[tuple, list] = dataclasses.field(default_factory=dict, repr=False)
+    #: (cache path, call key) -> {the call's simple transformer_options values: its save, if still needed}: calls that
+    #: waited for their key's first save (run by :meth:`flush` after it)
+    deferred: dict[tuple, dict] = dataclasses.field(default_factory=dict, repr=False)
     #: (cache path, variant) -> the loaded artifact (one load per variant and process)
     loaded: dict[tuple, Any] = dataclasses.field(default_factory=dict, repr=False)
     load_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
@@ -156,12 +159,19 @@ class PrecompiledState:
 
     def flush(self) -> int:
         """Run the saves queued by the calls so far (after the tracked call: their traces are not counted as the
-        record's graphs). Returns how many ran. Call with the compile cache active."""
+        record's graphs), then the deferred ones (:attr:`deferred`: calls of other block positions that waited for
+        their key's first save, saved now when the values it specialised on differ). Returns how many ran. Call with
+        the compile cache active."""
         with self.lock:
             todo, self.pending = self.pending, []
         for save in todo:
             save()
-        return len(todo)
+        with self.lock:
+            later = [fn for by_desc in self.deferred.values() for fn in by_desc.values()]
+            self.deferred = {}
+        for maybe_save in later:
+            maybe_save()
+        return len(todo) + len(later)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON view: ``{"enabled", "reason", "hits", "loads", "saves", "fallbacks", "save_seconds", "load_seconds",
