@@ -117,7 +117,8 @@ def tree(c):
     return {p.relative_to(c.path).as_posix() for p in c.path.rglob("*") if p.is_file()}
 before = tree(cache)
 state = preload.preload(root, device="cpu")
-print(json.dumps({"state": state, "new": sorted(tree(cache) - before), "other": sorted(tree(other) - {cc.MANIFEST}),
+other_files = {n for n in tree(other) - {cc.MANIFEST} if n != cc.LOCK_FILE}  # opening takes the folder's lock
+print(json.dumps({"state": state, "new": sorted(tree(cache) - before), "other": sorted(other_files),
                   "recorded": sorted(cache.recorded())}))
 """
 

@@ -27,10 +27,10 @@ Module names are made portable (:func:`portable_module`): ComfyUI imports a cust
 folder path (``nodes.load_custom_node``: ``sys_module_name = module_path.replace(".", "_x_")``), so the pack's own
 modules are named ``steadfast`` and another pack's by its folder's name, whatever folder it is installed in.
 
-torch's own precompile (``torch._dynamo.package.SourceInfo``) records the traced code by module name, line numbers
-and a sha256 of the source text read back from disk (``inspect.getsourcelines``), and ``_CompilePackage`` checks a
-loaded package against the source on disk again: it shares the flaw of a file updated after import, so the pack
-does not use those checksums. No ComfyUI imports.
+torch's own precompile (the ``SourceInfo`` of Dynamo's package module) records the traced code by module name, line
+numbers and a sha256 of the source text read back from disk (``inspect.getsourcelines``), and ``_CompilePackage``
+checks a loaded package against the source on disk again: it shares the flaw of a file updated after import, so the
+pack does not use those checksums. No ComfyUI imports.
 """
 
 from __future__ import annotations
