@@ -202,3 +202,22 @@ def test_the_call_key_does_not_depend_on_the_install_folder():
         assert digest(a) == digest(b)
     finally:
         del sys.modules[a.__name__], sys.modules[b.__name__]
+
+
+def test_a_duplicate_input_guard_names_both_sources_portably(monkeypatch):
+    """``DUPLICATE_INPUT`` carries "<source> is <other source>"; the other source came from Dynamo unchanged, so a
+    pack module's alias in it kept the install folder (the replica server test found it)."""
+    mod = _module("/srv/y/custom_nodes/SomePack.dup_sf", "import math\nM = math\n")
+    try:
+        alias = "G['__import_/srv/y/custom_nodes/SomePack_dot_dup_sf']"
+        entry = types.SimpleNamespace(name=f"{alias}.M", guard_type="DUPLICATE_INPUT", value=None, has_value=False)
+        monkeypatch.setattr(carried_guards.torch_compat, "duplicate_source", lambda e: "G['__import_math']")
+        env = carried_guards.Binder(Outer.forward)(Outer(), (torch.ones(1),), {})
+        guards, problems = carried_guards.carry([entry], env)
+        assert problems == [] and "/srv/" not in guards[0].source, guards
+        monkeypatch.setattr(carried_guards.torch_compat, "duplicate_source", lambda e: f"{alias}.M")
+        entry.name = "G['__import_math']"
+        guards, problems = carried_guards.carry([entry], env)
+        assert problems == [] and "/srv/" not in guards[0].source, guards
+    finally:
+        del sys.modules[mod.__name__]

@@ -409,6 +409,7 @@ def _carry_one(e: Any, gtype: str, name: str, env: Mapping[str, Any]) -> Carried
         other = torch_compat.duplicate_source(e)
         if other is None:
             raise NotDescribable(f"guard {gtype} on {name}: its other source is not known")
+        other = portable_source(other)
         if _read_back(name, gtype, name, env) is not _read_back(other, gtype, name, env):
             raise NotDescribable(f"guard {gtype} on {name}: the sources read two objects")
         return CarriedGuard(f"{name} is {other}", kind, gtype, "True")
