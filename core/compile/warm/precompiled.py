@@ -440,7 +440,8 @@ class PrecompiledBlock(nn.Module):
                     "fallbacks", digest[:12], cache.redact(f"not precompiled: {'; '.join(variant['refused'])}")
                 )
                 return Entry.JIT, None
-            fn = self._load(cache, variant["artifact"])
+            modules = variant.get("modules")
+            fn = self._load(cache, variant["artifact"], modules if isinstance(modules, dict) else {})
             if fn is None:
                 return Entry.JIT, None
             matched, code = found
@@ -458,7 +459,7 @@ class PrecompiledBlock(nn.Module):
             )
         return Entry.NEW, None
 
-    def _load(self, cache: compile_cache.CompileCache, artifact: str) -> Any:
+    def _load(self, cache: compile_cache.CompileCache, artifact: str, modules: Mapping[str, str] = {}) -> Any:  # noqa: B006 (read only)
         state = self._state
         memo = (str(cache.path), artifact)
         if memo in state.loaded:
@@ -477,6 +478,7 @@ class PrecompiledBlock(nn.Module):
                 for context in self._contexts:  # the jit's (trusted_cpu_isa: no ISA test builds while loading)
                     stack.enter_context(context())
                 stack.enter_context(torch_compat.built_kernel_loads())  # its kernels are built: no header work
+                stack.enter_context(traced_code.module_aliases(modules))  # the saver's names of the pack's modules
                 fn = torch.compiler.load_compiled_function(io.BytesIO(data))
             fn = torch_compat.checked_once(fn)  # _route runs guard_check before every call: not twice
         except Exception as e:  # noqa: BLE001 (a load failure is a recorded fallback, never an error)
@@ -537,6 +539,7 @@ class PrecompiledBlock(nn.Module):
                     with open(path, "rb") as f:
                         data = f.read()
             variant["artifact"] = hashlib.sha256(data).hexdigest()[:32]
+            variant["modules"] = traced_code.folder_named_modules()  # torch's pickles name them as imported here
             cache.write_once(f"{PRECOMPILED_DIR}/{variant['artifact']}.pt2", data)
             add_variant(cache, digest, variant)
         except Exception as e:  # noqa: BLE001 (a save failure is a recorded fallback, never an error)

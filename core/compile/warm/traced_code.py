@@ -35,6 +35,7 @@ pack does not use those checksums. No ComfyUI imports.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -42,7 +43,7 @@ import inspect
 import os
 import sys
 import types
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 __all__ = [
@@ -57,6 +58,8 @@ __all__ = [
     "root_forward",
     "root_function",
     "build_tree",
+    "folder_named_modules",
+    "module_aliases",
 ]
 
 #: the portable name of this pack's root package, whatever folder ComfyUI loaded it from
@@ -391,3 +394,30 @@ def build_tree(tree: Any, identity: CodeIdentity) -> None:
         tree.is_(tree.attr(got, "__defaults__", f"{path}.__defaults__", defaults), defaults, f"{path}: its defaults")
         kw = tree.attr(got, "__kwdefaults__", f"{path}.__kwdefaults__", kwdefaults)
         tree.is_(kw, kwdefaults, f"{path}: its keyword defaults")
+
+
+def folder_named_modules() -> dict[str, str]:
+    """``{portable name: the name it is imported under here}`` of the loaded modules ComfyUI named by a folder path
+    (this pack's and other packs'): an ``aot_compile`` artifact pickles the modules its code and guards use by that
+    name, so a replica with the pack in another folder must map them back (:func:`module_aliases`)."""
+    return {p: n for n in list(sys.modules) if (p := portable_module(n)) != n}
+
+
+@contextlib.contextmanager
+def module_aliases(saved: Mapping[str, str]) -> Iterator[None]:
+    """Inside the block, each module the saving process imported under a folder-path name (``saved``: its
+    :func:`folder_named_modules`) is also reachable under that name here, when this process has the same module under
+    its own folder's name; the names added are removed after. Used only while loading an artifact."""
+    added = []
+    for portable, name in saved.items():
+        if name in sys.modules:
+            continue
+        module = local_module(portable)
+        if module is not None:
+            sys.modules[name] = module
+            added.append(name)
+    try:
+        yield
+    finally:
+        for name in added:
+            sys.modules.pop(name, None)
