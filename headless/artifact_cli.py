@@ -99,6 +99,26 @@ def _describe(fields: dict[str, Any]) -> str:
     )
 
 
+def _same_but_trace(named: Path, fields: dict, manifest: str) -> str | None:
+    """The one key folder under ``named`` whose manifest has ``fields`` but for ``"trace"`` (the switches a trace
+    reads,
+    :func:`core.torch_compat.trace_state`: a ComfyUI server sets some at start, this command does not), or None when
+    there is none or more than one (the command then lists them)."""
+    want = {k: v for k, v in json.loads(json.dumps(fields, default=str)).items() if k != "trace"}
+    hits = []
+    for d in sorted(named.iterdir()):
+        if not d.is_dir() or d.name.startswith(".") or ".bad-" in d.name:
+            continue
+        try:
+            body = json.loads((d / manifest).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        got = body.get("fields") if isinstance(body, dict) else None
+        if isinstance(got, dict) and {k: v for k, v in got.items() if k != "trace"} == want:
+            hits.append(d.name)
+    return hits[0] if len(hits) == 1 else None
+
+
 def _export(args: argparse.Namespace) -> int:
     import torch
 
@@ -114,6 +134,8 @@ def _export(args: argparse.Namespace) -> int:
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         fields = cache.cache_key_fields(device, presets.preset_options(args.inductor_preset, "inductor"))
         key = cache.cache_key(fields)
+        if not (named / key).is_dir():  # the server's trace state (SDPA switches ComfyUI sets) is not this process's
+            key = _same_but_trace(named, fields, cache.MANIFEST) or key
         if not (named / key).is_dir():
             found = []
             for d in sorted(named.iterdir()):
