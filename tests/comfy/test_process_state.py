@@ -54,7 +54,7 @@ def state(tiny_ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     import os
 
     env = {**os.environ, "STEADFAST_COMPILE_CACHE": str(tmp_path_factory.mktemp("cc"))}
-    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "CUBLAS_WORKSPACE_CONFIG"):
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_WORKSPACE_SIZE"):
         env.pop(name, None)  # this test process imported the pack already; the child starts clean
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).with_name("process_state_child.py")), str(ROOT), str(tiny_ckpt)],
