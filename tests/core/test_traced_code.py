@@ -221,3 +221,19 @@ def test_a_duplicate_input_guard_names_both_sources_portably(monkeypatch):
         assert problems == [] and "/srv/" not in guards[0].source, guards
     finally:
         del sys.modules[mod.__name__]
+
+
+def test_a_portable_name_finds_a_module_loaded_after_another_left():
+    """A module leaving and another arriving keep ``len(sys.modules)``; the portable-name table was keyed on that
+    count and answered "not loaded" for the newcomer (CI row 1 failed on it when the suite ran in full)."""
+    from steadfast.core.compile.warm import traced_code
+
+    first = _module("/srv/p/custom_nodes/FirstPack_sf.mod", "X = 1\n")
+    assert traced_code.local_module("custom_nodes/FirstPack_sf.mod") is first
+    del sys.modules[first.__name__]
+    second = _module("/srv/q/custom_nodes/SecondPack_sf.mod", "X = 2\n")
+    try:
+        assert traced_code.local_module("custom_nodes/SecondPack_sf.mod") is second
+        assert traced_code.local_module("custom_nodes/FirstPack_sf.mod") is None
+    finally:
+        del sys.modules[second.__name__]

@@ -87,18 +87,24 @@ def portable_module(name: str) -> str:
     return name
 
 
-@functools.lru_cache(maxsize=1)
-def _local_names(count: int) -> dict[str, str]:
-    del count  # the cache is keyed on len(sys.modules): a new import refreshes it
-    return {portable_module(n): n for n in list(sys.modules)}
+_local_names: dict[str, str] = {}  # portable name -> sys.modules key, refreshed on a miss
 
 
 def local_module(portable: str) -> types.ModuleType | None:
-    """The loaded module whose :func:`portable_module` name is ``portable``, or None when none is loaded."""
+    """The loaded module whose :func:`portable_module` name is ``portable``, or None when none is loaded.
+
+    The portable names of ``sys.modules`` are kept between calls and rebuilt when a name is not found or no longer
+    names that module (modules come and go; their count alone does not say which: two test modules swapped kept the
+    count and answered from a stale table)."""
     direct = sys.modules.get(portable)
     if direct is not None and portable_module(portable) == portable:
         return direct
-    name = _local_names(len(sys.modules)).get(portable)
+    name = _local_names.get(portable)
+    if name is None or name not in sys.modules:
+        fresh = {portable_module(n): n for n in list(sys.modules)}
+        _local_names.clear()
+        _local_names.update(fresh)
+        name = fresh.get(portable)
     return None if name is None else sys.modules.get(name)
 
 
