@@ -11,7 +11,11 @@ section 22); as leaves of a C++ guard tree, built once per loaded answer with to
 Only a check with no C++ leaf (a comparison of two sources, ordered keys) stays a Python lambda inside the tree.
 
 :class:`GuardTree` is the builder and the tree; its root's value is the dict of the call's locals by name (the
-binder's environment), the same dict the artifact's own tree is evaluated with.
+binder's environment), the same dict the artifact's own tree is evaluated with. Built on an artifact's tree
+(``GuardTree(extend=manager)``), it starts from a copy of it (``RootGuardManager.clone_manager``, the copy Dynamo
+makes for its own guard filtering): the pack's leaves join torch's, under the accessors they share (``L['self']``,
+``L['self']._modules['attn1']``), and one ``check`` runs both. A copy, because a loaded artifact may answer several
+variants (block positions whose graphs are byte-equal), each with its own carried values.
 """
 
 from __future__ import annotations
@@ -33,13 +37,33 @@ class GuardTree:
     checks).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, extend: Any = None) -> None:
+        """Args:
+        extend: an artifact's guard tree (a ``GuardManagerWrapper`` or its ``RootGuardManager``) to start from a
+            copy of; None starts empty.
+        Raises:
+            TorchAPIMissing: Dynamo's C++ guards, or ``clone_manager`` with ``extend``, are gone.
+            RuntimeError: the copy does not hold every leaf of ``extend`` (torch changed what ``clone_manager``
+                copies; the caller keeps the two trees apart).
+        """
         guards = _api("torch._C._dynamo", "guards", "precompiled blocks (the per-call checks as C++ guards)")
         kinds = _api("torch._dynamo.guards", "GuardManagerType", "precompiled blocks (C++ guard managers)")
         self._kind = kinds.GUARD_MANAGER
-        self.root = guards.RootGuardManager()
         self._leaves = 0
         self._kept: list[Any] = []
+        if extend is None:
+            self.root = guards.RootGuardManager()
+            return
+        base = getattr(extend, "root", extend)
+        if not callable(getattr(base, "clone_manager", None)):
+            raise TorchAPIMissing(
+                f"torch {torch.__version__}: RootGuardManager.clone_manager is gone; the precompiled blocks' checks "
+                "need it to join an artifact's guard tree (they run as a tree of their own)"
+            )
+        self.root = base.clone_manager(lambda _manager: True)
+        if self.root is None or _count(self.root) != _count(base):
+            raise RuntimeError("clone_manager did not copy every guard of the artifact's tree")
+        self._leaves = _count(self.root)
 
     def _leaf(self, add: Callable[..., None], *args: Any, parts: str) -> None:
         try:  # torch 2.11 takes a user stack after the code parts, torch 2.14 may not
@@ -116,6 +140,15 @@ class GuardTree:
         except Exception as e:  # noqa: BLE001 (a reason, never an error)
             return f"check_verbose raised {type(e).__name__}"
         return "; ".join(str(p) for p in parts)[:300] or "?"
+
+
+def _count(manager: Any) -> int:
+    """The leaves of a guard manager and of every manager under it (epilogue leaves included)."""
+    n = len(manager.get_leaf_guards())
+    epilogue = getattr(manager, "get_epilogue_lambda_guards", None)
+    if callable(epilogue):
+        n += len(epilogue())
+    return n + sum(_count(child) for child in manager.get_child_managers())
 
 
 def guard_tree_support() -> bool:

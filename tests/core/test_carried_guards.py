@@ -158,9 +158,9 @@ def _interpreted_still(matched: cg.Matched, env) -> bool:
 
 
 def test_the_generated_check_agrees_with_the_interpreter_for_every_kind(monkeypatch) -> None:
-    """Matched.still runs one generated function; on every change below it gives what the interpreter gives, and so
-    does the tree of C++ guards built from it (``build_tree``); a source outside the checked node types is refused
-    before any text is generated."""
+    """Matched.still (the Python re-check) gives on every change below what the guard-by-guard reference gives, and so
+    does the tree of C++ guards built from the same parsed sources (``build_tree``); a source outside the node types
+    the one parser reads is refused before anything is evaluated."""
     block = Block()
     block.names = ["a", "b"]
     block.table = {"x": 1, "y": 2}
@@ -208,6 +208,43 @@ def test_the_generated_check_agrees_with_the_interpreter_for_every_kind(monkeypa
     assert all(got == ref == in_tree for got, ref, in_tree in results), results
     assert [got for got, _, _ in results].count(True) >= 1 and [got for got, _, _ in results].count(False) >= 3
     with pytest.raises(cg.NotDescribable):
-        cg._checker((("__import__('os').getcwd()", "eq"),))
+        cg.parse_source("__import__('os').getcwd()")
     with pytest.raises(cg.NotDescribable):
-        cg._checker((("self.x[G['k']]", "eq"),))
+        cg.parse_source("self.x[G['k']]")
+
+
+def test_the_pack_checks_join_a_copy_of_the_artifacts_own_guard_tree(tmp_path) -> None:
+    """The route's one tree per answer (issue 45 item 2): a copy of the loaded artifact's C++ guard tree with the
+    pack's leaves added. One check then fails on torch's guards (a shape) and on the pack's (a carried value); two
+    answers of one loaded artifact (block positions whose graphs are byte-equal) keep their own values, and the
+    artifact's own tree gains nothing."""
+    block, x = Block(), torch.ones(2)
+    with torch_compat.aot_compile_enabled():
+        aot = torch.compile(Block.forward, fullgraph=True).aot_compile(((block, x), {}))
+    aot.save_compiled_function(str(tmp_path / "a.pt2"))
+    with open(tmp_path / "a.pt2", "rb") as f:
+        fn = torch.compiler.load_compiled_function(f)
+    manager = torch_compat.artifact_guard_manager(fn)
+    assert manager is not None
+    binder = cg.Binder(Block.forward)
+
+    def env(position, inp=x):
+        return binder(block, (inp,), {"transformer_options": {"block": position}})
+
+    trees = {}
+    for position in ("input", "output"):
+        tree = torch_compat.GuardTree(manager)
+        base = tree.leaves
+        options = tree.item(tree.root, "transformer_options", "L['transformer_options']", {"block": position})
+        value = tree.item(options, "block", "L['transformer_options']['block']", position)
+        tree.type_is(value, str, "block is a str")
+        tree.equals(value, position, f"block == {position!r}")
+        assert tree.leaves == base + 2 and base > 0
+        trees[position] = tree
+    assert trees["input"].check(env("input")) and trees["output"].check(env("output"))
+    assert not trees["input"].check(env("output")) and not trees["output"].check(env("input"))
+    assert "block == 'input'" in trees["input"].failure(env("output"))
+    assert manager.check(env("output")) and manager.check(env("input"))  # the artifact's own tree is untouched
+    wider = torch.ones(3)
+    assert not manager.check(env("input", wider)) and not trees["input"].check(env("input", wider))  # torch's guard
+    assert not torch.equal(fn(block, x), fn(block, torch.full((2,), 2.0)))  # the random-weight block reads its input

@@ -261,6 +261,7 @@ def test_an_artifact_from_one_process_answers_another_bit_equal(cold):
     w = _child(root, "warm")
     assert w["out"] == c["out"] and w["jit_same"]  # loaded artifact == the cold jit == this process's jit
     assert w["guard_checks_per_hit"] == 1  # the route's guard_check; the artifact's own check is off (not twice)
+    assert w["one_tree"]  # torch's guards and the pack's checks run as one tree, a copy of the artifact's (issue 45)
     cases = w["cases"]
     first = cases["override_replaced"]["state"]
     assert first["loads"] == 1 and first["hits"] == 3 and first["fallbacks"] == 0

@@ -30,12 +30,13 @@ Guard kinds and what the pack does with each:
 * anything else (``DICT_VERSION``, ``NN_MODULE``, ``WEAKREF_ALIVE``, ``HASATTR``...): not describable: no artifact.
 
 Guard sources are Dynamo's source names (``G['F'].linear``, ``self._modules['s'].weight_function[0]``,
-``self.fn.__closure__[0].cell_contents``, ``type(x)``), read here by a small interpreter of names, attributes,
-constant subscripts, ``type(...)``, ``dict(...)`` (read as the mapping itself), ``is`` and ``'key' in``
-(no ``eval``). The per-call re-check of a matched set (:meth:`Matched.still`) runs one flat plan of steps built
-from those syntax trees (:func:`_checker`), which reads each shared prefix (``self._modules['attn1']``) once.
-``G['__import_<module>']`` is that module (Dynamo's alias for the globals of inlined functions from other
-modules). No ComfyUI imports.
+``self.fn.__closure__[0].cell_contents``, ``type(x)``), read once by one small parser (:func:`parse_source`: names,
+attributes, constant subscripts, ``type(...)``, ``dict(...)`` (read as the mapping itself), ``is`` and ``'key' in``;
+no ``eval``). Its result is walked two ways: to read a value (:func:`read_source`, when a guard is carried and when a
+variant is matched) and to build the per-call checks as leaves of Dynamo's C++ guard tree (:func:`build_tree`),
+sharing each prefix (``self._modules['attn1']``); :meth:`Matched.still` reads the same sources in Python only for a
+torch without those guards. ``G['__import_<module>']`` is that module (Dynamo's alias for the globals of inlined
+functions from other modules). No ComfyUI imports.
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ import dataclasses
 import enum
 import functools
 import inspect
-import operator
 import re
 import sys
 import types
@@ -70,6 +70,7 @@ __all__ = [
     "code_digest",
     "build_tree",
     "read_source",
+    "parse_source",
     "portable_source",
 ]
 
@@ -239,41 +240,41 @@ class _Globals:
 
 
 @functools.lru_cache(maxsize=4096)
-def _reader(source: str) -> Callable[[Mapping[str, Any]], Any]:
-    """A function reading the guard source ``source`` from an environment (the frame's arguments by name, and
-    ``G``). Raises :class:`NotDescribable` for a source outside names, attributes, constant subscripts and
-    ``type(...)``."""
+def parse_source(source: str) -> tuple:
+    """The one reading of a guard source: Dynamo's source name parsed into nested tuples, which both the value reader
+    (:func:`read_source`) and the C++ tree builder (:func:`build_tree`) walk.
+
+    Args:
+        source: a guard source (``G['F'].linear``, ``self._modules['s'].weight_function[0]``, ``type(x)``,
+            ``dict(type(x).__dict__)``, ``a is b``, ``'key' in d``).
+    Returns:
+        ``("name", id)``, ``("attr", inner, name)``, ``("item", inner, constant)``, ``("type", inner)``,
+        ``("is", left, right)`` or ``("in", key, inner)``; ``dict(x)`` reads the mapping as it is, so it is ``x``.
+    Raises:
+        NotDescribable: a source outside names, attributes, constant subscripts, ``type(...)``, ``dict(...)``,
+            ``is`` and ``'key' in`` (nothing is evaluated).
+    """
     try:
         node = ast.parse(source, mode="eval").body
     except SyntaxError as e:
         raise NotDescribable(f"guard source {source!r} is not an expression") from e
 
-    def build(n: ast.AST) -> Callable[[Mapping[str, Any]], Any]:
+    def walk(n: ast.AST) -> tuple:
         if isinstance(n, ast.Name):
-            name = n.id
-            return lambda env: env[name]
+            return ("name", n.id)
         if isinstance(n, ast.Attribute):
-            inner, attr = build(n.value), n.attr
-            return lambda env: getattr(inner(env), attr)
+            return ("attr", walk(n.value), n.attr)
         if isinstance(n, ast.Subscript):
-            inner = build(n.value)
             try:
                 index = ast.literal_eval(n.slice)
             except ValueError as e:
                 raise NotDescribable(f"guard source {source!r}: a subscript that is not a constant") from e
-            return lambda env: inner(env)[index]
-        if isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], ast.Is) and len(n.comparators) == 1:
-            left, right = build(n.left), build(n.comparators[0])
-            return lambda env: left(env) is right(env)
-        if (
-            isinstance(n, ast.Compare)
-            and len(n.ops) == 1
-            and isinstance(n.ops[0], ast.In)
-            and isinstance(n.left, ast.Constant)
-            and len(n.comparators) == 1
-        ):
-            key, container = n.left.value, build(n.comparators[0])
-            return lambda env: key in container(env)
+            return ("item", walk(n.value), index)
+        if isinstance(n, ast.Compare) and len(n.ops) == 1 and len(n.comparators) == 1:
+            if isinstance(n.ops[0], ast.Is):
+                return ("is", walk(n.left), walk(n.comparators[0]))
+            if isinstance(n.ops[0], ast.In) and isinstance(n.left, ast.Constant):
+                return ("in", n.left.value, walk(n.comparators[0]))
         if (
             isinstance(n, ast.Call)
             and isinstance(n.func, ast.Name)
@@ -281,13 +282,39 @@ def _reader(source: str) -> Callable[[Mapping[str, Any]], Any]:
             and len(n.args) == 1
             and not n.keywords
         ):
-            inner = build(n.args[0])
-            if n.func.id == "dict":  # dict(type(x).__dict__)[...]: read the mapping as it is, no copy
-                return inner
-            return lambda env: type(inner(env))
+            inner = walk(n.args[0])
+            return inner if n.func.id == "dict" else ("type", inner)  # dict(...): the mapping itself, no copy
         raise NotDescribable(f"guard source {source!r}: {type(n).__name__} is not read by the pack")
 
-    return build(node)
+    return walk(node)
+
+
+@functools.lru_cache(maxsize=4096)
+def _reader(source: str) -> Callable[[Mapping[str, Any]], Any]:
+    """A function reading the guard source ``source`` (:func:`parse_source`) from an environment (the frame's
+    arguments by name, and ``G``). Raises :class:`NotDescribable` for a source the pack does not read."""
+
+    def build(p: tuple) -> Callable[[Mapping[str, Any]], Any]:
+        op = p[0]
+        if op == "name":
+            name = p[1]
+            return lambda env: env[name]
+        if op == "attr":
+            inner, attr = build(p[1]), p[2]
+            return lambda env: getattr(inner(env), attr)
+        if op == "item":
+            inner, index = build(p[1]), p[2]
+            return lambda env: inner(env)[index]
+        if op == "type":
+            inner = build(p[1])
+            return lambda env: type(inner(env))
+        if op == "is":
+            left, right = build(p[1]), build(p[2])
+            return lambda env: left(env) is right(env)
+        key, container = p[1], build(p[2])  # "in"
+        return lambda env: key in container(env)
+
+    return build(parse_source(source))
 
 
 def read_source(source: str, env: Mapping[str, Any]) -> Any:
@@ -430,137 +457,28 @@ def _carry_one(e: Any, gtype: str, name: str, env: Mapping[str, Any]) -> Carried
 
 @dataclasses.dataclass
 class Matched:
-    """Carried guards found to hold in this process, with the objects they matched: :meth:`still` re-checks them by
-    identity (``is``, ``code``, ``type``) or equality (``eq``, ``len``, ``keys``), all in one generated function
-    (:func:`_checker`)."""
+    """Carried guards found to hold in this process, with the objects they matched (:attr:`seen`, what :func:`_now`
+    gives). Per call the route checks them as leaves of a C++ guard tree (:func:`build_tree`); :meth:`still` is the
+    same check read in Python, for a torch without those guards."""
 
     guards: tuple[CarriedGuard, ...]
     readers: tuple[Callable[[Mapping[str, Any]], Any], ...]
     seen: tuple[Any, ...]
-    check: Callable[[Mapping[str, Any], tuple[Any, ...]], bool] | None = dataclasses.field(default=None, repr=False)
-
-    def __post_init__(self) -> None:
-        if self.check is None:
-            self.check = _checker(tuple((g.source, g.kind) for g in self.guards))
 
     def still(self, env: Mapping[str, Any]) -> bool:
-        """Whether every guard still reads what it matched (False when a source fails to read)."""
-        return self.check(env, self.seen)
-
-
-def _same(v: Any) -> Any:
-    return v
-
-
-#: What :meth:`Matched.still` compares per guard kind: the value it takes of ``v`` (the source's value now) and
-#: whether by equality (else identity), as :func:`_now` describes it
-_STILL: dict[str, tuple[Callable[[Any], Any], bool]] = {
-    "code": (operator.attrgetter("__code__"), False),
-    "type": (type, False),
-    "len": (len, True),
-    "keys": (lambda v: tuple(v.keys()), True),
-    "eq": (lambda v: (type(v), v), True),
-    "same": (_same, True),
-    "contains": (_same, True),
-}
-_NAME, _APPLY, _IS, _CHECK = range(4)  # the step kinds of a _checker plan
-
-
-@functools.lru_cache(maxsize=1024)
-def _checker(guards: tuple[tuple[str, str], ...]) -> Callable[[Mapping[str, Any], tuple[Any, ...]], bool]:
-    """One function ``check(env, seen)`` for the carried guards ``(source, kind)``: True when each source read from
-    ``env`` still gives ``seen[i]`` (compared as :func:`_now` describes it), False at the first that does not or that
-    fails to read.
-
-    The sources' syntax trees (the node types of :func:`_reader`, :class:`NotDescribable` otherwise) become one flat
-    plan of steps, in the guards' order: read a name, apply an attribute / item / ``type`` / ``in`` getter to an
-    earlier value, compare two values by identity, check guard ``i``. A value several guards read (a shared prefix
-    such as ``self._modules['attn1']``) is one step, read once per call; the getters are ``operator``'s. No text is
-    evaluated."""
-    steps: list[tuple[int, Any, Any]] = []
-    index: dict[str, int] = {}
-
-    def step(key: str, kind: int, a: Any, b: Any) -> int:
-        if key not in index:
-            index[key] = len(steps)
-            steps.append((kind, a, b))
-        return index[key]
-
-    def plan(n: ast.AST, source: str) -> tuple[int, str]:
-        if isinstance(n, ast.Name):
-            key = f"env[{n.id!r}]"
-            return step(key, _NAME, n.id, None), key
-        if isinstance(n, ast.Attribute):
-            at, inner = plan(n.value, source)
-            key = f"{inner}.{n.attr}"
-            return step(key, _APPLY, operator.attrgetter(n.attr), at), key
-        if isinstance(n, ast.Subscript):
-            at, inner = plan(n.value, source)
-            try:
-                item = ast.literal_eval(n.slice)
-            except ValueError as e:
-                raise NotDescribable(f"guard source {source!r}: a subscript that is not a constant") from e
-            key = f"{inner}[{item!r}]"
-            return step(key, _APPLY, operator.itemgetter(item), at), key
-        if isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], ast.Is) and len(n.comparators) == 1:
-            (left, lk), (right, rk) = plan(n.left, source), plan(n.comparators[0], source)
-            return step(f"({lk} is {rk})", _IS, left, right), f"({lk} is {rk})"
-        if (
-            isinstance(n, ast.Compare)
-            and len(n.ops) == 1
-            and isinstance(n.ops[0], ast.In)
-            and isinstance(n.left, ast.Constant)
-            and len(n.comparators) == 1
-        ):
-            at, inner = plan(n.comparators[0], source)
-            member = n.left.value
-            key = f"({member!r} in {inner})"
-            return step(key, _APPLY, lambda container: member in container, at), key
-        if (
-            isinstance(n, ast.Call)
-            and isinstance(n.func, ast.Name)
-            and n.func.id in ("type", "dict")
-            and len(n.args) == 1
-            and not n.keywords
-        ):
-            at, inner = plan(n.args[0], source)
-            if n.func.id == "dict":  # read the mapping as it is, no copy (as _reader)
-                return at, inner
-            return step(f"type({inner})", _APPLY, type, at), f"type({inner})"
-        raise NotDescribable(f"guard source {source!r}: {type(n).__name__} is not read by the pack")
-
-    for i, (source, kind) in enumerate(guards):
+        """Whether every guard still reads what it matched (False when a source fails to read): identity for
+        ``is``, ``code`` and ``type``, equality for the other kinds."""
         try:
-            node = ast.parse(source, mode="eval").body
-        except SyntaxError as e:
-            raise NotDescribable(f"guard source {source!r} is not an expression") from e
-        at, _ = plan(node, source)
-        now, by_equality = _STILL.get(kind, (_same, False))
-        steps.append((_CHECK, at, (i, now, by_equality)))
-    frozen = tuple(steps)
-
-    def check(env: Mapping[str, Any], seen: tuple[Any, ...]) -> bool:
-        vals: list[Any] = []
-        keep = vals.append
-        try:
-            for kind, a, b in frozen:
-                if kind == _APPLY:
-                    keep(a(vals[b]))
-                elif kind == _NAME:
-                    keep(env[a])
-                elif kind == _IS:
-                    keep(vals[a] is vals[b])
-                else:
-                    i, now, by_equality = b
-                    value = now(vals[a])
-                    if (value != seen[i]) if by_equality else (value is not seen[i]):
-                        return False
-                    keep(None)  # keeps the step indices of the values
+            for g, read, seen in zip(self.guards, self.readers, self.seen):
+                now = _now(g.kind, read(env))
+                if (now != seen) if g.kind in _BY_EQUALITY else (now is not seen):
+                    return False
         except Exception:  # noqa: BLE001 (a source that no longer reads: the guard does not hold)
             return False
         return True
 
-    return check
+
+_BY_EQUALITY = frozenset(("eq", "len", "keys", "same", "contains"))
 
 
 def _now(kind: str, value: Any) -> Any:
@@ -619,73 +537,55 @@ def build_tree(tree: Any, matched: Matched, env: Mapping[str, Any]) -> None:
             ``AttributeError``: torch cannot build an accessor or a leaf here (keep the Python checks).
     """
     globals_ = env["G"]
-    memo: dict[str, tuple[Any, Any]] = {}
+    memo: dict[tuple, tuple[Any, Any]] = {}  # parsed source -> (manager, example value): shared prefixes once
 
-    def node(n: ast.AST, source: str) -> tuple[Any, Any, str]:
-        if isinstance(n, ast.Name):
-            if n.id == "L":
-                return tree.root, env, "L"
-            if n.id == "G":
-                key = "G"
-                if key not in memo:
-                    memo[key] = (tree.constant(globals_.g, "G"), globals_.g)
-                return (*memo[key], key)
-            key = f"L[{n.id!r}]"
-            if key not in memo:
-                memo[key] = (tree.item(tree.root, n.id, key, env[n.id]), env[n.id])
-            return (*memo[key], key)
-        if isinstance(n, ast.Attribute):
-            parent, value, inner = node(n.value, source)
-            key = f"{inner}.{n.attr}"
-            if key not in memo:
-                got = getattr(value, n.attr)
-                memo[key] = (tree.attr(parent, n.attr, key, got), got)
-            return (*memo[key], key)
-        if isinstance(n, ast.Subscript):
-            parent, value, inner = node(n.value, source)
-            try:
-                item = ast.literal_eval(n.slice)
-            except ValueError as e:
-                raise NotDescribable(f"guard source {source!r}: a subscript that is not a constant") from e
-            key = f"{inner}[{item!r}]"
-            if key not in memo:
-                if inner == "G" and isinstance(item, str) and item.startswith((_IMPORT_ALIAS, _BUILTINS_ALIAS)):
-                    got = globals_[item]  # Dynamo's alias of a module (or builtins): the object itself
-                    memo[key] = (tree.constant(got, key), got)
-                else:
-                    got = value[item]
-                    memo[key] = (tree.item(parent, item, key, got), got)
-            return (*memo[key], key)
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and len(n.args) == 1 and not n.keywords:
-            parent, value, inner = node(n.args[0], source)
-            if n.func.id == "dict":  # read the mapping as it is (as _reader)
-                return parent, value, inner
-            if n.func.id == "type":
-                key = f"type({inner})"
-                if key not in memo:
-                    memo[key] = (tree.type_of(parent, key, type(value)), type(value))
-                return (*memo[key], key)
-        raise NotDescribable(f"guard source {source!r}: {type(n).__name__} is not built into the guard tree")
+    def node(p: tuple, source: str) -> tuple[Any, Any]:
+        if p in memo:
+            return memo[p]
+        op = p[0]
+        if op == "name" and p[1] == "L":
+            return tree.root, env
+        if op == "name" and p[1] == "G":
+            got = (tree.constant(globals_.g, "G"), globals_.g)
+        elif op == "name":
+            got = (tree.item(tree.root, p[1], f"L[{p[1]!r}]", env[p[1]]), env[p[1]])
+        elif op == "attr":
+            parent, value = node(p[1], source)
+            attr = getattr(value, p[2])
+            got = (tree.attr(parent, p[2], _text(p), attr), attr)
+        elif op == "item" and p[1] == ("name", "G") and str(p[2]).startswith((_IMPORT_ALIAS, _BUILTINS_ALIAS)):
+            module = globals_[p[2]]  # Dynamo's alias of a module (or builtins): the object itself
+            got = (tree.constant(module, _text(p)), module)
+        elif op == "item":
+            parent, value = node(p[1], source)
+            item = value[p[2]]
+            got = (tree.item(parent, p[2], _text(p), item), item)
+        elif op == "type":
+            parent, value = node(p[1], source)
+            got = (tree.type_of(parent, _text(p), type(value)), type(value))
+        else:
+            raise NotDescribable(f"guard source {source!r}: {op!r} is not built into the guard tree")
+        memo[p] = got
+        return got
 
     for g, seen in zip(matched.guards, matched.seen):
         parts = f"{g.guard_type} on {g.source} (carried by the pack)"
-        expr = ast.parse(g.source, mode="eval").body
+        p = parse_source(g.source)
         if g.kind == "same":  # "a is b": each side is the object both read when they matched (kept alive)
-            if not (isinstance(expr, ast.Compare) and len(expr.comparators) == 1):
+            if p[0] != "is":
                 raise NotDescribable(f"guard source {g.source!r} is not a comparison")
-            for side in (expr.left, expr.comparators[0]):
-                manager, value, _ = node(side, g.source)
+            for side in (p[1], p[2]):
+                manager, value = node(side, g.source)
                 tree.keep(value)
                 tree.is_(manager, value, parts)
             continue
         if g.kind == "contains":  # "'k' in d": the container through C++ accessors, the membership in Python
-            if not (isinstance(expr, ast.Compare) and isinstance(expr.left, ast.Constant)):
+            if p[0] != "in":
                 raise NotDescribable(f"guard source {g.source!r} is not a membership")
-            manager, _, _ = node(expr.comparators[0], g.source)
-            key = expr.left.value
-            tree.holds(manager, lambda d, key=key, seen=seen: (key in d) == seen, parts)
+            manager, _ = node(p[2], g.source)
+            tree.holds(manager, lambda d, key=p[1], seen=seen: (key in d) == seen, parts)
             continue
-        manager, value, _ = node(expr, g.source)
+        manager, value = node(p, g.source)
         if g.kind == "is":
             tree.is_(manager, seen, parts)
         elif g.kind == "code":
@@ -702,3 +602,19 @@ def build_tree(tree: Any, matched: Matched, env: Mapping[str, Any]) -> None:
             tree.holds(manager, lambda v, seen=seen: tuple(v.keys()) == seen, parts)
         else:
             raise NotDescribable(f"guard kind {g.kind!r} is not built into the guard tree")
+
+
+def _text(p: tuple) -> str:
+    """A parsed source (:func:`parse_source`) as text again: the name of its manager in the tree."""
+    op = p[0]
+    if op == "name":
+        return p[1] if p[1] in ("G", "L") else f"L[{p[1]!r}]"
+    if op == "attr":
+        return f"{_text(p[1])}.{p[2]}"
+    if op == "item":
+        return f"{_text(p[1])}[{p[2]!r}]"
+    if op == "type":
+        return f"type({_text(p[1])})"
+    if op == "is":
+        return f"({_text(p[1])} is {_text(p[2])})"
+    return f"({p[1]!r} in {_text(p[2])})"

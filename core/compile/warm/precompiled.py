@@ -258,6 +258,19 @@ class PrecompiledBlock(nn.Module):
         if last is not None and last[0] is cache and last[1] == flags:  # the last answer's checks first: no key
             t0 = time.perf_counter()
             env = self._binder(module, args, kwargs)
+            t1 = time.perf_counter()
+            split["carried"] += t1 - t0
+            if last[2].combined is not None:  # torch's guards and the pack's checks: one tree, one check
+                held = last[2].combined.check(env)
+                t2 = time.perf_counter()
+                state.check_seconds += t2 - t0
+                split["guard_check"] += t2 - t1
+                if held:
+                    return self._answer(cache, flags, last[2], last[3], args, kwargs)
+                last = None
+        if last is not None and last[0] is cache and last[1] == flags:  # separate trees, or Python checks
+            t0 = time.perf_counter()
+            env = self._binder(module, args, kwargs)
             held = last[2].holds(env)  # its tree holds the hook checks too
             t1 = time.perf_counter()
             state.check_seconds += t1 - t0
@@ -305,6 +318,8 @@ class PrecompiledBlock(nn.Module):
                         answer = found
                     elif kind == Entry.JIT:
                         state.entries[memo_key] = (Entry.JIT, None)
+        if kind == Entry.PASSED:
+            return self._answer(cache, flags, answer, memo_key, args, kwargs)
         if kind == Entry.ANSWERS:
             t0 = time.perf_counter()
             ok, why = answer.guards_pass(env, module, args, kwargs)
@@ -383,6 +398,9 @@ class PrecompiledBlock(nn.Module):
         if kind == Entry.JIT:
             return Entry.JIT, None
         if kind == Entry.ANSWERS:
+            answer = next((a for a in got if a.passes(env)), None)  # one answering entirely: no second check
+            if answer is not None:
+                return Entry.PASSED, answer
             answer = next((a for a in got if a.holds(env)), None)
             if answer is not None:
                 return Entry.ANSWERS, answer
@@ -447,7 +465,9 @@ class PrecompiledBlock(nn.Module):
             matched, code = found
             manager = torch_compat.artifact_guard_manager(fn)
             checks = checks_tree(matched, code, env, self._orig_mod)
-            return Entry.ANSWERS, Answer(fn, matched, code, variant["id"], fingerprint["forward"][0], manager, checks)
+            combined = checks_tree(matched, code, env, self._orig_mod, manager) if manager is not None else None
+            root = fingerprint["forward"][0]
+            return Entry.ANSWERS, Answer(fn, matched, code, variant["id"], root, manager, checks, combined)
         if reasons:
             state.count(
                 "fallbacks",

@@ -26,6 +26,14 @@ __all__ = ["MAX_PENDING", "SPLIT_PHASES", "Entry", "PrecompiledState"]
 log = logging.getLogger("steadfast.precompiled")
 
 
+def _checks_kind(answer: Answer) -> str:
+    """How an answer's per-call checks run: ``"one guard tree"`` (torch's and the pack's together), ``"guard tree"``
+    (the pack's beside the artifact's), ``"python"``."""
+    if getattr(answer, "combined", None) is not None:
+        return "one guard tree"
+    return "guard tree" if answer.checks is not None else "python"
+
+
 class Entry(enum.Enum):
     """What the route does with one call key in this process (:attr:`PrecompiledState.entries`)."""
 
@@ -33,6 +41,9 @@ class Entry(enum.Enum):
     JIT = "jit"  #: the jit answers (an untrusted record, a refused configuration, a failed load or call)
     SAVED = "saved"  #: this process saved (or queued) this configuration: its jit answers (PrecompiledState.saved)
     NEW = "new"  #: no artifact for this configuration yet: the jit answers and it is saved
+    #: never stored: what the route's lookup of a call says when a loaded answer's one tree (torch's guards and the
+    #: pack's checks, :attr:`~.variants.Answer.combined`) passed, so the answer is called without a second check
+    PASSED = "passed"
 
 
 MAX_PENDING = 64  # queued saves (each holds one call's inputs) until PrecompiledState.flush
@@ -40,7 +51,8 @@ MAX_PENDING = 64  # queued saves (each holds one call's inputs) until Precompile
 
 #: the phases of a block call through the route whose wall seconds :class:`PrecompiledState` sums (where a steady
 #: step's per-call cost goes): the hook walk (:func:`hooks_reason`), the call key (:func:`call_key`), the
-#: carried guards' re-check, torch's ``guard_check`` of the artifact, and the artifact's own call (its kernels)
+#: carried guards' re-check (with one tree: the binder only), torch's ``guard_check`` of the artifact (with one tree:
+#: that tree, the pack's checks included), and the artifact's own call (its kernels)
 SPLIT_PHASES = ("hooks", "key", "carried", "guard_check", "artifact")
 
 
@@ -51,8 +63,8 @@ class PrecompiledState:
     ``hits``: calls answered by a loaded artifact; ``loads`` / ``saves``: artifacts read from / written to the
     cache; ``fallbacks``: calls that ran the jit although the route was on; ``reasons``: ``{key digest (12 hex or
     "call"): reason}``, the first reason per key (a refusal's reason names every problem); ``answered``:
-    ``{variant id (12 hex): {"root": traced root path, "checks": "guard tree" | "python", "hits": n}}``, which
-    variants answered and how their per-call checks ran (:func:`checks_tree`). Thread-safe."""
+    ``{variant id (12 hex): {"root": traced root path, "checks": "one guard tree" | "guard tree" | "python",
+    "hits": n}}``, which variants answered and how their per-call checks ran (:func:`checks_tree`). Thread-safe."""
 
     enabled: bool
     reason: str
@@ -105,7 +117,7 @@ class PrecompiledState:
             if seen is None and len(self.answered) < 256:
                 seen = self.answered[answer.variant[:12]] = {
                     "root": answer.root,
-                    "checks": "guard tree" if answer.checks is not None else "python",
+                    "checks": _checks_kind(answer),
                 }
                 seen["hits"] = 0
             if seen is not None:

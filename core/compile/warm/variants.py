@@ -45,18 +45,33 @@ MAX_VARIANTS = 64  # configurations kept per key, the oldest goes first (one per
 
 
 def checks_tree(
-    matched: carried_guards.Matched, code: traced_code.CodeIdentity, env: dict[str, Any], module: nn.Module
+    matched: carried_guards.Matched,
+    code: traced_code.CodeIdentity,
+    env: dict[str, Any],
+    module: nn.Module,
+    extend: Any = None,
 ) -> Any:
-    """The pack's per-call checks of an answer built into one tree of Dynamo's C++ guards
+    """The pack's per-call checks of an answer built into a tree of Dynamo's C++ guards
     (:class:`core.torch_compat.GuardTree`), evaluated with the call's environment: the traced code's identity
     (:func:`core.compile.warm.traced_code.build_tree`), the carried guards
     (:func:`core.compile.warm.carried_guards.build_tree`) and the hooks the route cannot run
-    (:func:`core.compile.warm.hooks.build_hook_checks`, on ``module``, the block). None when torch cannot build one
-    of them, or when the tree does not pass where the Python checks just did (the route then keeps the Python
-    checks: :meth:`core.compile.warm.traced_code.CodeIdentity.still`,
-    :meth:`core.compile.warm.carried_guards.Matched.still`, :func:`core.compile.warm.hooks.hooks_reason`)."""
+    (:func:`core.compile.warm.hooks.build_hook_checks`, on ``module``, the block).
+
+    Args:
+        matched, code: what the variant matched in this process (:func:`match_variant`).
+        env: the call's environment (:class:`core.compile.warm.carried_guards.Binder`).
+        module: the block.
+        extend: the artifact's guard tree (:func:`core.torch_compat.artifact_guard_manager`): the checks join a copy
+            of it, and one ``check`` runs torch's guards and the pack's; None builds the pack's alone.
+    Returns:
+        the tree, or None when torch cannot build a part of it or the tree does not pass where the checks it is
+        built from just did (the route then keeps the Python checks:
+        :meth:`core.compile.warm.traced_code.CodeIdentity.still`,
+        :meth:`core.compile.warm.carried_guards.Matched.still`, :func:`core.compile.warm.hooks.hooks_reason`, and
+        the artifact's own tree).
+    """
     try:
-        tree = torch_compat.GuardTree()
+        tree = torch_compat.GuardTree(extend)
         traced_code.build_tree(tree, code)
         carried_guards.build_tree(tree, matched, env)
         build_hook_checks(tree, module)
@@ -74,7 +89,9 @@ class Answer:
     traced root ``forward``), ``manager`` (the artifact's C++ guard tree,
     :func:`core.torch_compat.artifact_guard_manager`; None: torch's ``guard_check``) and ``checks`` (the pack's own
     per-call checks, the traced code and the carried guards, as a tree of C++ guards: :func:`checks_tree`; None:
-    their Python checks)."""
+    their Python checks) and ``combined`` (torch's guards of the artifact and the pack's checks in one tree, a copy of
+    the artifact's with the pack's leaves added: :func:`checks_tree` with ``extend``; what the route evaluates per
+    call when it exists, :meth:`passes`)."""
 
     fn: Any
     matched: carried_guards.Matched
@@ -83,6 +100,12 @@ class Answer:
     root: str
     manager: Any = None
     checks: Any = None
+    combined: Any = None
+
+    def passes(self, env: Mapping[str, Any]) -> bool:
+        """Every check of the answer at once, torch's and the pack's, in the one tree :attr:`combined` (False without
+        it: the caller then runs :meth:`holds` and :meth:`guards_pass`)."""
+        return self.combined is not None and self.combined.check(env)
 
     def holds(self, env: Mapping[str, Any]) -> bool:
         """The traced code is still what this process runs and the carried guards still read what they matched
