@@ -31,6 +31,8 @@ import functools
 import os
 from typing import Any
 
+from .. import switches
+
 __all__ = [
     "ENV_FLAG",
     "PortableModeError",
@@ -46,8 +48,8 @@ __all__ = [
 ]
 __all__ += ["free_memory_refusals", "FREE_MEMORY_NODES"]  # ComfyUI's free-memory choices (kept apart for merges)
 
-ENV_FLAG = "STEADFAST_PORTABLE"
-ENV_THREADS = "STEADFAST_PORTABLE_THREADS"
+ENV_FLAG = switches.PORTABLE.name
+ENV_THREADS = switches.PORTABLE_THREADS.name
 DEFAULT_THREADS = 1
 SIMDLEN = 256
 
@@ -123,7 +125,7 @@ def portable_env(threads: int = DEFAULT_THREADS) -> dict[str, str]:
 
 def is_portable() -> bool:
     """True when this process runs in portable CPU mode (``STEADFAST_PORTABLE=1``)."""
-    return os.environ.get(ENV_FLAG, "") == "1"
+    return switches.PORTABLE.text() == "1"
 
 
 @functools.cache
@@ -178,7 +180,7 @@ def apply_in_process() -> dict[str, Any]:
     import torch
 
     check_cpu()
-    threads = int(os.environ.get(ENV_THREADS) or DEFAULT_THREADS)
+    threads = int(switches.PORTABLE_THREADS.text() or DEFAULT_THREADS)
     want = {k: v for k, v in portable_env(threads).items() if k not in CAPS}
     wrong = {k: os.environ.get(k) for k, v in want.items() if os.environ.get(k) != v}
     if wrong:
@@ -341,7 +343,7 @@ def check_threads(num_threads: int | None) -> None:
     Raises:
         PortableModeError: in portable mode, for another count.
     """
-    want = int(os.environ.get(ENV_THREADS) or DEFAULT_THREADS)
+    want = int(switches.PORTABLE_THREADS.text() or DEFAULT_THREADS)
     if num_threads and num_threads != want:
         refuse(
             f"num_threads={num_threads}",

@@ -5,12 +5,12 @@ Part of :mod:`core.torch_compat` (its face re-exports every public name); no Com
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+from .. import switches
 from .base import TorchAPIMissing, _api
 
 
@@ -30,7 +30,7 @@ def checked_once(fn: Any) -> Any:
 
 
 #: Set to 0 by an operator to turn precompiled blocks off (1 turns them on where torch's default is off).
-PRECOMPILED_ENV = "STEADFAST_PRECOMPILED"
+PRECOMPILED_ENV = switches.PRECOMPILED.name
 
 
 def aot_compile_support() -> tuple[bool, str]:
@@ -43,7 +43,7 @@ def aot_compile_support() -> tuple[bool, str]:
         the pack turns it on while saving: :func:`aot_compile_enabled`) unless ``$STEADFAST_PRECOMPILED`` is 0;
         ``reason`` says which.
     """
-    switch = os.environ.get(PRECOMPILED_ENV, "").strip().lower()
+    switch = switches.PRECOMPILED.text().lower()
     if switch in ("0", "false", "no", "off"):
         return False, f"off (${PRECOMPILED_ENV}={switch})"
     if not hasattr(torch.compiler, "load_compiled_function"):

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from .. import switches
 from .base import TorchAPIMissing, _api, _SharedPatch
 
 INDUCTOR_DETERMINISTIC_SETTING = "torch._inductor.config.deterministic"
@@ -24,7 +25,7 @@ _INDUCTOR_CONFIG = "torch._inductor.config"
 
 
 #: Set to 1 by an operator whose C++ compiler cannot build every vector ISA the CPU reports.
-PROBE_CPU_ISA_ENV = "STEADFAST_PROBE_CPU_ISA"
+PROBE_CPU_ISA_ENV = switches.PROBE_CPU_ISA.name
 
 
 def trusted_cpu_isa() -> contextlib.AbstractContextManager[Any]:
@@ -44,7 +45,7 @@ def trusted_cpu_isa() -> contextlib.AbstractContextManager[Any]:
     Caveat: inductor memoises the ISA list for the process, so it stays in force for later compiles in the process.
     Raises :class:`TorchAPIMissing` when inductor's config is gone.
     """
-    if os.environ.get(PROBE_CPU_ISA_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+    if switches.PROBE_CPU_ISA.on():
         return contextlib.nullcontext()
     cfg = _api("torch._inductor", "config", "skipping inductor's CPU ISA probes")
     stack = contextlib.ExitStack()

@@ -9,11 +9,11 @@ of both paths too (:func:`cache_choice`).
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import comfy.model_management
 
+from ...core import switches
 from ...core.compile.use import CacheChoice
 from ...core.compile.warm import artifact as compile_artifact
 from ...core.compile.warm import cache_location as compile_cache_location
@@ -55,7 +55,7 @@ def load_compile_artifacts(root: Path | None, source: str) -> list[dict]:
     Returns:
         one dict per artifact: ``status`` "imported" (with counts) or "refused" (with ``reason``); no paths.
     """
-    if not os.environ.get(compile_artifact.ARTIFACT_ENV, "").strip():
+    if not switches.COMPILE_ARTIFACT.text():
         return []
     try:
         device = comfy.model_management.get_torch_device()

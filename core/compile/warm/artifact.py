@@ -29,7 +29,7 @@ from typing import IO, Any
 
 import torch
 
-from ... import paths
+from ... import paths, switches
 from ...version import __version__
 from . import cache as cc
 from .cache_location import CacheRefused, check_location, check_name
@@ -55,13 +55,13 @@ log = logging.getLogger("steadfast.compile_cache")
 
 ARTIFACT_FORMAT = 1
 MANIFEST_MEMBER = "steadfast_artifact.json"
-ARTIFACT_ENV = "STEADFAST_COMPILE_ARTIFACT"
+ARTIFACT_ENV = switches.COMPILE_ARTIFACT.name
 #: Set to 1 by an operator to import artifacts with no pinned digest (refused otherwise).
-UNPINNED_ENV = "STEADFAST_COMPILE_ARTIFACT_UNPINNED"
+UNPINNED_ENV = switches.COMPILE_ARTIFACT_UNPINNED.name
 #: What reading an artifact's headers up to its manifest may take (PAX/GNU long-name headers included).
 MAX_HEADER_BYTES = 1 << 20
-ARTIFACT_SHA_ENV = "STEADFAST_COMPILE_ARTIFACT_SHA256"
-MAX_BYTES_ENV = "STEADFAST_COMPILE_ARTIFACT_MAX_BYTES"
+ARTIFACT_SHA_ENV = switches.COMPILE_ARTIFACT_SHA256.name
+MAX_BYTES_ENV = switches.COMPILE_ARTIFACT_MAX_BYTES.name
 DEFAULT_MAX_BYTES = 16 << 30  # a GPU model's kernels are hundreds of MB; a CPU one's, about 1 MB
 MAX_MANIFEST_BYTES = 64 << 20  # a manifest lists files, it is never this big
 _CHUNK = 1 << 20
@@ -394,7 +394,7 @@ def _check_member(m: tarfile.TarInfo, listed: Mapping[str, list[Any]], seen: set
 def max_artifact_bytes() -> int:
     """The most bytes an imported artifact may list: ``$STEADFAST_COMPILE_ARTIFACT_MAX_BYTES`` (an integer), else
     16 GiB. Raises ``ValueError`` for a value that is not a positive integer."""
-    raw = os.environ.get(MAX_BYTES_ENV, "").strip()
+    raw = switches.COMPILE_ARTIFACT_MAX_BYTES.text()
     if not raw:
         return DEFAULT_MAX_BYTES
     value = int(raw)
@@ -619,9 +619,10 @@ def load_from_env(
         ``file`` (name only), and :meth:`ArtifactInfo.as_dict` or ``reason``.
     """
     env = os.environ if environ is None else environ
-    raw = [x.strip() for x in env.get(ARTIFACT_ENV, "").split(os.pathsep) if x.strip()]
-    pins = [x.strip() for x in env.get(ARTIFACT_SHA_ENV, "").split(",")] if env.get(ARTIFACT_SHA_ENV) else []
-    unpinned_ok = env.get(UNPINNED_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    raw = [x.strip() for x in switches.COMPILE_ARTIFACT.text(env).split(os.pathsep) if x.strip()]
+    pin_text = switches.COMPILE_ARTIFACT_SHA256.text(env)
+    pins = [x.strip() for x in pin_text.split(",")] if pin_text else []
+    unpinned_ok = switches.COMPILE_ARTIFACT_UNPINNED.on(env)
     out: list[dict[str, Any]] = []
     for i, item in enumerate(raw):
         label = Path(item).name

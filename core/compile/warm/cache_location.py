@@ -14,9 +14,11 @@ import os
 import re
 from pathlib import Path
 
+from ... import switches
+
 log = logging.getLogger("steadfast.compile_cache")
 
-CACHE_ENV = "STEADFAST_COMPILE_CACHE"
+CACHE_ENV = switches.COMPILE_CACHE.name
 DISABLED_VALUES = ("off", "none", "0", "false", "disabled")
 DEFAULT_NAME = "default"
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -45,7 +47,7 @@ def check_name(value: str | None) -> str | None:
 def resolve_root(user_dir: str | os.PathLike[str] | None = None) -> tuple[Path | None, str]:
     """``(root or None when disabled, where it came from)``: ``$STEADFAST_COMPILE_CACHE`` (``off``/... disables),
     else ``<user_dir>/steadfast/compile_cache`` (ComfyUI's user directory, passed by the adapter)."""
-    env = os.environ.get(CACHE_ENV, "").strip()
+    env = switches.COMPILE_CACHE.text()
     if env:
         disabled = env.lower() in DISABLED_VALUES
         return (None, f"disabled by ${CACHE_ENV}") if disabled else (Path(env).expanduser(), f"${CACHE_ENV}")

@@ -20,14 +20,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ... import torch_compat
+from ... import switches, torch_compat
 from .cache import FILES, CompileCache, cache_key, cache_key_fields, existing_cache
 from .cache_location import DEFAULT_NAME, CacheRefused
 
 log = logging.getLogger("steadfast.compile_cache")
 
-PRELOAD_ENV = "STEADFAST_PRELOAD_COMPILE"
-GC_FREEZE_ENV = "STEADFAST_GC_FREEZE"
+PRELOAD_ENV = switches.PRELOAD_COMPILE.name
+GC_FREEZE_ENV = switches.GC_FREEZE.name
 _state: dict[str, Any] = {
     "compile_stack_preloaded": False,
     "seconds": None,
@@ -61,10 +61,10 @@ def has_compiled_files(root: Path | None) -> bool:
 
 def decide(root: Path | None) -> tuple[bool, str]:
     """``(preload?, why)`` from ``$STEADFAST_PRELOAD_COMPILE`` and ``root`` (see the module docstring)."""
-    value = os.environ.get(PRELOAD_ENV, "").strip().lower()
-    if value in ("0", "off", "false", "no"):
+    value = switches.PRELOAD_COMPILE.text().lower()
+    if switches.PRELOAD_COMPILE.off():
         return False, f"${PRELOAD_ENV}={value}"
-    if value in ("1", "on", "true", "yes"):
+    if switches.PRELOAD_COMPILE.on():
         return True, f"${PRELOAD_ENV}={value}"
     if has_compiled_files(root):
         return True, "the compile cache holds compiled files (an earlier compile on this server)"
@@ -82,7 +82,7 @@ def freeze_heap() -> int | None:
     imports is freed instead of frozen. Returns the number of objects frozen (``gc.get_freeze_count()``), or None
     when switched off.
     """
-    if os.environ.get(GC_FREEZE_ENV, "").strip().lower() in ("0", "off", "false", "no"):
+    if switches.GC_FREEZE.off():
         return None
     gc.collect()  # the garbage of the imports so far is freed, not kept for the server's life
     gc.freeze()

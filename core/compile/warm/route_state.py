@@ -10,12 +10,11 @@ import dataclasses
 import enum
 import json
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ... import torch_compat
+from ... import switches, torch_compat
 from .call_key import flags_text
 
 if TYPE_CHECKING:
@@ -106,7 +105,7 @@ class PrecompiledState:
     def detect(cls) -> PrecompiledState:
         """On when :func:`core.torch_compat.aot_compile_support` says so (``$STEADFAST_PRECOMPILED``)."""
         on, why = torch_compat.aot_compile_support()
-        explicit = os.environ.get(torch_compat.PRECOMPILED_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+        explicit = switches.PRECOMPILED.on()
         return cls(on, why, explicit=on and explicit)
 
     def hit(self, answer: Answer) -> None:
