@@ -1,15 +1,15 @@
 """What the precompiled route's per-call checks cost, quiet and right after a block's kernels.
 
 The route (:mod:`core.compile.warm.precompiled`) checks every block call before a loaded artifact answers it: the
-call's locals (the binder), the pack's own checks (the traced code's identity, the carried guards and the hooks the
-route cannot run, as one tree of C++ guards: ``Answer.checks``) and the artifact's own guard tree evaluated with
-those locals; the hook walk (:func:`~core.compile.warm.precompiled.hooks_reason`) and the call key
-(:func:`~core.compile.warm.precompiled.call_key`) only when the block's last answer misses. Beside them, for reference:
-the jit's own Dynamo guard check of the same block (the goal of issue 45: the route's checks <= 2x it), the key, and
-the checks as they ran before (Python, ``guard_check`` with its signature binding). This benchmark
-takes one real block call of the tiny SD1.5 checkpoint in ComfyUI (its regional block, a
-``BasicTransformerBlock``, captured during a steady sampling call of a warm-started process, so an artifact answers
-it) and times each check side by side:
+call's locals (the binder), then one tree of C++ guards evaluated with those locals (``Answer.combined``): a copy of
+the artifact's own guard tree with the pack's checks added as leaves (the traced code's identity, the carried guards
+and the hooks the route cannot run); the hook walk (:func:`~core.compile.warm.precompiled.hooks_reason`) and the call
+key (:func:`~core.compile.warm.precompiled.call_key`) only when the block's last answer misses. Beside them, for
+reference: the jit's own Dynamo guard check of the same block (the goal of issue 45: the route's checks <= 2x it), the
+key, and the checks as they ran before (two trees of their own; Python; ``guard_check`` with its signature binding).
+This benchmark takes one real block call of the tiny SD1.5 checkpoint in ComfyUI (its regional block, a
+``BasicTransformerBlock``, captured during a steady sampling call of a warm-started process, so an artifact answers it)
+and times each check side by side:
 
 * ``quiet``: the check alone, repeated (``timeit``, the best of 5 x 2,000): its instruction cost, everything in
   the CPU's caches;
@@ -17,7 +17,7 @@ it) and times each check side by side:
   sampling run, where the block's kernels (conv, matmul, attention over all cores) have just evicted the
   interpreter's code and data from the caches;
 * ``in a run``: the route's own split (``split_seconds`` of the compile record, :data:`~core.compile.warm.precompiled.
-  SPLIT_PHASES`: ``carried`` is the binder and the pack's checks, ``guard_check`` the artifact's tree) over 10
+  SPLIT_PHASES`: ``carried`` is the binder, ``guard_check`` the one tree) over 10
   steady sampling calls, per block call.
 
 The ratio ``after kernel / quiet`` says how much of the per-call cost is the checks' instructions and how much the
@@ -109,17 +109,21 @@ jit_tree = torch_compat.cache_entry_guards(type(module).forward.__code__)[0]
 jit_locals = dict(env)
 checks = {
     "binder (the call's locals)": lambda: block._binder(module, args, kwargs),
-    "pack checks, C++ tree (code, carried guards, hooks)": lambda: answer.checks.check(env),
-    "artifact's guards, C++ tree": lambda: answer.manager.check(env),
+    "one tree: the artifact's guards and the pack's checks (code, carried guards, hooks)": (
+        lambda: answer.combined.check(env)
+    ),
 }
 reference = {
     "the jit's own guard check": lambda: jit_tree.check(jit_locals),
+    "before: pack checks, C++ tree of their own": lambda: answer.checks.check(env),
+    "before: artifact's guards, C++ tree of their own": lambda: answer.manager.check(env),
     "hook walk (only on a miss)": lambda: pc.hooks_reason(module),
     "key (only when the last answer misses)": lambda: pc.call_key(fingerprint, static, args, kwargs, flags=flags),
-    "pack checks, Python (before)": lambda: code.still() and matched.still(env),
-    "artifact's guard_check (before)": lambda: fn.guard_check(module, *args, **kwargs),
+    "before: pack checks, Python": lambda: code.still() and matched.still(env),
+    "before: artifact's guard_check (binds the signature)": lambda: fn.guard_check(module, *args, **kwargs),
 }
 assert answer.checks is not None and answer.manager is not None, "the checks are not guard trees here"
+assert answer.combined is not None, "the checks do not run as one tree here"
 assert all(f() for k, f in checks.items() if not k.startswith("binder")), "a check fails"
 assert reference["hook walk (only on a miss)"]() is None, "a hook is set"
 assert all(f() for k, f in reference.items() if not k.startswith(("key", "hook"))), "a check fails"
