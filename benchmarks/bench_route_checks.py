@@ -144,6 +144,9 @@ rows = {k: {"quiet": quiet(f), "after_kernel": after_kernel(f)} for k, f in chec
 ref = {k: {"quiet": quiet(f), "after_kernel": after_kernel(f)} for k, f in reference.items()}
 print("RESULT " + json.dumps({"rows": rows, "reference": ref, "in_run": in_run, "block_calls": calls / 10,
                               "guards": len(matched.guards), "code_paths": len(code.paths),
+                              "leaves": {"artifact": torch_compat.leaf_count(answer.manager),
+                                         "pack": answer.checks.leaves, "one tree": answer.combined.leaves,
+                                         "jit": torch_compat.leaf_count(jit_tree)},
                               "hits": after["hits"] - before["hits"],
                               "fallbacks": after["fallbacks"] - before["fallbacks"],
                               "depends_on_seed": not torch.equal(out1, out2)}), flush=True)
@@ -190,7 +193,12 @@ def main() -> None:
     print(
         f"one {got['block_calls']:.0f}-block-call sampling run; {got['guards']} carried guards and "
         f"{got['code_paths']} traced code paths per answer; {got['hits']} artifact hits, {got['fallbacks']} "
-        f"fallbacks in 10 runs; the block's artifact {got['in_run']['artifact']:.0f} us per call in a run\n"
+        f"fallbacks in 10 runs; the block's artifact {got['in_run']['artifact']:.0f} us per call in a run"
+    )
+    leaves = got["leaves"]
+    print(
+        f"checks (C++ guard leaves): the artifact's tree {leaves['artifact']}, the pack's {leaves['pack']}, the one "
+        f"tree {leaves['one tree']}; the jit's own tree {leaves['jit']}\n"
     )
 
     def table(rows: dict[str, dict[str, float]]) -> list[list[str]]:

@@ -56,7 +56,7 @@ from .dynamo import (
     supports_guard_filter_fn,
     while_compiling,
 )
-from .guard_tree import GuardTree, guard_tree_support
+from .guard_tree import GuardTree, guard_tree_support, leaf_count
 from .inductor import (
     INDUCTOR_DETERMINISTIC_SETTING,
     MACHINE_CONFIG_KEYS,
@@ -153,6 +153,7 @@ __all__ = [
     "trace_state",
     "GuardTree",
     "guard_tree_support",
+    "leaf_count",
     "traced_code_objects",
     "MACHINE_CONFIG_KEYS",
     "duplicate_source",

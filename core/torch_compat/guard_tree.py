@@ -61,9 +61,9 @@ class GuardTree:
                 "need it to join an artifact's guard tree (they run as a tree of their own)"
             )
         self.root = base.clone_manager(lambda _manager: True)
-        if self.root is None or _count(self.root) != _count(base):
+        if self.root is None or leaf_count(self.root) != leaf_count(base):
             raise RuntimeError("clone_manager did not copy every guard of the artifact's tree")
-        self._leaves = _count(self.root)
+        self._leaves = leaf_count(self.root)
 
     def _leaf(self, add: Callable[..., None], *args: Any, parts: str) -> None:
         try:  # torch 2.11 takes a user stack after the code parts, torch 2.14 may not
@@ -142,13 +142,15 @@ class GuardTree:
         return "; ".join(str(p) for p in parts)[:300] or "?"
 
 
-def _count(manager: Any) -> int:
-    """The leaves of a guard manager and of every manager under it (epilogue leaves included)."""
+def leaf_count(manager: Any) -> int:
+    """How many checks a C++ guard tree holds: the leaves of ``manager`` (a ``RootGuardManager`` or any manager
+    under it; a ``GuardManagerWrapper``: its root) and of every manager under it, epilogue leaves included."""
+    manager = getattr(manager, "root", manager)
     n = len(manager.get_leaf_guards())
     epilogue = getattr(manager, "get_epilogue_lambda_guards", None)
     if callable(epilogue):
         n += len(epilogue())
-    return n + sum(_count(child) for child in manager.get_child_managers())
+    return n + sum(leaf_count(child) for child in manager.get_child_managers())
 
 
 def guard_tree_support() -> bool:
