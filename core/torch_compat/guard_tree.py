@@ -13,9 +13,11 @@ Only a check with no C++ leaf (a comparison of two sources, ordered keys) stays 
 :class:`GuardTree` is the builder and the tree; its root's value is the dict of the call's locals by name (the
 binder's environment), the same dict the artifact's own tree is evaluated with. Built on an artifact's tree
 (``GuardTree(extend=manager)``), it starts from a copy of it (``RootGuardManager.clone_manager``, the copy Dynamo
-makes for its own guard filtering): the pack's leaves join torch's, under the accessors they share (``L['self']``,
-``L['self']._modules['attn1']``), and one ``check`` runs both. A copy, because a loaded artifact may answer several
-variants (block positions whose graphs are byte-equal), each with its own carried values.
+makes for its own guard filtering): the pack's leaves join torch's, and one ``check`` runs both. A copy, because a
+loaded artifact may answer several variants (block positions whose graphs are byte-equal), each with its own carried
+values. The pack's checks reach the call's locals through an accessor of their own (:meth:`GuardTree.frame`), not
+torch's: torch guards a dict input such as ``transformer_options`` with a ``DictGuardManager``, which takes no
+accessor by key.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ class GuardTree:
         self._kind = kinds.GUARD_MANAGER
         self._leaves = 0
         self._kept: list[Any] = []
+        self._frame: Any = None
+        self._extended = extend is not None
         if extend is None:
             self.root = guards.RootGuardManager()
             return
@@ -73,9 +77,21 @@ class GuardTree:
         self._leaves += 1
 
     # ------------------------------------------------------------------ accessors (managers)
+    def frame(self, example: dict[str, Any]) -> Any:
+        """The manager whose value is the call's locals (the dict the tree is checked with): the root of a tree
+        built empty; in a copy of an artifact's tree, an accessor of the pack's own under the root (a lambda giving
+        the root's value), so that no manager of the pack's is one of torch's (torch's ``DictGuardManager`` of a dict
+        input takes no accessor by key)."""
+        if self._frame is None:
+            if self._extended:
+                self._frame = self.root.lambda_manager(_itself, "L (the pack's checks)", example, self._kind)
+            else:
+                self._frame = self.root
+        return self._frame
+
     def item(self, parent: Any, key: Any, source: str, example: Any) -> Any:
         """The manager of ``parent_value[key]`` (a dict: ``dict_getitem_manager``; else ``getitem_manager``)."""
-        if isinstance(example, dict) or parent is self.root:
+        if isinstance(example, dict) or parent is self.root or parent is self._frame:
             return parent.dict_getitem_manager(key, source, example, self._kind)
         return parent.getitem_manager(key, source, example, self._kind)
 
@@ -140,6 +156,10 @@ class GuardTree:
         except Exception as e:  # noqa: BLE001 (a reason, never an error)
             return f"check_verbose raised {type(e).__name__}"
         return "; ".join(str(p) for p in parts)[:300] or "?"
+
+
+def _itself(value: Any) -> Any:
+    return value
 
 
 def leaf_count(manager: Any) -> int:

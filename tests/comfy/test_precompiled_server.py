@@ -61,6 +61,8 @@ def test_precompiled_warm_start_is_bit_equal_and_fallbacks_are_visible(
         assert warm["compile"]["precompiled"]["enabled"] is True  # in the run record too
         assert warm_rec["graphs"] == 0 and state["loads"] == cold_state["saves"] and state["fallbacks"] == 0
         assert state["hits"] > warm_rec["precompiled"]["hits"] > 0  # the LoRA run hit the artifacts too
+        checks = {v["checks"] for v in state["answered"].values()}
+        assert checks == {"one guard tree"}, state["answered"]  # torch's guards and the pack's: one tree per answer
         print(
             f"\n[precompiled, tiny SD1.5, ComfyUI] first call (Warmup) after the restart "
             f"{warm_rec['first_call_seconds']:.2f} s; the cold process saved {cold_state['save_seconds']:.2f} s "

@@ -213,38 +213,64 @@ def test_the_generated_check_agrees_with_the_interpreter_for_every_kind(monkeypa
         cg.parse_source("self.x[G['k']]")
 
 
+class Tag:
+    """An object in ``transformer_options`` whose type torch guards and whose ``name`` only the pack's leaf reads."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class ReadsOptions(torch.nn.Module):
+    """A block that iterates over ``transformer_options`` (as ComfyUI's blocks do over its patches): torch guards that
+    dict's keys in order, with a ``DictGuardManager``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+
+    def forward(self, x, transformer_options={}):  # noqa: B006
+        return self.lin(x) * sum(v for v in transformer_options.values() if isinstance(v, float))  # iterates
+
+
 def test_the_pack_checks_join_a_copy_of_the_artifacts_own_guard_tree(tmp_path) -> None:
     """The route's one tree per answer (issue 45 item 2): a copy of the loaded artifact's C++ guard tree with the
-    pack's leaves added. One check then fails on torch's guards (a shape) and on the pack's (a carried value); two
-    answers of one loaded artifact (block positions whose graphs are byte-equal) keep their own values, and the
-    artifact's own tree gains nothing."""
-    block, x = Block(), torch.ones(2)
+    pack's leaves added. One check then fails on torch's guards (a shape, the entry the trace read) and on the pack's
+    (a carried value); two answers of one loaded artifact (block positions whose graphs are byte-equal) keep their
+    own values, and the artifact's own tree gains nothing. The block reads ``transformer_options``, so torch's tree
+    holds that dict under a ``DictGuardManager`` (no accessor by key: the pack's reach the locals their own way)."""
+    block, x = ReadsOptions(), torch.ones(2)
     with torch_compat.aot_compile_enabled():
-        aot = torch.compile(Block.forward, fullgraph=True).aot_compile(((block, x), {}))
+        compiled = torch.compile(ReadsOptions.forward, fullgraph=True)
+        aot = compiled.aot_compile(((block, x), {"transformer_options": {"scale": 2.0, "tag": Tag("input")}}))
     aot.save_compiled_function(str(tmp_path / "a.pt2"))
     with open(tmp_path / "a.pt2", "rb") as f:
         fn = torch.compiler.load_compiled_function(f)
     manager = torch_compat.artifact_guard_manager(fn)
     assert manager is not None
-    binder = cg.Binder(Block.forward)
+    binder = cg.Binder(ReadsOptions.forward)
 
-    def env(position, inp=x):
-        return binder(block, (inp,), {"transformer_options": {"block": position}})
+    def env(position, inp=x, scale=2.0):
+        return binder(block, (inp,), {"transformer_options": {"scale": scale, "tag": Tag(position)}})
 
     trees = {}
     for position in ("input", "output"):
         tree = torch_compat.GuardTree(manager)
         base = tree.leaves
-        options = tree.item(tree.root, "transformer_options", "L['transformer_options']", {"block": position})
-        value = tree.item(options, "block", "L['transformer_options']['block']", position)
-        tree.type_is(value, str, "block is a str")
-        tree.equals(value, position, f"block == {position!r}")
+        here = env(position)
+        options = here["transformer_options"]
+        om = tree.item(tree.frame(here), "transformer_options", "L['transformer_options']", options)
+        tag = tree.item(om, "tag", "L['transformer_options']['tag']", options["tag"])
+        name = tree.attr(tag, "name", "L['transformer_options']['tag'].name", position)
+        tree.type_is(name, str, "the tag's name is a str")
+        tree.equals(name, position, f"the tag's name == {position!r}")
         assert tree.leaves == base + 2 and base > 0
         trees[position] = tree
     assert trees["input"].check(env("input")) and trees["output"].check(env("output"))
     assert not trees["input"].check(env("output")) and not trees["output"].check(env("input"))
-    assert "block == 'input'" in trees["input"].failure(env("output"))
+    assert "name == 'input'" in trees["input"].failure(env("output"))
     assert manager.check(env("output")) and manager.check(env("input"))  # the artifact's own tree is untouched
     wider = torch.ones(3)
     assert not manager.check(env("input", wider)) and not trees["input"].check(env("input", wider))  # torch's guard
-    assert not torch.equal(fn(block, x), fn(block, torch.full((2,), 2.0)))  # the random-weight block reads its input
+    assert not manager.check(env("input", scale=3.0)) and not trees["input"].check(env("input", scale=3.0))
+    options = {"transformer_options": {"scale": 2.0, "tag": Tag("input")}}
+    assert not torch.equal(fn(block, x, **options), fn(block, torch.full((2,), 2.0), **options))  # reads its input

@@ -544,11 +544,11 @@ def build_tree(tree: Any, matched: Matched, env: Mapping[str, Any]) -> None:
             return memo[p]
         op = p[0]
         if op == "name" and p[1] == "L":
-            return tree.root, env
+            return tree.frame(env), env
         if op == "name" and p[1] == "G":
             got = (tree.constant(globals_.g, "G"), globals_.g)
         elif op == "name":
-            got = (tree.item(tree.root, p[1], f"L[{p[1]!r}]", env[p[1]]), env[p[1]])
+            got = (tree.item(tree.frame(env), p[1], f"L[{p[1]!r}]", env[p[1]]), env[p[1]])
         elif op == "attr":
             parent, value = node(p[1], source)
             attr = getattr(value, p[2])

@@ -77,4 +77,5 @@ def build_hook_checks(tree: Any, module: nn.Module) -> None:
             if child is not None:
                 walk(tree.item(sm, child_name, f"{name}.{child_name}", child), child, f"{name}.{child_name}")
 
-    walk(tree.item(tree.root, "self", "L['self']", module), module, "the block")
+    frame = tree.frame({"self": module})
+    walk(tree.item(frame, "self", "L['self']", module), module, "the block")
