@@ -54,6 +54,9 @@ class GuardTree:
         self._leaves = 0
         self._kept: list[Any] = []
         self._frame: Any = None
+        self._holder: dict[str, Any] = {}  # the constants' values, read by C++ accessors (constant)
+        self._holder_manager: Any = None
+        self._constants: dict[str, tuple[Any, Any]] = {}
         self._extended = extend is not None
         if extend is None:
             self.root = guards.RootGuardManager()
@@ -104,8 +107,28 @@ class GuardTree:
         return parent.type_manager(source, example, self._kind)
 
     def constant(self, value: Any, source: str) -> Any:
-        """A manager whose value is ``value`` (a module, a class, a dict the pack holds), read by a Python lambda."""
-        return self.root.lambda_manager(lambda _: value, source, value, self._kind)
+        """A manager whose value is ``value`` (a module, a class, a dict the pack holds): an entry of a dict the tree
+        holds, read in C++ (``globals_dict_manager`` over it, the accessor Dynamo gives a frame's globals, then
+        ``dict_getitem_manager``); a Python lambda where torch lacks that accessor. One manager per object."""
+        key = f"c{id(value)}"
+        if key in self._constants:
+            return self._constants[key][1]
+        if self._holder_manager is None and callable(getattr(self.root, "globals_dict_manager", None)):
+            self._holder_manager = self.root.globals_dict_manager(
+                self._holder, "the pack's constants", self._holder, self._kind
+            )
+        if self._holder_manager is not None:
+            self._holder[key] = value
+            manager = self._holder_manager.dict_getitem_manager(key, source, value, self._kind)
+        else:
+            manager = self.root.lambda_manager(lambda _: value, source, value, self._kind)
+        self._constants[key] = (value, manager)  # holds value alive with its manager
+        return manager
+
+    def class_dict(self, parent: Any, source: str, example: Any) -> Any:
+        """The manager of a class's own ``__dict__`` as the dict it is (``type_dict_manager``; ``getattr`` gives a
+        read-only proxy, on which torch's dict leaves do not work)."""
+        return parent.type_dict_manager(source, example, self._kind)
 
     def keep(self, obj: Any) -> None:
         """Hold ``obj`` alive as long as the tree (an identity leaf compares its ``id``)."""
@@ -134,6 +157,10 @@ class GuardTree:
     def absent(self, manager: Any, key: Any, parts: str) -> None:
         """``key not in value`` (a dict: ``add_dict_contains_guard``)."""
         self._leaf(manager.add_dict_contains_guard, False, key, parts=parts)
+
+    def contains(self, manager: Any, key: Any, present: bool, parts: str) -> None:
+        """``(key in value) == present`` (a dict: ``add_dict_contains_guard``)."""
+        self._leaf(manager.add_dict_contains_guard, bool(present), key, parts=parts)
 
     def holds(self, manager: Any, test: Callable[[Any], bool], parts: str) -> None:
         """``test(value)`` is true: a Python lambda leaf (for a check with no C++ leaf)."""

@@ -178,8 +178,11 @@ def test_the_generated_check_agrees_with_the_interpreter_for_every_kind(monkeypa
     contains = types.SimpleNamespace(
         name="dict(type(self._modules['lin']).__dict__)", guard_type="DICT_CONTAINS", value=None, has_value=False
     )
-    monkeypatch.setattr(cg.torch_compat, "guard_arguments", lambda e: {"key": "forward"})
-    guards, problems = cg.carry([*entries, contains], binder(block, (torch.ones(2),), {}))
+    absent = types.SimpleNamespace(  # a class attribute an instance might shadow, absent at trace time
+        name="dict(type(self).__dict__)", guard_type="DICT_CONTAINS", value=None, has_value=False, key="extra"
+    )
+    monkeypatch.setattr(cg.torch_compat, "guard_arguments", lambda e: {"key": getattr(e, "key", "forward")})
+    guards, problems = cg.carry([*entries, contains, absent], binder(block, (torch.ones(2),), {}))
     assert problems == [] and {g.kind for g in guards} >= {"code", "eq", "is", "type", "len", "keys", "contains"}
     matched, why = cg.match(guards, binder(block, (torch.ones(2),), {}))
     assert matched is not None, why
@@ -195,6 +198,8 @@ def test_the_generated_check_agrees_with_the_interpreter_for_every_kind(monkeypa
         lambda: block.names.pop(),
         lambda: block.table.update(z=3),
         lambda: block.table.pop("z"),
+        lambda: setattr(Block, "extra", 1),  # the class gains the attribute: the membership guard fails
+        lambda: delattr(Block, "extra"),
         lambda: setattr(block, "lin", torch.nn.Linear(2, 2)),
         lambda: delattr(block, "table"),
     ]

@@ -549,6 +549,9 @@ def build_tree(tree: Any, matched: Matched, env: Mapping[str, Any]) -> None:
             got = (tree.constant(globals_.g, "G"), globals_.g)
         elif op == "name":
             got = (tree.item(tree.frame(env), p[1], f"L[{p[1]!r}]", env[p[1]]), env[p[1]])
+        elif op == "attr" and p[2] == "__dict__" and isinstance(node(p[1], source)[1], type):
+            parent, value = node(p[1], source)  # a class's own dict, as the dict it is (torch's dict leaves)
+            got = (tree.class_dict(parent, _text(p), value.__dict__), value.__dict__)
         elif op == "attr":
             parent, value = node(p[1], source)
             attr = getattr(value, p[2])
@@ -579,11 +582,14 @@ def build_tree(tree: Any, matched: Matched, env: Mapping[str, Any]) -> None:
                 tree.keep(value)
                 tree.is_(manager, value, parts)
             continue
-        if g.kind == "contains":  # "'k' in d": the container through C++ accessors, the membership in Python
+        if g.kind == "contains":  # "'k' in d": a C++ leaf on a dict, else a Python test on what C++ reads
             if p[0] != "in":
                 raise NotDescribable(f"guard source {g.source!r} is not a membership")
-            manager, _ = node(p[2], g.source)
-            tree.holds(manager, lambda d, key=p[1], seen=seen: (key in d) == seen, parts)
+            manager, container = node(p[2], g.source)
+            if type(container) is dict:  # a C++ leaf (a class's __dict__ read by class_dict, an instance's)
+                tree.contains(manager, p[1], seen, parts)
+            else:
+                tree.holds(manager, lambda d, key=p[1], seen=seen: (key in d) == seen, parts)
             continue
         manager, value = node(p, g.source)
         if g.kind == "is":
@@ -593,8 +599,7 @@ def build_tree(tree: Any, matched: Matched, env: Mapping[str, Any]) -> None:
             tree.is_(code, seen, parts)
         elif g.kind == "type":
             tree.type_is(manager, seen, parts)
-        elif g.kind == "eq":
-            tree.type_is(manager, seen[0], parts)
+        elif g.kind == "eq":  # torch's EQUALS_MATCH compares the value's exact type first (as seen[0] does)
             tree.equals(manager, seen[1], parts)
         elif g.kind == "len":
             tree.length(manager, seen, value, parts)

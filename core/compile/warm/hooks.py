@@ -58,9 +58,11 @@ def _global_hooks() -> tuple[dict, ...]:
 def build_hook_checks(tree: Any, module: nn.Module) -> None:
     """:func:`hooks_reason`'s checks as leaves of ``tree`` (:class:`core.torch_compat.GuardTree`, its root's value the
     call's locals with the block as ``self``): every process-wide module hook dict empty, and for the block and each
-    submodule, reached through ``_modules`` as the call finds them, its :data:`HOOK_DICTS` empty, no ``forward`` in its
-    ``__dict__``, and its ``_modules`` of the same length (a submodule added later fails the tree: the route then
-    walks again). Raises what torch's builders raise (the caller keeps :func:`hooks_reason` per call)."""
+    submodule, reached through ``_modules`` as the call finds them, its :data:`HOOK_DICTS` empty and no ``forward`` in
+    its ``__dict__``. A submodule replaced later is read through the same path (its hooks are checked); one that is
+    missing fails the tree. A submodule added later needs no leaf: the traced code calls submodules by name, and a
+    container it iterates (``ModuleList``, ``Sequential``) is guarded by torch's own tree (a ``DictGuardManager``
+    checks its length). Raises what torch's builders raise (the caller keeps :func:`hooks_reason` per call)."""
     for i, hooks in enumerate(_global_hooks()):
         tree.length(tree.constant(hooks, f"torch's process-wide module hooks {i}"), 0, hooks, "no process-wide hook")
 
@@ -72,7 +74,6 @@ def build_hook_checks(tree: Any, module: nn.Module) -> None:
             tree.length(tree.item(dm, attr, f"{name}.{attr}", d[attr]), 0, d[attr], f"{name} has no {attr}")
         subs = d["_modules"]
         sm = tree.item(dm, "_modules", f"{name}._modules", subs)
-        tree.length(sm, len(subs), subs, f"{name} has the same submodules")
         for child_name, child in subs.items():
             if child is not None:
                 walk(tree.item(sm, child_name, f"{name}.{child_name}", child), child, f"{name}.{child_name}")
