@@ -412,9 +412,9 @@ function pin(node) {
 
 // What a node shows for its last output (ComfyUI's "executed" message, or the same output kept by the frontend):
 // the report text, the frame and the label.
-function showOutput(node, message) {
+function showOutput(node, message, fromCache) {
   const text = message?.text?.join("\n");
-  if (text) showText(node, optimizeText(node, text));
+  if (text) showText(node, optimizeText(node, text, fromCache));
   if (text) markWarm(node, message);
   const h = message?.steadfast_hash?.[0];
   if (h) {
@@ -475,6 +475,7 @@ function compiledBy(node, message) {
   if (!comp || typeof comp !== "object" || comp.status !== "warm") return null;
   return comp.graphs_this_run ? `compiled by ${who} in the last run` : `${who} ran it on code compiled earlier`;
 }
+const warmLine = (text, by) => String(text).split("\n").map((line) => line.replace(LAZY, `(warm: ${by})`)).join("\n");
 function markWarm(node, message) {
   const by = compiledBy(node, message);
   if (!by) return;
@@ -482,17 +483,50 @@ function markWarm(node, message) {
     if (!OPTIMIZERS.has(n.constructor?.comfyClass ?? n.type)) continue;
     const w = n.widgets?.find((x) => x.name === INFO);
     if (!w?.value) continue;
-    const text = String(w.value).split("\n").map((line) => line.replace(LAZY, `(warm: ${by})`)).join("\n");
-    if (text !== w.value) showText(n, text);
+    const text = warmLine(w.value, by);
+    if (text === w.value) continue;
+    if (n.steadfast_report) warmRecords.set(staleKey(n), { text: n.steadfast_report, by });
+    showText(n, text);
   }
 }
-// Optimize's own report on a record that is warm already (a reused one): "(warm: compiled already)".
-function optimizeText(node, text) {
-  if (!Object.values(WARMUPS).includes(node.constructor?.comfyClass ?? node.type)) return text;
+// ComfyUI answers an Optimize whose inputs did not change from its cache: the same model, the same compile record,
+// and the same report, written before anything compiled ("(cold); compiles lazily ..."). Issue 46: after a run in
+// which Warmup's sizes was refused (ComfyUI then runs what does not depend on Warmup: Optimize, an output node, from
+// its cache), Optimize said "(cold)" again beside the sampler's "warm" from the run that compiled the record. The
+// record is warm: what a node downstream said of it is kept per workflow tab and Optimize node (warmRecords, with the
+// report it was said of) and said again of the same report from the cache, "in an earlier run" ("(warm: compiled by
+// Warmup in an earlier run)"). An Optimize that ran anew (a new record) or wrote another report forgets it. ComfyUI
+// names the nodes it answers from its cache in the api's execution_cached event, before their "executed" messages.
+const warmRecords = new Map();
+let cachedNow = new Set();
+const earlier = (by) => by.replace(/ in the last run$/, " in an earlier run");
+// Optimize's own report ``text`` (the server's), shown from a run (``fromCache``: whether ComfyUI answered it from
+// its cache) or given back after a tab switch (``fromCache`` undefined): on a record seen warm, as said above; on a
+// record that is warm already (a reused one), "(warm: compiled already)".
+function optimizeText(node, text, fromCache) {
+  if (!OPTIMIZERS.has(node.constructor?.comfyClass ?? node.type)) return text;
+  node.steadfast_report = text;
+  const key = staleKey(node);
+  const seen = warmRecords.get(key);
+  if (seen && (seen.text !== text || fromCache === false)) warmRecords.delete(key);
+  else if (seen) {
+    if (fromCache) seen.by = earlier(seen.by);
+    const warm = warmLine(text, seen.by);
+    if (warm !== text) return warm;
+  }
   return text.split("\n").map((line) => {
     const m = LAZY.exec(line);
     return m && m[1] === "warm" ? line.replace(LAZY, "(warm: compiled already)") : line;
   }).join("\n");
+}
+function watchCache(api) {
+  if (!api || api.steadfastCacheWatched || typeof api.addEventListener !== "function") return;
+  const reset = () => { cachedNow = new Set(); };
+  api.addEventListener("execution_cached", (e) => { cachedNow = new Set((e.detail?.nodes ?? []).map(String)); });
+  for (const name of ["execution_start", "execution_success", "execution_error", "execution_interrupted"]) {
+    api.addEventListener(name, reset);
+  }
+  api.steadfastCacheWatched = true;
 }
 
 const ourNodes = () => (app.graph?.nodes ?? []).filter((n) => NODES.has(n.constructor?.comfyClass ?? n.type));
@@ -655,7 +689,7 @@ function pickCheckpoint() {
 
 app.registerExtension({
   name: "comfyui-steadfast.nodes",
-  setup() { watchRefusals(app.api); },
+  setup() { watchRefusals(app.api); watchCache(app.api); },
   afterConfigureGraph() {
     pickCheckpoint();
     drawVueVerdicts(); // a loaded graph's nodes have no state yet: no frames left from the graph before
@@ -723,7 +757,7 @@ app.registerExtension({
     nodeType.prototype.onExecuted = function (message) {
       onExecuted?.apply(this, arguments);
       staleMarks.delete(staleKey(this)); // a new report: no longer stale
-      showOutput(this, message);
+      showOutput(this, message, cachedNow.has(String(this.id)));
     };
   },
 });

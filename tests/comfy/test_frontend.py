@@ -19,7 +19,8 @@ headless Chromium through Playwright:
    and Nodes 2.0 draws the verdict frame and label; a bad input is marked alone and the node's old report reads
    STALE, and a later run that fails at execution says so instead; Compare's raw run-record differences are a
    closed ``<details>`` in Nodes 2.0; reports come back after a workflow tab switch; canvas labels end before the
-   "Steadfast" badge; each template carries its "Before you run" note.
+   "Steadfast" badge; each template carries its "Before you run" note; Optimize and its sampler say one compile
+   word, also after a run with Warmup's ``sizes`` refused (Optimize answered from ComfyUI's cache).
 
 ``scripts/test_newer_frontend.sh`` runs this file on ComfyUI 0.33.0 with a newer frontend (docs/compatibility.md).
 
@@ -1350,6 +1351,112 @@ def test_optimize_and_sampler_say_one_compile_state_after_a_run(page: Any, comfy
             ],
         )
         assert want in _info(page, opt_id)["text"], (state, _info(page, opt_id)["text"])
+    assert not page.steadfast_errors, page.steadfast_errors
+
+
+def _close_dialogs(page: Any) -> None:
+    """The frontend's error dialog, where it shows one, is closed as a user closes it."""
+    for _ in range(3):
+        dialogs = page.get_by_role("dialog")
+        if not any(dialogs.nth(i).is_visible() for i in range(dialogs.count())):
+            break
+        page.keyboard.press("Escape")
+        page.wait_for_timeout(300)
+
+
+def _switch_tab_and_back(page: Any, node_id: str) -> None:
+    """Open a new blank workflow tab, then click the tab of the workflow shown before (as a user does)."""
+    ours = page.evaluate("() => window.app.extensionManager.workflow.activeWorkflow.filename")
+    page.evaluate("() => window.app.extensionManager.command.execute('Comfy.NewBlankWorkflow')")
+    page.wait_for_function("() => window.app.graph.nodes.every(n => !String(n.type).startsWith('Steadfast'))")
+    tab = page.locator(".workflow-tabs .workflow-tab").filter(
+        has=page.locator(".workflow-label", has_text=re.compile(rf"^\s*{re.escape(ours)}\s*$"))
+    )
+    assert tab.count() == 1, f"no single tab labelled {ours!r}: {page.locator('.workflow-tabs').inner_text()}"
+    tab.click()
+    page.wait_for_function("(id) => !!window.app.graph.getNodeById(+id)", arg=node_id)
+    page.wait_for_timeout(1000)
+
+
+# The compile state word of Optimize's record line ("new compile record (cold); ..." or "(warm: ...)") and of a
+# sampler's run record line ("compile regional (inductor): warm, ...").
+OPTIMIZE_WORD = re.compile(r"compile record \((\w+)")
+SAMPLER_WORD = re.compile(r"^compile \w+ \([\w-]+\): (\w+),", re.M)
+# The precompiled route's state said twice ("precompiled blocks: on, on (...)"), as issue 46 saw it.
+STATE_TWICE = re.compile(r"\b(on|off), \1\b")
+
+
+def _compile_words(page: Any, opt_id: str, sampler_id: str) -> tuple[list[str], list[str], str]:
+    opt_text = _info(page, opt_id)["text"]
+    return OPTIMIZE_WORD.findall(opt_text), SAMPLER_WORD.findall(_info(page, sampler_id)["text"]), opt_text
+
+
+def test_compile_words_agree_after_warmup_sizes_is_refused(page: Any, comfy_server: ComfyServer) -> None:
+    """Issue 46 trip 4: the Warmup template run from the page (its own inductor backend), then run again with
+    Warmup's ``sizes`` refused. ComfyUI then runs only what does not depend on Warmup: Optimize Model (an output
+    node), answered from its cache with the report it wrote before anything compiled ("new compile record (cold);
+    compiles lazily ..."). Before, the page showed that "(cold)" on Optimize beside "warm" on the sampler, whose
+    report is from the run that compiled the same record. The record is warm: Optimize says so ("compiled by Warmup
+    in an earlier run"), also after a tab switch, and its report says the precompiled route's state once (never
+    "on, on")."""
+    name = api_to_ui.ui_template_name("warmup_then_generate")
+    twin = api_twin(name)
+    ids = {n["class_type"]: i for i, n in twin.items()}
+    opt_id, warmup_id = ids["SteadfastOptimizeModel"], ids["SteadfastWarmup"]
+    sampler_id = ids["SteadfastSeededSampler"]
+    comfy_server.free()  # a new model object: a new compile record, cold when Optimize reports
+    load_template(page, name)
+    entry = _run_and_wait(page, comfy_server)
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    sampler_text = "\n".join(entry["outputs"][sampler_id]["text"])
+    page.wait_for_function(
+        "([id, text]) => window.app.graph.getNodeById(+id)?.widgets?.find(w => w.name ==="
+        " 'steadfast_info')?.value === text",
+        arg=[sampler_id, sampler_text],
+        timeout=30_000,
+    )
+    opt_words, sampler_words, opt_text = _compile_words(page, opt_id, sampler_id)
+    assert opt_words == ["warm"] and sampler_words == ["warm"], (opt_text, sampler_text)
+    assert "(warm: compiled by Warmup in the last run)" in opt_text, opt_text
+
+    # Warmup's sizes refused: the answer marks Warmup STALE, and ComfyUI runs Optimize alone, from its cache
+    _wait_idle(comfy_server)
+    cached = page.evaluate(
+        """async ([warmupId, optId]) => {
+        const api = window.app.api;
+        const sizes = window.app.graph.getNodeById(+warmupId).widgets.find(w => w.name === 'sizes');
+        sizes.value = '12x';
+        let onExecuted;
+        const seen = new Promise((resolve) => {
+            onExecuted = (e) => { if (String(e.detail?.node) === optId) resolve(e.detail.output ?? {}) } });
+        api.addEventListener('executed', onExecuted);
+        try {
+            try { await window.app.queuePrompt(0, 1) } catch (e) {}
+            return await Promise.race([seen, new Promise((r) => setTimeout(() => r(null), 120000))]);
+        } finally { api.removeEventListener('executed', onExecuted) }
+    }""",
+        [warmup_id, opt_id],
+    )
+    assert cached is not None, f"Optimize did not report with Warmup refused; log:\n{comfy_server.log_tail()}"
+    assert "new compile record (cold); compiles lazily" in "\n".join(cached["text"]), cached  # ComfyUI's cached text
+    page.wait_for_function(
+        "(id) => window.app.graph.getNodeById(+id).widgets.find(w => w.name === 'steadfast_info')"
+        ".value.startsWith('STALE (ComfyUI refused')",
+        arg=warmup_id,
+        timeout=30_000,
+    )
+    _wait_idle(comfy_server)
+    _close_dialogs(page)
+    opt_words, sampler_words, opt_text = _compile_words(page, opt_id, sampler_id)
+    assert _info(page, sampler_id)["text"] == sampler_text  # the sampler did not run: its report is the first run's
+    assert opt_words == sampler_words == ["warm"], (opt_text, sampler_text)  # one word for the one record
+    assert "(warm: compiled by Warmup in an earlier run)" in opt_text and "lazily" not in opt_text, opt_text
+    assert not STATE_TWICE.search(opt_text), opt_text
+
+    _switch_tab_and_back(page, opt_id)
+    opt_words, sampler_words, opt_text = _compile_words(page, opt_id, sampler_id)
+    assert opt_words == sampler_words == ["warm"], (opt_text, _info(page, sampler_id)["text"])
+    assert not STATE_TWICE.search(opt_text), opt_text
     assert not page.steadfast_errors, page.steadfast_errors
 
 
