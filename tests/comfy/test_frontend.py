@@ -20,7 +20,8 @@ headless Chromium through Playwright:
    STALE, and a later run that fails at execution says so instead; Compare's raw run-record differences are a
    closed ``<details>`` in Nodes 2.0; reports come back after a workflow tab switch; canvas labels end before the
    "Steadfast" badge; each template carries its "Before you run" note; Optimize and its sampler say one compile
-   word, also after a run with Warmup's ``sizes`` refused (Optimize answered from ComfyUI's cache).
+   word, also after a run with Warmup's ``sizes`` refused (Optimize answered from ComfyUI's cache); Compare says
+   which figure decided and what it was measured on.
 
 ``scripts/test_newer_frontend.sh`` runs this file on ComfyUI 0.33.0 with a newer frontend (docs/compatibility.md).
 
@@ -1457,6 +1458,51 @@ def test_compile_words_agree_after_warmup_sizes_is_refused(page: Any, comfy_serv
     opt_words, sampler_words, opt_text = _compile_words(page, opt_id, sampler_id)
     assert opt_words == sampler_words == ["warm"], (opt_text, _info(page, sampler_id)["text"])
     assert not STATE_TWICE.search(opt_text), opt_text
+    assert not page.steadfast_errors, page.steadfast_errors
+
+
+def test_compare_says_which_figure_decided_and_on_what(page: Any, comfy_server: ComfyServer) -> None:
+    """Issue 46 trip 5: Compare's deciding line showed "max |delta| 0.25" while the full output showed 0.0027, and
+    did not say that the deciding figures are a float16 thumbnail's. The Optimized vs baseline template run from the
+    page, the optimized model in bfloat16 so the pictures' bytes differ (eager backend, for speed): the report the
+    page shows on the image Compare says which figure decided (the PSNR, with its value), that it and the max |delta|
+    beside it were measured on float16 thumbnails, and that the full output's own figures, below it, are not what
+    decides."""
+    name = api_to_ui.ui_template_name("optimized_vs_baseline")
+    twin = api_twin(name)
+    opt_id = next(i for i, n in twin.items() if n["class_type"] == "SteadfastOptimizeModel")
+    cmp_id = next(i for i, n in twin.items() if n["class_type"] == "SteadfastCompare" and "image_a" in n["inputs"])
+    comfy_server.free()
+    load_template(page, name)
+    for widget, value in (("backend", "eager"), ("precision", "bf16")):
+        page.evaluate(
+            "([id, k, v]) => { const w = window.app.graph.getNodeById(+id).widgets.find(x => x.name === k);"
+            " w.value = v; w.callback?.(v) }",
+            [opt_id, widget, value],
+        )
+    entry = _run_and_wait(page, comfy_server)
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    details = entry["outputs"][cmp_id]["steadfast_compare"][0]
+    assert not details["identical"], "the two pictures are byte-identical: no deciding figure to check"
+    graded = details["verdict"]
+    assert graded["psnr"] is not None, graded
+    written = "\n".join(entry["outputs"][cmp_id]["text"])
+    page.wait_for_function(
+        "([id, text]) => window.app.graph.getNodeById(+id)?.widgets?.find(w => w.name ==="
+        " 'steadfast_info')?.value === text",
+        arg=[cmp_id, written],
+        timeout=30_000,
+    )
+    shown = _info(page, cmp_id)["text"]
+    lines = shown.splitlines()
+    head = lines[0]
+    # which figure decided, with its value, and what it was measured on
+    assert f"decided by PSNR {graded['psnr']:.1f} dB between float16 thumbnails" in head, head
+    # the max |delta| beside it is the thumbnails' too, not the full output's
+    assert f"the thumbnails' max |delta| {graded['max_abs']:.3g}" in head, head
+    # the full output's own figures follow, said not to decide
+    full = lines.index("measured on the full output (not what decides):")
+    assert full > 0 and f"max |d| = {details['max_abs']:.6g}" in "\n".join(lines[full + 1 :]), shown
     assert not page.steadfast_errors, page.steadfast_errors
 
 
