@@ -654,37 +654,90 @@ function watchRefusals(api) {
 // SD1.5 (sd15, sd1.5, sd-1-5, v1-5...; the templates' note: any SD1.5 checkpoint will do). Without one the value
 // stays, and the note on the canvas says what to pick. Runs in afterConfigureGraph, which the frontend awaits
 // before its missing-model check.
+// The Diffusers template names stable-diffusion-v1-5, a folder in models/diffusers that a user rarely has; its note
+// tells how to write the pack's tiny pipeline, steadfast-tiny-sd, and the template still opened on the absent folder
+// once that existed (issue 46). In a graph that holds that note, a pipeline_name not among its options takes a
+// pipeline whose name says SD1.5, else steadfast-tiny-sd.
 const TINY_CKPT = "steadfast_tiny_sd15.safetensors";
+const TINY_PIPELINE = "steadfast-tiny-sd";
 const SD15_NAME = /(^|[^a-z0-9])(sd[-_ .]?1[-_.]?5|v1[-_.]5)(?![0-9])/i;
 // What was swapped is said in the template's note (the frontend's own "Note" node, top left), first, so the note
 // no longer asks for what was done already.
-const swappedLine = (pick, node) => `DONE FOR YOU: ${node.title ?? node.type} now loads ${pick}, an SD1.5 checkpoint `
-  + `from your models folder, instead of the template's ${TINY_CKPT} (not in your models folder). Pick another one `
-  + "there if you like.";
-function sayWhatWasSwapped(swapped) {
-  const note = (app.graph?.nodes ?? []).find((n) => n.type === "Note" && String(n.widgets?.[0]?.value ?? "")
-    .includes(TINY_CKPT));
+const swappedLine = (pick, node, was) => (was === TINY_CKPT
+  ? `DONE FOR YOU: ${node.title ?? node.type} now loads ${pick}, an SD1.5 checkpoint from your models folder, instead `
+    + `of the template's ${TINY_CKPT} (not in your models folder). Pick another one there if you like.`
+  : `DONE FOR YOU: ${node.title ?? node.type} now loads ${pick}, ${pick === TINY_PIPELINE
+    ? "the pack's tiny random-weight pipeline (its pictures are noise)" : "an SD1.5 pipeline from your models/diffusers"}`
+    + `, instead of the template's ${was} (not in your models/diffusers). Pick another one there if you like.`);
+const noteWith = (text) => (app.graph?.nodes ?? []).find((n) => n.type === "Note"
+  && String(n.widgets?.[0]?.value ?? "").includes(text));
+function sayWhatWasSwapped(note, swapped) {
   const w = note?.widgets?.[0];
   if (!w || !swapped.length) return;
-  const lines = swapped.map(([pick, node]) => swappedLine(pick, node)).filter((l) => !String(w.value).includes(l));
+  const lines = swapped.map(([pick, node, was]) => swappedLine(pick, node, was))
+    .filter((l) => !String(w.value).includes(l));
   if (lines.length) w.value = `${lines.join("\n")}\n\n${w.value}`;
+}
+function comboValues(w, node) {
+  let values = w.options?.values;
+  if (typeof values === "function") values = values(w, node);
+  return Array.isArray(values) ? values : null;
 }
 function pickCheckpoint() {
   const swapped = [];
   for (const node of app.graph?.nodes ?? []) {
     for (const w of node.widgets ?? []) {
       if (w.value !== TINY_CKPT) continue;
-      let values = w.options?.values;
-      if (typeof values === "function") values = values(w, node);
-      if (!Array.isArray(values) || values.includes(TINY_CKPT)) continue;
+      const values = comboValues(w, node);
+      if (!values || values.includes(TINY_CKPT)) continue;
       const pick = values.find((v) => SD15_NAME.test(String(v)));
       if (pick === undefined) continue;
       w.value = pick;
       w.callback?.(pick);
-      swapped.push([pick, node]);
+      swapped.push([pick, node, TINY_CKPT]);
     }
   }
-  sayWhatWasSwapped(swapped);
+  sayWhatWasSwapped(noteWith(TINY_CKPT), swapped);
+}
+function pickPipeline() {
+  const note = noteWith(TINY_PIPELINE);
+  if (!note) return;
+  const swapped = [];
+  for (const node of app.graph?.nodes ?? []) {
+    for (const w of node.widgets ?? []) {
+      if (w.name !== "pipeline_name") continue;
+      const values = comboValues(w, node);
+      if (!values || values.includes(w.value)) continue;
+      const pick = values.find((v) => SD15_NAME.test(String(v))) ?? values.find((v) => v === TINY_PIPELINE);
+      if (pick === undefined) continue;
+      const was = w.value;
+      w.value = pick;
+      w.callback?.(pick);
+      swapped.push([pick, node, was]);
+    }
+  }
+  sayWhatWasSwapped(note, swapped);
+}
+
+// A template's note ("Before you run": the frontend's own Note node, its text in a <textarea> that fills the node)
+// is made as tall as its text, and the nodes below it make room. In Nodes 2.0 that textarea does not scroll: the
+// Diffusers template's note was cut off at its box's bottom (issue 46), and the line the pack puts first when it
+// swapped a model (sayWhatWasSwapped) made every template's note longer than its box. Measured on the note's own
+// textarea once the frontend has laid it out (its scrollHeight beyond its height); a note that fits is left as it is.
+// Only the pack's notes ("BEFORE YOU RUN"), after a graph is loaded.
+const NOTE_MARK = "BEFORE YOU RUN";
+function fitNotes() {
+  for (const note of app.graph?.nodes ?? []) {
+    if (note.type !== "Note" || !String(note.widgets?.[0]?.value ?? "").includes(NOTE_MARK)) continue;
+    const el = vueNodeElement(note)?.querySelector("textarea") ?? note.widgets?.[0]?.element;
+    // laid out: a just-mounted textarea is a few px tall, and its scrollHeight would grow the note far too much
+    if (!el?.isConnected || el.clientHeight < note.size[1] / 2) continue;
+    const extra = el.scrollHeight - el.clientHeight;
+    if (extra <= 1) continue;
+    note.setSize([note.size[0], note.size[1] + extra + 2]);
+    makeRoom(note);
+    note.setDirtyCanvas?.(true, true);
+  }
 }
 
 app.registerExtension({
@@ -692,6 +745,9 @@ app.registerExtension({
   setup() { watchRefusals(app.api); watchCache(app.api); },
   afterConfigureGraph() {
     pickCheckpoint();
+    pickPipeline();
+    // the note is laid out a frame or more after the graph is configured (Nodes 2.0 mounts its element later)
+    for (const ms of [50, 300, 1000]) requestAnimationFrame(() => setTimeout(fitNotes, ms));
     drawVueVerdicts(); // a loaded graph's nodes have no state yet: no frames left from the graph before
     // a tab switch gives back the tab's outputs right after the graph is configured
     requestAnimationFrame(restoreReports);

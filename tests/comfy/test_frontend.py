@@ -19,9 +19,10 @@ headless Chromium through Playwright:
    and Nodes 2.0 draws the verdict frame and label; a bad input is marked alone and the node's old report reads
    STALE, and a later run that fails at execution says so instead; Compare's raw run-record differences are a
    closed ``<details>`` in Nodes 2.0; reports come back after a workflow tab switch; canvas labels end before the
-   "Steadfast" badge; each template carries its "Before you run" note; Optimize and its sampler say one compile
-   word, also after a run with Warmup's ``sizes`` refused (Optimize answered from ComfyUI's cache); Compare says
-   which figure decided and what it was measured on.
+   "Steadfast" badge; each template carries its "Before you run" note, all of it shown in Nodes 2.0, and says
+   what it swapped (a checkpoint; the Diffusers template's pipeline, the tiny one where it exists); Optimize and its
+   sampler say one compile word, also after a run with Warmup's ``sizes`` refused (Optimize answered from ComfyUI's
+   cache); Compare says which figure decided and what it was measured on.
 
 ``scripts/test_newer_frontend.sh`` runs this file on ComfyUI 0.33.0 with a newer frontend (docs/compatibility.md).
 
@@ -387,16 +388,40 @@ def test_a_pack_seed_stays_fixed_when_the_api_twin_is_dragged_in(page: Any, name
     assert not page.steadfast_errors, page.steadfast_errors
 
 
+# The template's note ("Before you run", the frontend's own Note node): its text's height beyond its textarea's (0 when
+# the text fits; Nodes 2.0 draws that textarea without a scroll bar, so a longer text is cut off), and its text.
+NOTE_FIT_JS = """() => { const n = window.app.graph.nodes.find(x => x.type === 'Note');
+  const el = document.querySelector(`.lg-node[data-node-id="${n.id}"]`)?.querySelector('textarea')
+    ?? n.widgets?.[0]?.element;
+  return {cut: el && el.isConnected ? el.scrollHeight - el.clientHeight : null, text: n.widgets?.[0]?.value ?? ''} }"""
+
+
+def _vue_note_fits(page: Any) -> dict[str, Any]:
+    """At 100 %, the note's cut (px of text below its box) once the pack has fitted it (up to about a second after
+    the load), and its text."""
+    page.evaluate(
+        "() => { const c = window.app.canvas; c.ds.scale = 1; c.ds.offset = [0, 40]; c.setDirty(true, true) }"
+    )
+    page.wait_for_timeout(2000)
+    return page.evaluate(NOTE_FIT_JS)
+
+
 REFRESH_JS = """async () => { if (typeof window.app.refreshComboInNodes === 'function')
   await window.app.refreshComboInNodes(); else await window.app.extensionManager.command.execute(
   'Comfy.RefreshNodeDefinitions') }"""
 
 
-def test_checkpoint_template_takes_an_sd15_checkpoint_the_user_has(page: Any, comfy_server: ComfyServer) -> None:
+@pytest.mark.parametrize("renderer", ["canvas", "vue"])
+def test_checkpoint_template_takes_an_sd15_checkpoint_the_user_has(
+    page: Any, comfy_server: ComfyServer, renderer: str
+) -> None:
     """A user's models folder has no steadfast_tiny_sd15.safetensors (only the headless check builds it) but an SD1.5
     checkpoint: a checkpoint template opens with Load Checkpoint set to that one, and no missing-model error shows
     (frontends since 1.49 flag a combo value that is not among its options). Played by renaming the server's tiny
-    checkpoint to ComfyUI's own SD1.5 template's file name, then refreshing the lists as R does."""
+    checkpoint to ComfyUI's own SD1.5 template's file name, then refreshing the lists as R does. In Nodes 2.0 the
+    note, one line longer for saying what was swapped, still shows all its text (issue 46: it ran past its box)."""
+    if renderer == "vue" and not _set_vue_nodes(page, True):
+        pytest.skip("this frontend has no Comfy.VueNodes.Enabled setting (no Nodes 2.0 renderer)")
     ckpts = comfy_server.base_dir / "models" / "checkpoints"
     tiny = ckpts / TINY_CKPT_NAME
     target = tiny.resolve()
@@ -419,10 +444,87 @@ def test_checkpoint_template_takes_an_sd15_checkpoint_the_user_has(page: Any, co
         for text in (TINY_CKPT_NAME, "Missing Models", "is missing"):
             shown = page.get_by_text(text)
             assert not any(shown.nth(i).is_visible() for i in range(shown.count())), f"the page shows {text!r}"
+        if renderer == "vue":
+            fit = _vue_note_fits(page)
+            assert fit["cut"] is not None and fit["cut"] <= 1, fit
+            assert not page.evaluate(VUE_OVERLAPS_JS), "node elements overlap [a, b, px]"
     finally:
+        if renderer == "vue":
+            _set_vue_nodes(page, False)
         mine.unlink()
         tiny.symlink_to(target)
         page.evaluate(REFRESH_JS)
+
+
+@pytest.mark.parametrize("renderer", ["canvas", "vue"])
+def test_diffusers_template_opens_on_the_tiny_pipeline(
+    page: Any, comfy_server: ComfyServer, tmp_path_factory: pytest.TempPathFactory, renderer: str
+) -> None:
+    """Issue 46 trip 6: the Diffusers template names stable-diffusion-v1-5 (rarely in models/diffusers) and its note
+    tells how to write the pack's tiny pipeline, steadfast-tiny-sd; once that existed the template still opened on
+    the absent folder. It opens on steadfast-tiny-sd now, and its note says so first (as the checkpoint templates say
+    what they swapped), in both renderers; in Nodes 2.0 the longer note still fits its box and covers no node."""
+    from steadfast.headless import tiny_pipelines as tiny
+
+    if renderer == "vue" and not _set_vue_nodes(page, True):
+        pytest.skip("this frontend has no Comfy.VueNodes.Enabled setting (no Nodes 2.0 renderer)")
+    link = comfy_server.base_dir / "models" / "diffusers" / "steadfast-tiny-sd"
+    try:
+        if not link.exists():
+            comfy_server.link_models(
+                "diffusers", {link.name: tiny.build_tiny_sd(tmp_path_factory.mktemp("tiny_pipeline") / "sd")}
+            )
+        page.evaluate(REFRESH_JS)
+        name = api_to_ui.ui_template_name("pipeline_generate")
+        load_template(page, name)
+        page.wait_for_timeout(1000)
+        picked = page.evaluate(
+            "() => window.app.graph.nodes.filter(n => n.type === 'SteadfastLoadDiffusersPipeline')"
+            ".map(n => n.widgets.find(w => w.name === 'pipeline_name').value)"
+        )
+        assert picked == ["steadfast-tiny-sd"], picked
+        note = page.evaluate("() => window.app.graph.nodes.find(n => n.type === 'Note')?.widgets?.[0]?.value ?? ''")
+        title = page.evaluate(
+            "() => window.app.graph.nodes.find(n => n.type === 'SteadfastLoadDiffusersPipeline').title"
+        )
+        assert note.startswith(
+            f"DONE FOR YOU: {title} now loads steadfast-tiny-sd, the pack's tiny random-weight pipeline (its "
+            "pictures are noise), instead of the template's stable-diffusion-v1-5"
+        ), note
+        assert "BEFORE YOU RUN" in note, note
+        prompt = frontend_prompt(page)
+        (loader,) = [n for n in prompt.values() if n["class_type"] == "SteadfastLoadDiffusersPipeline"]
+        assert loader["inputs"]["pipeline_name"] == "steadfast-tiny-sd", loader  # what Run sends
+        if renderer == "vue":
+            fit = _vue_note_fits(page)
+            assert fit["cut"] is not None and fit["cut"] <= 1, fit
+            assert not page.evaluate(VUE_OVERLAPS_JS), "node elements overlap [a, b, px]"
+        else:
+            assert not overlapping_nodes(page)
+        assert not page.steadfast_errors, page.steadfast_errors
+    finally:
+        if renderer == "vue":
+            _set_vue_nodes(page, False)
+        if link.is_symlink():
+            link.unlink()
+        page.evaluate(REFRESH_JS)
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_template_note_fits_its_box_in_nodes_2(page: Any, name: str) -> None:
+    """Issue 46 trip 6: in Nodes 2.0 the note's textarea has no scroll bar, and the Diffusers template's note ran
+    past its box's bottom (a third of it unseen). Each template's note shows all its text, and no node element
+    overlaps another."""
+    if not _set_vue_nodes(page, True):
+        pytest.skip("this frontend has no Comfy.VueNodes.Enabled setting (no Nodes 2.0 renderer)")
+    try:
+        load_template(page, name)
+        fit = _vue_note_fits(page)
+        assert fit["text"] == api_to_ui.TEMPLATE_NOTES[api_to_ui.api_template_name(name)]  # nothing swapped here
+        assert fit["cut"] is not None and fit["cut"] <= 1, fit
+        assert not page.evaluate(VUE_OVERLAPS_JS), "node elements overlap [a, b, px]"
+    finally:
+        _set_vue_nodes(page, False)
 
 
 def test_converter_handles_linked_widgets_and_controls(page: Any, object_info: dict[str, Any]) -> None:
