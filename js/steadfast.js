@@ -719,24 +719,24 @@ function pickPipeline() {
   sayWhatWasSwapped(note, swapped);
 }
 
-// A template's note ("Before you run": the frontend's own Note node, its text in a <textarea> that fills the node)
-// is made as tall as its text, and the nodes below it make room. In Nodes 2.0 that textarea does not scroll: the
-// Diffusers template's note was cut off at its box's bottom (issue 46), and the line the pack puts first when it
-// swapped a model (sayWhatWasSwapped) made every template's note longer than its box. Measured on the note's own
-// textarea once the frontend has laid it out (its scrollHeight beyond its height); a note that fits is left as it is.
-// Only the pack's notes ("BEFORE YOU RUN"), after a graph is loaded.
+// A template's note ("Before you run": the frontend's own Note node, its text in a <textarea>) shows all its text in
+// Nodes 2.0, and the nodes below it make room. There the textarea fills the node's element and does not scroll
+// (1.49 on): the Diffusers template's note was cut off at its box's bottom (issue 46), and the line the pack puts
+// first when it swapped a model (sayWhatWasSwapped) cut every template's note. The textarea is given at least its
+// text's height (textHeight: measured on a hidden twin, never on the box, so fitting again changes nothing), and the
+// element, sized by its content, grows with it (1.35.9 does not follow node.setSize there). On the classic canvas the
+// note's textarea scrolls: left as it is. Only the pack's notes ("BEFORE YOU RUN"), after a graph is loaded.
 const NOTE_MARK = "BEFORE YOU RUN";
 function fitNotes() {
   for (const note of app.graph?.nodes ?? []) {
     if (note.type !== "Note" || !String(note.widgets?.[0]?.value ?? "").includes(NOTE_MARK)) continue;
-    const el = vueNodeElement(note)?.querySelector("textarea") ?? note.widgets?.[0]?.element;
-    // laid out: a just-mounted textarea is a few px tall, and its scrollHeight would grow the note far too much
-    if (!el?.isConnected || el.clientHeight < note.size[1] / 2) continue;
-    const extra = el.scrollHeight - el.clientHeight;
-    if (extra <= 1) continue;
-    note.setSize([note.size[0], note.size[1] + extra + 2]);
-    makeRoom(note);
-    note.setDirtyCanvas?.(true, true);
+    const el = vueNodeElement(note)?.querySelector("textarea");
+    if (!el?.isConnected || el.offsetWidth < MIN_LAID_OUT_PX) continue; // not laid out yet
+    const need = textHeight(el, el.offsetWidth);
+    if (el.offsetHeight >= need - 1) continue;
+    el.style.minHeight = `${need}px`;
+    // the element takes its new height once the frontend has laid it out: then the nodes below make room
+    requestAnimationFrame(() => setTimeout(() => { makeRoom(note); note.setDirtyCanvas?.(true, true); }, 50));
   }
 }
 
@@ -747,7 +747,7 @@ app.registerExtension({
     pickCheckpoint();
     pickPipeline();
     // the note is laid out a frame or more after the graph is configured (Nodes 2.0 mounts its element later)
-    for (const ms of [50, 300, 1000]) requestAnimationFrame(() => setTimeout(fitNotes, ms));
+    for (const ms of [50, 300, 1000, 2500, 5000]) requestAnimationFrame(() => setTimeout(fitNotes, ms));
     drawVueVerdicts(); // a loaded graph's nodes have no state yet: no frames left from the graph before
     // a tab switch gives back the tab's outputs right after the graph is configured
     requestAnimationFrame(restoreReports);

@@ -397,12 +397,18 @@ NOTE_FIT_JS = """() => { const n = window.app.graph.nodes.find(x => x.type === '
 
 
 def _vue_note_fits(page: Any) -> dict[str, Any]:
-    """At 100 %, the note's cut (px of text below its box) once the pack has fitted it (up to about a second after
-    the load), and its text."""
+    """At 100 %, the note's cut (px of text below its box) once the pack has fitted it (it tries up to 5 s after the
+    load, as the renderer mounts the note), and its text."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     page.evaluate(
         "() => { const c = window.app.canvas; c.ds.scale = 1; c.ds.offset = [0, 40]; c.setDirty(true, true) }"
     )
-    page.wait_for_timeout(2000)
+    with contextlib.suppress(PlaywrightTimeout):
+        page.wait_for_function(
+            f"() => {{ const f = ({NOTE_FIT_JS})(); return f.cut !== null && f.cut <= 1 }}", timeout=8_000
+        )
+    page.wait_for_timeout(500)  # the nodes below make room a frame later
     return page.evaluate(NOTE_FIT_JS)
 
 
