@@ -1129,6 +1129,32 @@ def _info(page: Any, nid: str) -> dict[str, Any]:
     )
 
 
+def _close_dialogs(page: Any) -> None:
+    """The frontend's error dialog, where it shows one, is closed as a user closes it."""
+    for _ in range(3):
+        dialogs = page.get_by_role("dialog")
+        if not any(dialogs.nth(i).is_visible() for i in range(dialogs.count())):
+            break
+        page.keyboard.press("Escape")
+        page.wait_for_timeout(300)
+
+
+def _switch_tab_and_back(page: Any, node_id: str) -> None:
+    """Open a new blank workflow tab, then click the tab of the workflow shown before, as a user does: the tab the
+    frontend draws (.workflow-tab, a button's content up to 1.49, a div of its own from 1.53) with that workflow's
+    name on its label. Returns once ``node_id`` is back in the graph, and a second more."""
+    ours = page.evaluate("() => window.app.extensionManager.workflow.activeWorkflow.filename")
+    page.evaluate("() => window.app.extensionManager.command.execute('Comfy.NewBlankWorkflow')")
+    page.wait_for_function("() => window.app.graph.nodes.every(n => !String(n.type).startsWith('Steadfast'))")
+    tab = page.locator(".workflow-tabs .workflow-tab").filter(
+        has=page.locator(".workflow-label", has_text=re.compile(rf"^\s*{re.escape(ours)}\s*$"))
+    )
+    assert tab.count() == 1, f"no single tab labelled {ours!r}: {page.locator('.workflow-tabs').inner_text()}"
+    tab.click()
+    page.wait_for_function("(id) => !!window.app.graph.getNodeById(+id)", arg=node_id)
+    page.wait_for_timeout(1000)
+
+
 def test_bad_input_marks_only_that_input_and_stales_the_report(page: Any, comfy_server: ComfyServer) -> None:
     """Bad text in Hash ``expected``, queued from the page: the frontend holds one error, on ``expected`` (each
     validate_inputs takes the one input it checks; ComfyUI marks every argument), with the message; the red report
@@ -1199,12 +1225,7 @@ def test_bad_input_marks_only_that_input_and_stales_the_report(page: Any, comfy_
         "STALE (this node failed in the last run: see the error). Last report:\n"
     ), shown
     assert shown["text"].count("STALE") == 1 and "MISMATCH: old report" in shown["text"], shown
-    for _ in range(3):  # the frontend's error dialog, where it shows one, is closed as a user closes it
-        dialogs = page.get_by_role("dialog")
-        if not any(dialogs.nth(i).is_visible() for i in range(dialogs.count())):
-            break
-        page.keyboard.press("Escape")
-        page.wait_for_timeout(300)
+    _close_dialogs(page)
 
 
 def test_reports_come_back_after_a_tab_switch(page: Any, comfy_server: ComfyServer) -> None:
@@ -1226,18 +1247,7 @@ def test_reports_come_back_after_a_tab_switch(page: Any, comfy_server: ComfyServ
     )
     before = {i: _info(page, i) for i in (hash_id, cmp_id)}
     assert before[cmp_id]["state"] is not None
-    ours = page.evaluate("() => window.app.extensionManager.workflow.activeWorkflow.filename")
-    page.evaluate("() => window.app.extensionManager.command.execute('Comfy.NewBlankWorkflow')")
-    page.wait_for_function("() => window.app.graph.nodes.every(n => !String(n.type).startsWith('Steadfast'))")
-    # the user's click on our tab: the tab the frontend draws (.workflow-tab, a button's content up to 1.49, a
-    # div of its own from 1.53) with our workflow's name on its label
-    tab = page.locator(".workflow-tabs .workflow-tab").filter(
-        has=page.locator(".workflow-label", has_text=re.compile(rf"^\s*{re.escape(ours)}\s*$"))
-    )
-    assert tab.count() == 1, f"no single tab labelled {ours!r}: {page.locator('.workflow-tabs').inner_text()}"
-    tab.click()
-    page.wait_for_function("(id) => !!window.app.graph.getNodeById(+id)", arg=cmp_id)
-    page.wait_for_timeout(1000)
+    _switch_tab_and_back(page, cmp_id)
     after = {i: _info(page, i) for i in (hash_id, cmp_id)}
     assert after == before
 
@@ -1271,23 +1281,9 @@ def test_stale_survives_a_tab_switch(page: Any, comfy_server: ComfyServer) -> No
         timeout=30_000,
     )
     _wait_idle(comfy_server)
-    for _ in range(3):  # the frontend's error dialog, where it shows one, is closed as a user closes it
-        dialogs = page.get_by_role("dialog")
-        if not any(dialogs.nth(i).is_visible() for i in range(dialogs.count())):
-            break
-        page.keyboard.press("Escape")
-        page.wait_for_timeout(300)
+    _close_dialogs(page)
     before = _info(page, hash_id)
-    ours = page.evaluate("() => window.app.extensionManager.workflow.activeWorkflow.filename")
-    page.evaluate("() => window.app.extensionManager.command.execute('Comfy.NewBlankWorkflow')")
-    page.wait_for_function("() => window.app.graph.nodes.every(n => !String(n.type).startsWith('Steadfast'))")
-    tab = page.locator(".workflow-tabs .workflow-tab").filter(
-        has=page.locator(".workflow-label", has_text=re.compile(rf"^\s*{re.escape(ours)}\s*$"))
-    )
-    assert tab.count() == 1, f"no single tab labelled {ours!r}: {page.locator('.workflow-tabs').inner_text()}"
-    tab.click()
-    page.wait_for_function("(id) => !!window.app.graph.getNodeById(+id)", arg=hash_id)
-    page.wait_for_timeout(1000)
+    _switch_tab_and_back(page, hash_id)
     after = _info(page, hash_id)
     assert after["text"].startswith("STALE (ComfyUI refused") and after["text"].count("STALE") == 1, after
     assert after == before and after["state"] is None, (before, after)
@@ -1461,30 +1457,6 @@ def test_optimize_and_sampler_say_one_compile_state_after_a_run(page: Any, comfy
         )
         assert want in _info(page, opt_id)["text"], (state, _info(page, opt_id)["text"])
     assert not page.steadfast_errors, page.steadfast_errors
-
-
-def _close_dialogs(page: Any) -> None:
-    """The frontend's error dialog, where it shows one, is closed as a user closes it."""
-    for _ in range(3):
-        dialogs = page.get_by_role("dialog")
-        if not any(dialogs.nth(i).is_visible() for i in range(dialogs.count())):
-            break
-        page.keyboard.press("Escape")
-        page.wait_for_timeout(300)
-
-
-def _switch_tab_and_back(page: Any, node_id: str) -> None:
-    """Open a new blank workflow tab, then click the tab of the workflow shown before (as a user does)."""
-    ours = page.evaluate("() => window.app.extensionManager.workflow.activeWorkflow.filename")
-    page.evaluate("() => window.app.extensionManager.command.execute('Comfy.NewBlankWorkflow')")
-    page.wait_for_function("() => window.app.graph.nodes.every(n => !String(n.type).startsWith('Steadfast'))")
-    tab = page.locator(".workflow-tabs .workflow-tab").filter(
-        has=page.locator(".workflow-label", has_text=re.compile(rf"^\s*{re.escape(ours)}\s*$"))
-    )
-    assert tab.count() == 1, f"no single tab labelled {ours!r}: {page.locator('.workflow-tabs').inner_text()}"
-    tab.click()
-    page.wait_for_function("(id) => !!window.app.graph.getNodeById(+id)", arg=node_id)
-    page.wait_for_timeout(1000)
 
 
 # The compile state word of Optimize's record line ("new compile record (cold); ..." or "(warm: ...)") and of a
