@@ -412,9 +412,9 @@ function pin(node) {
 
 // What a node shows for its last output (ComfyUI's "executed" message, or the same output kept by the frontend):
 // the report text, the frame and the label.
-function showOutput(node, message) {
+function showOutput(node, message, fromCache) {
   const text = message?.text?.join("\n");
-  if (text) showText(node, optimizeText(node, text));
+  if (text) showText(node, optimizeText(node, text, fromCache));
   if (text) markWarm(node, message);
   const h = message?.steadfast_hash?.[0];
   if (h) {
@@ -475,6 +475,7 @@ function compiledBy(node, message) {
   if (!comp || typeof comp !== "object" || comp.status !== "warm") return null;
   return comp.graphs_this_run ? `compiled by ${who} in the last run` : `${who} ran it on code compiled earlier`;
 }
+const warmLine = (text, by) => String(text).split("\n").map((line) => line.replace(LAZY, `(warm: ${by})`)).join("\n");
 function markWarm(node, message) {
   const by = compiledBy(node, message);
   if (!by) return;
@@ -482,17 +483,50 @@ function markWarm(node, message) {
     if (!OPTIMIZERS.has(n.constructor?.comfyClass ?? n.type)) continue;
     const w = n.widgets?.find((x) => x.name === INFO);
     if (!w?.value) continue;
-    const text = String(w.value).split("\n").map((line) => line.replace(LAZY, `(warm: ${by})`)).join("\n");
-    if (text !== w.value) showText(n, text);
+    const text = warmLine(w.value, by);
+    if (text === w.value) continue;
+    if (n.steadfast_report) warmRecords.set(staleKey(n), { text: n.steadfast_report, by });
+    showText(n, text);
   }
 }
-// Optimize's own report on a record that is warm already (a reused one): "(warm: compiled already)".
-function optimizeText(node, text) {
-  if (!Object.values(WARMUPS).includes(node.constructor?.comfyClass ?? node.type)) return text;
+// ComfyUI answers an Optimize whose inputs did not change from its cache: the same model, the same compile record,
+// and the same report, written before anything compiled ("(cold); compiles lazily ..."). Issue 46: after a run in
+// which Warmup's sizes was refused (ComfyUI then runs what does not depend on Warmup: Optimize, an output node, from
+// its cache), Optimize said "(cold)" again beside the sampler's "warm" from the run that compiled the record. The
+// record is warm: what a node downstream said of it is kept per workflow tab and Optimize node (warmRecords, with the
+// report it was said of) and said again of the same report from the cache, "in an earlier run" ("(warm: compiled by
+// Warmup in an earlier run)"). An Optimize that ran anew (a new record) or wrote another report forgets it. ComfyUI
+// names the nodes it answers from its cache in the api's execution_cached event, before their "executed" messages.
+const warmRecords = new Map();
+let cachedNow = new Set();
+const earlier = (by) => by.replace(/ in the last run$/, " in an earlier run");
+// Optimize's own report ``text`` (the server's), shown from a run (``fromCache``: whether ComfyUI answered it from
+// its cache) or given back after a tab switch (``fromCache`` undefined): on a record seen warm, as said above; on a
+// record that is warm already (a reused one), "(warm: compiled already)".
+function optimizeText(node, text, fromCache) {
+  if (!OPTIMIZERS.has(node.constructor?.comfyClass ?? node.type)) return text;
+  node.steadfast_report = text;
+  const key = staleKey(node);
+  const seen = warmRecords.get(key);
+  if (seen && (seen.text !== text || fromCache === false)) warmRecords.delete(key);
+  else if (seen) {
+    if (fromCache) seen.by = earlier(seen.by);
+    const warm = warmLine(text, seen.by);
+    if (warm !== text) return warm;
+  }
   return text.split("\n").map((line) => {
     const m = LAZY.exec(line);
     return m && m[1] === "warm" ? line.replace(LAZY, "(warm: compiled already)") : line;
   }).join("\n");
+}
+function watchCache(api) {
+  if (!api || api.steadfastCacheWatched || typeof api.addEventListener !== "function") return;
+  const reset = () => { cachedNow = new Set(); };
+  api.addEventListener("execution_cached", (e) => { cachedNow = new Set((e.detail?.nodes ?? []).map(String)); });
+  for (const name of ["execution_start", "execution_success", "execution_error", "execution_interrupted"]) {
+    api.addEventListener(name, reset);
+  }
+  api.steadfastCacheWatched = true;
 }
 
 const ourNodes = () => (app.graph?.nodes ?? []).filter((n) => NODES.has(n.constructor?.comfyClass ?? n.type));
@@ -620,44 +654,100 @@ function watchRefusals(api) {
 // SD1.5 (sd15, sd1.5, sd-1-5, v1-5...; the templates' note: any SD1.5 checkpoint will do). Without one the value
 // stays, and the note on the canvas says what to pick. Runs in afterConfigureGraph, which the frontend awaits
 // before its missing-model check.
+// The Diffusers template names stable-diffusion-v1-5, a folder in models/diffusers that a user rarely has; its note
+// tells how to write the pack's tiny pipeline, steadfast-tiny-sd, and the template still opened on the absent folder
+// once that existed (issue 46). In a graph that holds that note, a pipeline_name not among its options takes a
+// pipeline whose name says SD1.5, else steadfast-tiny-sd.
 const TINY_CKPT = "steadfast_tiny_sd15.safetensors";
+const TINY_PIPELINE = "steadfast-tiny-sd";
 const SD15_NAME = /(^|[^a-z0-9])(sd[-_ .]?1[-_.]?5|v1[-_.]5)(?![0-9])/i;
 // What was swapped is said in the template's note (the frontend's own "Note" node, top left), first, so the note
 // no longer asks for what was done already.
-const swappedLine = (pick, node) => `DONE FOR YOU: ${node.title ?? node.type} now loads ${pick}, an SD1.5 checkpoint `
-  + `from your models folder, instead of the template's ${TINY_CKPT} (not in your models folder). Pick another one `
-  + "there if you like.";
-function sayWhatWasSwapped(swapped) {
-  const note = (app.graph?.nodes ?? []).find((n) => n.type === "Note" && String(n.widgets?.[0]?.value ?? "")
-    .includes(TINY_CKPT));
+const swappedLine = (pick, node, was) => (was === TINY_CKPT
+  ? `DONE FOR YOU: ${node.title ?? node.type} now loads ${pick}, an SD1.5 checkpoint from your models folder, instead `
+    + `of the template's ${TINY_CKPT} (not in your models folder). Pick another one there if you like.`
+  : `DONE FOR YOU: ${node.title ?? node.type} now loads ${pick}, ${pick === TINY_PIPELINE
+    ? "the pack's tiny random-weight pipeline (its pictures are noise)" : "an SD1.5 pipeline from your models/diffusers"}`
+    + `, instead of the template's ${was} (not in your models/diffusers). Pick another one there if you like.`);
+const noteWith = (text) => (app.graph?.nodes ?? []).find((n) => n.type === "Note"
+  && String(n.widgets?.[0]?.value ?? "").includes(text));
+function sayWhatWasSwapped(note, swapped) {
   const w = note?.widgets?.[0];
   if (!w || !swapped.length) return;
-  const lines = swapped.map(([pick, node]) => swappedLine(pick, node)).filter((l) => !String(w.value).includes(l));
+  const lines = swapped.map(([pick, node, was]) => swappedLine(pick, node, was))
+    .filter((l) => !String(w.value).includes(l));
   if (lines.length) w.value = `${lines.join("\n")}\n\n${w.value}`;
+}
+function comboValues(w, node) {
+  let values = w.options?.values;
+  if (typeof values === "function") values = values(w, node);
+  return Array.isArray(values) ? values : null;
 }
 function pickCheckpoint() {
   const swapped = [];
   for (const node of app.graph?.nodes ?? []) {
     for (const w of node.widgets ?? []) {
       if (w.value !== TINY_CKPT) continue;
-      let values = w.options?.values;
-      if (typeof values === "function") values = values(w, node);
-      if (!Array.isArray(values) || values.includes(TINY_CKPT)) continue;
+      const values = comboValues(w, node);
+      if (!values || values.includes(TINY_CKPT)) continue;
       const pick = values.find((v) => SD15_NAME.test(String(v)));
       if (pick === undefined) continue;
       w.value = pick;
       w.callback?.(pick);
-      swapped.push([pick, node]);
+      swapped.push([pick, node, TINY_CKPT]);
     }
   }
-  sayWhatWasSwapped(swapped);
+  sayWhatWasSwapped(noteWith(TINY_CKPT), swapped);
+}
+function pickPipeline() {
+  const note = noteWith(TINY_PIPELINE);
+  if (!note) return;
+  const swapped = [];
+  for (const node of app.graph?.nodes ?? []) {
+    for (const w of node.widgets ?? []) {
+      if (w.name !== "pipeline_name") continue;
+      const values = comboValues(w, node);
+      if (!values || values.includes(w.value)) continue;
+      const pick = values.find((v) => SD15_NAME.test(String(v))) ?? values.find((v) => v === TINY_PIPELINE);
+      if (pick === undefined) continue;
+      const was = w.value;
+      w.value = pick;
+      w.callback?.(pick);
+      swapped.push([pick, node, was]);
+    }
+  }
+  sayWhatWasSwapped(note, swapped);
+}
+
+// A template's note ("Before you run": the frontend's own Note node, its text in a <textarea>) shows all its text in
+// Nodes 2.0, and the nodes below it make room. There the textarea fills the node's element and does not scroll
+// (1.49 on): the Diffusers template's note was cut off at its box's bottom (issue 46), and the line the pack puts
+// first when it swapped a model (sayWhatWasSwapped) cut every template's note. The textarea is given at least its
+// text's height (textHeight: measured on a hidden twin, never on the box, so fitting again changes nothing), and the
+// element, sized by its content, grows with it (1.35.9 does not follow node.setSize there). On the classic canvas the
+// note's textarea scrolls: left as it is. Only the pack's notes ("BEFORE YOU RUN"), after a graph is loaded.
+const NOTE_MARK = "BEFORE YOU RUN";
+function fitNotes() {
+  for (const note of app.graph?.nodes ?? []) {
+    if (note.type !== "Note" || !String(note.widgets?.[0]?.value ?? "").includes(NOTE_MARK)) continue;
+    const el = vueNodeElement(note)?.querySelector("textarea");
+    if (!el?.isConnected || el.offsetWidth < MIN_LAID_OUT_PX) continue; // not laid out yet
+    const need = textHeight(el, el.offsetWidth);
+    if (el.offsetHeight >= need - 1) continue;
+    el.style.minHeight = `${need}px`;
+    // the element takes its new height once the frontend has laid it out: then the nodes below make room
+    requestAnimationFrame(() => setTimeout(() => { makeRoom(note); note.setDirtyCanvas?.(true, true); }, 50));
+  }
 }
 
 app.registerExtension({
   name: "comfyui-steadfast.nodes",
-  setup() { watchRefusals(app.api); },
+  setup() { watchRefusals(app.api); watchCache(app.api); },
   afterConfigureGraph() {
     pickCheckpoint();
+    pickPipeline();
+    // the note is laid out a frame or more after the graph is configured (Nodes 2.0 mounts its element later)
+    for (const ms of [50, 300, 1000, 2500, 5000]) requestAnimationFrame(() => setTimeout(fitNotes, ms));
     drawVueVerdicts(); // a loaded graph's nodes have no state yet: no frames left from the graph before
     // a tab switch gives back the tab's outputs right after the graph is configured
     requestAnimationFrame(restoreReports);
@@ -723,7 +813,7 @@ app.registerExtension({
     nodeType.prototype.onExecuted = function (message) {
       onExecuted?.apply(this, arguments);
       staleMarks.delete(staleKey(this)); // a new report: no longer stale
-      showOutput(this, message);
+      showOutput(this, message, cachedNow.has(String(this.id)));
     };
   },
 });

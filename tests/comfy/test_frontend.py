@@ -19,7 +19,10 @@ headless Chromium through Playwright:
    and Nodes 2.0 draws the verdict frame and label; a bad input is marked alone and the node's old report reads
    STALE, and a later run that fails at execution says so instead; Compare's raw run-record differences are a
    closed ``<details>`` in Nodes 2.0; reports come back after a workflow tab switch; canvas labels end before the
-   "Steadfast" badge; each template carries its "Before you run" note.
+   "Steadfast" badge; each template carries its "Before you run" note, all of it shown in Nodes 2.0, and says
+   what it swapped (a checkpoint; the Diffusers template's pipeline, the tiny one where it exists); Optimize and its
+   sampler say one compile word, also after a run with Warmup's ``sizes`` refused (Optimize answered from ComfyUI's
+   cache); Compare says which figure decided and what it was measured on.
 
 ``scripts/test_newer_frontend.sh`` runs this file on ComfyUI 0.33.0 with a newer frontend (docs/compatibility.md).
 
@@ -385,16 +388,46 @@ def test_a_pack_seed_stays_fixed_when_the_api_twin_is_dragged_in(page: Any, name
     assert not page.steadfast_errors, page.steadfast_errors
 
 
+# The template's note ("Before you run", the frontend's own Note node): its text's height beyond its textarea's (0 when
+# the text fits; Nodes 2.0 draws that textarea without a scroll bar, so a longer text is cut off), and its text.
+NOTE_FIT_JS = """() => { const n = window.app.graph.nodes.find(x => x.type === 'Note');
+  const el = document.querySelector(`.lg-node[data-node-id="${n.id}"]`)?.querySelector('textarea')
+    ?? n.widgets?.[0]?.element;
+  return {cut: el && el.isConnected ? el.scrollHeight - el.clientHeight : null, text: n.widgets?.[0]?.value ?? ''} }"""
+
+
+def _vue_note_fits(page: Any) -> dict[str, Any]:
+    """At 100 %, the note's cut (px of text below its box) once the pack has fitted it (it tries up to 5 s after the
+    load, as the renderer mounts the note), and its text."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    page.evaluate(
+        "() => { const c = window.app.canvas; c.ds.scale = 1; c.ds.offset = [0, 40]; c.setDirty(true, true) }"
+    )
+    with contextlib.suppress(PlaywrightTimeout):
+        page.wait_for_function(
+            f"() => {{ const f = ({NOTE_FIT_JS})(); return f.cut !== null && f.cut <= 1 }}", timeout=8_000
+        )
+    page.wait_for_timeout(500)  # the nodes below make room a frame later
+    return page.evaluate(NOTE_FIT_JS)
+
+
 REFRESH_JS = """async () => { if (typeof window.app.refreshComboInNodes === 'function')
   await window.app.refreshComboInNodes(); else await window.app.extensionManager.command.execute(
   'Comfy.RefreshNodeDefinitions') }"""
 
 
-def test_checkpoint_template_takes_an_sd15_checkpoint_the_user_has(page: Any, comfy_server: ComfyServer) -> None:
+@pytest.mark.parametrize("renderer", ["canvas", "vue"])
+def test_checkpoint_template_takes_an_sd15_checkpoint_the_user_has(
+    page: Any, comfy_server: ComfyServer, renderer: str
+) -> None:
     """A user's models folder has no steadfast_tiny_sd15.safetensors (only the headless check builds it) but an SD1.5
     checkpoint: a checkpoint template opens with Load Checkpoint set to that one, and no missing-model error shows
     (frontends since 1.49 flag a combo value that is not among its options). Played by renaming the server's tiny
-    checkpoint to ComfyUI's own SD1.5 template's file name, then refreshing the lists as R does."""
+    checkpoint to ComfyUI's own SD1.5 template's file name, then refreshing the lists as R does. In Nodes 2.0 the
+    note, one line longer for saying what was swapped, still shows all its text (issue 46: it ran past its box)."""
+    if renderer == "vue" and not _set_vue_nodes(page, True):
+        pytest.skip("this frontend has no Comfy.VueNodes.Enabled setting (no Nodes 2.0 renderer)")
     ckpts = comfy_server.base_dir / "models" / "checkpoints"
     tiny = ckpts / TINY_CKPT_NAME
     target = tiny.resolve()
@@ -417,10 +450,87 @@ def test_checkpoint_template_takes_an_sd15_checkpoint_the_user_has(page: Any, co
         for text in (TINY_CKPT_NAME, "Missing Models", "is missing"):
             shown = page.get_by_text(text)
             assert not any(shown.nth(i).is_visible() for i in range(shown.count())), f"the page shows {text!r}"
+        if renderer == "vue":
+            fit = _vue_note_fits(page)
+            assert fit["cut"] is not None and fit["cut"] <= 1, fit
+            assert not page.evaluate(VUE_OVERLAPS_JS), "node elements overlap [a, b, px]"
     finally:
+        if renderer == "vue":
+            _set_vue_nodes(page, False)
         mine.unlink()
         tiny.symlink_to(target)
         page.evaluate(REFRESH_JS)
+
+
+@pytest.mark.parametrize("renderer", ["canvas", "vue"])
+def test_diffusers_template_opens_on_the_tiny_pipeline(
+    page: Any, comfy_server: ComfyServer, tmp_path_factory: pytest.TempPathFactory, renderer: str
+) -> None:
+    """Issue 46 trip 6: the Diffusers template names stable-diffusion-v1-5 (rarely in models/diffusers) and its note
+    tells how to write the pack's tiny pipeline, steadfast-tiny-sd; once that existed the template still opened on
+    the absent folder. It opens on steadfast-tiny-sd now, and its note says so first (as the checkpoint templates say
+    what they swapped), in both renderers; in Nodes 2.0 the longer note still fits its box and covers no node."""
+    from steadfast.headless import tiny_pipelines as tiny
+
+    if renderer == "vue" and not _set_vue_nodes(page, True):
+        pytest.skip("this frontend has no Comfy.VueNodes.Enabled setting (no Nodes 2.0 renderer)")
+    link = comfy_server.base_dir / "models" / "diffusers" / "steadfast-tiny-sd"
+    try:
+        if not link.exists():
+            comfy_server.link_models(
+                "diffusers", {link.name: tiny.build_tiny_sd(tmp_path_factory.mktemp("tiny_pipeline") / "sd")}
+            )
+        page.evaluate(REFRESH_JS)
+        name = api_to_ui.ui_template_name("pipeline_generate")
+        load_template(page, name)
+        page.wait_for_timeout(1000)
+        picked = page.evaluate(
+            "() => window.app.graph.nodes.filter(n => n.type === 'SteadfastLoadDiffusersPipeline')"
+            ".map(n => n.widgets.find(w => w.name === 'pipeline_name').value)"
+        )
+        assert picked == ["steadfast-tiny-sd"], picked
+        note = page.evaluate("() => window.app.graph.nodes.find(n => n.type === 'Note')?.widgets?.[0]?.value ?? ''")
+        title = page.evaluate(
+            "() => window.app.graph.nodes.find(n => n.type === 'SteadfastLoadDiffusersPipeline').title"
+        )
+        assert note.startswith(
+            f"DONE FOR YOU: {title} now loads steadfast-tiny-sd, the pack's tiny random-weight pipeline (its "
+            "pictures are noise), instead of the template's stable-diffusion-v1-5"
+        ), note
+        assert "BEFORE YOU RUN" in note, note
+        prompt = frontend_prompt(page)
+        (loader,) = [n for n in prompt.values() if n["class_type"] == "SteadfastLoadDiffusersPipeline"]
+        assert loader["inputs"]["pipeline_name"] == "steadfast-tiny-sd", loader  # what Run sends
+        if renderer == "vue":
+            fit = _vue_note_fits(page)
+            assert fit["cut"] is not None and fit["cut"] <= 1, fit
+            assert not page.evaluate(VUE_OVERLAPS_JS), "node elements overlap [a, b, px]"
+        else:
+            assert not overlapping_nodes(page)
+        assert not page.steadfast_errors, page.steadfast_errors
+    finally:
+        if renderer == "vue":
+            _set_vue_nodes(page, False)
+        if link.is_symlink():
+            link.unlink()
+        page.evaluate(REFRESH_JS)
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_template_note_fits_its_box_in_nodes_2(page: Any, name: str) -> None:
+    """Issue 46 trip 6: in Nodes 2.0 the note's textarea has no scroll bar, and the Diffusers template's note ran
+    past its box's bottom (a third of it unseen). Each template's note shows all its text, and no node element
+    overlaps another."""
+    if not _set_vue_nodes(page, True):
+        pytest.skip("this frontend has no Comfy.VueNodes.Enabled setting (no Nodes 2.0 renderer)")
+    try:
+        load_template(page, name)
+        fit = _vue_note_fits(page)
+        assert fit["text"] == api_to_ui.TEMPLATE_NOTES[api_to_ui.api_template_name(name)]  # nothing swapped here
+        assert fit["cut"] is not None and fit["cut"] <= 1, fit
+        assert not page.evaluate(VUE_OVERLAPS_JS), "node elements overlap [a, b, px]"
+    finally:
+        _set_vue_nodes(page, False)
 
 
 def test_converter_handles_linked_widgets_and_controls(page: Any, object_info: dict[str, Any]) -> None:
@@ -1019,6 +1129,32 @@ def _info(page: Any, nid: str) -> dict[str, Any]:
     )
 
 
+def _close_dialogs(page: Any) -> None:
+    """The frontend's error dialog, where it shows one, is closed as a user closes it."""
+    for _ in range(3):
+        dialogs = page.get_by_role("dialog")
+        if not any(dialogs.nth(i).is_visible() for i in range(dialogs.count())):
+            break
+        page.keyboard.press("Escape")
+        page.wait_for_timeout(300)
+
+
+def _switch_tab_and_back(page: Any, node_id: str) -> None:
+    """Open a new blank workflow tab, then click the tab of the workflow shown before, as a user does: the tab the
+    frontend draws (.workflow-tab, a button's content up to 1.49, a div of its own from 1.53) with that workflow's
+    name on its label. Returns once ``node_id`` is back in the graph, and a second more."""
+    ours = page.evaluate("() => window.app.extensionManager.workflow.activeWorkflow.filename")
+    page.evaluate("() => window.app.extensionManager.command.execute('Comfy.NewBlankWorkflow')")
+    page.wait_for_function("() => window.app.graph.nodes.every(n => !String(n.type).startsWith('Steadfast'))")
+    tab = page.locator(".workflow-tabs .workflow-tab").filter(
+        has=page.locator(".workflow-label", has_text=re.compile(rf"^\s*{re.escape(ours)}\s*$"))
+    )
+    assert tab.count() == 1, f"no single tab labelled {ours!r}: {page.locator('.workflow-tabs').inner_text()}"
+    tab.click()
+    page.wait_for_function("(id) => !!window.app.graph.getNodeById(+id)", arg=node_id)
+    page.wait_for_timeout(1000)
+
+
 def test_bad_input_marks_only_that_input_and_stales_the_report(page: Any, comfy_server: ComfyServer) -> None:
     """Bad text in Hash ``expected``, queued from the page: the frontend holds one error, on ``expected`` (each
     validate_inputs takes the one input it checks; ComfyUI marks every argument), with the message; the red report
@@ -1089,12 +1225,7 @@ def test_bad_input_marks_only_that_input_and_stales_the_report(page: Any, comfy_
         "STALE (this node failed in the last run: see the error). Last report:\n"
     ), shown
     assert shown["text"].count("STALE") == 1 and "MISMATCH: old report" in shown["text"], shown
-    for _ in range(3):  # the frontend's error dialog, where it shows one, is closed as a user closes it
-        dialogs = page.get_by_role("dialog")
-        if not any(dialogs.nth(i).is_visible() for i in range(dialogs.count())):
-            break
-        page.keyboard.press("Escape")
-        page.wait_for_timeout(300)
+    _close_dialogs(page)
 
 
 def test_reports_come_back_after_a_tab_switch(page: Any, comfy_server: ComfyServer) -> None:
@@ -1116,18 +1247,7 @@ def test_reports_come_back_after_a_tab_switch(page: Any, comfy_server: ComfyServ
     )
     before = {i: _info(page, i) for i in (hash_id, cmp_id)}
     assert before[cmp_id]["state"] is not None
-    ours = page.evaluate("() => window.app.extensionManager.workflow.activeWorkflow.filename")
-    page.evaluate("() => window.app.extensionManager.command.execute('Comfy.NewBlankWorkflow')")
-    page.wait_for_function("() => window.app.graph.nodes.every(n => !String(n.type).startsWith('Steadfast'))")
-    # the user's click on our tab: the tab the frontend draws (.workflow-tab, a button's content up to 1.49, a
-    # div of its own from 1.53) with our workflow's name on its label
-    tab = page.locator(".workflow-tabs .workflow-tab").filter(
-        has=page.locator(".workflow-label", has_text=re.compile(rf"^\s*{re.escape(ours)}\s*$"))
-    )
-    assert tab.count() == 1, f"no single tab labelled {ours!r}: {page.locator('.workflow-tabs').inner_text()}"
-    tab.click()
-    page.wait_for_function("(id) => !!window.app.graph.getNodeById(+id)", arg=cmp_id)
-    page.wait_for_timeout(1000)
+    _switch_tab_and_back(page, cmp_id)
     after = {i: _info(page, i) for i in (hash_id, cmp_id)}
     assert after == before
 
@@ -1161,23 +1281,9 @@ def test_stale_survives_a_tab_switch(page: Any, comfy_server: ComfyServer) -> No
         timeout=30_000,
     )
     _wait_idle(comfy_server)
-    for _ in range(3):  # the frontend's error dialog, where it shows one, is closed as a user closes it
-        dialogs = page.get_by_role("dialog")
-        if not any(dialogs.nth(i).is_visible() for i in range(dialogs.count())):
-            break
-        page.keyboard.press("Escape")
-        page.wait_for_timeout(300)
+    _close_dialogs(page)
     before = _info(page, hash_id)
-    ours = page.evaluate("() => window.app.extensionManager.workflow.activeWorkflow.filename")
-    page.evaluate("() => window.app.extensionManager.command.execute('Comfy.NewBlankWorkflow')")
-    page.wait_for_function("() => window.app.graph.nodes.every(n => !String(n.type).startsWith('Steadfast'))")
-    tab = page.locator(".workflow-tabs .workflow-tab").filter(
-        has=page.locator(".workflow-label", has_text=re.compile(rf"^\s*{re.escape(ours)}\s*$"))
-    )
-    assert tab.count() == 1, f"no single tab labelled {ours!r}: {page.locator('.workflow-tabs').inner_text()}"
-    tab.click()
-    page.wait_for_function("(id) => !!window.app.graph.getNodeById(+id)", arg=hash_id)
-    page.wait_for_timeout(1000)
+    _switch_tab_and_back(page, hash_id)
     after = _info(page, hash_id)
     assert after["text"].startswith("STALE (ComfyUI refused") and after["text"].count("STALE") == 1, after
     assert after == before and after["state"] is None, (before, after)
@@ -1350,6 +1456,133 @@ def test_optimize_and_sampler_say_one_compile_state_after_a_run(page: Any, comfy
             ],
         )
         assert want in _info(page, opt_id)["text"], (state, _info(page, opt_id)["text"])
+    assert not page.steadfast_errors, page.steadfast_errors
+
+
+# The compile state word of Optimize's record line ("new compile record (cold); ..." or "(warm: ...)") and of a
+# sampler's run record line ("compile regional (inductor): warm, ...").
+OPTIMIZE_WORD = re.compile(r"compile record \((\w+)")
+SAMPLER_WORD = re.compile(r"^compile \w+ \([\w-]+\): (\w+),", re.M)
+# The precompiled route's state said twice ("precompiled blocks: on, on (...)"), as issue 46 saw it.
+STATE_TWICE = re.compile(r"\b(on|off), \1\b")
+
+
+def _compile_words(page: Any, opt_id: str, sampler_id: str) -> tuple[list[str], list[str], str]:
+    opt_text = _info(page, opt_id)["text"]
+    return OPTIMIZE_WORD.findall(opt_text), SAMPLER_WORD.findall(_info(page, sampler_id)["text"]), opt_text
+
+
+def test_compile_words_agree_after_warmup_sizes_is_refused(page: Any, comfy_server: ComfyServer) -> None:
+    """Issue 46 trip 4: the Warmup template run from the page (its own inductor backend), then run again with
+    Warmup's ``sizes`` refused. ComfyUI then runs only what does not depend on Warmup: Optimize Model (an output
+    node), answered from its cache with the report it wrote before anything compiled ("new compile record (cold);
+    compiles lazily ..."). Before, the page showed that "(cold)" on Optimize beside "warm" on the sampler, whose
+    report is from the run that compiled the same record. The record is warm: Optimize says so ("compiled by Warmup
+    in an earlier run"), also after a tab switch, and its report says the precompiled route's state once (never
+    "on, on")."""
+    name = api_to_ui.ui_template_name("warmup_then_generate")
+    twin = api_twin(name)
+    ids = {n["class_type"]: i for i, n in twin.items()}
+    opt_id, warmup_id = ids["SteadfastOptimizeModel"], ids["SteadfastWarmup"]
+    sampler_id = ids["SteadfastSeededSampler"]
+    comfy_server.free()  # a new model object: a new compile record, cold when Optimize reports
+    load_template(page, name)
+    entry = _run_and_wait(page, comfy_server)
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    sampler_text = "\n".join(entry["outputs"][sampler_id]["text"])
+    page.wait_for_function(
+        "([id, text]) => window.app.graph.getNodeById(+id)?.widgets?.find(w => w.name ==="
+        " 'steadfast_info')?.value === text",
+        arg=[sampler_id, sampler_text],
+        timeout=30_000,
+    )
+    opt_words, sampler_words, opt_text = _compile_words(page, opt_id, sampler_id)
+    assert opt_words == ["warm"] and sampler_words == ["warm"], (opt_text, sampler_text)
+    assert "(warm: compiled by Warmup in the last run)" in opt_text, opt_text
+
+    # Warmup's sizes refused: the answer marks Warmup STALE, and ComfyUI runs Optimize alone, from its cache
+    _wait_idle(comfy_server)
+    cached = page.evaluate(
+        """async ([warmupId, optId]) => {
+        const api = window.app.api;
+        const sizes = window.app.graph.getNodeById(+warmupId).widgets.find(w => w.name === 'sizes');
+        sizes.value = '12x';
+        let onExecuted;
+        const seen = new Promise((resolve) => {
+            onExecuted = (e) => { if (String(e.detail?.node) === optId) resolve(e.detail.output ?? {}) } });
+        api.addEventListener('executed', onExecuted);
+        try {
+            try { await window.app.queuePrompt(0, 1) } catch (e) {}
+            return await Promise.race([seen, new Promise((r) => setTimeout(() => r(null), 120000))]);
+        } finally { api.removeEventListener('executed', onExecuted) }
+    }""",
+        [warmup_id, opt_id],
+    )
+    assert cached is not None, f"Optimize did not report with Warmup refused; log:\n{comfy_server.log_tail()}"
+    assert "new compile record (cold); compiles lazily" in "\n".join(cached["text"]), cached  # ComfyUI's cached text
+    page.wait_for_function(
+        "(id) => window.app.graph.getNodeById(+id).widgets.find(w => w.name === 'steadfast_info')"
+        ".value.startsWith('STALE (ComfyUI refused')",
+        arg=warmup_id,
+        timeout=30_000,
+    )
+    _wait_idle(comfy_server)
+    _close_dialogs(page)
+    opt_words, sampler_words, opt_text = _compile_words(page, opt_id, sampler_id)
+    assert _info(page, sampler_id)["text"] == sampler_text  # the sampler did not run: its report is the first run's
+    assert opt_words == sampler_words == ["warm"], (opt_text, sampler_text)  # one word for the one record
+    assert "(warm: compiled by Warmup in an earlier run)" in opt_text and "lazily" not in opt_text, opt_text
+    assert not STATE_TWICE.search(opt_text), opt_text
+
+    _switch_tab_and_back(page, opt_id)
+    opt_words, sampler_words, opt_text = _compile_words(page, opt_id, sampler_id)
+    assert opt_words == sampler_words == ["warm"], (opt_text, _info(page, sampler_id)["text"])
+    assert not STATE_TWICE.search(opt_text), opt_text
+    assert not page.steadfast_errors, page.steadfast_errors
+
+
+def test_compare_says_which_figure_decided_and_on_what(page: Any, comfy_server: ComfyServer) -> None:
+    """Issue 46 trip 5: Compare's deciding line showed "max |delta| 0.25" while the full output showed 0.0027, and
+    did not say that the deciding figures are a float16 thumbnail's. The Optimized vs baseline template run from the
+    page, the optimized model in bfloat16 so the pictures' bytes differ (eager backend, for speed): the report the
+    page shows on the image Compare says which figure decided (the PSNR, with its value), that it and the max |delta|
+    beside it were measured on float16 thumbnails, and that the full output's own figures, below it, are not what
+    decides."""
+    name = api_to_ui.ui_template_name("optimized_vs_baseline")
+    twin = api_twin(name)
+    opt_id = next(i for i, n in twin.items() if n["class_type"] == "SteadfastOptimizeModel")
+    cmp_id = next(i for i, n in twin.items() if n["class_type"] == "SteadfastCompare" and "image_a" in n["inputs"])
+    comfy_server.free()
+    load_template(page, name)
+    for widget, value in (("backend", "eager"), ("precision", "bf16")):
+        page.evaluate(
+            "([id, k, v]) => { const w = window.app.graph.getNodeById(+id).widgets.find(x => x.name === k);"
+            " w.value = v; w.callback?.(v) }",
+            [opt_id, widget, value],
+        )
+    entry = _run_and_wait(page, comfy_server)
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    details = entry["outputs"][cmp_id]["steadfast_compare"][0]
+    assert not details["identical"], "the two pictures are byte-identical: no deciding figure to check"
+    graded = details["verdict"]
+    assert graded["psnr"] is not None, graded
+    written = "\n".join(entry["outputs"][cmp_id]["text"])
+    page.wait_for_function(
+        "([id, text]) => window.app.graph.getNodeById(+id)?.widgets?.find(w => w.name ==="
+        " 'steadfast_info')?.value === text",
+        arg=[cmp_id, written],
+        timeout=30_000,
+    )
+    shown = _info(page, cmp_id)["text"]
+    lines = shown.splitlines()
+    head = lines[0]
+    # which figure decided, with its value, and what it was measured on
+    assert f"decided by PSNR {graded['psnr']:.1f} dB between float16 thumbnails" in head, head
+    # the max |delta| beside it is the thumbnails' too, not the full output's
+    assert f"the thumbnails' max |delta| {graded['max_abs']:.3g}" in head, head
+    # the full output's own figures follow, said not to decide
+    full = lines.index("measured on the full output (not what decides):")
+    assert full > 0 and f"max |d| = {details['max_abs']:.6g}" in "\n".join(lines[full + 1 :]), shown
     assert not page.steadfast_errors, page.steadfast_errors
 
 
