@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -35,6 +36,13 @@ from ..core.record import verdict_file
 from .runner import HASH_NODE, RECORD_KEY, WorkflowError
 
 __all__ = ["DEFAULT_TOKEN_ENV", "NONCE_INPUT", "V2Server", "V2RunError", "is_v2", "with_nonce", "token_from_env"]
+
+EXPIRED_REPOLLS = 6
+"""How many more times a job answered ``expired`` is polled (0.5 s apart) before that status counts.
+``comfy-api-proxy`` 0.1.6 reads a job's state from ComfyUI's ``/history`` and then from its ``/queue``
+(``_status_of``): a job that ComfyUI moves from running to its history between the two reads is in neither, and the
+proxy answers ``expired`` ("known to the proxy, gone upstream"), a terminal status, for a job that succeeded. Polled
+again, the history holds it."""
 
 DEFAULT_TOKEN_ENV = "COMFY_API_KEY"
 """The variable the token is read from by default: the one ``comfy-sdk`` itself reads."""
@@ -249,12 +257,19 @@ class V2Server:
         job, prompt = self._jobs.pop(job_id)
         try:
             job.wait(timeout=timeout)
+            for _ in range(EXPIRED_REPOLLS):  # the proxy's race between /history and /queue (EXPIRED_REPOLLS)
+                if job.status != "expired":
+                    break
+                time.sleep(0.5)
+                job.refresh()
         except ComfyError as e:
             raise self._sdk_error(f"polling job {job_id} failed", e) from None
         if job.status != "succeeded":
             err = job.error
             where = f" in node {err.node_id} ({err.class_type})" if err is not None and err.node_id else ""
             what = f"{err.code}: {err.message}" if err is not None else "no error given"
+            if job.status == "expired":
+                what += f" (still expired when polled {EXPIRED_REPOLLS} more times)"
             raise V2RunError(self.scrub(f"job {job_id} {job.status}{where}: {what}"))
         reused = self._outputs_reused(job_id)
         if reused:

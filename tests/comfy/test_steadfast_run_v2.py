@@ -156,8 +156,8 @@ def test_a_partly_invalid_workflow_is_a_failed_run_saying_why(wf_file: Path, fle
 
 
 def test_a_node_failing_during_execution_is_named_with_its_message(wf_file: Path, fleet, tmp_path: Path) -> None:
-    code, _, report = steadfast_run(wf_file, "--server", fleet["pb"].url, "--runs", "1")
-    assert code == 0, report
+    code, out, report = steadfast_run(wf_file, "--server", fleet["pb"].url, "--runs", "1")
+    assert code == 0, out
     (good,) = next(iter(report["distinct"].values()))
     wrong = good[:-1] + ("0" if good[-1] != "0" else "1")
     wf = json.loads(wf_file.read_text())

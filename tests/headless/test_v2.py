@@ -77,3 +77,71 @@ def test_a_native_run_with_a_cached_node_is_a_failed_run() -> None:
     assert "s: every run a fresh execution" in report.as_text()
     given = runner.collect("v", "run 1", {**_entry(["6"]), "fresh": "fresh execution (nonce)"})
     assert given.error is None and given.fresh == "fresh execution (nonce)"  # the server said how
+
+
+class _Output:
+    def __init__(self, name: str, data: bytes) -> None:
+        self.name, self._data = name, data
+
+    def to_bytes(self) -> bytes:
+        return self._data
+
+
+class _RacingJob:
+    """A job as ``comfy-sdk`` polls it through ``comfy-api-proxy`` 0.1.6 when ComfyUI moves it from running to its
+    history between the proxy's two reads: ``expired`` for ``expired_polls`` polls, then what the history holds."""
+
+    def __init__(self, expired_polls: int, doc: bytes) -> None:
+        self.status, self.error, self._left, self._doc, self.refreshes = "expired", None, expired_polls, doc, 0
+
+    def wait(self, timeout: float | None = None) -> None:
+        return None
+
+    def refresh(self) -> None:
+        self.refreshes += 1
+        self._left -= 1
+        if self._left <= 0:
+            self.status = "succeeded"
+
+    def get_outputs(self, node_id: str) -> list[_Output]:
+        return [_Output("steadfast_verdict_00001_.json", self._doc)] if self.status == "succeeded" else []
+
+
+@pytest.mark.skipif(importlib.util.find_spec("comfy_sdk") is None, reason="comfy-sdk not installed")
+def test_a_job_answered_expired_by_the_proxys_race_is_polled_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from steadfast.core.record import hashing, verdict_file
+
+    monkeypatch.setattr(v2.time, "sleep", lambda s: None)
+    img = torch.rand(1, 8, 8, 3, generator=torch.Generator().manual_seed(0))
+    res = hashing.hash_inputs(image=img)
+    doc = verdict_file.build(
+        hashes=res.as_dict(),
+        kind="image",
+        dtype=str(torch.uint8),
+        source_dtype=str(img.dtype),
+        shape=res.image_shape,
+        match="unchecked",
+        expected="",
+        explanation="",
+        record=None,
+        reference=None,
+        verdict=None,
+    )
+    data = verdict_file.dumps(doc).encode()
+    prompt = v2.with_nonce(WF)
+    server = v2.V2Server("http://127.0.0.1:9")
+    try:
+        job = _RacingJob(2, data)  # a succeeded job, answered expired twice (the race)
+        server._jobs["j1"] = (job, prompt)
+        entry = server.wait("j1")
+        (item,) = entry["outputs"]["11"]["steadfast_hash"]
+        assert item["hash"] == doc["hash"] and job.refreshes == 2
+        gone = _RacingJob(v2.EXPIRED_REPOLLS + 5, data)  # really gone: the status counts, and says so
+        server._jobs["j2"] = (gone, prompt)
+        with pytest.raises(v2.V2RunError, match=r"j2 expired: no error given \(still expired when polled "):
+            server.wait("j2")
+        assert gone.refreshes == v2.EXPIRED_REPOLLS
+    finally:
+        server.close()
