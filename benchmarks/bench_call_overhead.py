@@ -11,11 +11,12 @@ ran it again, and the paired ratio of those and of the others apart):
 * ``steadfast``: CheckpointLoaderSimple -> SteadfastOptimizeModel (compile regional, inductor, the managed compile
   cache ``default`` under ``$STEADFAST_COMPILE_CACHE``) -> SteadfastSeededSampler (euler) -> VAEDecode -> PreviewImage.
 
-Both are warmed first (the compile happens there, and the precompiled blocks are saved); phase ``compiling
-server`` times them in that process (its jit answers). The server is then restarted on the same compile cache and
-warmed again, so that the precompiled blocks answer (phase ``warm-started server``); with ``--files N``, N extra
-files (1 KiB each, in 2-character sub-folders as inductor lays them out) are then dropped into the compile cache's
-key folder, as a GPU inductor/Triton cache holds thousands of files, and the last phase times them again.
+Both are warmed first (the compile happens there, and the precompiled blocks are saved); phase ``compiling server``
+times them in that process (the artifacts it saved answer, read back after its save). The server is then restarted on
+the same compile cache and warmed again, so that the precompiled blocks answer (phase ``warm-started server``); with
+``--files N``, N extra files (1 KiB each, in 2-character sub-folders as inductor lays them out) are then dropped into
+the compile cache's key folder, as a GPU inductor/Triton cache holds thousands of files, and the last phase times them
+again.
 
 Each prompt is timed by the server's own ``execution_start`` -> ``execution_success`` timestamps (a client polling
 ``/history`` adds a quantum as large as the difference). The configurations run in rounds, in ABBA order, and the

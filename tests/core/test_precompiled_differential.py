@@ -154,9 +154,11 @@ def saved(tmp_path_factory):
     shutil.copy(FIXTURES / "diff_helpers.py", mods / "diff_helpers.py")
     cache = base / "cache"
     reference = _reference(base, mods, "save")
-    first = _child(mods, cache, "save")
-    assert first["input_matters"] and first["out"] == reference
+    first = _child(mods, cache, "save", extra_env={"SF_DIFF_RUNS": "3"})
+    assert first["input_matters"] and first["outs"] == [reference] * 3
     assert first["state"]["saves"] >= 1 and not first["state"]["reasons"], first["state"]
+    # the saving process reads its own saves back, as a warm-started one would: its later calls are the artifacts'
+    assert first["state"]["loads"] >= 1 and first["state"]["hits"] >= 4 and first["state"]["fallbacks"] == 0, first
     again = _child(mods, cache, "save")  # the saved artifact answers an unchanged configuration
     assert again["out"] == reference and again["state"]["hits"] >= 2 and again["state"]["fallbacks"] == 0, again
     assert set(again["state"]["answered"]) and all(

@@ -25,7 +25,10 @@ What decides that an artifact answers a call, all of it checked before each use:
   process-wide module hooks are set.
 
 Anything else runs the jit path, with the reason recorded once per key (:class:`PrecompiledState`); a call whose
-configuration has no artifact yet queues one. No ComfyUI imports.
+configuration has no artifact yet queues one. The saving process reads its own save back at the next call holding
+the values it saved (the key's record, the artifact's bytes, its load and checks, as a warm-started process does),
+so from then on its artifact answers there too, through the same per-call checks (one tree, no key). No ComfyUI
+imports.
 """
 
 from __future__ import annotations
@@ -153,6 +156,21 @@ def _values_of(done: list[tuple], env: Mapping[str, Any]) -> tuple | None:
         return tuple((src, carried_guards.describe_value(carried_guards.read_source(src, env))) for src in sources)
     except Exception:  # noqa: BLE001 (a source that does not read: another configuration)
         return None
+
+
+def _done(saved: list[tuple[str, Any]]) -> list[tuple]:
+    """The specialised values of a key's done saves (:attr:`PrecompiledState.saved`: recorded or failed)."""
+    return [v for kind, v in saved if kind in ("values", "failed")]
+
+
+def _own_save(saved: list[tuple[str, Any]], env: Mapping[str, Any]) -> tuple[str, tuple] | None:
+    """The first done save of a key (``(kind, values)``: ``"values"`` recorded, ``"failed"``) whose specialised
+    ``transformer_options`` values the call holds (:func:`.variants.has_specialisation`; ``()`` holds for every
+    call), else None."""
+    for kind, values in saved:
+        if kind in ("values", "failed") and has_specialisation([values], env):
+            return kind, values
+    return None
 
 
 def aot_guard_filter(jit_filter: GuardFilterFn | None, dropped: list[Any] | None = None) -> GuardFilterFn:
@@ -306,11 +324,15 @@ class PrecompiledBlock(nn.Module):
         elapsed = time.perf_counter() - t0
         state.check_seconds += elapsed
         split["carried"] += elapsed
-        if kind is None:  # nothing loaded holds, and this process saved nothing for these values: read the variants
+        if kind is None:  # nothing loaded holds, and nothing this process saved was read back: read the variants
             with state.load_lock:
                 kind, answer = self._known(memo_key, env)
                 if kind is None:
+                    own = _own_save(state.saved.get(memo_key) or [], env)
                     kind, found = self._resolve(cache, fingerprint, static, key, env)
+                    if own is not None:  # read back once; its own save not answering here: the jit, no new save
+                        state.read_back.add((memo_key, own[1]))
+                        kind = Entry.SAVED if kind == Entry.NEW else kind
                     if kind == Entry.ANSWERS:  # kept beside the answers loaded before (one per specialised value)
                         kept, _ = state.entries.get(memo_key, (None, None))
                         before = state.entries[memo_key][1] if kept == Entry.ANSWERS else []
@@ -329,10 +351,10 @@ class PrecompiledBlock(nn.Module):
             state.count("fallbacks", key_digest(fingerprint, static, key)[:12], cache.redact(why))
             return self.jit(*args, **kwargs)
         out = self.jit(*args, **kwargs)
-        if kind == Entry.NEW:  # queue a save (it runs after the tracked call); this process keeps its jit for it
+        if kind == Entry.NEW:  # queue a save (it runs after the tracked call); read back by the next call (_known)
             with state.lock:  # the values it specialises on are known once the key's first save is done
                 saved = state.saved.setdefault(memo_key, [])
-                done = [v for kind, v in saved if kind == "values"]
+                done = _done(saved)
                 saved.append(("queued", _values_of(done, env) if done else None))
                 if len(state.pending) < MAX_PENDING:
                     saved_kwargs = {k: (dict(v) if isinstance(v, dict) else v) for k, v in kwargs.items()}
@@ -376,7 +398,7 @@ class PrecompiledBlock(nn.Module):
         def maybe_save() -> None:
             with state.lock:
                 saved = state.saved.setdefault(memo_key, [])
-                done = [v for kind, v in saved if kind == "values"]
+                done = _done(saved)
                 values = _values_of(done, seen) if done else None
                 queued = [v for kind, v in saved if kind == "queued"]
                 if values is None or has_specialisation(done, seen) or values in queued:
@@ -390,9 +412,12 @@ class PrecompiledBlock(nn.Module):
                 deferred[desc] = maybe_save
 
     def _known(self, memo_key: tuple, env: dict[str, Any]) -> tuple[Entry | None, Answer | None]:
-        """What this process already knows for a call: ``(Entry.ANSWERS, answer)`` for a loaded answer that holds,
-        ``(Entry.JIT, None)`` for a key that runs the jit, ``(Entry.SAVED, None)`` when this process saved (or is
-        saving) this configuration (its ``transformer_options`` values), ``(None, None)`` otherwise."""
+        """What this process already knows for a call: ``(Entry.PASSED, answer)`` for a loaded answer whose one tree
+        passes, ``(Entry.ANSWERS, answer)`` for one whose checks hold, ``(Entry.JIT, None)`` for a key that runs the
+        jit, ``(Entry.SAVED, None)`` when this process is saving this configuration (its ``transformer_options``
+        values), failed to save or refused it, or saved it and read it back without an answer, ``(None, None)``
+        otherwise: nothing known, or this process saved it and has not read it back (the route then reads the key's
+        record as any process would, and its own artifact answers from then on)."""
         state = self._state
         kind, got = state.entries.get(memo_key, (None, None))
         if kind == Entry.JIT:
@@ -406,11 +431,15 @@ class PrecompiledBlock(nn.Module):
                 return Entry.ANSWERS, answer
         saved = state.saved.get(memo_key)
         if saved is not None:
-            values = [v for kind, v in saved if kind == "values"]
             queued = [v for kind, v in saved if kind == "queued"]
-            if None in queued or has_specialisation(values, env):
-                return Entry.SAVED, None  # saved for these values, or the key's first save is still queued
-            if queued and _values_of(values, env) in queued:
+            if None in queued:
+                return Entry.SAVED, None  # the key's first save is still queued
+            own = _own_save(saved, env)
+            if own is not None and own[0] == "values" and (memo_key, own[1]) not in state.read_back:
+                return None, None  # saved for these values and not read back yet: read the record
+            if own is not None:  # read back (no answer held), or a failed save: the jit
+                return Entry.SAVED, None
+            if queued and _values_of(_done(saved), env) in queued:
                 return Entry.SAVED, None
         return None, None
 
@@ -528,6 +557,7 @@ class PrecompiledBlock(nn.Module):
         digest = key_digest(fingerprint, static, key)
         module, t0, dropped = self._orig_mod, time.perf_counter(), []
         values: tuple = ()  # a failed save: no more saves for this key in this process
+        outcome = "failed"
         try:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(torch.inference_mode(modes[1]))
@@ -548,6 +578,7 @@ class PrecompiledBlock(nn.Module):
                 variant = {"code": code, "guards": [g.as_list() for g in guards]}
                 variant["id"] = variant_digest(digest, variant)
                 if problems:  # recorded with what it could describe: that configuration runs the jit
+                    outcome = "failed"
                     add_variant(cache, digest, {**variant, "refused": problems})
                     self._state.count(
                         "fallbacks", digest[:12], cache.redact(f"not precompiled: {'; '.join(problems)}")
@@ -562,22 +593,25 @@ class PrecompiledBlock(nn.Module):
             variant["modules"] = traced_code.folder_named_modules()  # torch's pickles name them as imported here
             cache.write_once(f"{PRECOMPILED_DIR}/{variant['artifact']}.pt2", data)
             add_variant(cache, digest, variant)
+            outcome = "values"
         except Exception as e:  # noqa: BLE001 (a save failure is a recorded fallback, never an error)
             why = f"save failed: {type(e).__name__}: {cache.redact(str(e))[:200]}"
             self._state.count("fallbacks", digest[:12], why)
             return
         finally:
-            self._saved_values(memo_key, values)
+            self._saved_values(memo_key, values, outcome)
         self._state.count("saves", seconds=time.perf_counter() - t0)
 
-    def _saved_values(self, memo_key: tuple | None, values: tuple) -> None:
-        """Put a save's specialised values in place of the first queued mark of its key."""
+    def _saved_values(self, memo_key: tuple | None, values: tuple, outcome: str) -> None:
+        """Put a save's outcome in place of the first queued mark of its key: ``("values", the values it specialised
+        on)`` for an artifact recorded (read back by the next call holding them: :meth:`_known`), ``("failed",
+        values)`` for a refusal or a failed save (the jit answers; ``()`` after an error: every call of the key)."""
         state = self._state
         with state.lock:
             saved = state.saved.get(memo_key) or []
             at = next((i for i, (kind, _) in enumerate(saved) if kind == "queued"), None)
             if at is not None:
-                saved[at] = ("values", values)
+                saved[at] = (outcome, values)
 
 
 def wrap(

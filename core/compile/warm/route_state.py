@@ -38,7 +38,9 @@ class Entry(enum.Enum):
 
     ANSWERS = "aot"  #: loaded artifacts answer it (with the list of :class:`~.variants.Answer` s)
     JIT = "jit"  #: the jit answers (an untrusted record, a refused configuration, a failed load or call)
-    SAVED = "saved"  #: this process saved (or queued) this configuration: its jit answers (PrecompiledState.saved)
+    #: this process is saving this configuration, failed to, or read its own save back without an answer: its jit
+    #: answers (PrecompiledState.saved)
+    SAVED = "saved"
     NEW = "new"  #: no artifact for this configuration yet: the jit answers and it is saved
     #: never stored: what the route's lookup of a call says when a loaded answer's one tree (torch's guards and the
     #: pack's checks, :attr:`~.variants.Answer.combined`) passed, so the answer is called without a second check
@@ -87,10 +89,14 @@ class PrecompiledState:
     #: the jit answers it
     entries: dict[tuple, tuple[Entry, Any]] = dataclasses.field(default_factory=dict, repr=False)
     #: (cache path, call key) -> each save this process made for the key: ``("values", the transformer_options
-    #: values it specialised on)`` (:func:`.variants.specialisation`), or ``("queued", the call's values of the
+    #: values it specialised on)`` (:func:`.variants.specialisation`) once recorded, ``("failed", values)`` for a
+    #: refusal or a failed save (``()`` after an error: every call), or ``("queued", the call's values of the
     #: sources the key's done saves specialised on)`` until it is saved (None for the key's first save: every call
     #: waits for it). A call holding other values (another block position) saves its own variant
     saved: dict[tuple, list] = dataclasses.field(default_factory=dict, repr=False)
+    #: ((cache path, call key), values) of this process's recorded saves read back: the next call holding values this
+    #: process saved reads the key's record once, as a warm-started process would, and its own artifact answers
+    read_back: set[tuple] = dataclasses.field(default_factory=set, repr=False)
     #: (cache path, call key) -> {the call's simple transformer_options values: its save, if still needed}: calls that
     #: waited for their key's first save (run by :meth:`flush` after it)
     deferred: dict[tuple, dict] = dataclasses.field(default_factory=dict, repr=False)
