@@ -16,6 +16,8 @@ and times each check side by side:
 * ``after kernel``: the check right after the block's artifact ran (median of 30): the cost it has inside a
   sampling run, where the block's kernels (conv, matmul, attention over all cores) have just evicted the
   interpreter's code and data from the caches;
+* ``paired``: the route's checks (binder and tree) and the jit's guard check timed in turn, 31 rounds of 1,000
+  calls, the median ratio with its quartiles: the machine's drift between two ``quiet`` rows falls on both sides;
 * ``in a run``: the route's own split (``split_seconds`` of the compile record, :data:`~core.compile.warm.precompiled.
   SPLIT_PHASES`: ``carried`` is the binder, ``guard_check`` the one tree) over 10
   steady sampling calls, per block call.
@@ -142,7 +144,21 @@ def after_kernel(f, n=30):
 
 rows = {k: {"quiet": quiet(f), "after_kernel": after_kernel(f)} for k, f in checks.items()}
 ref = {k: {"quiet": quiet(f), "after_kernel": after_kernel(f)} for k, f in reference.items()}
+
+def route_checks():
+    return answer.combined.check(block._binder(module, args, kwargs))
+
+def paired(n=1000, rounds=31):  # the route's checks and the jit's, timed in turn: the machine's drift falls on both
+    ratios = []
+    for _ in range(rounds):
+        a = timeit.timeit(route_checks, number=n)
+        b = timeit.timeit(reference["the jit's own guard check"], number=n)
+        ratios.append(a / b)
+    ratios.sort()
+    return {"median": statistics.median(ratios), "q1": ratios[len(ratios) // 4], "q3": ratios[3 * len(ratios) // 4]}
+
 print("RESULT " + json.dumps({"rows": rows, "reference": ref, "in_run": in_run, "block_calls": calls / 10,
+                              "paired": paired(),
                               "guards": len(matched.guards), "code_paths": len(code.paths),
                               "leaves": {"artifact": torch_compat.leaf_count(answer.manager),
                                          "pack": answer.checks.leaves, "one tree": answer.combined.leaves,
@@ -215,6 +231,11 @@ def main() -> None:
         ["route / jit guard check", f"{total[0] / jit['quiet']:.2f}x", f"{total[1] / jit['after_kernel']:.2f}x", "-"]
     )
     print(_common.markdown_table(["check", "quiet, us", "after kernel, us", "after / quiet"], body))
+    p = got["paired"]
+    print(
+        f"\nquiet, paired (the route's checks, binder included, and the jit's, 31 rounds of 1,000 calls in turn): "
+        f"route / jit median {p['median']:.2f}x (quartiles {p['q1']:.2f}-{p['q3']:.2f})"
+    )
     split = ", ".join(f"{k} {v:.1f}" for k, v in got["in_run"].items())
     print(f"\nin a run, the route's split per block call (us): {split}")
     _common.print_footer(t_start)

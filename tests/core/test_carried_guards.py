@@ -218,6 +218,115 @@ def test_the_generated_check_agrees_with_the_interpreter_for_every_kind(monkeypa
         cg.parse_source("self.x[G['k']]")
 
 
+class CastBase(torch.nn.Module):
+    cast_mode = 1
+
+
+class CastMid(CastBase):
+    pass
+
+
+class CastLinear(CastMid):  # comfy.ops-style: a layer class whose MRO Dynamo guards attribute by attribute
+    def forward(self, x):
+        return x * self.cast_mode
+
+
+class CastShadow(CastLinear):
+    comfy_cast_weights = True
+
+
+class Pair(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = CastLinear(), CastLinear()
+
+    def forward(self, x, transformer_options={}):  # noqa: B006
+        return self.a(x) + self.b(x)
+
+
+def test_checks_through_a_pinned_class_are_built_once_and_still_fail(monkeypatch) -> None:
+    """Issue 45, per-call cost: the memberships, constants and method code Dynamo guards through
+    ``type(S).__mro__[i]`` of each submodule are built once per class when a carried type guard pins that class (two
+    submodules of one class: their four MRO checks become two leaves), and the tree still fails on every change the
+    guard-by-guard reference fails on: a submodule of another class (its type leaf), a base class gaining the
+    attribute (the membership, read through ``C.__mro__`` on every call), a class constant changed."""
+    pair = Pair()
+    binder = cg.Binder(Pair.forward)
+    entries, mro = [], "type(self._modules[{!r}]).__mro__"
+    for name in ("a", "b"):
+        entries += [
+            entry(f"self._modules[{name!r}]", "TYPE_MATCH", getattr(pair, name)),
+            types.SimpleNamespace(
+                name=f"dict({mro.format(name)}[1].__dict__)", guard_type="DICT_CONTAINS", value=None, has_value=False
+            ),
+            entry(f"dict({mro.format(name)}[2].__dict__)['cast_mode']", "CONSTANT_MATCH", 1),
+            entry(f"{mro.format(name)}[0].forward", "CLOSURE_MATCH", CastLinear.forward),
+        ]
+    monkeypatch.setattr(cg.torch_compat, "guard_arguments", lambda e: {"key": "comfy_cast_weights"})
+
+    def env():
+        return binder(pair, (torch.ones(2),), {})
+
+    guards, problems = cg.carry(entries, env())
+    assert problems == [] and [g.kind for g in guards].count("contains") == 2
+    matched, why = cg.match(guards, env())
+    assert matched is not None, why
+    tree = torch_compat.GuardTree()
+    cg.build_tree(tree, matched, env())
+    assert tree.check(env()) and tree.leaves == 2 + 3  # 2 type leaves; the membership, the constant, the code: once
+    changes = [
+        lambda: setattr(pair, "b", CastShadow()),  # another class on one submodule: only its type leaf sees it
+        lambda: setattr(pair, "b", CastLinear()),
+        lambda: setattr(CastMid, "comfy_cast_weights", False),  # a base class gains the attribute
+        lambda: delattr(CastMid, "comfy_cast_weights"),
+        lambda: setattr(CastBase, "cast_mode", 2),
+        lambda: setattr(CastBase, "cast_mode", 1),
+    ]
+    results = []
+    for change in changes:
+        change()
+        results.append((matched.still(env()), _interpreted_still(matched, env()), tree.check(env())))
+    assert results == [(False,) * 3, (True,) * 3] * 3, results
+
+
+def test_a_carried_code_guard_on_a_function_the_traced_code_pins_is_built_once(monkeypatch) -> None:
+    """``G['attention']``'s code is carried; the traced code's path to the same module-level function pins the
+    function object and its ``__code__``: in one tree the carried leaf is not built again, and the tree still fails
+    when the module's entry is replaced or the function's code is."""
+    import sys
+
+    from steadfast.core.compile.warm import traced_code
+
+    block = Block()
+    binder = cg.Binder(Block.forward)
+
+    def env():
+        return binder(block, (torch.ones(2),), {})
+
+    guards, problems = cg.carry([entry("G['attention']", "CLOSURE_MATCH", attention)], env())
+    matched, _ = cg.match(guards, env())
+    identity, problems = traced_code.resolve(
+        {f"function {__name__}:attention": traced_code.function_digest(attention)}
+    )
+    assert matched is not None and identity is not None and problems == []
+    trees = []
+    for pinned in (None, identity.module_functions()):
+        tree = torch_compat.GuardTree()
+        traced_code.build_tree(tree, identity)
+        cg.build_tree(tree, matched, env(), pinned)
+        assert tree.check(env())
+        trees.append(tree)
+    assert trees[1].leaves == trees[0].leaves - 1
+    module = sys.modules[__name__]
+    monkeypatch.setattr(module, "attention", other_attention)
+    assert not trees[1].check(env()) and not matched.still(env())
+    monkeypatch.undo()
+    monkeypatch.setattr(attention, "__code__", other_attention.__code__)
+    assert not trees[1].check(env()) and not matched.still(env())
+    monkeypatch.undo()
+    assert trees[1].check(env())
+
+
 class Tag:
     """An object in ``transformer_options`` whose type torch guards and whose ``name`` only the pack's leaf reads."""
 

@@ -99,7 +99,7 @@ def test_identify_resolve_and_the_per_call_identity(monkeypatch):
     assert identity is not None and problems == [] and identity.still()
     tree = torch_compat.GuardTree()  # the same check as C++ identity guards
     traced_code.build_tree(tree, identity)
-    assert tree.leaves == 4 * len(paths) and tree.check({})
+    assert tree.leaves == 3 * len(paths) and tree.check({})  # no keyword-only parameter: no __kwdefaults__ leaf
 
     def patched(self, x):
         return torch.relu(x) * 2
@@ -122,6 +122,31 @@ def test_identify_resolve_and_the_per_call_identity(monkeypatch):
     assert traced_code.resolve({"method nowhere.at.all:Thing.forward": "0" * 16})[1] == [
         "method nowhere.at.all:Thing.forward: module nowhere.at.all is not loaded"
     ]
+
+
+class Scaled(nn.Module):
+    def forward(self, x, *, scale=1.0):
+        return x * scale
+
+
+def test_keyword_defaults_are_checked_where_the_code_reads_them(monkeypatch):
+    """A function's ``__kwdefaults__`` fill only its keyword-only parameters: changed on a ``forward`` with one, the
+    output changes and the identity fails; set on one without (the same code object), the output is the same bytes
+    and the identity still holds, so that leaf is not built."""
+    x = torch.randn(3)
+    paths = {f"method {__name__}:Scaled.forward": traced_code.function_digest(Scaled.forward)}
+    paths[f"method {__name__}:Inner.forward"] = traced_code.function_digest(Inner.forward)
+    identity, problems = traced_code.resolve(paths)
+    assert identity is not None and problems == []
+    tree = torch_compat.GuardTree()
+    traced_code.build_tree(tree, identity)
+    assert tree.leaves == 4 + 3 and tree.check({})
+    before = (Scaled()(x), Inner()(x))
+    monkeypatch.setattr(Inner.forward, "__kwdefaults__", {"scale": 2.0})  # no keyword-only parameter reads it
+    assert torch.equal(Inner()(x), before[1]) and identity.still() and tree.check({})
+    monkeypatch.setattr(Scaled.forward, "__kwdefaults__", {"scale": 2.0})
+    assert not torch.equal(Scaled()(x), before[0])  # the case is not vacuous: it changes the output
+    assert not identity.still() and not tree.check({}) and "keyword defaults" in tree.failure({})
 
 
 def test_a_nested_function_nobody_covers_is_a_problem():

@@ -520,7 +520,9 @@ def match(guards: Sequence[CarriedGuard], env: Mapping[str, Any]) -> tuple[Match
     return Matched(tuple(guards), tuple(readers), tuple(seen)), None
 
 
-def build_tree(tree: Any, matched: Matched, env: Mapping[str, Any]) -> None:
+def build_tree(
+    tree: Any, matched: Matched, env: Mapping[str, Any], pinned_code: Mapping[tuple[int, str], Any] | None = None
+) -> None:
     """Add the carried guards of ``matched`` to ``tree`` (:class:`core.torch_compat.GuardTree`), as C++ leaves where
     torch has one: each guard's source becomes a chain of accessors from the call's locals (``L``, a name), the
     block's module globals (``G``) or a module (``G['__import_<module>']``), sharing prefixes; its kind a leaf
@@ -528,21 +530,37 @@ def build_tree(tree: Any, matched: Matched, env: Mapping[str, Any]) -> None:
     identity with the one object both sides read when they matched (stricter: both must stay that object); the
     membership of ``'k' in d`` and ordered keys stay Python tests on the value the C++ accessors read.
 
+    A class that a carried type guard pins (``type(S) is C``, a leaf of this tree) is read as the constant ``C``
+    wherever a source reads ``type(S)`` (:func:`_pinned_classes`), and equal checks are built once: the memberships,
+    constants and method code that Dynamo guards through ``type(S).__mro__[i]`` of each submodule of one class
+    become one check of that class (the tree still reads ``C.__mro__[i]`` on every call). Sound because every leaf
+    of the tree must pass: while ``type(S) is C`` holds, ``type(S)`` and ``C`` read the same.
+
     Args:
         tree: the builder, whose root's value is the call's environment (:class:`Binder`).
         matched: guards found to hold, with the objects they matched (kept alive by ``matched``).
         env: the environment they matched in (example values for the accessors).
+        pinned_code: ``{(id(module dict), name): code}`` of module-level functions whose object and ``__code__``
+            the same tree already pins (:meth:`core.compile.warm.traced_code.CodeIdentity.module_functions`): a
+            carried guard that such an entry (``G['name']`` of the block's module, ``G['__import_m'].name``) holds
+            that very code is not built twice.
     Raises:
         NotDescribable: a source the pack does not read; ``TypeError`` / ``RuntimeError`` / ``KeyError`` /
             ``AttributeError``: torch cannot build an accessor or a leaf here (keep the Python checks).
     """
     globals_ = env["G"]
     memo: dict[tuple, tuple[Any, Any]] = {}  # parsed source -> (manager, example value): shared prefixes once
+    pinned = _pinned_classes(matched)
+    classes = {id(c): c for c in pinned.values()}
+    built: set[tuple] = set()  # (kind, canonical source, what it compares with): each check once
 
     def node(p: tuple, source: str) -> tuple[Any, Any]:
         if p in memo:
             return memo[p]
         op = p[0]
+        if op == "class":  # type(S) of a pinned S: the class itself, a constant
+            cls = classes[p[1]]
+            return memo.setdefault(p, (tree.constant(cls, p[2]), cls))
         if op == "name" and p[1] == "L":
             return tree.frame(env), env
         if op == "name" and p[1] == "G":
@@ -573,7 +591,11 @@ def build_tree(tree: Any, matched: Matched, env: Mapping[str, Any]) -> None:
 
     for g, seen in zip(matched.guards, matched.seen):
         parts = f"{g.guard_type} on {g.source} (carried by the pack)"
-        p = parse_source(g.source)
+        p = _canonical(parse_source(g.source), pinned)
+        once = (g.kind, p, id(seen) if g.kind in ("is", "code", "type", "same") else repr(seen))
+        if once in built or (g.kind == "code" and pinned_code and pinned_code.get(_entry_of(p, globals_)) is seen):
+            continue
+        built.add(once)
         if g.kind == "same":  # "a is b": each side is the object both read when they matched (kept alive)
             if p[0] != "is":
                 raise NotDescribable(f"guard source {g.source!r} is not a comparison")
@@ -609,11 +631,54 @@ def build_tree(tree: Any, matched: Matched, env: Mapping[str, Any]) -> None:
             raise NotDescribable(f"guard kind {g.kind!r} is not built into the guard tree")
 
 
+def _entry_of(p: tuple, globals_: _Globals) -> tuple[int, str] | None:
+    """``(id(module dict), name)`` when ``p`` reads a module-level entry: ``G['name']`` (the block's globals) or
+    ``G['__import_m'].name`` (Dynamo's alias of module ``m``); else None."""
+    if p[0] == "item" and p[1] == ("name", "G") and isinstance(p[2], str) and not p[2].startswith("__"):
+        return id(globals_.g), p[2]
+    if p[0] == "attr" and p[1][0] == "item" and p[1][1] == ("name", "G") and str(p[1][2]).startswith(_IMPORT_ALIAS):
+        try:
+            return id(vars(globals_[p[1][2]])), p[2]
+        except (KeyError, TypeError):
+            return None
+    return None
+
+
+def _pinned_classes(matched: Matched) -> dict[tuple, type]:
+    """``{parsed source S: C}`` for each carried type guard ``type(S) is C`` (:func:`parse_source`'s form)."""
+    return {
+        parse_source(g.source): seen
+        for g, seen in zip(matched.guards, matched.seen)
+        if g.kind == "type" and isinstance(seen, type)
+    }
+
+
+def _canonical(p: tuple, pinned: Mapping[tuple, type]) -> tuple:
+    """``p`` with each ``("type", S)`` of a pinned ``S`` replaced by ``("class", id(C), "module.qualname")``, C the
+    class the type guard pins (:func:`build_tree`): sources through one class then share their accessors and
+    leaves."""
+    op = p[0]
+    if op == "type" and p[1] in pinned:
+        cls = pinned[p[1]]
+        return ("class", id(cls), f"{cls.__module__}.{cls.__qualname__}")
+    if op == "name":
+        return p
+    if op in ("attr", "item"):
+        return (op, _canonical(p[1], pinned), p[2])
+    if op == "type":
+        return (op, _canonical(p[1], pinned))
+    if op == "is":
+        return (op, _canonical(p[1], pinned), _canonical(p[2], pinned))
+    return (op, p[1], _canonical(p[2], pinned))  # "in"
+
+
 def _text(p: tuple) -> str:
     """A parsed source (:func:`parse_source`) as text again: the name of its manager in the tree."""
     op = p[0]
     if op == "name":
         return p[1] if p[1] in ("G", "L") else f"L[{p[1]!r}]"
+    if op == "class":
+        return p[2]
     if op == "attr":
         return f"{_text(p[1])}.{p[2]}"
     if op == "item":

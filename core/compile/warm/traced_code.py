@@ -346,6 +346,17 @@ class CodeIdentity:
             steps.append((owner, attr, fn, fn.__code__, fn.__defaults__, fn.__kwdefaults__))
         return cls(tuple(p for p, _ in fns), tuple(steps))
 
+    def module_functions(self) -> dict[tuple[int, str], types.CodeType]:
+        """``{(id(module.__dict__), name): code}`` of the paths that read a plain module attribute (a function at
+        module level): :func:`build_tree` pins the object there and its ``__code__`` on every call, so a carried
+        guard that the same entry holds that code adds nothing
+        (:func:`core.compile.warm.carried_guards.build_tree`)."""
+        return {
+            (id(vars(owner)), attr): code
+            for owner, attr, fn, code, *_ in self.steps
+            if isinstance(owner, types.ModuleType) and vars(owner).get(attr) is fn
+        }
+
     def still(self) -> bool:
         """True when every path still resolves to the function matched, unchanged (a few hundred nanoseconds per
         path: one attribute lookup and four identity checks)."""
@@ -356,7 +367,7 @@ class CodeIdentity:
                 return False
             if now is not fn or fn.__code__ is not code or fn.__defaults__ is not defaults:
                 return False
-            if fn.__kwdefaults__ is not kwdefaults:
+            if code.co_kwonlyargcount and fn.__kwdefaults__ is not kwdefaults:  # read only for keyword-only ones
                 return False
         return True
 
@@ -384,8 +395,10 @@ def root_function(block: Any) -> Any:
 def build_tree(tree: Any, identity: CodeIdentity) -> None:
     """Add the per-call checks of ``identity`` to ``tree`` (:class:`core.torch_compat.GuardTree`): for each path, its
     owner (a class or a module, held as a constant) gives the same function object, with the same ``__code__``,
-    ``__defaults__`` and ``__kwdefaults__`` objects, as C++ identity leaves. A path whose attribute access does not
-    give the function itself (a classmethod, a descriptor) is checked by a Python test inside the tree, as
+    ``__defaults__`` and ``__kwdefaults__`` objects, as C++ identity leaves; no ``__kwdefaults__`` leaf for a code
+    object without keyword-only parameters (``co_kwonlyargcount == 0``, pinned by the ``__code__`` leaf: CPython
+    reads a function's keyword defaults only to fill keyword-only parameters). A path whose attribute access does
+    not give the function itself (a classmethod, a descriptor) is checked by a Python test inside the tree, as
     :meth:`CodeIdentity.still` does. Raises what torch's builders raise (the caller keeps the Python check)."""
     for path, (owner, attr, fn, code, defaults, kwdefaults) in zip(identity.paths, identity.steps):
         parts = f"{path} is the traced code"
@@ -397,8 +410,9 @@ def build_tree(tree: Any, identity: CodeIdentity) -> None:
         tree.is_(got, fn, parts)
         tree.is_(tree.attr(got, "__code__", f"{path}.__code__", code), code, f"{path}: its __code__")
         tree.is_(tree.attr(got, "__defaults__", f"{path}.__defaults__", defaults), defaults, f"{path}: its defaults")
-        kw = tree.attr(got, "__kwdefaults__", f"{path}.__kwdefaults__", kwdefaults)
-        tree.is_(kw, kwdefaults, f"{path}: its keyword defaults")
+        if code.co_kwonlyargcount:
+            kw = tree.attr(got, "__kwdefaults__", f"{path}.__kwdefaults__", kwdefaults)
+            tree.is_(kw, kwdefaults, f"{path}: its keyword defaults")
 
 
 def folder_named_modules() -> dict[str, str]:

@@ -15,6 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from torch import nn
 
 from ... import torch_compat
@@ -55,7 +56,8 @@ def checks_tree(
     (:class:`core.torch_compat.GuardTree`), evaluated with the call's environment: the traced code's identity
     (:func:`core.compile.warm.traced_code.build_tree`), the carried guards
     (:func:`core.compile.warm.carried_guards.build_tree`) and the hooks the route cannot run
-    (:func:`core.compile.warm.hooks.build_hook_checks`, on ``module``, the block).
+    (:func:`core.compile.warm.hooks.build_hook_checks`, on ``module``, the block, for the call's grad mode: built
+    with grad off, the tree checks that grad is still off instead of the backward hooks).
 
     Args:
         matched, code: what the variant matched in this process (:func:`match_variant`).
@@ -73,8 +75,8 @@ def checks_tree(
     try:
         tree = torch_compat.GuardTree(extend)
         traced_code.build_tree(tree, code)
-        carried_guards.build_tree(tree, matched, env)
-        build_hook_checks(tree, module)
+        carried_guards.build_tree(tree, matched, env, code.module_functions())  # the code leaves pin those
+        build_hook_checks(tree, module, torch.is_grad_enabled())  # the call's grad mode (hooks.py)
         return tree if tree.check(env) else None
     except (torch_compat.TorchAPIMissing, _NotDescribable, TypeError, RuntimeError, LookupError, AttributeError):
         return None
